@@ -1,0 +1,81 @@
+/* Base utilities shared by every module: error reporting, checked size arithmetic, assertions,
+ * logging, CPU features, timers, a seeded RNG, and the thread pool.
+ *
+ * Errors: library code never exits. A fallible function returns 0 or a negative FLOE_E_* and
+ * writes one line (no trailing newline) into (err, errlen) with floe_err(). */
+#ifndef FLOE_BASE_H
+#define FLOE_BASE_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "floe.h"
+
+/* ---- errors ---- */
+/* Formats a message into err (if non-NULL) and returns code, so callers write
+ *   return floe_err(err, errlen, FLOE_E_FORMAT, "%s: tensor '%s' ends past EOF", path, name); */
+int floe_err(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Internal invariant broken (never bad input): print file:line and abort. */
+#define FLOE_ASSERT(x)                                                   \
+  do {                                                                   \
+    if (!(x)) floe_assert_fail(__FILE__, __LINE__, #x);                  \
+  } while (0)
+void floe_assert_fail(const char *file, int line, const char *expr) __attribute__((noreturn));
+
+/* ---- checked arithmetic: return false on overflow ---- */
+static inline bool floe_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool floe_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+
+/* ---- logging (stderr) ---- */
+void floe_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- allocation: 64-byte aligned, NULL on failure ---- */
+void *floe_aligned_alloc(size_t align, size_t size);
+void floe_aligned_free(void *p);
+
+/* ---- CPU features (detected once, cached) ---- */
+typedef struct floe_cpu {
+  bool avx2, fma, f16c;
+  bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16, avx512vbmi;
+} floe_cpu;
+const floe_cpu *floe_cpu_features(void);
+
+/* ---- time ---- */
+double floe_time_s(void); /* monotonic seconds */
+
+/* ---- RNG: splitmix64-seeded xoshiro256**, deterministic for a seed ---- */
+typedef struct floe_rng { uint64_t s[4]; } floe_rng;
+void floe_rng_seed(floe_rng *r, uint64_t seed);
+uint64_t floe_rng_u64(floe_rng *r);
+float floe_rng_uniform(floe_rng *r); /* [0,1) */
+float floe_rng_normal(floe_rng *r);  /* N(0,1) */
+
+/* ---- thread pool ----
+ * A fixed set of workers. floe_pool_run(p, fn, ctx) calls fn(ctx, ith, nth) on nth = p's thread
+ * count (the caller is thread 0) and returns when all are done. Not re-entrant. */
+typedef struct floe_pool floe_pool;
+typedef void (*floe_pool_fn)(void *ctx, int ith, int nth);
+floe_pool *floe_pool_create(int n_threads); /* n_threads >= 1; NULL on failure */
+void floe_pool_free(floe_pool *p);
+int floe_pool_size(const floe_pool *p);
+void floe_pool_run(floe_pool *p, floe_pool_fn fn, void *ctx);
+/* Rows [0,n) split into nth contiguous ranges aligned to `align` rows; range of thread ith. */
+void floe_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1);
+
+/* ---- half/bfloat conversions (exact, scalar) ---- */
+float floe_f16_to_f32(uint16_t h);
+uint16_t floe_f32_to_f16(float f); /* round to nearest even */
+static inline float floe_bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+  return v.f;
+}
+uint16_t floe_f32_to_bf16(float f); /* round to nearest even, NaN kept quiet */
+
+/* ---- human sizes: "2G", "512M", "1.5GiB", "123" (bytes) ---- */
+int floe_parse_size(const char *s, uint64_t *out);
+#endif

@@ -1,0 +1,53 @@
+/* floe: command-line entry point. Dispatches to the subcommands in src/cli/cmd_*.c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "floe.h"
+
+int cli_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("floe: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return 1;
+}
+
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *help;
+} commands[] = {
+    {"info", cmd_info, "info -m MODEL [--tensor NAME]   describe a model file, or dump one tensor"},
+    {"synth", cmd_synth, "synth --preset P -o FILE.gguf [...]   write a random model with real shapes"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "floe %s: inference for very large Mixture-of-Experts models\n\nusage: floe COMMAND [options]\n\n",
+          FLOE_VERSION);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  floe %s\n", commands[i].help);
+  fprintf(f, "\n'floe COMMAND --help' for a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    usage(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("floe %s\n", FLOE_VERSION);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 2, argv + 2);
+  fprintf(stderr, "floe: unknown command '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,51 @@
+/* CPU kernels: matrix x vector and matrix x small batch, for every tensor type, with runtime ISA
+ * dispatch (scalar reference / AVX2 / AVX-512). Same signatures for every ISA.
+ *
+ * Two activation paths:
+ *  - exact float path (xq == NULL): each weight is dequantized exactly and multiplied by the float
+ *    activation, float accumulation. Used for reference tests and F32/F16/BF16 models.
+ *  - quantized-activation path: the activation row is first converted by kern_act_quantize() to
+ *    8-bit blocks (format chosen per weight type, see kernels.c) and the dot products use integer
+ *    units (AVX-512 VNNI / AVX2 maddubs). Faster, within ~1e-2 relative of the float path.
+ * Row-exactness: for every path, row b of a batched call is bit-identical to the same row computed
+ * alone (nb = 1): each row's accumulation sequence does not depend on nb. */
+#ifndef FLOE_KERNELS_H
+#define FLOE_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant/quant.h"
+
+/* A weight matrix: rows x cols, row-major, cols = the contiguous (ggml ne0) dimension. */
+typedef struct floe_mat {
+  uint32_t type;        /* FLOE_TYPE_* (incl. FLOE_TYPE_MLX) */
+  int64_t rows, cols;
+  const void *data;     /* row r at data + r * row_bytes */
+  size_t row_bytes;
+  /* MLX only */
+  quant_mlx_fmt mlx;
+  const void *scales, *biases; /* row r at + r * sb_row_bytes */
+  size_t sb_row_bytes;
+} floe_mat;
+
+enum floe_isa { FLOE_ISA_SCALAR = 0, FLOE_ISA_AVX2 = 1, FLOE_ISA_AVX512 = 2 };
+
+/* Best ISA this CPU supports (or FLOE_ISA env override: scalar|avx2|avx512). */
+int kern_isa_best(void);
+/* Force the ISA used by the calls below (tests run each variant); returns previous. Refuses
+ * (returns -1) an ISA the CPU lacks. */
+int kern_isa_set(int isa);
+int kern_isa_get(void);
+const char *kern_isa_name(int isa);
+
+/* Bytes of one quantized activation row for weight type `wtype` and `cols` columns; 0 when the
+ * type has no quantized-activation path (then pass xq = NULL). */
+size_t kern_act_bytes(uint32_t wtype, int64_t cols);
+void kern_act_quantize(uint32_t wtype, const float *x, int64_t cols, void *xq);
+
+/* Y[b][r] = dot(W row r, X[b]) for b in [0,nb), r in [r0,r1). X rows are cols floats apart
+ * (ldx), Y rows ldy floats apart. xq: nb quantized rows, xq_stride bytes apart, or NULL for the
+ * exact float path. 1 <= nb <= 16. */
+void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                 float *Y, int64_t ldy, int64_t r0, int64_t r1);
+#endif

@@ -1,0 +1,49 @@
+/* Minimal test harness shared by tests/test_*.c.
+ * CHECK(cond, fmt, ...) records one check and prints it when it fails (or always with
+ * FLOE_TEST_VERBOSE=1); TEST_DONE() prints "N passed, N failed" and returns the exit code. */
+#ifndef FLOE_TEST_H
+#define FLOE_TEST_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test_passed, test_failed;
+
+#define CHECK(cond, ...)                                                             \
+  do {                                                                               \
+    if (cond) {                                                                      \
+      test_passed++;                                                                 \
+      if (getenv("FLOE_TEST_VERBOSE")) {                                             \
+        printf("ok   %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); \
+      }                                                                              \
+    } else {                                                                         \
+      test_failed++;                                                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); \
+    }                                                                                \
+  } while (0)
+
+/* A section header, so the log says what is being checked. */
+#define SECTION(...) do { printf("== "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
+
+#define TEST_DONE() (printf("%d passed, %d failed\n", test_passed, test_failed), test_failed ? 1 : 0)
+
+/* Path of a fixture file: $FLOE_FIXTURES/name (falls back to tests/fixtures). */
+static inline const char *test_fixture(const char *name) {
+  static char buf[4][4096];
+  static int k;
+  const char *dir = getenv("FLOE_FIXTURES");
+  char *b = buf[k++ & 3];
+  snprintf(b, sizeof buf[0], "%s/%s", dir ? dir : "tests/fixtures", name);
+  return b;
+}
+
+/* A scratch path under $FLOE_TMP (or /tmp). */
+static inline const char *test_tmp(const char *name) {
+  static char buf[4][4096];
+  static int k;
+  const char *dir = getenv("FLOE_TMP");
+  char *b = buf[k++ & 3];
+  snprintf(b, sizeof buf[0], "%s/%s", dir ? dir : "/tmp", name);
+  return b;
+}
+#endif
