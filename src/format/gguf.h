@@ -94,12 +94,17 @@ int gguf_get_str(const gguf_file *g, const char *key, gguf_str *out);
 const gguf_value *gguf_get_arr(const gguf_file *g, const char *key, uint32_t *arr_type, uint64_t *n);
 /* Integer element i of a scalar-typed array value, widened (0 on success). */
 int gguf_arr_i64(const gguf_value *v, uint64_t i, int64_t *out);
+/* Element i of a numeric array (floats, or integers converted to double) / of a string array. */
+int gguf_arr_f64(const gguf_value *v, uint64_t i, double *out);
+int gguf_arr_str(const gguf_value *v, uint64_t i, gguf_str *out);
 /* Name of a gguf_type ("u32", "string", ...). */
 const char *gguf_type_name(uint32_t t);
 /* Compare a gguf_str with a C string. */
 bool gguf_str_eq(gguf_str s, const char *c);
 
-/* ---- writer ---- */
+/* ---- writer ----
+ * Errors are sticky: after the first failure every call returns the same code and
+ * gguf_writer_error() keeps the first message, so a caller may check only at finish. */
 typedef struct gguf_writer gguf_writer;
 int gguf_writer_open(const char *path, gguf_writer **out, char *err, size_t errlen);
 void gguf_writer_set_alignment(gguf_writer *w, uint32_t alignment); /* default 32; writes general.alignment if != 32 */
@@ -113,6 +118,12 @@ int gguf_writer_add_str(gguf_writer *w, const char *key, const char *v);
 /* Array of scalars of type elem_type (packed little-endian), or of NUL-terminated strings. */
 int gguf_writer_add_arr(gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n);
 int gguf_writer_add_arr_str(gguf_writer *w, const char *key, const char *const *strs, uint64_t n);
+/* Any value, including the types without a helper (i8, u16, i16, i64, f64) and nested arrays
+ * (items[] of type GGUF_TYPE_ARRAY, at most 8 deep). Scalars are taken from u/i/f/b as the reader
+ * fills them, so a reader's gguf_value can be written back as is. */
+int gguf_writer_add_value(gguf_writer *w, const char *key, const gguf_value *v);
+/* Copies a KV read by gguf_open (e.g. tokenizer metadata into a converted file). */
+int gguf_writer_add_kv(gguf_writer *w, const gguf_kv *kv);
 /* Tensor info: type is a ggml type id; ne in ggml order; size is computed from type and ne. */
 int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne);
 /* Writes the header (all KVs and tensor infos) — called implicitly by the first write_data. */
@@ -122,8 +133,11 @@ int gguf_writer_write_header(gguf_writer *w);
 int gguf_writer_write_data(gguf_writer *w, const void *data, size_t n);
 /* Checks every tensor got exactly its bytes, flushes, fsyncs, renames temp -> path. Frees w. */
 int gguf_writer_finish(gguf_writer *w);
+/* The same, copying the error message (if any) into err before w is freed. */
+int gguf_writer_finish_err(gguf_writer *w, char *err, size_t errlen);
 /* Removes the temp file and frees w (on error paths). */
 void gguf_writer_abort(gguf_writer *w);
-/* Last error message of the writer (one line). */
+/* Last error message of the writer (one line). gguf_writer_error(NULL) returns the message of the
+ * last gguf_writer_finish() that failed on this thread (finish frees w). */
 const char *gguf_writer_error(const gguf_writer *w);
 #endif
