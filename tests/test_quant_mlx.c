@@ -115,7 +115,7 @@ static void check_combinations(void) {
   floe_rng_seed(&r, 3);
   const int n = 384; /* 3, 6 or 12 groups */
   float *x = malloc(n * sizeof(float)), *deq = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
-  uint8_t *q = malloc(n);
+  uint8_t *q = malloc(n + 1); /* 8-bit codes: n bytes, plus a guard byte */
   float sc[64], bi[64];
   for (size_t ib = 0; ib < 6; ib++)
     for (size_t ig = 0; ig < 3; ig++)
