@@ -402,11 +402,13 @@ void quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n) {
   const floe_type_traits *tt = floe_type_info(type);
   const dq_fn fn = dq_for(type);
   FLOE_ASSERT(tt && fn && n % tt->blck == 0);
-  if (type == FLOE_TYPE_F32) {
-    memcpy(dst, src, (size_t)n * sizeof(float));
-    return;
-  }
   const uint8_t *b = src;
+  switch (type) { /* plain types: straight loops, no call per element */
+  case FLOE_TYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); return;
+  case FLOE_TYPE_F16: for (int64_t i = 0; i < n; i++) dst[i] = rd_f16(b + 2 * i); return;
+  case FLOE_TYPE_BF16: for (int64_t i = 0; i < n; i++) dst[i] = floe_bf16_to_f32(rd_u16(b + 2 * i)); return;
+  default: break;
+  }
   for (int64_t i = 0; i < n; i += tt->blck, b += tt->bytes) fn(b, dst + i);
 }
 
@@ -417,17 +419,11 @@ float quant_dot_ref(uint32_t type, const void *w, const float *x, int64_t n) {
   float buf[256];
   float sum = 0.0f;
   const uint8_t *b = w;
-  /* Plain types decode 256 elements at a time; block types one block at a time. */
-  const int64_t step = tt->blck == 1 ? 256 : tt->blck;
-  for (int64_t i = 0; i < n; i += step) {
-    const int64_t m = n - i < step ? n - i : step;
-    if (tt->blck == 1) {
-      for (int64_t j = 0; j < m; j++) fn(b + j * tt->bytes, buf + j);
-      b += m * tt->bytes;
-    } else {
-      fn(b, buf);
-      b += tt->bytes;
-    }
+  /* Decode 256 elements (one super-block, 8 small blocks or 256 plain values) at a time. */
+  for (int64_t i = 0; i < n; i += 256) {
+    const int64_t m = n - i < 256 ? n - i : 256;
+    quant_dequant_row(type, b, buf, m);
+    b += (m / tt->blck) * tt->bytes;
     for (int64_t j = 0; j < m; j++) sum += buf[j] * x[i + j];
   }
   return sum;
