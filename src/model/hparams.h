@@ -27,6 +27,7 @@ typedef struct floe_hparams {
   int64_t n_head_kv;        /* num_key_value_heads */
   int64_t head_dim;         /* head_dim (attention.key_length == value_length) */
   int64_t n_rot;            /* rotary dims: head_dim * partial_rotary_factor */
+  int32_t rope_sections[4]; /* qwen35moe mrope_section ([11,11,10,0]); zeros elsewhere */
   float rope_theta;         /* rope_theta */
   float rms_eps;            /* rms_norm_eps */
   bool attn_gate;           /* gated attention output (qwen3next, qwen35moe) */
@@ -35,6 +36,7 @@ typedef struct floe_hparams {
   int64_t n_expert_used;    /* num_experts_per_tok */
   int64_t n_ff_exp;         /* moe_intermediate_size */
   int64_t n_ff_shexp;       /* shared_expert_intermediate_size, 0 = no shared expert */
+  int64_t n_ff;             /* dense intermediate_size (feed_forward_length); 0 = absent (qwen35moe) */
   bool norm_topk;           /* renormalise top-k weights */
   /* hybrid (GatedDeltaNet) layers */
   int64_t full_attn_interval;        /* full_attention_interval (4); 0 for qwen3moe */

@@ -1,0 +1,510 @@
+/* Synthetic byte-level BPE vocabularies (see synth_vocab.h for the layout and the invariants). */
+#include "tok/synth_vocab.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+
+/* Qwen2/3 special tokens in id order (151643..151668 in Qwen3's vocab); `control` = the
+ * tokenizer's "special": true, which llama.cpp's converter maps to CONTROL, else USER_DEFINED. */
+static const struct { const char *text; bool control; } qwen_specials[] = {
+    {"<|endoftext|>", true},      {"<|im_start|>", true},     {"<|im_end|>", true},
+    {"<|object_ref_start|>", true}, {"<|object_ref_end|>", true}, {"<|box_start|>", true},
+    {"<|box_end|>", true},        {"<|quad_start|>", true},   {"<|quad_end|>", true},
+    {"<|vision_start|>", true},   {"<|vision_end|>", true},   {"<|vision_pad|>", true},
+    {"<|image_pad|>", true},      {"<|video_pad|>", true},    {"<tool_call>", false},
+    {"</tool_call>", false},      {"<|fim_prefix|>", true},   {"<|fim_middle|>", true},
+    {"<|fim_suffix|>", true},     {"<|fim_pad|>", true},      {"<|repo_name|>", true},
+    {"<|file_sep|>", true},       {"<tool_response>", false}, {"</tool_response>", false},
+    {"<think>", false},           {"</think>", false},
+};
+#define N_SPECIALS (sizeof qwen_specials / sizeof qwen_specials[0])
+
+/* ChatML, the format of every Qwen chat model (reference/qwen-models.md §2f). */
+static const char default_chat_template[] =
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/* Words whose tokens the generated merges build first: frequent English words, Python
+ * keywords and idioms, whitespace and punctuation runs. Each is added with a leading space
+ * (GPT-2 style "Ġword") and without. */
+static const char *const seed_words[] = {
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "at",
+    "this", "are", "from", "or", "an", "have", "not", "but", "which", "you", "they", "his", "he", "she",
+    "we", "can", "will", "all", "one", "has", "there", "their", "been", "more", "if", "would", "when",
+    "who", "so", "what", "no", "out", "up", "about", "into", "than", "its", "only", "other", "some",
+    "time", "could", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like",
+    "our", "over", "also", "new", "me", "even", "most", "made", "after", "did", "many", "before", "must",
+    "through", "back", "years", "where", "much", "your", "way", "well", "should", "because", "each",
+    "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still",
+    "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under",
+    "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year",
+    "off", "come", "since", "against", "go", "came", "right", "used", "take", "three", "I", "The", "A",
+    "In", "It", "This", "We", "You", "model", "token", "value", "data", "file", "error", "result",
+    "def", "return", "import", "class", "self", "None", "True", "False", "elif", "else", "while",
+    "lambda", "try", "except", "finally", "raise", "yield", "pass", "break", "continue", "print", "len",
+    "range", "list", "dict", "str", "int", "float", "__init__", "__name__", "__main__", "append",
+    "items", "keys", "values", "isinstance", "assert", "global", "async", "await", "args", "kwargs",
+    "ing", "ed", "er", "es", "ly", "tion", "ation", "ment", "ness", "able", "al", "ic", "ous", "ive",
+    "s", "e", "y", "d", "t", "n", "r", "0", "1", "2", "00", "000", "10", "20", "2024", "http",
+    "https", "://", "www", ".com", "json", "()", "):", "():", "==", "!=", "<=", ">=", "->", "+=",
+    "-=", "//", "**", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "...", ",", ".", ":", ";", "\"\"\"",
+    "  ", "    ", "        ", "\n", "\n\n", "\n    ", "\n        ", "\t", "\t\t",
+};
+#define N_SEED_WORDS (sizeof seed_words / sizeof seed_words[0])
+
+/* ---- GPT-2 byte <-> unicode ---- */
+
+/* bytes_to_unicode(): printable bytes map to themselves, the others to U+0100 + k in byte
+ * order. Token id i (< 256) is the i-th entry of that order: 33..126, 161..172, 174..255, then
+ * the remapped bytes. */
+static void byte_order(uint8_t order[256], uint32_t cp[256]) {
+  int n = 0, k = 0;
+  for (int b = 0; b < 256; b++) {
+    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+    if (printable) {
+      order[n++] = (uint8_t)b;
+      cp[b] = (uint32_t)b;
+    }
+  }
+  for (int b = 0; b < 256; b++) {
+    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+    if (!printable) {
+      order[n++] = (uint8_t)b;
+      cp[b] = 256u + (uint32_t)k++;
+    }
+  }
+}
+
+/* UTF-8 of the byte-level spelling of raw bytes; malloc'ed. All code points are < 0x800. */
+static char *encode_bytes(const uint32_t cp[256], const uint8_t *s, size_t n) {
+  char *out = malloc(2 * n + 1);
+  if (!out) return NULL;
+  size_t o = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t c = cp[s[i]];
+    if (c < 0x80) out[o++] = (char)c;
+    else {
+      out[o++] = (char)(0xC0 | (c >> 6));
+      out[o++] = (char)(0x80 | (c & 0x3F));
+    }
+  }
+  out[o] = 0;
+  return out;
+}
+
+/* ---- string -> id hash (open addressing, FNV-1a) ---- */
+
+typedef struct vbuild {
+  synth_vocab *v;
+  uint64_t cap;    /* token slots (n_vocab) */
+  uint64_t count;  /* tokens filled so far (generation) */
+  uint64_t merge_cap;
+  int64_t *slots;  /* id or -1 */
+  uint64_t mask;
+} vbuild;
+
+static uint64_t fnv(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+  return h;
+}
+
+static int64_t lookup(const vbuild *b, const char *s) {
+  for (uint64_t i = fnv(s) & b->mask;; i = (i + 1) & b->mask) {
+    int64_t id = b->slots[i];
+    if (id < 0) return -1;
+    if (!strcmp(b->v->tokens[id], s)) return id;
+  }
+}
+
+static void hash_insert(vbuild *b, int64_t id) {
+  uint64_t i = fnv(b->v->tokens[id]) & b->mask;
+  while (b->slots[i] >= 0) i = (i + 1) & b->mask;
+  b->slots[i] = id;
+}
+
+static int vbuild_init(vbuild *b, synth_vocab *v, uint64_t n_vocab, uint64_t merge_cap) {
+  memset(v, 0, sizeof *v);
+  memset(b, 0, sizeof *b);
+  b->v = v;
+  v->bos = v->eos = v->pad = -1;
+  v->n = n_vocab;
+  b->cap = n_vocab;
+  b->merge_cap = merge_cap;
+  uint64_t hcap = 1024;
+  while (hcap < 2 * n_vocab) hcap *= 2;
+  b->mask = hcap - 1;
+  v->tokens = calloc(n_vocab, sizeof *v->tokens);
+  v->types = calloc(n_vocab, sizeof *v->types);
+  v->merges = merge_cap ? calloc(merge_cap, sizeof *v->merges) : NULL;
+  b->slots = malloc(hcap * sizeof *b->slots);
+  if (!v->tokens || !v->types || (merge_cap && !v->merges) || !b->slots) return FLOE_E_NOMEM;
+  memset(b->slots, 0xff, hcap * sizeof *b->slots);
+  return 0;
+}
+
+/* Appends a token (takes ownership of s). Returns its id or -1 on OOM. */
+static int64_t push_token(vbuild *b, char *s, int32_t type) {
+  if (!s || b->count >= b->cap) {
+    free(s);
+    return -1;
+  }
+  int64_t id = (int64_t)b->count++;
+  b->v->tokens[id] = s;
+  b->v->types[id] = type;
+  hash_insert(b, id);
+  return id;
+}
+
+static char *join_merge(const char *l, const char *r) {
+  size_t nl = strlen(l), nr = strlen(r);
+  char *m = malloc(nl + nr + 2);
+  if (!m) return NULL;
+  memcpy(m, l, nl);
+  m[nl] = ' ';
+  memcpy(m + nl + 1, r, nr + 1);
+  return m;
+}
+
+/* Adds the merge (l, r) -> l+r if l+r is not a token yet. 1 = added, 0 = exists, <0 = OOM. */
+static int try_merge(vbuild *b, int64_t l, int64_t r) {
+  const char *ls = b->v->tokens[l], *rs = b->v->tokens[r];
+  size_t nl = strlen(ls), nr = strlen(rs);
+  char *cat = malloc(nl + nr + 1);
+  if (!cat) return FLOE_E_NOMEM;
+  memcpy(cat, ls, nl);
+  memcpy(cat + nl, rs, nr + 1);
+  if (lookup(b, cat) >= 0) {
+    free(cat);
+    return 0;
+  }
+  char *m = join_merge(ls, rs);
+  if (!m) {
+    free(cat);
+    return FLOE_E_NOMEM;
+  }
+  if (push_token(b, cat, SYNTH_TOK_NORMAL) < 0) {
+    free(m);
+    return FLOE_E_NOMEM;
+  }
+  b->v->merges[b->v->n_merges++] = m;
+  return 1;
+}
+
+void synth_vocab_free(synth_vocab *v) {
+  if (!v) return;
+  if (v->tokens)
+    for (uint64_t i = 0; i < v->n; i++) free(v->tokens[i]);
+  if (v->merges)
+    for (uint64_t i = 0; i < v->n_merges; i++) free(v->merges[i]);
+  free(v->tokens);
+  free(v->types);
+  free(v->merges);
+  free(v->chat_template);
+  memset(v, 0, sizeof *v);
+  v->bos = v->eos = v->pad = -1;
+}
+
+int synth_vocab_generate(int64_t n_vocab, synth_vocab *v, char *err, size_t errlen) {
+  if (n_vocab < 512 || n_vocab > ((int64_t)1 << 24))
+    return floe_err(err, errlen, FLOE_E_INVALID, "vocab size %lld out of range 512..16M for a generated vocabulary",
+                    (long long)n_vocab);
+  /* Layout: 256 bytes | merges | specials | pads. Pads: 1/64 of the vocabulary, like the
+   * unused tail of Qwen's padded embedding. */
+  const uint64_t n_pad = (uint64_t)n_vocab / 64;
+  const uint64_t n_merges = (uint64_t)n_vocab - 256 - N_SPECIALS - n_pad;
+  vbuild b;
+  int rc = vbuild_init(&b, v, (uint64_t)n_vocab, n_merges);
+  if (rc) goto oom;
+  uint8_t order[256];
+  uint32_t cp[256];
+  byte_order(order, cp);
+  for (int i = 0; i < 256; i++)
+    if (push_token(&b, encode_bytes(cp, &order[i], 1), SYNTH_TOK_NORMAL) < 0) goto oom;
+  int64_t byte_id[256];
+  for (int i = 0; i < 256; i++) byte_id[order[i]] = i;
+
+  /* Phase A: seed words, each built left to right: (prefix, next byte) -> longer prefix. */
+  for (size_t w = 0; w < 2 * N_SEED_WORDS && v->n_merges < n_merges; w++) {
+    const char *word = seed_words[w / 2];
+    const bool spaced = (w % 2) == 0;
+    if (spaced && (word[0] == ' ' || word[0] == '\n' || word[0] == '\t')) continue;
+    uint8_t buf[64];
+    size_t len = 0;
+    if (spaced) buf[len++] = ' ';
+    size_t wl = strlen(word);
+    if (wl + len > sizeof buf) continue;
+    memcpy(buf + len, word, wl);
+    len += wl;
+    int64_t cur = byte_id[buf[0]];
+    for (size_t i = 1; i < len && v->n_merges < n_merges; i++) {
+      int r = try_merge(&b, cur, byte_id[buf[i]]);
+      if (r < 0) goto oom;
+      char *enc = encode_bytes(cp, buf, i + 1);
+      if (!enc) goto oom;
+      cur = lookup(&b, enc);
+      free(enc);
+      FLOE_ASSERT(cur >= 0);
+    }
+  }
+  /* Phase B: pairs of tokens in diagonal order over the merged tokens (then the bytes),
+   * skipping pairs whose concatenation is already a token or longer than 24 bytes. */
+  {
+    const uint64_t first = 256;
+    uint64_t tries = 0;
+    for (uint64_t s = 0; v->n_merges < n_merges; s++) {
+      for (uint64_t i = 0; i <= s && v->n_merges < n_merges; i++) {
+        uint64_t j = s - i;
+        /* index k of the pair list: merged tokens first (ids 256..), then the bytes */
+        uint64_t n_list = b.count;
+        if (i >= n_list || j >= n_list) continue;
+        int64_t li = (int64_t)(i < n_list - first ? first + i : i - (n_list - first));
+        int64_t ri = (int64_t)(j < n_list - first ? first + j : j - (n_list - first));
+        if (strlen(v->tokens[li]) + strlen(v->tokens[ri]) > 24) continue;
+        int r = try_merge(&b, li, ri);
+        if (r < 0) goto oom;
+        if (++tries > 64ull * (uint64_t)n_vocab + 1000000ull) {
+          synth_vocab_free(v);
+          free(b.slots);
+          return floe_err(err, errlen, FLOE_E_INVALID, "could not generate %llu merges", (unsigned long long)n_merges);
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < N_SPECIALS; i++) {
+    char *s = strdup(qwen_specials[i].text);
+    if (push_token(&b, s, qwen_specials[i].control ? SYNTH_TOK_CONTROL : SYNTH_TOK_USER_DEFINED) < 0) goto oom;
+  }
+  while (b.count < b.cap) {
+    char name[32];
+    snprintf(name, sizeof name, "[PAD%llu]", (unsigned long long)b.count);
+    if (push_token(&b, strdup(name), SYNTH_TOK_UNUSED) < 0) goto oom;
+  }
+  v->bos = lookup(&b, "<|endoftext|>");
+  v->pad = v->bos;
+  v->eos = lookup(&b, "<|im_end|>");
+  v->chat_template = strdup(default_chat_template);
+  free(b.slots);
+  if (!v->chat_template) {
+    synth_vocab_free(v);
+    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  }
+  return 0;
+oom:
+  free(b.slots);
+  synth_vocab_free(v);
+  return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory generating the vocabulary");
+}
+
+/* ---- tokenizer.json ---- */
+
+static char *read_file(const char *path, size_t max, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  for (;;) {
+    if (n == cap) {
+      if (cap >= max) {
+        free(buf);
+        fclose(f);
+        errno = EFBIG;
+        return NULL;
+      }
+      cap = cap ? cap * 2 : 1 << 16;
+      char *nb = realloc(buf, cap + 1);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return NULL;
+      }
+      buf = nb;
+    }
+    size_t r = fread(buf + n, 1, cap - n, f);
+    n += r;
+    if (r == 0) break;
+  }
+  fclose(f);
+  buf[n] = 0;
+  if (len) *len = n;
+  return buf;
+}
+
+/* A sibling file of path (same directory). */
+static void sibling(char *out, size_t n, const char *path, const char *name) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(out, n, "%s", name);
+  else snprintf(out, n, "%.*s/%s", (int)(slash - path), path, name);
+}
+
+/* A tokenizer_config.json special-token entry: "text" or {"content": "text"}. */
+static const char *special_text(const cJSON *j) {
+  if (cJSON_IsString(j)) return j->valuestring;
+  const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "content");
+  return cJSON_IsString(c) ? c->valuestring : NULL;
+}
+
+/* A JSON id as int64 (-1 when not a non-negative integer below 2^31). */
+static int64_t json_id(const cJSON *j) {
+  if (!cJSON_IsNumber(j)) return -1;
+  double d = j->valuedouble;
+  if (!(d >= 0 && d < 2147483648.0) || d != (double)(int64_t)d) return -1;
+  return (int64_t)d;
+}
+
+static int set_token(vbuild *b, int64_t id, const char *text, int32_t type, const char *path, char *err, size_t errlen) {
+  if (id < 0 || (uint64_t)id >= b->cap)
+    return floe_err(err, errlen, FLOE_E_INVALID, "%s: token '%s' has id %lld, outside the model's vocabulary of %llu",
+                    path, text, (long long)id, (unsigned long long)b->cap);
+  if (b->v->tokens[id]) {
+    if (strcmp(b->v->tokens[id], text))
+      return floe_err(err, errlen, FLOE_E_FORMAT, "%s: id %lld used by both '%s' and '%s'", path, (long long)id,
+                      b->v->tokens[id], text);
+    b->v->types[id] = type; /* an added token that is also in model.vocab */
+    return 0;
+  }
+  b->v->tokens[id] = strdup(text);
+  if (!b->v->tokens[id]) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  b->v->types[id] = type;
+  return 0;
+}
+
+int synth_vocab_from_tokenizer_json(const char *path, int64_t n_vocab, synth_vocab *v, char *err, size_t errlen) {
+  memset(v, 0, sizeof *v);
+  if (n_vocab < 1 || n_vocab > ((int64_t)1 << 24))
+    return floe_err(err, errlen, FLOE_E_INVALID, "vocab size %lld out of range", (long long)n_vocab);
+  size_t len;
+  char *text = read_file(path, (size_t)1 << 30, &len);
+  if (!text) return floe_err(err, errlen, FLOE_E_IO, "%s: %s", path, strerror(errno));
+  cJSON *root = cJSON_ParseWithLength(text, len);
+  free(text);
+  if (!root) return floe_err(err, errlen, FLOE_E_FORMAT, "%s: not valid JSON", path);
+  int rc = 0;
+  vbuild b;
+  const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+  const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+  const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+  const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+  if (!cJSON_IsObject(vocab) || (merges && !cJSON_IsArray(merges)) || (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE")))) {
+    rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: not a BPE tokenizer.json (model.type \"BPE\", model.vocab object expected)", path);
+    goto done_nob;
+  }
+  int n_merges_json = merges ? cJSON_GetArraySize(merges) : 0;
+  if ((rc = vbuild_init(&b, v, (uint64_t)n_vocab, (uint64_t)n_merges_json))) {
+    rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    goto done;
+  }
+  const cJSON *it;
+  cJSON_ArrayForEach(it, vocab) {
+    if (!cJSON_IsNumber(it) || !it->string) {
+      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: model.vocab values must be ids", path);
+      goto done;
+    }
+    if ((rc = set_token(&b, json_id(it), it->string, SYNTH_TOK_NORMAL, path, err, errlen))) goto done;
+  }
+  if (added && cJSON_IsArray(added)) {
+    cJSON_ArrayForEach(it, added) {
+      const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+      const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+      const cJSON *special = cJSON_GetObjectItemCaseSensitive(it, "special");
+      if (!cJSON_IsNumber(id) || !cJSON_IsString(content)) {
+        rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: added_tokens entries need id and content", path);
+        goto done;
+      }
+      int32_t t = cJSON_IsTrue(special) ? SYNTH_TOK_CONTROL : SYNTH_TOK_USER_DEFINED;
+      if ((rc = set_token(&b, json_id(id), content->valuestring, t, path, err, errlen))) goto done;
+    }
+  }
+  if (merges) {
+    cJSON_ArrayForEach(it, merges) {
+      char *m = NULL;
+      if (cJSON_IsString(it)) m = strdup(it->valuestring);
+      else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
+               cJSON_IsString(cJSON_GetArrayItem(it, 1)))
+        m = join_merge(cJSON_GetArrayItem(it, 0)->valuestring, cJSON_GetArrayItem(it, 1)->valuestring);
+      else {
+        rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %llu is neither \"a b\" nor [a, b]", path,
+                      (unsigned long long)v->n_merges);
+        goto done;
+      }
+      if (!m) {
+        rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+        goto done;
+      }
+      v->merges[v->n_merges++] = m;
+    }
+  }
+  for (uint64_t i = 0; i < v->n; i++) {
+    if (v->tokens[i]) continue;
+    char name[32];
+    snprintf(name, sizeof name, "[PAD%llu]", (unsigned long long)i);
+    if (!(v->tokens[i] = strdup(name))) {
+      rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+      goto done;
+    }
+    v->types[i] = SYNTH_TOK_UNUSED;
+  }
+  for (uint64_t i = 0; i < v->n; i++) {
+    int64_t prev = lookup(&b, v->tokens[i]);
+    if (prev >= 0) {
+      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: token '%s' appears twice (ids %lld and %llu)", path, v->tokens[i],
+                    (long long)prev, (unsigned long long)i);
+      goto done;
+    }
+    hash_insert(&b, (int64_t)i);
+  }
+  /* Special ids and the chat template from tokenizer_config.json / chat_template.jinja. */
+  {
+    char p[4096];
+    sibling(p, sizeof p, path, "tokenizer_config.json");
+    char *cfg_text = read_file(p, (size_t)64 << 20, &len);
+    cJSON *cfg = cfg_text ? cJSON_ParseWithLength(cfg_text, len) : NULL;
+    free(cfg_text);
+    const char *eos = cfg ? special_text(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token")) : NULL;
+    const char *pad = cfg ? special_text(cJSON_GetObjectItemCaseSensitive(cfg, "pad_token")) : NULL;
+    const cJSON *tmpl = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
+    v->eos = eos ? lookup(&b, eos) : -1;
+    if (v->eos < 0) v->eos = lookup(&b, "<|im_end|>");
+    if (v->eos < 0) v->eos = lookup(&b, "<|endoftext|>");
+    v->pad = pad ? lookup(&b, pad) : -1;
+    if (v->pad < 0) v->pad = lookup(&b, "<|endoftext|>");
+    v->bos = lookup(&b, "<|endoftext|>");
+    if (cJSON_IsString(tmpl)) v->chat_template = strdup(tmpl->valuestring);
+    cJSON_Delete(cfg);
+    if (!v->chat_template) {
+      sibling(p, sizeof p, path, "chat_template.jinja");
+      v->chat_template = read_file(p, (size_t)16 << 20, NULL);
+    }
+    if (!v->chat_template) v->chat_template = strdup(default_chat_template);
+    if (!v->chat_template) rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  }
+done:
+  free(b.slots);
+done_nob:
+  cJSON_Delete(root);
+  if (rc) synth_vocab_free(v);
+  return rc;
+}
+
+int synth_vocab_to_gguf(gguf_writer *w, const synth_vocab *v, const char *pre) {
+  int rc;
+  if ((rc = gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2"))) return rc;
+  if ((rc = gguf_writer_add_str(w, "tokenizer.ggml.pre", pre))) return rc;
+  if ((rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->n))) return rc;
+  if ((rc = gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v->types, v->n))) return rc;
+  if ((rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->merges, v->n_merges))) return rc;
+  if (v->eos >= 0 && (rc = gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos))) return rc;
+  if (v->pad >= 0 && (rc = gguf_writer_add_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)v->pad))) return rc;
+  if (v->bos >= 0 && (rc = gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos))) return rc;
+  if ((rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false))) return rc;
+  if (v->chat_template && (rc = gguf_writer_add_str(w, "tokenizer.chat_template", v->chat_template))) return rc;
+  return 0;
+}
