@@ -316,7 +316,9 @@ static int parse_text(pctx *p, const cJSON *tc, const cJSON *root, int arch, hf_
                     p->name);
 
   /* MoE */
-  if ((rc = get_int(p, tc, "num_experts", d_exp, 1, 1 << 16, &h->n_expert))) return rc;
+  /* transformers 5 writes Qwen3MoeConfig's expert count as "num_local_experts" (attribute_map) */
+  const char *ne_key = !item(tc, "num_experts") && item(tc, "num_local_experts") ? "num_local_experts" : "num_experts";
+  if ((rc = get_int(p, tc, ne_key, d_exp, 1, 1 << 16, &h->n_expert))) return rc;
   if ((rc = get_int(p, tc, "num_experts_per_tok", d_topk, 1, 1 << 16, &h->n_expert_used))) return rc;
   if (h->n_expert_used > h->n_expert)
     return floe_err(p->err, p->errlen, FLOE_E_INVALID, "%s: num_experts_per_tok %lld exceeds num_experts %lld", p->name,

@@ -1,0 +1,105 @@
+/* KV cache + recurrent state: see kv.h. */
+#include "kv/kv.h"
+
+#include <string.h>
+
+#include "base/base.h"
+
+static void *zalloc(size_t n, size_t *total) {
+  void *p = floe_aligned_alloc(64, n ? n : 64);
+  if (p) {
+    memset(p, 0, n);
+    *total += n;
+  }
+  return p;
+}
+
+int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen) {
+  memset(kv, 0, sizeof *kv);
+  if (n_ctx < 1 || hp->n_layer < 1 || hp->n_layer > FLOE_MAX_LAYERS || (kv_type != KV_F32 && kv_type != KV_BF16))
+    return floe_err(err, errlen, FLOE_E_INVALID, "kv: bad context %lld or layer count %lld", (long long)n_ctx,
+                    (long long)hp->n_layer);
+  kv->kv_type = kv_type;
+  kv->n_ctx = n_ctx;
+  kv->n_layer = hp->n_layer;
+  kv->kv_dim = hp->n_head_kv * hp->head_dim;
+  kv->ssm_n = hp->ssm_dt_rank;
+  kv->ssm_dk = hp->ssm_d_state;
+  kv->ssm_dv = hp->ssm_dt_rank > 0 ? hp->ssm_d_inner / hp->ssm_dt_rank : 0;
+  kv->conv_k = hp->ssm_conv_kernel;
+  kv->conv_c = 2 * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
+  size_t esz = kv_type == KV_F32 ? 4 : 2;
+  for (int64_t l = 0; l < hp->n_layer; l++) {
+    uint64_t n;
+    if (!hp->recurrent[l]) {
+      if (!floe_mul_ok((uint64_t)n_ctx, (uint64_t)kv->kv_dim, &n) || !floe_mul_ok(n, esz, &n)) goto overflow;
+      kv->k[l] = zalloc(n, &kv->bytes);
+      kv->v[l] = zalloc(n, &kv->bytes);
+      if (!kv->k[l] || !kv->v[l]) goto nomem;
+    } else {
+      if (kv->conv_k < 2 || kv->ssm_n < 1) {
+        kv_free(kv);
+        return floe_err(err, errlen, FLOE_E_INVALID, "kv: recurrent layer %lld without GDN sizes", (long long)l);
+      }
+      if (!floe_mul_ok((uint64_t)kv->ssm_n * kv->ssm_dk, (uint64_t)kv->ssm_dv * 4, &n)) goto overflow;
+      kv->ssm[l] = zalloc(n, &kv->bytes);
+      if (!floe_mul_ok((uint64_t)(kv->conv_k - 1), (uint64_t)kv->conv_c * 4, &n)) goto overflow;
+      kv->conv[l] = zalloc(n, &kv->bytes);
+      if (!kv->ssm[l] || !kv->conv[l]) goto nomem;
+    }
+  }
+  return 0;
+overflow:
+  kv_free(kv);
+  return floe_err(err, errlen, FLOE_E_OVERFLOW, "kv: cache size overflows (n_ctx %lld)", (long long)n_ctx);
+nomem:
+  kv_free(kv);
+  return floe_err(err, errlen, FLOE_E_NOMEM, "kv: cannot allocate the cache for %lld positions", (long long)n_ctx);
+}
+
+void kv_free(kv_state *kv) {
+  for (int64_t l = 0; l < FLOE_MAX_LAYERS; l++) {
+    floe_aligned_free(kv->k[l]);
+    floe_aligned_free(kv->v[l]);
+    floe_aligned_free(kv->ssm[l]);
+    floe_aligned_free(kv->conv[l]);
+  }
+  memset(kv, 0, sizeof *kv);
+}
+
+void kv_reset(kv_state *kv) {
+  for (int64_t l = 0; l < kv->n_layer; l++) {
+    if (kv->ssm[l]) memset(kv->ssm[l], 0, (size_t)(kv->ssm_n * kv->ssm_dk * kv->ssm_dv) * 4);
+    if (kv->conv[l]) memset(kv->conv[l], 0, (size_t)((kv->conv_k - 1) * kv->conv_c) * 4);
+  }
+  kv->n_past = 0;
+}
+
+static void put_row(const kv_state *kv, void *base, int64_t pos, const float *x) {
+  if (kv->kv_type == KV_F32) {
+    memcpy((float *)base + pos * kv->kv_dim, x, (size_t)kv->kv_dim * 4);
+  } else {
+    uint16_t *d = (uint16_t *)base + pos * kv->kv_dim;
+    for (int64_t i = 0; i < kv->kv_dim; i++) d[i] = floe_f32_to_bf16(x[i]);
+  }
+}
+
+static const float *get_row(const kv_state *kv, const void *base, int64_t pos, float *buf) {
+  if (kv->kv_type == KV_F32) return (const float *)base + pos * kv->kv_dim;
+  const uint16_t *s = (const uint16_t *)base + pos * kv->kv_dim;
+  for (int64_t i = 0; i < kv->kv_dim; i++) buf[i] = floe_bf16_to_f32(s[i]);
+  return buf;
+}
+
+void kv_put(const kv_state *kv, int64_t l, int64_t pos, const float *krow, const float *vrow) {
+  FLOE_ASSERT(kv->k[l] && pos >= 0 && pos < kv->n_ctx);
+  put_row(kv, kv->k[l], pos, krow);
+  put_row(kv, kv->v[l], pos, vrow);
+}
+
+const float *kv_k_row(const kv_state *kv, int64_t l, int64_t pos, float *buf) {
+  return get_row(kv, kv->k[l], pos, buf);
+}
+const float *kv_v_row(const kv_state *kv, int64_t l, int64_t pos, float *buf) {
+  return get_row(kv, kv->v[l], pos, buf);
+}

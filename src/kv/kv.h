@@ -1,0 +1,46 @@
+/* Per-sequence state of a model: the KV cache of the full-attention layers, and the recurrent
+ * state S and causal-conv window of the GatedDeltaNet layers.
+ *
+ * Layout (indexed by trunk layer; arrays of the other layer kind are NULL):
+ *   k[l], v[l]:   [n_ctx][n_head_kv*head_dim], F32 or BF16 (kv_type), position-major.
+ *   ssm[l]:       [Nv][dk][dv] float32 (HF Qwen3NextGatedDeltaNet layout: S^T k reads columns).
+ *   conv[l]:      [K-1][C] float32, the last K-1 RAW (pre-conv) qkv vectors, oldest first.
+ * n_past counts the positions already processed. kv_reset() zeroes the recurrent state and
+ * n_past; the attention cache needs no clearing (only positions < n_past are read).
+ *
+ * Memory: kv_state owns every buffer; kv_free() releases them. */
+#ifndef FLOE_KV_H
+#define FLOE_KV_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/hparams.h"
+
+enum kv_type { KV_F32 = 0, KV_BF16 = 1 };
+
+typedef struct kv_state {
+  int kv_type;          /* enum kv_type */
+  int64_t n_ctx;        /* positions the attention cache holds */
+  int64_t n_layer;
+  int64_t kv_dim;       /* n_head_kv * head_dim */
+  int64_t ssm_n, ssm_dk, ssm_dv; /* Nv, dk, dv */
+  int64_t conv_k, conv_c;        /* kernel K, channels C */
+  void *k[FLOE_MAX_LAYERS], *v[FLOE_MAX_LAYERS];
+  float *ssm[FLOE_MAX_LAYERS];
+  float *conv[FLOE_MAX_LAYERS];
+  int64_t n_past;
+  size_t bytes;         /* total allocated */
+} kv_state;
+
+/* Allocates the state for hp (attention layers: !hp->recurrent[l]). 0 or FLOE_E_*. */
+int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen);
+void kv_free(kv_state *kv);
+void kv_reset(kv_state *kv);
+
+/* Store / load one position's K or V row (kv_dim floats) of attention layer l. */
+void kv_put(const kv_state *kv, int64_t l, int64_t pos, const float *krow, const float *vrow);
+/* Pointers to K / V rows as floats: for F32 returns the row in place; for BF16 converts into buf. */
+const float *kv_k_row(const kv_state *kv, int64_t l, int64_t pos, float *buf);
+const float *kv_v_row(const kv_state *kv, int64_t l, int64_t pos, float *buf);
+#endif

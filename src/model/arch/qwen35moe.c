@@ -1,0 +1,49 @@
+/* qwen35moe (Qwen3.5 / Qwen3.6 MoE: 35B-A3B ... 397B-A17B): same layer stack as qwen3next (3 GDN +
+ * 1 gated full attention, MoE + shared expert, zero-centred norms, partial RoPE; the text-only
+ * interleaved mRoPE equals 1-D RoPE because all three position axes are equal), but the GDN input
+ * projections are separate: HF in_proj_qkv (q | k | v), in_proj_z, in_proj_b, in_proj_a; GGUF
+ * attn_qkv, attn_gate, ssm_beta, ssm_alpha. Top-k weights are always renormalised.
+ * Value-head order: HF keeps grouped order (value head hv uses key head hv / r); llama.cpp's
+ * converter reorders V heads to tiled order (_LinearAttentionVReorderBase), so from GGUF hv uses
+ * key head hv % Nk. HF checkpoints of the VLM prefix names with model.language_model. (model.c). */
+#include "model/model.h"
+
+#define NM(g, h) model_lname(src, l, g, h, nm, sizeof nm)
+
+static int bind(model *m, const model_src *src, char *err, size_t errlen) {
+  floe_hparams *hp = &m->hp;
+  int rc;
+  if (!hp->attn_gate || hp->n_ff_shexp <= 0)
+    return floe_err(err, errlen, FLOE_E_FORMAT, "qwen35moe: needs the gated attention and a shared expert");
+  hp->norm_topk = true;
+  m->v_tiled = src->kind == MODEL_SRC_GGUF;
+  if ((rc = model_bind_common(m, src, -1, true, err, errlen))) return rc;
+  const int64_t E = hp->n_embd, Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state, vd = hp->ssm_d_inner;
+  char nm[256];
+  for (int64_t l = 0; l < hp->n_layer; l++) {
+    model_layer *L = &m->layers[l];
+    if ((rc = model_bind_common(m, src, l, true, err, errlen))) return rc;
+    if (!hp->recurrent[l]) continue;
+    if ((rc = model_bind_gdn_common(m, src, l, err, errlen))) return rc;
+    if ((rc = model_bind_mat(m, src, NM("attn_qkv.weight", "linear_attn.in_proj_qkv.weight"), 2 * Nk * dk + vd, E,
+                             &L->ssm_qkv, err, errlen)) ||
+        (rc = model_bind_mat(m, src, NM("attn_gate.weight", "linear_attn.in_proj_z.weight"), vd, E, &L->ssm_z, err,
+                             errlen)) ||
+        (rc = model_bind_mat(m, src, NM("ssm_beta.weight", "linear_attn.in_proj_b.weight"), Nv, E, &L->ssm_b, err,
+                             errlen)) ||
+        (rc = model_bind_mat(m, src, NM("ssm_alpha.weight", "linear_attn.in_proj_a.weight"), Nv, E, &L->ssm_alpha,
+                             err, errlen)))
+      return rc;
+  }
+  return 0;
+}
+
+static void layer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
+  if (s->m->hp.recurrent[l])
+    layer_gdn(s, l, x, n);
+  else
+    layer_attention(s, l, x, n, pos0, true);
+  layer_moe(s, l, x, n);
+}
+
+const model_arch model_arch_qwen35moe = { FLOE_ARCH_QWEN35MOE, bind, layer };

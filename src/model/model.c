@@ -1,0 +1,477 @@
+/* Model loading (GGUF file or HF safetensors directory), binding helpers for arch/<arch>.c,
+ * sessions and the forward driver. See model.h for the canonical layout and invariants. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "format/gguf.h"
+#include "format/hf_config.h"
+#include "format/safetensors.h"
+#include "model/model_meta.h"
+#include "quant/quant.h"
+
+/* ---- ownership ---- */
+void *model_own(model *m, size_t bytes) {
+  if (m->n_owned == m->cap_owned) {
+    size_t cap = m->cap_owned ? 2 * m->cap_owned : 64;
+    void **p = realloc(m->owned, cap * sizeof *p);
+    if (!p) return NULL;
+    m->owned = p;
+    m->cap_owned = cap;
+  }
+  void *p = floe_aligned_alloc(64, bytes ? bytes : 64);
+  if (!p) return NULL;
+  memset(p, 0, bytes);
+  m->owned[m->n_owned++] = p;
+  return p;
+}
+
+void model_free(model *m) {
+  if (!m) return;
+  for (size_t i = 0; i < m->n_owned; i++) floe_aligned_free(m->owned[i]);
+  free(m->owned);
+  free(m->layers);
+  if (m->gguf) gguf_close(m->gguf);
+  if (m->st) st_model_close(m->st);
+  free(m);
+}
+
+/* ---- sources ---- */
+static int st_type(int dtype) {
+  switch (dtype) {
+  case ST_F32: return FLOE_TYPE_F32;
+  case ST_F16: return FLOE_TYPE_F16;
+  case ST_BF16: return FLOE_TYPE_BF16;
+  default: return -1;
+  }
+}
+
+static int find_st(const st_model *st, const char *name, model_tref *t) {
+  const st_tensor *x = st_find(st, name);
+  char alt[512];
+  if (!x && strncmp(name, "model.", 6) == 0) { /* Qwen3.5 VLM checkpoints: model.language_model.* */
+    snprintf(alt, sizeof alt, "model.language_model.%s", name + 6);
+    x = st_find(st, alt);
+  }
+  if (!x && strcmp(name, "lm_head.weight") == 0) x = st_find(st, "language_model.lm_head.weight");
+  if (!x) return FLOE_E_NOTFOUND;
+  int ty = st_type(x->dtype);
+  if (ty < 0 || x->n_dims > 4) return FLOE_E_UNSUPPORTED;
+  t->name = x->name;
+  t->type = (uint32_t)ty;
+  t->n_dims = x->n_dims;
+  for (int i = 0; i < 4; i++) t->shape[i] = i < x->n_dims ? x->shape[i] : 1;
+  t->n_elements = x->n_elements;
+  t->data = x->data;
+  return 0;
+}
+
+static int find_gguf(const gguf_file *g, const char *name, model_tref *t) {
+  const gguf_tensor *x = gguf_find_tensor(g, name);
+  if (!x) return FLOE_E_NOTFOUND;
+  t->name = name;
+  t->type = x->type;
+  t->n_dims = (int)x->n_dims;
+  t->n_elements = 1;
+  for (int i = 0; i < 4; i++) t->shape[i] = 1;
+  for (uint32_t i = 0; i < x->n_dims; i++) { /* ggml ne[0] is the contiguous dim: reverse */
+    t->shape[x->n_dims - 1 - i] = x->ne[i];
+    t->n_elements *= x->ne[i];
+  }
+  t->data = x->data;
+  return 0;
+}
+
+int model_src_find(const model_src *src, const char *name, model_tref *t) {
+  memset(t, 0, sizeof *t);
+  return src->kind == MODEL_SRC_GGUF ? find_gguf(src->g, name, t) : find_st(src->st, name, t);
+}
+
+bool model_src_has(const model_src *src, const char *name) {
+  model_tref t;
+  return model_src_find(src, name, &t) == 0;
+}
+
+static int need(const model_src *src, const char *name, model_tref *t, char *err, size_t errlen) {
+  int rc = model_src_find(src, name, t);
+  if (rc == FLOE_E_NOTFOUND) return floe_err(err, errlen, rc, "tensor '%s' not found", name);
+  if (rc) return floe_err(err, errlen, rc, "tensor '%s': unsupported dtype", name);
+  const floe_type_traits *ti = floe_type_info(t->type);
+  if (!ti || !ti->supported) return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "tensor '%s': unsupported type %u", name, t->type);
+  return 0;
+}
+
+/* Matrix view of `rows` rows starting at element offset `elem0` (a multiple of cols). Copies the
+ * rows when the data is not aligned to the element size (safetensors offsets may be odd). */
+static int make_mat(model *m, const model_tref *t, int64_t elem0, int64_t rows, int64_t cols, floe_mat *out,
+                    char *err, size_t errlen) {
+  size_t rb = floe_row_bytes(t->type, cols);
+  if (rb == 0)
+    return floe_err(err, errlen, FLOE_E_FORMAT, "tensor '%s': %lld columns do not fit type blocks", t->name,
+                    (long long)cols);
+  const floe_type_traits *ti = floe_type_info(t->type);
+  const uint8_t *p = t->data + (size_t)(elem0 / cols) * rb;
+  memset(out, 0, sizeof *out);
+  out->type = t->type;
+  out->rows = rows;
+  out->cols = cols;
+  out->row_bytes = rb;
+  size_t align = ti->quantized ? 2 : (size_t)ti->bytes;
+  if (((uintptr_t)p % align) != 0) {
+    uint64_t n;
+    if (!floe_mul_ok((uint64_t)rows, rb, &n)) return floe_err(err, errlen, FLOE_E_OVERFLOW, "tensor '%s' too large", t->name);
+    void *c = model_own(m, (size_t)n);
+    if (!c) return floe_err(err, errlen, FLOE_E_NOMEM, "tensor '%s': out of memory", t->name);
+    memcpy(c, p, (size_t)n);
+    p = c;
+  }
+  out->data = p;
+  return 0;
+}
+
+int model_bind_mat(model *m, const model_src *src, const char *name, int64_t rows, int64_t cols, floe_mat *out,
+                   char *err, size_t errlen) {
+  model_tref t;
+  int rc = need(src, name, &t, err, errlen);
+  if (rc) return rc;
+  if (t.shape[t.n_dims - 1] != cols || t.n_elements != rows * cols)
+    return floe_err(err, errlen, FLOE_E_FORMAT, "tensor '%s': shape does not match %lld x %lld", name,
+                    (long long)rows, (long long)cols);
+  return make_mat(m, &t, 0, rows, cols, out, err, errlen);
+}
+
+int model_bind_slab(model *m, const model_src *src, const char *name, int64_t n_slab, int64_t slab_rows, int64_t e,
+                    int64_t row0, int64_t rows, int64_t cols, floe_mat *out, char *err, size_t errlen) {
+  model_tref t;
+  int rc = need(src, name, &t, err, errlen);
+  if (rc) return rc;
+  if (t.n_dims != 3 || t.shape[0] != n_slab || t.shape[1] != slab_rows || t.shape[2] != cols)
+    return floe_err(err, errlen, FLOE_E_FORMAT, "tensor '%s': shape does not match %lld x %lld x %lld", name,
+                    (long long)n_slab, (long long)slab_rows, (long long)cols);
+  return make_mat(m, &t, (e * slab_rows + row0) * cols, rows, cols, out, err, errlen);
+}
+
+int model_bind_vec(model *m, const model_src *src, const char *name, int64_t n, float add, float **out, char *err,
+                   size_t errlen) {
+  model_tref t;
+  int rc = need(src, name, &t, err, errlen);
+  if (rc) return rc;
+  if (t.n_elements != n)
+    return floe_err(err, errlen, FLOE_E_FORMAT, "tensor '%s': %lld elements, expected %lld", name,
+                    (long long)t.n_elements, (long long)n);
+  const floe_type_traits *ti = floe_type_info(t.type);
+  if (ti->quantized || n % ti->blck)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "tensor '%s': quantized vectors are not supported", name);
+  float *v = model_own(m, (size_t)n * sizeof(float));
+  void *tmp = model_own(m, (size_t)n * (size_t)ti->bytes);
+  if (!v || !tmp) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  memcpy(tmp, t.data, (size_t)n * (size_t)ti->bytes); /* unaligned source */
+  quant_dequant_row(t.type, tmp, v, n);
+  for (int64_t i = 0; i < n; i++) v[i] += add;
+  *out = v;
+  return 0;
+}
+
+int model_bind_experts(model *m, const model_src *src, int64_t l, char *err, size_t errlen) {
+  const floe_hparams *hp = &m->hp;
+  model_layer *L = &m->layers[l];
+  const int64_t NE = hp->n_expert, E = hp->n_embd, I = hp->n_ff_exp;
+  L->exp_gate = model_own(m, (size_t)NE * sizeof(floe_mat));
+  L->exp_up = model_own(m, (size_t)NE * sizeof(floe_mat));
+  L->exp_down = model_own(m, (size_t)NE * sizeof(floe_mat));
+  if (!L->exp_gate || !L->exp_up || !L->exp_down) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  char a[256], b[256], c[256];
+  int rc = 0;
+  if (src->kind == MODEL_SRC_GGUF) {
+    snprintf(a, sizeof a, "blk.%lld.ffn_gate_exps.weight", (long long)l);
+    snprintf(b, sizeof b, "blk.%lld.ffn_up_exps.weight", (long long)l);
+    snprintf(c, sizeof c, "blk.%lld.ffn_down_exps.weight", (long long)l);
+    bool fused = !model_src_has(src, a);
+    if (fused) snprintf(a, sizeof a, "blk.%lld.ffn_gate_up_exps.weight", (long long)l);
+    for (int64_t e = 0; e < NE && !rc; e++) {
+      if (fused) {
+        rc = model_bind_slab(m, src, a, NE, 2 * I, e, 0, I, E, &L->exp_gate[e], err, errlen);
+        if (!rc) rc = model_bind_slab(m, src, a, NE, 2 * I, e, I, I, E, &L->exp_up[e], err, errlen);
+      } else {
+        rc = model_bind_slab(m, src, a, NE, I, e, 0, I, E, &L->exp_gate[e], err, errlen);
+        if (!rc) rc = model_bind_slab(m, src, b, NE, I, e, 0, I, E, &L->exp_up[e], err, errlen);
+      }
+      if (!rc) rc = model_bind_slab(m, src, c, NE, E, e, 0, E, I, &L->exp_down[e], err, errlen);
+    }
+    return rc;
+  }
+  snprintf(a, sizeof a, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
+  if (model_src_has(src, a)) { /* transformers 5 fused layout: [E][2I][H], [E][H][I] */
+    snprintf(c, sizeof c, "model.layers.%lld.mlp.experts.down_proj", (long long)l);
+    for (int64_t e = 0; e < NE && !rc; e++) {
+      rc = model_bind_slab(m, src, a, NE, 2 * I, e, 0, I, E, &L->exp_gate[e], err, errlen);
+      if (!rc) rc = model_bind_slab(m, src, a, NE, 2 * I, e, I, I, E, &L->exp_up[e], err, errlen);
+      if (!rc) rc = model_bind_slab(m, src, c, NE, E, e, 0, E, I, &L->exp_down[e], err, errlen);
+    }
+    return rc;
+  }
+  for (int64_t e = 0; e < NE && !rc; e++) {
+    snprintf(a, sizeof a, "model.layers.%lld.mlp.experts.%lld.gate_proj.weight", (long long)l, (long long)e);
+    snprintf(b, sizeof b, "model.layers.%lld.mlp.experts.%lld.up_proj.weight", (long long)l, (long long)e);
+    snprintf(c, sizeof c, "model.layers.%lld.mlp.experts.%lld.down_proj.weight", (long long)l, (long long)e);
+    rc = model_bind_mat(m, src, a, I, E, &L->exp_gate[e], err, errlen);
+    if (!rc) rc = model_bind_mat(m, src, b, I, E, &L->exp_up[e], err, errlen);
+    if (!rc) rc = model_bind_mat(m, src, c, E, I, &L->exp_down[e], err, errlen);
+  }
+  return rc;
+}
+
+const char *model_lname(const model_src *src, int64_t l, const char *gguf, const char *hf, char *buf, size_t n) {
+  if (src->kind == MODEL_SRC_GGUF) {
+    if (l < 0) snprintf(buf, n, "%s", gguf);
+    else snprintf(buf, n, "blk.%lld.%s", (long long)l, gguf);
+  } else {
+    if (l < 0) snprintf(buf, n, "%s", hf);
+    else snprintf(buf, n, "model.layers.%lld.%s", (long long)l, hf);
+  }
+  return buf;
+}
+
+#define NM(g, h) model_lname(src, l, g, h, nm, sizeof nm)
+#define TRY(x) do { if ((rc = (x))) return rc; } while (0)
+
+int model_bind_common(model *m, const model_src *src, int64_t l, bool zc, char *err, size_t errlen) {
+  const floe_hparams *hp = &m->hp;
+  const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim;
+  const float add = (zc && src->kind == MODEL_SRC_HF) ? 1.0f : 0.0f; /* GGUF holds 1+w already */
+  char nm[256];
+  int rc;
+  if (l < 0) {
+    TRY(model_bind_mat(m, src, NM("token_embd.weight", "model.embed_tokens.weight"), V, E, &m->tok_embd, err, errlen));
+    TRY(model_bind_vec(m, src, NM("output_norm.weight", "model.norm.weight"), E, add, &m->output_norm, err, errlen));
+    const char *out = NM("output.weight", "lm_head.weight");
+    if (model_src_has(src, out) || !hp->tied_embeddings)
+      TRY(model_bind_mat(m, src, out, V, E, &m->output, err, errlen));
+    else
+      m->output = m->tok_embd;
+    return 0;
+  }
+  model_layer *L = &m->layers[l];
+  const bool gguf_post = src->kind == MODEL_SRC_GGUF && hp->arch != FLOE_ARCH_QWEN3MOE;
+  TRY(model_bind_vec(m, src, NM("attn_norm.weight", "input_layernorm.weight"), E, add, &L->attn_norm, err, errlen));
+  TRY(model_bind_vec(m, src, NM(gguf_post ? "post_attention_norm.weight" : "ffn_norm.weight",
+                                "post_attention_layernorm.weight"), E, add, &L->ffn_norm, err, errlen));
+  if (!hp->recurrent[l]) {
+    const int64_t qrows = hp->n_head * hd * (hp->attn_gate ? 2 : 1), kvrows = hp->n_head_kv * hd;
+    TRY(model_bind_mat(m, src, NM("attn_q.weight", "self_attn.q_proj.weight"), qrows, E, &L->wq, err, errlen));
+    TRY(model_bind_mat(m, src, NM("attn_k.weight", "self_attn.k_proj.weight"), kvrows, E, &L->wk, err, errlen));
+    TRY(model_bind_mat(m, src, NM("attn_v.weight", "self_attn.v_proj.weight"), kvrows, E, &L->wv, err, errlen));
+    TRY(model_bind_mat(m, src, NM("attn_output.weight", "self_attn.o_proj.weight"), E, hp->n_head * hd, &L->wo, err,
+                       errlen));
+    TRY(model_bind_vec(m, src, NM("attn_q_norm.weight", "self_attn.q_norm.weight"), hd, add, &L->q_norm, err, errlen));
+    TRY(model_bind_vec(m, src, NM("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, add, &L->k_norm, err, errlen));
+  }
+  TRY(model_bind_mat(m, src, NM("ffn_gate_inp.weight", "mlp.gate.weight"), hp->n_expert, E, &L->router, err, errlen));
+  TRY(model_bind_experts(m, src, l, err, errlen));
+  if (hp->n_ff_shexp > 0) {
+    const int64_t S = hp->n_ff_shexp;
+    TRY(model_bind_mat(m, src, NM("ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"), S, E, &L->sh_gate,
+                       err, errlen));
+    TRY(model_bind_mat(m, src, NM("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"), S, E, &L->sh_up, err,
+                       errlen));
+    TRY(model_bind_mat(m, src, NM("ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"), E, S, &L->sh_down,
+                       err, errlen));
+    TRY(model_bind_mat(m, src, NM("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"), 1, E,
+                       &L->sh_gate_inp, err, errlen));
+  }
+  return 0;
+}
+
+int model_bind_gdn_common(model *m, const model_src *src, int64_t l, char *err, size_t errlen) {
+  const floe_hparams *hp = &m->hp;
+  model_layer *L = &m->layers[l];
+  const int64_t E = hp->n_embd, Nv = hp->ssm_dt_rank, vd = hp->ssm_d_inner, dv = vd / Nv;
+  const int64_t C = 2 * hp->ssm_n_group * hp->ssm_d_state + vd, K = hp->ssm_conv_kernel;
+  char nm[256];
+  int rc;
+  /* conv1d: HF [C, 1, K], GGUF {K, C}: both C rows of K */
+  TRY(model_bind_vec(m, src, NM("ssm_conv1d.weight", "linear_attn.conv1d.weight"), C * K, 0.0f, &L->conv_w, err,
+                     errlen));
+  TRY(model_bind_vec(m, src, NM("ssm_dt.bias", "linear_attn.dt_bias"), Nv, 0.0f, &L->dt_bias, err, errlen));
+  if (src->kind == MODEL_SRC_GGUF) {
+    TRY(model_bind_vec(m, src, NM("ssm_a", ""), Nv, 0.0f, &L->ssm_a, err, errlen)); /* holds -exp(A_log) */
+  } else {
+    TRY(model_bind_vec(m, src, NM("", "linear_attn.A_log"), Nv, 0.0f, &L->ssm_a, err, errlen));
+    for (int64_t i = 0; i < Nv; i++) L->ssm_a[i] = -expf(L->ssm_a[i]);
+  }
+  TRY(model_bind_vec(m, src, NM("ssm_norm.weight", "linear_attn.norm.weight"), dv, 0.0f, &L->ssm_norm, err, errlen));
+  TRY(model_bind_mat(m, src, NM("ssm_out.weight", "linear_attn.out_proj.weight"), E, vd, &L->ssm_out, err, errlen));
+  return 0;
+}
+
+/* ---- loading ---- */
+static const model_arch *arch_of(int arch) {
+  switch (arch) {
+  case FLOE_ARCH_QWEN3MOE: return &model_arch_qwen3moe;
+  case FLOE_ARCH_QWEN3NEXT: return &model_arch_qwen3next;
+  case FLOE_ARCH_QWEN35MOE: return &model_arch_qwen35moe;
+  default: return NULL;
+  }
+}
+
+int model_load(const char *path, model **out, char *err, size_t errlen) {
+  *out = NULL;
+  model *m = calloc(1, sizeof *m);
+  if (!m) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  model_src src = { 0 };
+  struct stat sb;
+  int rc;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    hf_config cfg;
+    if ((rc = hf_config_load(path, &cfg, err, errlen))) goto fail;
+    bool quant = cfg.quant.present;
+    m->hp = cfg.hp;
+    hf_config_free(&cfg);
+    if (quant) {
+      rc = floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: MLX quantized directories are not supported yet", path);
+      goto fail;
+    }
+    if ((rc = st_model_open(path, &m->st, err, errlen))) goto fail;
+    src.kind = MODEL_SRC_HF;
+    src.st = m->st;
+  } else {
+    if ((rc = gguf_open(path, &m->gguf, err, errlen))) goto fail;
+    if ((rc = model_hparams_from_gguf(m->gguf, &m->hp, err, errlen))) goto fail;
+    src.kind = MODEL_SRC_GGUF;
+    src.g = m->gguf;
+  }
+  m->src_kind = src.kind;
+  const floe_hparams *hp = &m->hp;
+  m->arch = arch_of(hp->arch);
+  if (!m->arch) {
+    rc = floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: unsupported architecture", path);
+    goto fail;
+  }
+  if (hp->n_layer < 1 || hp->n_layer > FLOE_MAX_LAYERS || hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv ||
+      hp->n_rot > hp->head_dim || hp->n_rot % 2 || hp->n_expert < 1 || hp->n_expert_used < 1 ||
+      hp->n_expert_used > hp->n_expert) {
+    rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: inconsistent hyper-parameters", path);
+    goto fail;
+  }
+  for (int64_t l = 0; l < hp->n_layer; l++)
+    if (hp->recurrent[l] && (hp->ssm_n_group < 1 || hp->ssm_dt_rank % hp->ssm_n_group ||
+                             hp->ssm_d_inner % hp->ssm_dt_rank || hp->ssm_conv_kernel < 2)) {
+      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: inconsistent GatedDeltaNet sizes", path);
+      goto fail;
+    }
+  m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+  if (!m->layers) {
+    rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    goto fail;
+  }
+  if ((rc = m->arch->bind(m, &src, err, errlen))) goto fail;
+  *out = m;
+  return 0;
+fail:
+  model_free(m);
+  return rc;
+}
+
+/* ---- sessions ---- */
+int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads, model_session **out, char *err,
+                      size_t errlen) {
+  *out = NULL;
+  const floe_hparams *hp = &m->hp;
+  if (n_ctx <= 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+  model_session *s = calloc(1, sizeof *s);
+  if (!s) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  s->m = m;
+  int rc = kv_init(&s->kv, hp, n_ctx, kv_type, err, errlen);
+  if (rc) {
+    free(s);
+    return rc;
+  }
+  if (n_threads > 1 && !(s->pool = floe_pool_create(n_threads))) {
+    model_session_free(s);
+    return floe_err(err, errlen, FLOE_E_NOMEM, "cannot start %d threads", n_threads);
+  }
+  const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
+  const int64_t qdim = hp->n_head * hp->head_dim * 2, kvd = hp->n_head_kv * hp->head_dim;
+  const int64_t Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state, vd = hp->ssm_d_inner;
+  const int64_t C = 2 * Nk * dk + vd, dv = Nv ? vd / Nv : 0;
+  const int64_t raw = 2 * Nk * dk + 2 * vd > C ? 2 * Nk * dk + 2 * vd : C;
+  s->ff_max = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
+  int64_t tmp = 2 * kvd > dv ? 2 * kvd : dv;
+  struct { float **p; int64_t n; } parts[] = {
+    { &s->h, B * E }, { &s->out, B * E }, { &s->y, B * E }, { &s->q, B * qdim }, { &s->k, B * kvd },
+    { &s->v, B * kvd }, { &s->att, B * hp->n_head * hp->head_dim }, { &s->scores, n_ctx }, { &s->kvtmp, tmp },
+    { &s->mix, B * C }, { &s->z, B * vd }, { &s->b, B * Nv }, { &s->a, B * Nv }, { &s->raw, B * raw },
+    { &s->raw2, B * 2 * Nv }, { &s->o, B * vd }, { &s->rlog, B * NE }, { &s->selw, B * K },
+    { &s->contrib, B * K * E }, { &s->eg, 16 * s->ff_max }, { &s->eu, 16 * s->ff_max }, { &s->ein, 16 * E },
+    { &s->eout, 16 * E }, { &s->shg, B },
+  };
+  size_t np = sizeof parts / sizeof parts[0], total = 0;
+  for (size_t i = 0; i < np; i++) total += (size_t)((parts[i].n + 15) / 16 * 16);
+  s->buf = floe_aligned_alloc(64, total * sizeof(float));
+  s->sel = malloc((size_t)(B * K) * sizeof(int32_t));
+  if (!s->buf || !s->sel) {
+    model_session_free(s);
+    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory for session scratch");
+  }
+  memset(s->buf, 0, total * sizeof(float));
+  float *p = s->buf;
+  for (size_t i = 0; i < np; i++) {
+    *parts[i].p = p;
+    p += (parts[i].n + 15) / 16 * 16;
+  }
+  *out = s;
+  return 0;
+}
+
+void model_session_free(model_session *s) {
+  if (!s) return;
+  kv_free(&s->kv);
+  if (s->pool) floe_pool_free(s->pool);
+  floe_aligned_free(s->buf);
+  free(s->sel);
+  free(s);
+}
+
+void model_session_reset(model_session *s) { kv_reset(&s->kv); }
+int64_t model_session_pos(const model_session *s) { return s->kv.n_past; }
+
+int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, char *err,
+               size_t errlen) {
+  const model *m = s->m;
+  const floe_hparams *hp = &m->hp;
+  const int64_t E = hp->n_embd, V = hp->n_vocab;
+  if (n < 1) return floe_err(err, errlen, FLOE_E_INVALID, "eval: no tokens");
+  if (n > s->kv.n_ctx - s->kv.n_past)
+    return floe_err(err, errlen, FLOE_E_INVALID, "eval: %lld tokens at position %lld do not fit the context of %lld",
+                    (long long)n, (long long)s->kv.n_past, (long long)s->kv.n_ctx);
+  for (int64_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= V)
+      return floe_err(err, errlen, FLOE_E_INVALID, "eval: token %d out of the vocabulary (%lld)", tokens[i],
+                      (long long)V);
+  float *x = floe_aligned_alloc(64, (size_t)(MODEL_MAX_BATCH * E) * sizeof(float));
+  if (!x) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  const floe_type_traits *ti = floe_type_info(m->tok_embd.type);
+  for (int64_t c0 = 0; c0 < n; c0 += MODEL_MAX_BATCH) {
+    const int64_t nb = n - c0 < MODEL_MAX_BATCH ? n - c0 : MODEL_MAX_BATCH;
+    const int64_t pos0 = s->kv.n_past;
+    for (int64_t t = 0; t < nb; t++) {
+      const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[c0 + t] * m->tok_embd.row_bytes;
+      (void)ti;
+      quant_dequant_row(m->tok_embd.type, row, x + t * E, E);
+    }
+    for (int64_t l = 0; l < hp->n_layer; l++) m->arch->layer(s, l, x, nb, pos0);
+    s->kv.n_past += nb;
+    if (logits) {
+      int64_t first = all_logits ? 0 : (c0 + nb == n ? nb - 1 : nb);
+      for (int64_t t = first; t < nb; t++) layer_rmsnorm(x + t * E, m->output_norm, E, hp->rms_eps, s->h + t * E);
+      float *dst = all_logits ? logits + c0 * V : logits;
+      if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
+    }
+  }
+  floe_aligned_free(x);
+  return 0;
+}

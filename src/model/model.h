@@ -1,0 +1,188 @@
+/* Model: weights bound from a GGUF file or an HF safetensors directory, and sessions that run the
+ * forward pass (CPU, exact float path) for qwen3moe, qwen3next and qwen35moe.
+ *
+ * Canonical internal layout (every source is converted to it at load time, see arch/<arch>.c):
+ *   - Norm weights are float32 multipliers: y = (x * rsqrt(mean(x^2)+eps)) * w. The zero-centred
+ *     norms of Qwen3-Next / Qwen3.5 (HF `1+w`) are stored as 1+w (what GGUF and MLX hold); the
+ *     GDN output norm (linear_attn.norm, plain w) and Qwen3-MoE's norms are stored as is.
+ *   - Matrices are floe_mat in the file's own bytes (row r = output r), never re-quantized; a
+ *     matrix whose data is not aligned to its element size is copied once.
+ *   - GatedDeltaNet: the projections are either separate (qkv | z | b | a, Qwen3.5 HF and llama.cpp
+ *     GGUF) or grouped per key head (Qwen3-Next HF in_proj_qkvz / in_proj_ba), in which case the
+ *     projected rows are unpacked into q | k | v and z, b, a after the matmul. Value heads keep the
+ *     file's order: hv belongs to key head hv / (Nv/Nk) ("grouped", HF) or hv % Nk ("tiled",
+ *     llama.cpp's Qwen3.5 converter), so no row or column is permuted. ssm_a holds -exp(A_log).
+ *   - Routed experts are one floe_mat per expert and projection (slices of 3-D stacks or HF's
+ *     per-expert tensors).
+ *
+ * Row-exactness: model_eval() over n tokens gives, for every position, logits bit-identical to
+ * evaluating the tokens one at a time: matmuls use row-exact kernels, and every other op (norms,
+ * RoPE, attention over the cache, the GDN recurrence, which is run token by token, the MoE sum in
+ * ascending expert order) does per-row arithmetic that does not depend on the batch.
+ *
+ * Memory: a model owns its file mappings and every buffer it converted; sessions own their state
+ * and scratch. A model must outlive its sessions. A session is used by one thread at a time. */
+#ifndef FLOE_MODEL_H
+#define FLOE_MODEL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+#include "kernels/cpu/kernels.h"
+#include "kv/kv.h"
+#include "model/hparams.h"
+
+typedef struct gguf_file gguf_file;
+typedef struct st_model st_model;
+
+typedef struct model_layer {
+  float *attn_norm;          /* [n_embd] input_layernorm */
+  float *ffn_norm;           /* [n_embd] post_attention_layernorm */
+  /* full attention */
+  floe_mat wq;               /* [n_head*head_dim*(gate?2:1)][n_embd]; gated: per head [q(hd) | gate(hd)] */
+  floe_mat wk, wv;           /* [n_head_kv*head_dim][n_embd] */
+  floe_mat wo;               /* [n_embd][n_head*head_dim] */
+  float *q_norm, *k_norm;    /* [head_dim] */
+  /* GatedDeltaNet */
+  bool qkvz_grouped;         /* ssm_qkvz holds HF Qwen3-Next's per-key-head groups */
+  bool ba_grouped;           /* ssm_ba holds per-key-head [b(r) | a(r)] groups (Qwen3-Next HF and GGUF) */
+  floe_mat ssm_qkvz;         /* grouped: [Nk*(2dk+2r*dv)][n_embd] */
+  floe_mat ssm_ba;           /* grouped: [Nk*2r][n_embd] */
+  floe_mat ssm_qkv;          /* separate: [2*Nk*dk + Nv*dv][n_embd], q | k | v */
+  floe_mat ssm_z;            /* separate: [Nv*dv][n_embd] */
+  floe_mat ssm_b, ssm_alpha; /* separate: [Nv][n_embd] */
+  float *conv_w;             /* [C][K] */
+  float *dt_bias;            /* [Nv] */
+  float *ssm_a;              /* [Nv] = -exp(A_log) */
+  float *ssm_norm;           /* [dv] gated RMSNorm weight (plain) */
+  floe_mat ssm_out;          /* [n_embd][Nv*dv] */
+  /* MoE */
+  floe_mat router;           /* [n_expert][n_embd] */
+  floe_mat *exp_gate, *exp_up; /* n_expert x [n_ff_exp][n_embd] */
+  floe_mat *exp_down;        /* n_expert x [n_embd][n_ff_exp] */
+  floe_mat sh_gate, sh_up;   /* [n_ff_shexp][n_embd] */
+  floe_mat sh_down;          /* [n_embd][n_ff_shexp] */
+  floe_mat sh_gate_inp;      /* [1][n_embd] */
+} model_layer;
+
+enum model_src_kind { MODEL_SRC_GGUF = 1, MODEL_SRC_HF = 2 };
+
+/* Where weights come from while binding. */
+typedef struct model_src {
+  int kind;
+  gguf_file *g;
+  st_model *st;
+} model_src;
+
+/* A tensor as found in a source: shape row-major (shape[n_dims-1] contiguous), whatever the file's
+ * own convention. type is a FLOE_TYPE_*. */
+typedef struct model_tref {
+  const char *name;
+  uint32_t type;
+  int n_dims;
+  int64_t shape[4];
+  int64_t n_elements;
+  const uint8_t *data;
+} model_tref;
+
+typedef struct model model;
+typedef struct model_session model_session;
+
+/* One architecture: binds its tensors (GGUF and HF names) and runs one decoder layer. */
+typedef struct model_arch {
+  int arch;
+  int (*bind)(model *m, const model_src *src, char *err, size_t errlen);
+  void (*layer)(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0);
+} model_arch;
+
+extern const model_arch model_arch_qwen3moe, model_arch_qwen3next, model_arch_qwen35moe;
+
+struct model {
+  floe_hparams hp;
+  const model_arch *arch;
+  int src_kind;              /* enum model_src_kind */
+  bool v_tiled;              /* value head hv uses key head hv % Nk (else hv / (Nv/Nk)) */
+  floe_mat tok_embd;         /* [n_vocab][n_embd] */
+  floe_mat output;           /* [n_vocab][n_embd] (tok_embd when tied) */
+  float *output_norm;        /* [n_embd] */
+  model_layer *layers;       /* [n_layer] */
+  gguf_file *gguf;
+  st_model *st;
+  void **owned;              /* buffers freed by model_free */
+  size_t n_owned, cap_owned;
+};
+
+#define MODEL_MAX_BATCH 64   /* tokens per internal chunk of model_eval */
+
+struct model_session {
+  const model *m;
+  kv_state kv;
+  floe_pool *pool;           /* NULL: single thread */
+  float *buf;                /* one arena for all scratch below */
+  float *h, *out, *y;        /* [B][n_embd] */
+  float *q, *k, *v, *att;    /* [B][...] attention */
+  float *scores, *kvtmp;     /* [n_ctx], [kv_dim*2] */
+  float *mix, *z, *b, *a, *raw, *raw2, *o; /* GDN */
+  float *rlog;               /* [B][n_expert] router logits */
+  int32_t *sel;              /* [B][top-k] */
+  float *selw;               /* [B][top-k] */
+  float *contrib;            /* [B][top-k][n_embd] */
+  float *eg, *eu, *ein, *eout; /* [16][max ff] gathered expert rows, [16][n_embd] */
+  float *shg;                /* [B] shared-expert gate logits */
+  int64_t ff_max;
+};
+
+/* ---- loading ---- */
+/* path: a .gguf file or an HF safetensors directory (config.json + *.safetensors). */
+int model_load(const char *path, model **out, char *err, size_t errlen);
+void model_free(model *m);
+
+/* ---- sessions ---- */
+/* n_ctx <= 0: the model's trained context (capped at 4096). kv_type: enum kv_type. n_threads >= 1. */
+int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads, model_session **out, char *err,
+                      size_t errlen);
+void model_session_free(model_session *s);
+void model_session_reset(model_session *s);
+int64_t model_session_pos(const model_session *s);
+/* Runs n tokens at positions n_past..n_past+n-1. logits: NULL, or [n][n_vocab] when all_logits,
+ * else [n_vocab] for the last token. A prompt that does not fit the context is refused. */
+int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, char *err,
+               size_t errlen);
+
+/* ---- binding helpers for arch/<arch>.c ---- */
+int model_src_find(const model_src *src, const char *name, model_tref *t);
+bool model_src_has(const model_src *src, const char *name);
+/* A 2-D weight of rows x cols (any tensor with that element count whose last dim is cols). */
+int model_bind_mat(model *m, const model_src *src, const char *name, int64_t rows, int64_t cols, floe_mat *out,
+                   char *err, size_t errlen);
+/* Rows [row0, row0+rows) of slab e of a 3-D stack [n_slab][slab_rows][cols]. */
+int model_bind_slab(model *m, const model_src *src, const char *name, int64_t n_slab, int64_t slab_rows, int64_t e,
+                    int64_t row0, int64_t rows, int64_t cols, floe_mat *out, char *err, size_t errlen);
+/* A vector of n elements converted to float32, plus `add` (1.0 for HF zero-centred norms). */
+int model_bind_vec(model *m, const model_src *src, const char *name, int64_t n, float add, float **out, char *err,
+                   size_t errlen);
+/* Routed experts of layer l, from HF per-expert tensors (prefix "model.layers.L.mlp.experts."),
+ * HF fused gate_up_proj/down_proj, or GGUF stacks ffn_{gate,up,down}_exps. */
+int model_bind_experts(model *m, const model_src *src, int64_t l, char *err, size_t errlen);
+void *model_own(model *m, size_t bytes); /* zeroed, freed with the model; NULL on failure */
+/* Everything of layer l except the GatedDeltaNet projections: the two norms, full attention (when
+ * the layer is not recurrent), router, routed and shared experts; and (l < 0) the global tensors.
+ * zc: the source holds zero-centred norms without the +1 (HF Qwen3-Next / Qwen3.5). */
+int model_bind_common(model *m, const model_src *src, int64_t l, bool zc, char *err, size_t errlen);
+/* The GDN tensors that are named alike in both hybrids: conv1d, dt_bias, A (-exp(A_log)), norm, out. */
+int model_bind_gdn_common(model *m, const model_src *src, int64_t l, char *err, size_t errlen);
+/* Name of tensor `what` of layer l: GGUF "blk.L.<gguf>" or HF "model.layers.L.<hf>". */
+const char *model_lname(const model_src *src, int64_t l, const char *gguf, const char *hf, char *buf, size_t n);
+
+/* ---- shared layer math (layers.c) ---- */
+/* Y[b] = W X[b] for b < nb (any nb), exact float path, split over the session's threads. */
+void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *X, int64_t ldx, float *Y, int64_t ldy);
+void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y);
+/* Full attention layer (with or without the sigmoid output gate). x += attn(norm(x)). */
+void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated);
+/* GatedDeltaNet layer. x += gdn(norm(x)). */
+void layer_gdn(model_session *s, int64_t l, float *x, int64_t n);
+/* MoE block (routed experts, plus the sigmoid-gated shared expert when present). x += moe(norm(x)). */
+void layer_moe(model_session *s, int64_t l, float *x, int64_t n);
+#endif
