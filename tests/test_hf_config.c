@@ -251,6 +251,12 @@ static void test_defaults(void) {
             &c);
   CHECK(r == 0 && !h->tied_embeddings, "text_config's tie_word_embeddings wins");
   hf_config_free(&c);
+  r = parse("{\"model_type\":\"qwen3_moe\",\"num_local_experts\":64}", &c);
+  CHECK(r == 0 && h->n_expert == 64, "num_local_experts (transformers 5 spelling): %s", err);
+  hf_config_free(&c);
+  r = parse("{\"model_type\":\"qwen3_moe\",\"num_local_experts\":64,\"num_experts\":32}", &c);
+  CHECK(r == 0 && h->n_expert == 32, "num_experts wins over num_local_experts: %s", err);
+  hf_config_free(&c);
   r = parse("{\"model_type\":\"qwen3_moe\",\"partial_rotary_factor\":0.5,\"head_dim\":128}", &c);
   CHECK(r == 0 && h->n_rot == 64, "qwen3_moe partial_rotary_factor honoured");
   hf_config_free(&c);
