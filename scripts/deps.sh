@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages floe builds against (idempotent; needs root or sudo on a fresh machine).
 set -euo pipefail
-pkgs=(cmake make gcc clang libcjson-dev liburing-dev libmicrohttpd-dev pkg-config)
+pkgs=(cmake make gcc clang libcjson-dev liburing-dev libmicrohttpd-dev pkg-config libpcre2-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
