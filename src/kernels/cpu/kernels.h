@@ -38,14 +38,28 @@ int kern_isa_set(int isa);
 int kern_isa_get(void);
 const char *kern_isa_name(int isa);
 
-/* Bytes of one quantized activation row for weight type `wtype` and `cols` columns; 0 when the
- * type has no quantized-activation path (then pass xq = NULL). */
-size_t kern_act_bytes(uint32_t wtype, int64_t cols);
-void kern_act_quantize(uint32_t wtype, const float *x, int64_t cols, void *xq);
+/* Bytes of one quantized activation row for weight matrix W (the format depends on the weight
+ * type, and for MLX on the group size); 0 when the type has no quantized-activation path (then
+ * pass xq = NULL). kern_act_quantize writes one such row from cols floats. Which types have the
+ * path: kern_act_bytes(W) != 0 (Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K, Q6_K, IQ4_XS, MLX 4/8-bit). */
+size_t kern_act_bytes(const floe_mat *W);
+void kern_act_quantize(const floe_mat *W, const float *x, void *xq);
+/* nb rows at once: X rows ldx floats apart, xq rows xq_stride bytes apart. */
+void kern_act_quantize_rows(const floe_mat *W, int nb, const float *X, int64_t ldx, void *xq, size_t xq_stride);
 
 /* Y[b][r] = dot(W row r, X[b]) for b in [0,nb), r in [r0,r1). X rows are cols floats apart
  * (ldx), Y rows ldy floats apart. xq: nb quantized rows, xq_stride bytes apart, or NULL for the
  * exact float path. 1 <= nb <= 16. */
 void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                  float *Y, int64_t ldy, int64_t r0, int64_t r1);
+
+/* kern_matmul over all W->rows rows, split across the pool's threads (rows aligned to 16).
+ * Bit-identical to the single-threaded call. pool may be NULL (one thread). */
+void kern_matmul_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
+                    size_t xq_stride, float *Y, int64_t ldy);
+/* Quantize nb activation rows once (split across the pool) then run kern_matmul_mt with them.
+ * xq_buf must hold nb * kern_act_bytes(W) bytes (64-byte aligned); for types without a quantized
+ * path it is unused and the exact float path runs. */
+void kern_matmul_q_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X, int64_t ldx, void *xq_buf,
+                      float *Y, int64_t ldy);
 #endif

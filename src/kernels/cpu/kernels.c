@@ -1,0 +1,478 @@
+/* CPU kernels: ISA dispatch, the scalar versions of both paths, activation quantization and the
+ * threaded wrappers.
+ *
+ * The scalar quantized path below is written plainly from the 16-lane model documented in
+ * kernels_internal.h; kernels_avx2.c and kernels_avx512.c must reproduce it bit for bit
+ * (tests/test_kernels.c checks this). The scalar float path dequantizes each block with the
+ * quant reference and accumulates in element order, so it equals quant_dot_ref exactly. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/kernels_internal.h"
+
+/* ---- ISA selection ---- */
+
+static int g_isa = -1;
+
+static bool isa_supported(int isa) {
+  const floe_cpu *c = floe_cpu_features();
+  switch (isa) {
+    case FLOE_ISA_SCALAR: return true;
+    case FLOE_ISA_AVX2: return c->avx2 && c->fma && c->f16c;
+    case FLOE_ISA_AVX512:
+      return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl && c->avx512dq &&
+             c->avx512vnni && c->avx512vbmi;
+    default: return false;
+  }
+}
+
+int kern_isa_best(void) {
+  const char *e = getenv("FLOE_ISA");
+  if (e) {
+    for (int i = FLOE_ISA_AVX512; i >= 0; i--)
+      if (strcmp(e, kern_isa_name(i)) == 0 && isa_supported(i)) return i;
+  }
+  for (int i = FLOE_ISA_AVX512; i > 0; i--)
+    if (isa_supported(i)) return i;
+  return FLOE_ISA_SCALAR;
+}
+
+int kern_isa_get(void) {
+  int v = __atomic_load_n(&g_isa, __ATOMIC_ACQUIRE);
+  if (v < 0) {
+    v = kern_isa_best();
+    __atomic_store_n(&g_isa, v, __ATOMIC_RELEASE);
+  }
+  return v;
+}
+
+int kern_isa_set(int isa) {
+  if (!isa_supported(isa)) return -1;
+  int prev = kern_isa_get();
+  __atomic_store_n(&g_isa, isa, __ATOMIC_RELEASE);
+  return prev;
+}
+
+const char *kern_isa_name(int isa) {
+  switch (isa) {
+    case FLOE_ISA_SCALAR: return "scalar";
+    case FLOE_ISA_AVX2: return "avx2";
+    case FLOE_ISA_AVX512: return "avx512";
+    default: return "?";
+  }
+}
+
+/* ---- dequantization of a chunk of one row (shared by every ISA's float path) ---- */
+
+void kern_dequant_chunk(const floe_mat *W, int64_t r, int64_t j0, int64_t n, float *buf) {
+  const uint8_t *row = kw_row(W, r);
+  if (W->type == FLOE_TYPE_MLX) {
+    const quant_mlx_fmt *f = &W->mlx;
+    size_t sbe = f->sb_type == FLOE_TYPE_F32 ? 4 : 2;
+    const uint8_t *sc = (const uint8_t *)W->scales + (size_t)r * W->sb_row_bytes + (size_t)(j0 / f->group) * sbe;
+    const uint8_t *bi = (const uint8_t *)W->biases + (size_t)r * W->sb_row_bytes + (size_t)(j0 / f->group) * sbe;
+    quant_mlx_dequant_row(f, row + (size_t)(j0 * f->bits / 8), sc, bi, buf, n);
+    return;
+  }
+  const floe_type_traits *tt = floe_type_info(W->type);
+  quant_dequant_row(W->type, row + (size_t)(j0 / tt->blck) * (size_t)tt->bytes, buf, n);
+}
+
+/* ---- scalar float path: element order, equals quant_dot_ref ---- */
+
+static void mm_float_scalar(const floe_mat *W, int nb, const float *X, int64_t ldx, float *Y, int64_t ldy,
+                            int64_t r0, int64_t r1) {
+  float buf[KERN_CHUNK];
+  for (int64_t r = r0; r < r1; r++) {
+    float acc[16] = {0};
+    for (int64_t j0 = 0; j0 < W->cols; j0 += KERN_CHUNK) {
+      int64_t n = W->cols - j0 < KERN_CHUNK ? W->cols - j0 : KERN_CHUNK;
+      kern_dequant_chunk(W, r, j0, n, buf);
+      for (int b = 0; b < nb; b++) {
+        const float *x = X + b * ldx + j0;
+        float a = acc[b];
+        for (int64_t j = 0; j < n; j++) a += buf[j] * x[j];
+        acc[b] = a;
+      }
+    }
+    for (int b = 0; b < nb; b++) Y[b * ldy + r] = acc[b];
+  }
+}
+
+/* ---- activation quantization ---- */
+
+/* Quantize n values to int8 with one scale; returns d. q[i] for i in [0,n). */
+static float act_q8(const float *x, int n, int8_t *q) {
+  float amax = 0;
+  for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+  if (!(amax > 0)) {
+    memset(q, 0, (size_t)n);
+    return 0;
+  }
+  const float id = 127.0f / amax;
+  for (int i = 0; i < n; i++) {
+    float v = nearbyintf(x[i] * id);
+    q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+  }
+  return amax / 127.0f;
+}
+
+size_t kern_act_bytes(const floe_mat *W) { return kact_layout_of(W).bytes; }
+
+void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
+  kact_layout L = kact_layout_of(W);
+  uint8_t *xq = xq_;
+  int8_t *q = (int8_t *)xq;
+  float *d = (float *)(xq + L.off_d);
+  switch (L.kind) {
+    case KACT_A32:
+      for (int64_t k = 0; k < L.nblk; k++) d[k] = act_q8(x + 32 * k, 32, q + 32 * k);
+      break;
+    case KACT_A256: {
+      int16_t *bs = (int16_t *)(xq + L.off_s);
+      for (int64_t k = 0; k < L.nblk; k++) {
+        int8_t nat[256];
+        d[k] = act_q8(x + 256 * k, 256, nat);
+        for (int p = 0; p < 256; p++) q[256 * k + p] = nat[kact_perm256(W->type, p)];
+        for (int g = 0; g < 16; g++) {
+          int s = 0;
+          for (int i = 0; i < 16; i++) s += nat[16 * g + i];
+          bs[16 * k + g] = (int16_t)s;
+        }
+      }
+      break;
+    }
+    case KACT_MLX: {
+      const int g = W->mlx.group;
+      float *s = (float *)(xq + L.off_s);
+      int8_t *nat = malloc((size_t)L.nq);
+      if (!nat) FLOE_ASSERT(!"out of memory");
+      memset(nat, 0, (size_t)L.nq);
+      for (int64_t k = 0; k < L.nblk; k++) {
+        d[k] = act_q8(x + g * k, g, nat + g * k);
+        /* the bias multiplies the sum of the *quantized* x, so the result is exactly
+         * sum_j w_j * xhat_j (rounding aside) and its error scales with |w|, not with |bias| */
+        int32_t isum = 0;
+        for (int i = 0; i < g; i++) isum += nat[g * k + i];
+        s[k] = d[k] * (float)isum;
+      }
+      int32_t *nc = (int32_t *)(xq + L.off_c);
+      if (W->mlx.bits == 4) {
+        for (int64_t c = 0; c < L.nq; c += 128)
+          for (int i = 0; i < 64; i++) {
+            q[c + i] = nat[c + 2 * i];
+            q[c + 64 + i] = nat[c + 2 * i + 1];
+          }
+        for (int64_t c = 0; c < L.nq; c += 128)
+          for (int i = 0; i < 16; i++) {
+            int32_t t = 0;
+            for (int k = 0; k < 8; k++) t += nat[c + 8 * i + k];
+            nc[c / 128 * 16 + i] = -8 * t;
+          }
+      } else {
+        memcpy(q, nat, (size_t)L.nq);
+        for (int64_t c = 0; c < L.nq; c += 64)
+          for (int i = 0; i < 16; i++) {
+            int32_t t = 0;
+            for (int k = 0; k < 4; k++) t += nat[c + 4 * i + k];
+            nc[c / 64 * 16 + i] = -128 * t;
+          }
+      }
+      free(nat);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void kern_act_quantize_rows(const floe_mat *W, int nb, const float *X, int64_t ldx, void *xq, size_t xq_stride) {
+  for (int b = 0; b < nb; b++) kern_act_quantize(W, X + b * ldx, (uint8_t *)xq + (size_t)b * xq_stride);
+}
+
+/* ---- scalar quantized path: the 16-lane model, plainly ---- */
+
+static inline int32_t sum4(const int8_t *w, const int8_t *x) {
+  return w[0] * x[0] + w[1] * x[1] + w[2] * x[2] + w[3] * x[3];
+}
+
+static inline void lanes_add(float acc[16], const int32_t L[16], const float S[16], int lo, int hi) {
+  for (int i = lo; i < hi; i++) acc[i] = acc[i] + (float)L[i] * S[i];
+}
+
+/* Signed decoded values of one 32-block of an A32 type; returns its scale. */
+static float dec_a32(uint32_t type, const uint8_t *b, int8_t w[32]) {
+  switch (type) {
+    case FLOE_TYPE_Q8_0:
+      memcpy(w, b + 2, 32);
+      return kq_f16(b);
+    case FLOE_TYPE_Q4_0:
+      for (int j = 0; j < 16; j++) {
+        w[j] = (int8_t)((b[2 + j] & 15) - 8);
+        w[j + 16] = (int8_t)((b[2 + j] >> 4) - 8);
+      }
+      return kq_f16(b);
+    case FLOE_TYPE_IQ4_NL:
+      for (int j = 0; j < 16; j++) {
+        w[j] = kvalues_iq4nl[b[2 + j] & 15];
+        w[j + 16] = kvalues_iq4nl[b[2 + j] >> 4];
+      }
+      return kq_f16(b);
+    case FLOE_TYPE_MXFP4:
+      for (int j = 0; j < 16; j++) {
+        w[j] = kvalues_mxfp4[b[1 + j] & 15];
+        w[j + 16] = kvalues_mxfp4[b[1 + j] >> 4];
+      }
+      return kq_e8m0_half(b[0]);
+    default:
+      FLOE_ASSERT(!"not an A32 type");
+      return 0;
+  }
+}
+
+static float dot_a32_scalar(const floe_mat *W, const uint8_t *row, const uint8_t *xq, const kact_layout *L) {
+  const floe_type_traits *tt = floe_type_info(W->type);
+  const int8_t *q = (const int8_t *)xq;
+  const float *dx = (const float *)(xq + L->off_d);
+  float acc[16] = {0};
+  for (int64_t k = 0; k < L->nblk; k += 2) {
+    int32_t Lv[16];
+    float S[16];
+    int nh = k + 1 < L->nblk ? 2 : 1;
+    for (int h = 0; h < nh; h++) {
+      int8_t w[32];
+      float dw = dec_a32(W->type, row + (size_t)(k + h) * (size_t)tt->bytes, w);
+      float s = dw * dx[k + h];
+      for (int i = 0; i < 8; i++) {
+        Lv[8 * h + i] = sum4(w + 4 * i, q + 32 * (k + h) + 4 * i);
+        S[8 * h + i] = s;
+      }
+    }
+    lanes_add(acc, Lv, S, 0, 8 * nh);
+  }
+  return kred16(acc) + 0.0f;
+}
+
+/* Weights of one superblock in activation order (u8 codes for Q4_K/Q5_K/Q6_K, signed for IQ4_XS)
+ * and the integer scale of each 4-group (64 entries: step s, lane i -> [16s+i]). */
+static void dec_a256(uint32_t type, const uint8_t *b, int8_t w[256], int32_t lsc[64]) {
+  int8_t nat[256];
+  int nsc[16]; /* scale per natural 16-run */
+  switch (type) {
+    case FLOE_TYPE_Q4_K: case FLOE_TYPE_Q5_K: {
+      uint8_t sc[8], m[8];
+      kq_scales_k4(b + 4, sc, m);
+      const uint8_t *qs = b + (type == FLOE_TYPE_Q4_K ? 16 : 48);
+      const uint8_t *qh = b + 16;
+      for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) {
+          int lo = qs[32 * j + l] & 15, hi = qs[32 * j + l] >> 4;
+          if (type == FLOE_TYPE_Q5_K) {
+            lo |= ((qh[l] >> (2 * j)) & 1) << 4;
+            hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+          }
+          nat[64 * j + l] = (int8_t)lo;
+          nat[64 * j + 32 + l] = (int8_t)hi;
+        }
+      for (int g = 0; g < 16; g++) nsc[g] = sc[g / 2];
+      break;
+    }
+    case FLOE_TYPE_Q6_K: {
+      const uint8_t *ql = b, *qh = b + 128;
+      const int8_t *sc = (const int8_t *)(b + 192);
+      for (int n = 0; n < 2; n++)
+        for (int l = 0; l < 32; l++) {
+          const uint8_t *L = ql + 64 * n, *H = qh + 32 * n;
+          nat[128 * n + l] = (int8_t)((L[l] & 15) | ((H[l] & 3) << 4));
+          nat[128 * n + l + 32] = (int8_t)((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4));
+          nat[128 * n + l + 64] = (int8_t)((L[l] >> 4) | (((H[l] >> 4) & 3) << 4));
+          nat[128 * n + l + 96] = (int8_t)((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4));
+        }
+      for (int g = 0; g < 16; g++) nsc[g] = sc[g];
+      break;
+    }
+    case FLOE_TYPE_IQ4_XS: {
+      int8_t ls[8];
+      kq_scales_iq4xs(b, ls);
+      const uint8_t *qs = b + 8;
+      for (int ib = 0; ib < 8; ib++)
+        for (int j = 0; j < 16; j++) {
+          nat[32 * ib + j] = kvalues_iq4nl[qs[16 * ib + j] & 15];
+          nat[32 * ib + 16 + j] = kvalues_iq4nl[qs[16 * ib + j] >> 4];
+        }
+      for (int g = 0; g < 16; g++) nsc[g] = ls[g / 2];
+      break;
+    }
+    default:
+      FLOE_ASSERT(!"not an A256 type");
+  }
+  for (int p = 0; p < 256; p++) w[p] = nat[kact_perm256(type, p)];
+  for (int p = 0; p < 256; p += 4) lsc[p / 4] = nsc[kact_perm256(type, p) / 16];
+}
+
+static float dot_a256_scalar(const floe_mat *W, const uint8_t *row, const uint8_t *xq, const kact_layout *L) {
+  const floe_type_traits *tt = floe_type_info(W->type);
+  const int8_t *q = (const int8_t *)xq;
+  const float *dx = (const float *)(xq + L->off_d);
+  const int16_t *bs = (const int16_t *)(xq + L->off_s);
+  float acc[16] = {0}, extra = 0;
+  for (int64_t k = 0; k < L->nblk; k++) {
+    const uint8_t *b = row + (size_t)k * (size_t)tt->bytes;
+    const int8_t *x = q + 256 * k;
+    const int16_t *bsk = bs + 16 * k;
+    int8_t w[256];
+    int32_t lsc[64], Lv[16] = {0};
+    float S[16];
+    dec_a256(W->type, b, w, lsc);
+    for (int s = 0; s < 4; s++)
+      for (int i = 0; i < 16; i++) Lv[i] += lsc[16 * s + i] * sum4(w + 64 * s + 4 * i, x + 64 * s + 4 * i);
+    float d = W->type == FLOE_TYPE_Q6_K ? kq_f16(b + 208) : kq_f16(b);
+    float s = d * dx[k];
+    for (int i = 0; i < 16; i++) S[i] = s;
+    lanes_add(acc, Lv, S, 0, 16);
+    if (W->type == FLOE_TYPE_Q4_K || W->type == FLOE_TYPE_Q5_K) {
+      uint8_t sc[8], m[8];
+      kq_scales_k4(b + 4, sc, m);
+      int32_t imin = 0;
+      for (int j = 0; j < 8; j++) imin += m[j] * (bsk[2 * j] + bsk[2 * j + 1]);
+      float sm = kq_f16(b + 2) * dx[k];
+      extra = extra - sm * (float)imin;
+    } else if (W->type == FLOE_TYPE_Q6_K) {
+      const int8_t *sc = (const int8_t *)(b + 192);
+      int32_t ioff = 0;
+      for (int g = 0; g < 16; g++) ioff += sc[g] * bsk[g];
+      extra = extra - s * (float)(32 * ioff);
+    }
+  }
+  return kred16(acc) + extra;
+}
+
+static float dot_mlx_scalar(const floe_mat *W, int64_t r, const uint8_t *xq, const kact_layout *L) {
+  const quant_mlx_fmt *f = &W->mlx;
+  const uint8_t *row = kw_row(W, r);
+  const void *scl = (const uint8_t *)W->scales + (size_t)r * W->sb_row_bytes;
+  const void *bia = (const uint8_t *)W->biases + (size_t)r * W->sb_row_bytes;
+  const int8_t *q = (const int8_t *)xq;
+  const float *dx = (const float *)(xq + L->off_d), *sx = (const float *)(xq + L->off_s);
+  const int32_t *nc = (const int32_t *)(xq + L->off_c);
+  const float off = (float)(1 << (f->bits - 1));
+  const int g = f->group;
+  const int64_t n = W->cols;
+  float acc[16] = {0}, bacc[16] = {0};
+  const int step = f->bits == 4 ? 128 : 64; /* values per step */
+  for (int64_t c = 0; c < n; c += step) {
+    int32_t Lv[16];
+    float S[16];
+    int nl = 0; /* lanes covered */
+    for (int i = 0; i < 16; i++) {
+      int64_t e0 = c + (int64_t)i * (step / 16); /* first value of the lane */
+      if (e0 >= n) break;
+      int32_t v = nc[c / step * 16 + i];
+      if (f->bits == 4) {
+        for (int t = 0; t < 4; t++) {
+          uint8_t byte = row[c / 2 + 4 * i + t];
+          v += (byte & 15) * q[c + 4 * i + t] + (byte >> 4) * q[c + 64 + 4 * i + t];
+        }
+      } else {
+        for (int t = 0; t < 4; t++) v += row[c + 4 * i + t] * q[c + 4 * i + t];
+      }
+      Lv[i] = v;
+      int64_t grp = e0 / g;
+      S[i] = kq_sb(f->sb_type, scl, grp) * dx[grp];
+      nl = i + 1;
+    }
+    lanes_add(acc, Lv, S, 0, nl);
+  }
+  for (int64_t k = 0; k < L->nblk; k++) bacc[k % 16] = bacc[k % 16] + (kq_sb(f->sb_type, bia, k) + off * kq_sb(f->sb_type, scl, k)) * sx[k];
+  return kred16(acc) + kred16(bacc);
+}
+
+static void mm_q_scalar(const floe_mat *W, int nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy,
+                        int64_t r0, int64_t r1) {
+  kact_layout L = kact_layout_of(W);
+  for (int64_t r = r0; r < r1; r++)
+    for (int b = 0; b < nb; b++) {
+      const uint8_t *x = (const uint8_t *)xq + (size_t)b * xq_stride;
+      float y;
+      switch (L.kind) {
+        case KACT_A32: y = dot_a32_scalar(W, kw_row(W, r), x, &L); break;
+        case KACT_A256: y = dot_a256_scalar(W, kw_row(W, r), x, &L); break;
+        case KACT_MLX: y = dot_mlx_scalar(W, r, x, &L); break;
+        default: FLOE_ASSERT(!"no quantized path for this type"); y = 0;
+      }
+      Y[b * ldy + r] = y;
+    }
+}
+
+/* ---- dispatch ---- */
+
+void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                 float *Y, int64_t ldy, int64_t r0, int64_t r1) {
+  FLOE_ASSERT(nb >= 1 && nb <= 16);
+  if (r1 <= r0) return;
+  switch (kern_isa_get()) {
+    case FLOE_ISA_AVX512:
+      if (xq) kern_mm_q_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
+      else kern_mm_float_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
+      return;
+    case FLOE_ISA_AVX2:
+      if (xq) kern_mm_q_avx2(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
+      else kern_mm_float_avx2(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
+      return;
+    default:
+      if (xq) mm_q_scalar(W, nb, xq, xq_stride, Y, ldy, r0, r1);
+      else mm_float_scalar(W, nb, X, ldx, Y, ldy, r0, r1);
+  }
+}
+
+/* ---- threaded wrappers ---- */
+
+typedef struct mt_ctx {
+  const floe_mat *W;
+  int nb;
+  const float *X;
+  int64_t ldx;
+  const void *xq;
+  size_t xq_stride;
+  float *Y;
+  int64_t ldy;
+  void *qbuf;     /* kern_matmul_q_mt: where to quantize */
+  int quantize;
+} mt_ctx;
+
+static void mt_matmul(void *ctx_, int ith, int nth) {
+  mt_ctx *c = ctx_;
+  int64_t r0, r1;
+  floe_split_range(c->W->rows, 16, ith, nth, &r0, &r1);
+  kern_matmul(c->W, c->nb, c->X, c->ldx, c->xq, c->xq_stride, c->Y, c->ldy, r0, r1);
+}
+
+void kern_matmul_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
+                    size_t xq_stride, float *Y, int64_t ldy) {
+  mt_ctx c = {W, nb, X, ldx, xq, xq_stride, Y, ldy, NULL, 0};
+  floe_pool_run(pool, mt_matmul, &c);
+}
+
+static void mt_quantize(void *ctx_, int ith, int nth) {
+  mt_ctx *c = ctx_;
+  int64_t b0, b1;
+  floe_split_range(c->nb, 1, ith, nth, &b0, &b1);
+  for (int64_t b = b0; b < b1; b++)
+    kern_act_quantize(c->W, c->X + b * c->ldx, (uint8_t *)c->qbuf + (size_t)b * c->xq_stride);
+}
+
+void kern_matmul_q_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X, int64_t ldx, void *xq_buf,
+                      float *Y, int64_t ldy) {
+  size_t ab = kern_act_bytes(W);
+  if (!ab) {
+    kern_matmul_mt(pool, W, nb, X, ldx, NULL, 0, Y, ldy);
+    return;
+  }
+  mt_ctx c = {W, nb, X, ldx, xq_buf, ab, Y, ldy, xq_buf, 1};
+  /* one row per thread at most: a single activation row is quantized by one thread (it is
+   * O(cols), tiny next to the matmul), so nothing is ever quantized twice. */
+  if (nb > 1) floe_pool_run(pool, mt_quantize, &c);
+  else kern_act_quantize(W, X, xq_buf);
+  floe_pool_run(pool, mt_matmul, &c);
+}

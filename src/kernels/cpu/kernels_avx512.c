@@ -1,0 +1,419 @@
+/* AVX-512 (F/BW/VL/DQ/VNNI/VBMI) kernels: the float path and the quantized-activation path.
+ *
+ * The quantized path follows the 16-lane model of kernels_internal.h exactly: one zmm of int32
+ * lanes per step, (float)lanes * scales added into one zmm accumulator per output, the fixed
+ * reduction red16(). Integer units: vpdpbusd (u8 x s8, 4 products per dword) where no per-lane
+ * integer scale is needed; vpmaddubsw + vpdpwssd (pairs, then pairs times an int16 scale) where the
+ * sub-block scales are integers (K-quants, IQ4_XS). Signed x signed (Q8_0, IQ4_NL, MXFP4, Q4_0,
+ * IQ4_XS) uses |w| and x negated where w < 0 (vpabsb, vpmovb2m, masked vpsubb).
+ *
+ * ---- Floors (written before optimising; machine: 2-core Xeon model 207, AVX-512, ~2.3-3 GHz) ----
+ * Memory: ~28 GB/s one thread, ~50 GB/s two (task brief; bench/membw.c measures it). The 80 % goal
+ * is ~22 GB/s one thread.
+ *   Q4_K: 144 B per 256 weights -> 6.4 ns per superblock at 22 GB/s = ~15-19 cycles at 2.3-3 GHz.
+ *     Work per superblock (nb=1): 2 loads + 4 and/shift (nibbles), 4 vpmaddubsw + 4 vpdpwssd,
+ *     scale unpack (~25 scalar ops + 4 vpermd), mins (vpmaddwd + 6-op hsum), 3 float ops, 2 f16
+ *     converts: ~60 instructions; at ~3-4 IPC that is 15-20 cycles, so Q4_K nb=1 is predicted to sit
+ *     right at the bandwidth floor with one thread (compute ~ memory) and be memory-bound with two.
+ *   Q8_0: 34 B per 32 weights -> 1.5 ns per block = ~4 cycles. Per pair of blocks ~14 ops
+ *     (2 loads + insert, abs, movb2m, masked sub, dpbusd, 2 f16 scales, set/insert, cvt, mul, add)
+ *     = ~4-5 cycles per block: predicted at or slightly under the floor with one thread.
+ *   IQ4_XS: 136 B per 256 -> ~6 ns; work ~ Q4_K plus the table lookup and sign handling (~70 ops):
+ *     predicted compute-bound with one thread (~75-85 %), memory-bound with two.
+ *   MLX 4-bit g64: 64 B codes + 8 B scale/bias per 128 -> 3.3 ns per chunk = ~8-10 cycles;
+ *     ~17 ops per chunk + bias pass: predicted ~at the floor with one thread.
+ * nb > 1: the decode (nibbles, scales) is shared by the rows of a group (up to 4 rows), so the
+ *   per-row cost falls to the per-row part (~25 ops per Q4_K superblock), i.e. 2-3x per row.
+ * Measured numbers: bench/results.tsv.
+ */
+#include <immintrin.h>
+
+#include "kernels/cpu/kernels_internal.h"
+
+#define NBG 4 /* activation rows sharing one weight decode */
+
+static inline float red16(__m512 v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(e);
+}
+
+static inline __m512 lanes_add(__m512 acc, __m512i L, __m512 S) {
+  return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(L), S));
+}
+
+static inline float f16s(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+/* sum of 8 int32 lanes (exact) */
+static inline int32_t hsum8i(__m256i v) {
+  __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4E));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1));
+  return _mm_cvtsi128_si32(a);
+}
+
+/* |w| (u8) times x with the sign of w, 4 products per dword */
+static inline __m512i dot_ss(__m512i acc, __m512i w, __m512i x) {
+  __mmask64 neg = _mm512_movepi8_mask(w);
+  __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+  return _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(w), xs);
+}
+
+/* ================= quantized path: A32 types (Q8_0, Q4_0, IQ4_NL, MXFP4) ================= */
+
+/* 32 signed weights of one block, and its scale */
+static inline __m256i a32_dec(const int T, const uint8_t *b, float *d) {
+  if (T == FLOE_TYPE_Q8_0) {
+    *d = f16s(b);
+    return _mm256_loadu_si256((const __m256i *)(b + 2));
+  }
+  const uint8_t *qs = b + (T == FLOE_TYPE_MXFP4 ? 1 : 2);
+  __m128i q = _mm_loadu_si128((const __m128i *)qs);
+  __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+  if (T == FLOE_TYPE_Q4_0) {
+    *d = f16s(b);
+    return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+  }
+  if (T == FLOE_TYPE_IQ4_NL) {
+    *d = f16s(b);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_iq4nl)), nib);
+  }
+  *d = kq_e8m0_half(b[0]);
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_mxfp4)), nib);
+}
+
+static inline __attribute__((always_inline)) void a32_row(const int T, const int NB, const floe_mat *W,
+                                                          const kact_layout *L, int64_t r, const uint8_t *xq,
+                                                          size_t xs, float *Y, int64_t ldy) {
+  const int bytes = T == FLOE_TYPE_Q8_0 ? 34 : T == FLOE_TYPE_MXFP4 ? 17 : 18;
+  const uint8_t *row = kw_row(W, r);
+  __m512 acc[NBG];
+  for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
+  const int64_t nblk = L->nblk;
+  for (int64_t k = 0; k < nblk; k += 2) {
+    float d0, d1 = 0;
+    __m256i w0 = a32_dec(T, row + k * bytes, &d0);
+    const int two = k + 1 < nblk;
+    __m256i w1 = two ? a32_dec(T, row + (k + 1) * bytes, &d1) : _mm256_setzero_si256();
+    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+    for (int b = 0; b < NB; b++) {
+      const uint8_t *x = xq + b * xs;
+      const float *dx = (const float *)(x + L->off_d);
+      __m512i xv = two ? _mm512_loadu_si512(x + 32 * k) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x + 32 * k);
+      __m512i Lv = dot_ss(_mm512_setzero_si512(), w, xv);
+      __m512 S = _mm512_insertf32x8(_mm512_set1_ps(d0 * dx[k]), _mm256_set1_ps(two ? d1 * dx[k + 1] : 0.0f), 1);
+      __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(Lv), S);
+      acc[b] = two ? _mm512_add_ps(acc[b], p) : _mm512_mask_add_ps(acc[b], 0x00FF, acc[b], p);
+    }
+  }
+  for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(acc[b]) + 0.0f;
+}
+
+/* ================= quantized path: A256 types (Q4_K, Q5_K, Q6_K, IQ4_XS) ================= */
+
+static inline __attribute__((always_inline)) void a256_row(const int T, const int NB, const floe_mat *W,
+                                                           const kact_layout *L, int64_t r, const uint8_t *xq,
+                                                           size_t xs, float *Y, int64_t ldy) {
+  const int bytes = T == FLOE_TYPE_Q4_K ? 144 : T == FLOE_TYPE_Q5_K ? 176 : T == FLOE_TYPE_Q6_K ? 210 : 136;
+  const uint8_t *row = kw_row(W, r);
+  const __m512i m4 = _mm512_set1_epi8(15);
+  __m512 acc[NBG];
+  float extra[NBG];
+  for (int b = 0; b < NB; b++) {
+    acc[b] = _mm512_setzero_ps();
+    extra[b] = 0;
+  }
+  for (int64_t k = 0; k < L->nblk; k++) {
+    const uint8_t *bk = row + k * bytes;
+    __m512i w[4], sv[4];
+    __m256i aux = _mm256_setzero_si256(); /* mins (Q4_K/Q5_K) or scales (Q6_K) as int16, for bsum */
+    float d, dm = 0;
+    if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
+      uint8_t sc[8], m[8];
+      kq_scales_k4(bk + 4, sc, m);
+      d = f16s(bk);
+      dm = f16s(bk + 2);
+      __m256i s8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+      __m512i sz = _mm512_castsi256_si512(_mm256_or_si256(s8, _mm256_slli_epi32(s8, 16)));
+      sv[0] = _mm512_permutexvar_epi32(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), sz);
+      sv[1] = _mm512_permutexvar_epi32(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), sz);
+      sv[2] = _mm512_permutexvar_epi32(_mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4), sz);
+      sv[3] = _mm512_permutexvar_epi32(_mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 5, 5, 5), sz);
+      __m128i mv = _mm_loadl_epi64((const __m128i *)m);
+      aux = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+      const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
+      __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+      w[0] = _mm512_and_si512(q0, m4);
+      w[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+      w[2] = _mm512_and_si512(q1, m4);
+      w[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+      if (T == FLOE_TYPE_Q5_K) {
+        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bk + 16)));
+        const __m512i b16 = _mm512_set1_epi8(16);
+        for (int s = 0; s < 4; s++) {
+          /* qh bits of step s, first/second 32 bytes: (0,2) (1,3) (4,6) (5,7) */
+          int lo = 4 * (s / 2) + s % 2, hi = lo + 2;
+          __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << hi)), 1);
+          w[s] = _mm512_mask_add_epi8(w[s], _mm512_test_epi8_mask(qh, bits), w[s], b16);
+        }
+      }
+    } else if (T == FLOE_TYPE_Q6_K) {
+      d = f16s(bk + 208);
+      __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bk + 192)));
+      aux = sc16;
+      __m512i sz = _mm512_castsi256_si512(sc16);
+      for (int s = 0; s < 4; s++) {
+        /* word w of step s = sc[4s + w/8] */
+        __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(4 * s)),
+                                       _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                                          15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
+        sv[s] = _mm512_permutexvar_epi16(idx, sz);
+      }
+      const uint8_t *ql = bk, *qhp = bk + 128;
+      const __m512i m30 = _mm512_set1_epi8(0x30);
+      for (int n = 0; n < 2; n++) {
+        __m512i l = _mm512_loadu_si512(ql + 64 * n);
+        __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qhp + 32 * n)));
+        __m512i hl = _mm512_and_si512(_mm512_sllv_epi16(h, _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1)), m30);
+        __m512i hh = _mm512_and_si512(_mm512_srlv_epi16(h, _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1)), m30);
+        w[2 * n] = _mm512_or_si512(_mm512_and_si512(l, m4), hl);
+        w[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), hh);
+      }
+    } else { /* IQ4_XS */
+      int8_t ls[8];
+      kq_scales_iq4xs(bk, ls);
+      d = f16s(bk);
+      __m512i l16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)ls)));
+      __m512i wi = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                      15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+      sv[0] = sv[1] = _mm512_permutexvar_epi16(wi, l16);
+      sv[2] = sv[3] = _mm512_permutexvar_epi16(_mm512_add_epi16(wi, _mm512_set1_epi16(4)), l16);
+      const uint8_t *qs = bk + 8;
+      __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+      w[0] = _mm512_and_si512(q0, m4);
+      w[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+      w[2] = _mm512_and_si512(q1, m4);
+      w[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+    }
+    __mmask64 neg[4];
+    if (T == FLOE_TYPE_IQ4_XS) {
+      static const int8_t kabs[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
+      const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kabs));
+      for (int s = 0; s < 4; s++) {
+        neg[s] = _mm512_testn_epi8_mask(w[s], _mm512_set1_epi8(8));
+        w[s] = _mm512_shuffle_epi8(tab, w[s]);
+      }
+    }
+    for (int b = 0; b < NB; b++) {
+      const uint8_t *xb = xq + b * xs;
+      const int8_t *x = (const int8_t *)xb + 256 * k;
+      const float dx = ((const float *)(xb + L->off_d))[k];
+      __m512i Lv = _mm512_setzero_si512();
+      for (int s = 0; s < 4; s++) {
+        __m512i xv = _mm512_loadu_si512(x + 64 * s);
+        if (T == FLOE_TYPE_IQ4_XS) xv = _mm512_mask_sub_epi8(xv, neg[s], _mm512_setzero_si512(), xv);
+        Lv = _mm512_dpwssd_epi32(Lv, _mm512_maddubs_epi16(w[s], xv), sv[s]);
+      }
+      const float S = d * dx;
+      acc[b] = lanes_add(acc[b], Lv, _mm512_set1_ps(S));
+      if (T != FLOE_TYPE_IQ4_XS) {
+        __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xb + L->off_s) + 16 * k));
+        int32_t t = hsum8i(_mm256_madd_epi16(aux, bs));
+        if (T == FLOE_TYPE_Q6_K) extra[b] = extra[b] - S * (float)(32 * t);
+        else extra[b] = extra[b] - (dm * dx) * (float)t;
+      }
+    }
+  }
+  for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(acc[b]) + extra[b];
+}
+
+/* ================= quantized path: MLX 4-bit / 8-bit ================= */
+
+/* n (<= 16) scale or bias values of sb_type as floats, the rest 0 */
+static inline __m512 sb_load(uint32_t sbt, const uint8_t *p, int n) {
+  __mmask16 m = (__mmask16)((1u << n) - 1);
+  if (sbt == FLOE_TYPE_F32) return _mm512_maskz_loadu_ps(m, p);
+  __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  if (sbt == FLOE_TYPE_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) void mlx_row(const int BITS, const int NB, const floe_mat *W,
+                                                          const kact_layout *L, int64_t r, const uint8_t *xq,
+                                                          size_t xs, float *Y, int64_t ldy) {
+  const quant_mlx_fmt *f = &W->mlx;
+  const int g = f->group;
+  const uint32_t sbt = f->sb_type;
+  const size_t sbe = sbt == FLOE_TYPE_F32 ? 4 : 2;
+  const uint8_t *row = kw_row(W, r);
+  const uint8_t *scl = (const uint8_t *)W->scales + (size_t)r * W->sb_row_bytes;
+  const uint8_t *bia = (const uint8_t *)W->biases + (size_t)r * W->sb_row_bytes;
+  const int64_t n = W->cols;
+  const int ST = BITS == 4 ? 128 : 64, LW = ST / 16;
+  const int ngs = ST / g > 0 ? ST / g : 1; /* groups per step */
+  /* lane -> group within the step */
+  __m512i gidx = _mm512_srli_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                       _mm512_set1_epi32(LW)),
+                                   __builtin_ctz((unsigned)g));
+  const __m512i m4 = _mm512_set1_epi8(15);
+  __m512 acc[NBG];
+  for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c += ST) {
+    const int64_t rem = n - c;
+    const int full = rem >= ST;
+    const int nlanes = full ? 16 : (int)(rem / LW);
+    const int64_t g0 = c / g;
+    const int ng = full ? ngs : (int)((rem + g - 1) / g);
+    const uint8_t *cb = row + c * BITS / 8;
+    __m512i lo, hi = _mm512_setzero_si512();
+    if (BITS == 4) {
+      __m512i q = full ? _mm512_loadu_si512(cb) : _mm512_maskz_loadu_epi8((__mmask64)((1ull << (rem / 2)) - 1), cb);
+      lo = _mm512_and_si512(q, m4);
+      hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    } else {
+      lo = full ? _mm512_loadu_si512(cb) : _mm512_maskz_loadu_epi8((__mmask64)((1ull << rem) - 1), cb);
+    }
+    __m512 sw = sb_load(sbt, scl + (size_t)g0 * sbe, ng);
+    for (int b = 0; b < NB; b++) {
+      const uint8_t *xb = xq + b * xs;
+      const int8_t *x = (const int8_t *)xb + c;
+      const int32_t *nc = (const int32_t *)(xb + L->off_c) + c / ST * 16;
+      __m512i Lv = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc), lo, _mm512_loadu_si512(x));
+      if (BITS == 4) Lv = _mm512_dpbusd_epi32(Lv, hi, _mm512_loadu_si512(x + 64));
+      __m512 dx = _mm512_maskz_loadu_ps((__mmask16)((1u << ng) - 1), (const float *)(xb + L->off_d) + g0);
+      __m512 S = _mm512_permutexvar_ps(gidx, _mm512_mul_ps(sw, dx));
+      __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(Lv), S);
+      acc[b] = full ? _mm512_add_ps(acc[b], p) : _mm512_mask_add_ps(acc[b], (__mmask16)((1u << nlanes) - 1), acc[b], p);
+    }
+  }
+  (void)ngs;
+  for (int b = 0; b < NB; b++) {
+    const uint8_t *xb = xq + b * xs;
+    const float *sx = (const float *)(xb + L->off_s);
+    __m512 bacc = _mm512_setzero_ps();
+    for (int64_t k = 0; k < L->nblk; k += 16) {
+      int cnt = L->nblk - k < 16 ? (int)(L->nblk - k) : 16;
+      __mmask16 m = (__mmask16)((1u << cnt) - 1);
+      __m512 bv = _mm512_add_ps(sb_load(sbt, bia + (size_t)k * sbe, cnt),
+                                _mm512_mul_ps(_mm512_set1_ps((float)(1 << (BITS - 1))), sb_load(sbt, scl + (size_t)k * sbe, cnt)));
+      __m512 p = _mm512_mul_ps(bv, _mm512_maskz_loadu_ps(m, sx + k));
+      bacc = _mm512_mask_add_ps(bacc, m, bacc, p);
+    }
+    Y[b * ldy + r] = red16(acc[b]) + red16(bacc);
+  }
+}
+
+/* ================= dispatch over types and row groups ================= */
+
+/* For each weight row, the activation rows in groups of up to NBG sharing one decode; NB is a
+ * compile-time constant in each instantiation so the accumulators stay in registers. */
+#define DEF_RUN(name, rowfn, T)                                                                    \
+  static void name(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, \
+                   float *Y, int64_t ldy, int64_t r0, int64_t r1) {                                 \
+    for (int64_t r = r0; r < r1; r++)                                                              \
+      for (int b0 = 0; b0 < nb; b0 += NBG) {                                                       \
+        const uint8_t *x = xq + (size_t)b0 * xs;                                                    \
+        float *y = Y + b0 * ldy;                                                                    \
+        switch (nb - b0) {                                                                          \
+          case 1: rowfn(T, 1, W, L, r, x, xs, y, ldy); break;                                       \
+          case 2: rowfn(T, 2, W, L, r, x, xs, y, ldy); break;                                       \
+          case 3: rowfn(T, 3, W, L, r, x, xs, y, ldy); break;                                       \
+          default: rowfn(T, 4, W, L, r, x, xs, y, ldy); break;                                      \
+        }                                                                                           \
+      }                                                                                             \
+  }
+
+DEF_RUN(run_q8_0, a32_row, FLOE_TYPE_Q8_0)
+DEF_RUN(run_q4_0, a32_row, FLOE_TYPE_Q4_0)
+DEF_RUN(run_iq4_nl, a32_row, FLOE_TYPE_IQ4_NL)
+DEF_RUN(run_mxfp4, a32_row, FLOE_TYPE_MXFP4)
+DEF_RUN(run_q4_k, a256_row, FLOE_TYPE_Q4_K)
+DEF_RUN(run_q5_k, a256_row, FLOE_TYPE_Q5_K)
+DEF_RUN(run_q6_k, a256_row, FLOE_TYPE_Q6_K)
+DEF_RUN(run_iq4_xs, a256_row, FLOE_TYPE_IQ4_XS)
+DEF_RUN(run_mlx4, mlx_row, 4)
+DEF_RUN(run_mlx8, mlx_row, 8)
+
+void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq_, size_t xs,
+                      float *Y, int64_t ldy, int64_t r0, int64_t r1) {
+  (void)X;
+  (void)ldx;
+  kact_layout L = kact_layout_of(W);
+  const uint8_t *xq = xq_;
+  switch (W->type) {
+    case FLOE_TYPE_Q8_0: run_q8_0(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
+    case FLOE_TYPE_Q4_0: run_q4_0(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
+    case FLOE_TYPE_IQ4_NL: run_iq4_nl(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
+    case FLOE_TYPE_MXFP4: run_mxfp4(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
+    case FLOE_TYPE_Q4_K: run_q4_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
+    case FLOE_TYPE_Q5_K: run_q5_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
+    case FLOE_TYPE_Q6_K: run_q6_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
+    case FLOE_TYPE_IQ4_XS: run_iq4_xs(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
+    case FLOE_TYPE_MLX:
+      if (W->mlx.bits == 4) run_mlx4(W, &L, nb, xq, xs, Y, ldy, r0, r1);
+      else run_mlx8(W, &L, nb, xq, xs, Y, ldy, r0, r1);
+      break;
+    default: FLOE_ASSERT(!"no quantized path for this type");
+  }
+}
+
+/* ================= float path ================= */
+
+/* 16 weights of a plain-type row at element j (masked tail) */
+static inline __m512 plain_load(uint32_t type, const uint8_t *row, int64_t j, __mmask16 m) {
+  if (type == FLOE_TYPE_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + j);
+  __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + j);
+  if (type == FLOE_TYPE_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Each output keeps 4 accumulators (16-value vectors j mod 64); a chunk of KERN_CHUNK values is
+ * dequantized once (plain types: converted) and dotted with every activation row. */
+void kern_mm_float_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq, size_t xs,
+                          float *Y, int64_t ldy, int64_t r0, int64_t r1) {
+  (void)xq;
+  (void)xs;
+  const int plain = W->type == FLOE_TYPE_F32 || W->type == FLOE_TYPE_F16 || W->type == FLOE_TYPE_BF16;
+  float buf[KERN_CHUNK] __attribute__((aligned(64)));
+  for (int64_t r = r0; r < r1; r++) {
+    __m512 acc[16][4];
+    for (int b = 0; b < nb; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = _mm512_setzero_ps();
+    const uint8_t *row = kw_row(W, r);
+    for (int64_t j0 = 0; j0 < W->cols; j0 += KERN_CHUNK) {
+      int64_t n = W->cols - j0 < KERN_CHUNK ? W->cols - j0 : KERN_CHUNK;
+      if (plain) {
+        for (int64_t j = 0; j < n; j += 16) {
+          __mmask16 m = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+          _mm512_store_ps(buf + j, plain_load(W->type, row, j0 + j, m));
+        }
+      } else {
+        kern_dequant_chunk(W, r, j0, n, buf);
+      }
+      for (int b = 0; b < nb; b++) {
+        const float *x = X + b * ldx + j0;
+        __m512 a0 = acc[b][0], a1 = acc[b][1], a2 = acc[b][2], a3 = acc[b][3];
+        int64_t j = 0;
+        for (; j + 64 <= n; j += 64) {
+          a0 = _mm512_fmadd_ps(_mm512_load_ps(buf + j), _mm512_loadu_ps(x + j), a0);
+          a1 = _mm512_fmadd_ps(_mm512_load_ps(buf + j + 16), _mm512_loadu_ps(x + j + 16), a1);
+          a2 = _mm512_fmadd_ps(_mm512_load_ps(buf + j + 32), _mm512_loadu_ps(x + j + 32), a2);
+          a3 = _mm512_fmadd_ps(_mm512_load_ps(buf + j + 48), _mm512_loadu_ps(x + j + 48), a3);
+        }
+        for (; j < n; j += 16) {
+          __mmask16 m = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+          a0 = _mm512_fmadd_ps(_mm512_maskz_load_ps(m, buf + j), _mm512_maskz_loadu_ps(m, x + j), a0);
+        }
+        acc[b][0] = a0, acc[b][1] = a1, acc[b][2] = a2, acc[b][3] = a3;
+      }
+    }
+    for (int b = 0; b < nb; b++)
+      Y[b * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]),
+                                                          _mm512_add_ps(acc[b][2], acc[b][3])));
+  }
+}

@@ -1,0 +1,210 @@
+/* Internals shared by kernels.c (dispatch, scalar reference, activation quantization) and the ISA
+ * files kernels_avx2.c / kernels_avx512.c. Not part of the kernels API.
+ *
+ * ---- The quantized-activation path: one canonical computation, three implementations ----
+ * Every ISA computes exactly the same float operations in the same order, so the scalar code in
+ * kernels.c is bit-for-bit the AVX2 and AVX-512 result. The model ("16-lane model"):
+ *
+ *   per output (weight row r, activation row b):
+ *     float acc[16] = 0     (lane accumulators)
+ *     float extra  = 0      (min / offset / bias terms, see per type)
+ *     for each "step" (a run of 64 or 128 weights, see per type):
+ *        int32 L[16]  exact integer lane sums (any SIMD grouping gives the same integers)
+ *        float S[16]  lane scales (weight scale * activation scale, one float multiply)
+ *        acc[i] = acc[i] + (float)L[i] * S[i]      (a multiply then an add, no FMA)
+ *     y = reduce16(acc) + extra
+ *   reduce16: a[i]=v[i]+v[i+8] (i<8); b[i]=a[i]+a[i+4] (i<4); c[i]=b[i]+b[i+2] (i<2); c[0]+c[1].
+ * Lanes a step does not cover (an odd last block, a partial last MLX chunk) are left untouched.
+ * Because each (r, b) pair runs its own copy of this sequence, the batched kernels are
+ * row-exact: row b of a call with nb rows is bit-identical to a call with nb = 1.
+ *
+ * Activation formats (one quantized row per activation row; xq rows xq_stride bytes apart):
+ *   KACT_A32  (Q8_0, Q4_0, IQ4_NL, MXFP4): per 32 values: int8 q[32] (natural order), float d.
+ *             Layout: q[nblk*32] | d[nblk].
+ *   KACT_A256 (Q4_K, Q5_K, Q6_K, IQ4_XS): per 256 values: int8 q[256] in the weight type's decode
+ *             order (kact_perm256), float d, int16 bsum[16] (sums of q over natural 16-runs).
+ *             Layout: q[nsb*256] | d[nsb] | bsum[nsb*16].
+ *   KACT_MLX  (MLX 4-bit and 8-bit): per group g: float d, float s = d * (sum of the group's
+ *             quantized x), for the bias term; q in chunks of 128 values, zero
+ *             padded; 4-bit chunks hold the even-indexed values then the odd-indexed ones (a code
+ *             byte holds an even element in its low nibble, the next odd one in its high nibble).
+ *             negcorr[16] per step: -(2^(bits-1)) * (sum of the lane's x values), so a lane
+ *             starting from negcorr sums (code - 2^(bits-1)) * x: centring the codes keeps the
+ *             float error proportional to |w| (uncentred 8-bit codes lose ~2 digits to the bias).
+ *             Layout: q[nch*128] | d[ng] | s[ng] | negcorr[nsteps*16] (int32).
+ *   Quantization: d = amax/127, q = round-to-nearest-even(x * (127/amax)), 0 when amax == 0.
+ *
+ * Per type, one step and its lanes ("4 products" = the 4 consecutive bytes of a dword lane):
+ *   A32 types: a step is two blocks 2k, 2k+1; lanes 0-7 = block 2k (lane i: elements 4i..4i+3),
+ *     lanes 8-15 = block 2k+1; L = sum of the 4 products w*x with w the signed decoded value
+ *     (Q8_0 qs, Q4_0 nib-8, IQ4_NL kvalues, MXFP4 kvalues_mxfp4); S = dw*dx of the lane's block
+ *     (MXFP4 dw = 2^(e-128)). extra = 0.
+ *   Q4_K/Q5_K: a superblock is one step. Activation order per 128: natural 32-runs 0,2,1,3.
+ *     xq position p (0..255): 32-run t = p/32 holds natural sub-block kperm_q4k[t]. Lane i collects
+ *     the 4 steps s=0..3 at positions 64s+4i..64s+4i+3 (u8 weights 0..15 / 0..31), each 4-sum
+ *     multiplied by the 6-bit scale of its sub-block: L[i] = sum_s sc[sb] * sum4. S = d*dx.
+ *     extra = extra - (dmin*dx) * (float)imin, imin = sum_j m[j] * (bsum[2j]+bsum[2j+1]).
+ *   Q6_K: natural order; L[i] = sum_{s<4} sc[4s+i/4] * sum4(q*x) at positions 64s+4i.., q = 0..63
+ *     (the -32 is taken out): extra = extra - S * (float)ioff, ioff = 32*sum_k sc[k]*bsum[k].
+ *   IQ4_XS: activation order per 128: the first 16 of sub-blocks 0..3, then their last 16.
+ *     Lane i, step s: positions 64s+4i..; sub-block 4*(s/2) + i/4; L[i] = sum_s (ls-32)*sum4(kv*x).
+ *     S = d*dx, extra = 0.
+ *   MLX 4-bit: a step is one chunk of 128 values (64 code bytes); lane i = the 4 code bytes
+ *     4i..4i+3 of the chunk, both nibbles: L[i] = negcorr[i] + sum4(lo*x_even) + sum4(hi*x_odd);
+ *     8-bit: a step is a chunk of 64 values, lane i = values 4i..4i+3. S[i] = scale_g * dx_g of
+ *     the lane's group. Bias, with the centring offset o = 2^(bits-1) folded in:
+ *     bacc[g mod 16] = bacc[g mod 16] + (bias_g + o*scale_g) * s_g over groups in order;
+ *     extra = reduce16(bacc).
+ */
+#ifndef FLOE_KERNELS_INTERNAL_H
+#define FLOE_KERNELS_INTERNAL_H
+#include <string.h>
+
+#include "kernels/cpu/kernels.h"
+#include "quant/tables.h"
+
+/* Float path: rows are dequantized in chunks of this many values (a multiple of every block and
+ * MLX group size), then dotted with every activation row. */
+#define KERN_CHUNK 256
+void kern_dequant_chunk(const floe_mat *W, int64_t r, int64_t j0, int64_t n, float *buf);
+
+enum { KACT_NONE = 0, KACT_A32 = 1, KACT_A256 = 2, KACT_MLX = 3 };
+
+/* Byte layout of one quantized activation row. */
+typedef struct kact_layout {
+  int kind;          /* KACT_* */
+  int64_t nblk;      /* scale blocks: 32-blocks, superblocks or MLX groups */
+  int64_t nq;        /* int8 values stored (padded to whole chunks for MLX) */
+  size_t off_d;      /* float d[nblk] */
+  size_t off_s;      /* A256: int16 bsum[nblk*16]; MLX: float s[nblk] */
+  size_t off_c;      /* MLX: int32 negcorr[nq/step*16] */
+  size_t bytes;
+} kact_layout;
+
+static inline size_t kact_round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Layout for weight matrix W; kind = KACT_NONE if the type has no quantized path. */
+static inline kact_layout kact_layout_of(const floe_mat *W) {
+  kact_layout L = {0};
+  int64_t n = W->cols;
+  switch (W->type) {
+    case FLOE_TYPE_Q8_0: case FLOE_TYPE_Q4_0: case FLOE_TYPE_IQ4_NL: case FLOE_TYPE_MXFP4:
+      if (n % 32) return L;
+      L.kind = KACT_A32; L.nblk = n / 32; L.nq = n;
+      L.off_d = kact_round64((size_t)n);
+      L.off_s = L.off_d + kact_round64((size_t)L.nblk * 4);
+      L.bytes = L.off_s;
+      return L;
+    case FLOE_TYPE_Q4_K: case FLOE_TYPE_Q5_K: case FLOE_TYPE_Q6_K: case FLOE_TYPE_IQ4_XS:
+      if (n % 256) return L;
+      L.kind = KACT_A256; L.nblk = n / 256; L.nq = n;
+      L.off_d = kact_round64((size_t)n);
+      L.off_s = L.off_d + kact_round64((size_t)L.nblk * 4);
+      L.bytes = L.off_s + kact_round64((size_t)L.nblk * 32);
+      return L;
+    case FLOE_TYPE_MLX:
+      if ((W->mlx.bits != 4 && W->mlx.bits != 8) || !quant_mlx_fmt_valid(&W->mlx) || n % W->mlx.group)
+        return L;
+      L.kind = KACT_MLX; L.nblk = n / W->mlx.group; L.nq = (n + 127) / 128 * 128;
+      L.off_d = kact_round64((size_t)L.nq);
+      L.off_s = L.off_d + kact_round64((size_t)L.nblk * 4);
+      L.off_c = L.off_s + kact_round64((size_t)L.nblk * 4);
+      L.bytes = L.off_c + (size_t)(L.nq / (W->mlx.bits == 4 ? 128 : 64)) * 64;
+      return L;
+    default:
+      return L;
+  }
+}
+
+/* Q4_K/Q5_K activation order: 32-run t of each superblock holds natural sub-block kperm_q4k[t]. */
+static const int kperm_q4k[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+
+/* Natural index (within a 256 superblock) of activation position p, per A256 type. */
+static inline int kact_perm256(uint32_t type, int p) {
+  switch (type) {
+    case FLOE_TYPE_Q4_K: case FLOE_TYPE_Q5_K:
+      return kperm_q4k[p / 32] * 32 + p % 32;
+    case FLOE_TYPE_IQ4_XS: {
+      int h = p / 128, r = p % 128;        /* half of the superblock */
+      int hi = r / 64, k = (r % 64) / 16;  /* first/last 16, sub-block within the half */
+      return h * 128 + k * 32 + hi * 16 + r % 16;
+    }
+    default:
+      return p;
+  }
+}
+
+/* Q4_K / Q5_K 6-bit scales and mins of a superblock (ggml get_scale_min_k4). */
+static inline void kq_scales_k4(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
+  for (int j = 0; j < 4; j++) {
+    sc[j] = q[j] & 63;
+    m[j] = q[j + 4] & 63;
+  }
+  for (int j = 4; j < 8; j++) {
+    sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+/* IQ4_XS signed sub-block scales ls - 32. */
+static inline void kq_scales_iq4xs(const uint8_t *b, int8_t ls[8]) {
+  uint16_t sh;
+  memcpy(&sh, b + 2, 2);
+  for (int ib = 0; ib < 8; ib++) {
+    int l = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+    ls[ib] = (int8_t)(l - 32);
+  }
+}
+
+static inline float kq_f16(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return floe_f16_to_f32(h);
+}
+
+/* E8M0 -> 2^(e-128) (MXFP4 block scale; kvalues_mxfp4 holds doubled values). */
+static inline float kq_e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* MLX scale/bias element j of a row of sb_type values. */
+static inline float kq_sb(uint32_t sb_type, const void *p, int64_t j) {
+  if (sb_type == FLOE_TYPE_F32) {
+    float f;
+    memcpy(&f, (const uint8_t *)p + 4 * j, 4);
+    return f;
+  }
+  uint16_t h;
+  memcpy(&h, (const uint8_t *)p + 2 * j, 2);
+  return sb_type == FLOE_TYPE_F16 ? floe_f16_to_f32(h) : floe_bf16_to_f32(h);
+}
+
+/* The fixed 16-lane reduction every ISA uses. */
+static inline float kred16(const float v[16]) {
+  float a[8], b[4], c[2];
+  for (int i = 0; i < 8; i++) a[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
+  for (int i = 0; i < 2; i++) c[i] = b[i] + b[i + 2];
+  return c[0] + c[1];
+}
+
+/* Kernel entry points per ISA (same signature as kern_matmul, nb <= 16). */
+typedef void (*kern_mm_fn)(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
+                           size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
+void kern_mm_float_avx2(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
+                        size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
+void kern_mm_q_avx2(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
+                    size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
+void kern_mm_float_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
+                          size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
+void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
+                      size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
+
+/* Pointers of a weight row and its MLX scales/biases. */
+static inline const uint8_t *kw_row(const floe_mat *W, int64_t r) {
+  return (const uint8_t *)W->data + (size_t)r * W->row_bytes;
+}
+#endif
