@@ -1070,6 +1070,7 @@ static int flush_buf(gguf_writer *w) {
 
 static int out(gguf_writer *w, const void *p, size_t n) {
   if (w->status) return w->status;
+  if (!n) return 0;
   w->written += n;
   if (w->buf_len + n <= GGUF_WBUF) {
     memcpy(w->buf + w->buf_len, p, n);
