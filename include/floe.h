@@ -1,10 +1,12 @@
 /* floe public API.
  *
- * The CLI and the server use only this header: they never see tensors. Two opaque handles (added
- * as the engine grows): floe_engine = a loaded model, floe_session = one mutable context.
+ * The CLI and the server use only this header: they never see tensors. Two opaque handles:
+ * floe_engine = a loaded model (weights, tokenizer; immutable, shareable), floe_session = one
+ * mutable context (KV cache, recurrent state, sampler) used by one thread at a time.
  * Fallible calls return 0 or a negative FLOE_E_* code and write a one-line message into err. */
 #ifndef FLOE_H
 #define FLOE_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,17 +18,146 @@ extern "C" {
 
 enum {
   FLOE_OK = 0,
-  FLOE_E_IO = -1,       /* open/read/write/mmap failed */
-  FLOE_E_FORMAT = -2,   /* malformed file: bad magic, truncated, out-of-range offset, ... */
+  FLOE_E_IO = -1,          /* open/read/write/mmap failed */
+  FLOE_E_FORMAT = -2,      /* malformed file: bad magic, truncated, out-of-range offset, ... */
   FLOE_E_UNSUPPORTED = -3, /* valid but not supported: unknown tensor type, architecture */
-  FLOE_E_INVALID = -4,  /* bad argument or value */
-  FLOE_E_NOMEM = -5,    /* allocation failed or memory budget too small */
-  FLOE_E_NOTFOUND = -6, /* missing key or tensor */
-  FLOE_E_OVERFLOW = -7, /* size arithmetic overflow, absurd dimensions */
+  FLOE_E_INVALID = -4,     /* bad argument or value */
+  FLOE_E_NOMEM = -5,       /* allocation failed or memory budget too small */
+  FLOE_E_NOTFOUND = -6,    /* missing key or tensor */
+  FLOE_E_OVERFLOW = -7,    /* size arithmetic overflow, absurd dimensions */
+  FLOE_E_CONTEXT = -8,     /* prompt + generation do not fit the context */
+  FLOE_E_CANCELLED = -9,   /* stopped by the caller */
 };
 
-/* Human-readable name of an error code ("format error", ...). */
+/* Human-readable name of an error code ("malformed file", ...). */
 const char *floe_strerror(int code);
+
+/* ---- engine ---- */
+typedef struct floe_engine floe_engine;
+typedef struct floe_session floe_session;
+
+typedef struct floe_engine_params {
+  const char *model; /* GGUF file, or HF / MLX safetensors directory */
+  int n_threads;     /* 0: all cores */
+} floe_engine_params;
+
+void floe_engine_params_init(floe_engine_params *p);
+int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, size_t errlen);
+void floe_engine_close(floe_engine *e);
+
+typedef struct floe_model_info {
+  const char *arch;      /* "qwen35moe", ... */
+  int64_t n_vocab, n_embd, n_layer, n_ctx_train;
+  int64_t n_expert, n_expert_used;
+  int n_mtp;             /* MTP blocks in the file */
+  uint64_t weight_bytes; /* all tensor data */
+  uint64_t expert_bytes; /* routed experts */
+} floe_model_info;
+void floe_engine_info(const floe_engine *e, floe_model_info *out);
+
+/* ---- tokenizer ---- */
+/* Encodes text; *ids is malloc'ed (free()). parse_special: control tokens like <|im_start|> in
+ * the text become their ids (chat prompts); off for untrusted user text. */
+int floe_tokenize(const floe_engine *e, const char *text, size_t len, bool parse_special, int32_t **ids,
+                  size_t *n, char *err, size_t errlen);
+/* Raw bytes of one token (not NUL-terminated), NULL if out of range. */
+const char *floe_token_piece(const floe_engine *e, int32_t id, size_t *len);
+bool floe_token_is_eog(const floe_engine *e, int32_t id);
+/* Id of the token whose text is exactly `text` ("<|im_end|>", "<think>", ...), -1 if none. */
+int32_t floe_token_find(const floe_engine *e, const char *text);
+
+/* ---- chat template ---- */
+typedef struct floe_chat_tool_call {
+  const char *id;        /* may be NULL */
+  const char *name;
+  const char *arguments; /* JSON object text */
+} floe_chat_tool_call;
+
+typedef struct floe_chat_msg {
+  const char *role;      /* system, developer, user, assistant, tool */
+  const char *content;   /* may be NULL (assistant with tool calls) */
+  const char *reasoning; /* assistant reasoning_content, may be NULL */
+  const floe_chat_tool_call *tool_calls;
+  size_t n_tool_calls;
+  const char *tool_call_id; /* tool messages */
+  const char *name;         /* tool messages: the tool's name, may be NULL */
+} floe_chat_msg;
+
+typedef struct floe_chat_opts {
+  const char *tools_json;     /* JSON array of OpenAI tool definitions, or NULL */
+  bool add_generation_prompt; /* end with the assistant turn's opening */
+  bool enable_thinking;       /* Qwen3 / 3.5 thinking mode */
+} floe_chat_opts;
+
+/* Renders a conversation with the model family's chat template (Qwen3 or Qwen3.5/3.6 ChatML).
+ * *out is malloc'ed (free()). */
+int floe_chat_render(const floe_engine *e, const floe_chat_msg *msgs, size_t n, const floe_chat_opts *o, char **out,
+                     char *err, size_t errlen);
+
+/* ---- sessions ---- */
+typedef struct floe_session_params {
+  int64_t n_ctx; /* 0: the model's trained context, capped at 4096 */
+  bool kv_f32;   /* F32 KV cache (default BF16) */
+} floe_session_params;
+void floe_session_params_init(floe_session_params *p);
+int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session **out, char *err, size_t errlen);
+void floe_session_free(floe_session *s);
+int64_t floe_session_n_ctx(const floe_session *s);
+/* Tokens currently held in the session's cache. */
+int64_t floe_session_n_past(const floe_session *s);
+void floe_session_reset(floe_session *s);
+/* Appends tokens to the context. logits: NULL, or n_vocab floats for the last position (or
+ * n * n_vocab for every position when all_logits). */
+int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logits, bool all_logits, char *err,
+                      size_t errlen);
+
+/* ---- generation ---- */
+typedef struct floe_sampling {
+  float temperature; /* <= 0: greedy */
+  int32_t top_k;     /* <= 0: off */
+  float top_p;       /* 1: off */
+  float min_p;       /* 0: off */
+  uint64_t seed;
+} floe_sampling;
+
+typedef struct floe_gen_params {
+  floe_sampling sampling;
+  int64_t max_tokens;         /* <= 0: until end of generation or the context is full */
+  const char *const *stop;    /* stop strings (not emitted), may be NULL */
+  size_t n_stop;
+  int n_top_logprobs;         /* 0..20: alternatives reported per token */
+  bool logprobs;              /* report the chosen token's log-probability */
+} floe_gen_params;
+void floe_gen_params_init(floe_gen_params *p);
+
+enum floe_finish { FLOE_FINISH_NONE = 0, FLOE_FINISH_STOP, FLOE_FINISH_LENGTH, FLOE_FINISH_CANCELLED };
+
+/* One generated token. text: the bytes this token makes visible, always whole UTF-8 characters
+ * (an incomplete character is held back until it completes) and never part of a stop string. */
+typedef struct floe_token_event {
+  int32_t id;
+  const char *text;
+  size_t text_len;
+  float logprob;                  /* when logprobs */
+  int n_top;
+  const int32_t *top_ids;         /* n_top alternatives, best first */
+  const float *top_logprobs;
+} floe_token_event;
+/* Return non-zero to stop generation (finish = CANCELLED). */
+typedef int (*floe_token_cb)(void *user, const floe_token_event *ev);
+
+typedef struct floe_gen_result {
+  int64_t n_prompt;    /* prompt tokens */
+  int64_t n_reused;    /* prompt tokens whose state was reused from the session (prefix cache) */
+  int64_t n_gen;       /* generated tokens (including a final end-of-generation token) */
+  int finish;          /* enum floe_finish */
+  double prefill_s, decode_s;
+} floe_gen_result;
+
+/* Runs prompt (reusing the session's cached prefix when the session holds a prefix of it), then
+ * samples until end of generation, a stop string, max_tokens or the callback says stop. */
+int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
+                  floe_token_cb cb, void *user, floe_gen_result *res, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

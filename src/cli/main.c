@@ -22,6 +22,7 @@ static const struct {
   const char *help;
 } commands[] = {
     {"info", cmd_info, "info -m MODEL [--tensor NAME]   describe a model file, or dump one tensor"},
+    {"run", cmd_run, "run -m MODEL [-p TEXT | -f FILE] [--chat] [-n N] [sampling] [-t N] [-c CTX] [--ids]   generate text"},
     {"synth", cmd_synth, "synth --preset P -o FILE.gguf [...]   write a random model with real shapes"},
 };
 

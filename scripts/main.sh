@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The main job: build floe, then generate text with the embedded default model.
+# Until the trained model (models/) ships, the default model is a small random-weight
+# qwen35moe that `floe synth` creates on the fly (so the text is gibberish, but every stage runs:
+# GGUF reader, tokenizer, hybrid GatedDeltaNet + attention forward pass, MoE, sampling).
+# Extra arguments go to `floe run` (e.g. -p "text" -n 64 --temp 0.7).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh >&2
+model=models/default.gguf
+if [ ! -f "$model" ]; then
+  model=build/default-synth.gguf
+  [ -f "$model" ] || build/bin/floe synth --preset tiny-qwen35moe --seed 1 -o "$model" >&2
+fi
+if [ $# -eq 0 ]; then set -- -p "def fibonacci(n):" -n 64; fi
+exec build/bin/floe run -m "$model" "$@"

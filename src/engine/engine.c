@@ -1,0 +1,401 @@
+/* The public API (include/floe.h) on top of the model, tokenizer and sampler.
+ *
+ * An engine owns the model and the tokenizer; a session owns a model_session plus the token
+ * history that is in its cache, so a prompt that extends that history only evaluates the new
+ * tokens (prefix reuse: exact, because the cached state is the state those tokens produced).
+ *
+ * Text streaming: generated token bytes go through a small pending buffer. Bytes are released to
+ * the callback only when they form whole UTF-8 characters and cannot be the start of a stop
+ * string; a stop string found in the text ends generation and is never emitted. */
+#define _GNU_SOURCE /* memmem */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "floe.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "sample/sampler.h"
+#include "tok/tokenizer.h"
+
+struct floe_engine {
+  model *m;
+  tok_vocab *tok;
+  int n_threads;
+  floe_model_info info;
+};
+
+struct floe_session {
+  floe_engine *e;
+  model_session *ms;
+  int64_t n_ctx;
+  int32_t *hist; /* tokens in the cache */
+  int64_t n_hist;
+  float *last_logits; /* logits after hist (valid when n_hist > 0) */
+};
+
+void floe_engine_params_init(floe_engine_params *p) {
+  memset(p, 0, sizeof *p);
+}
+
+void floe_session_params_init(floe_session_params *p) {
+  memset(p, 0, sizeof *p);
+}
+
+void floe_gen_params_init(floe_gen_params *p) {
+  memset(p, 0, sizeof *p);
+  p->sampling.top_p = 1.0f;
+}
+
+static int is_dir(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!p || !p->model) return floe_err(err, errlen, FLOE_E_INVALID, "no model given");
+  floe_engine *e = calloc(1, sizeof *e);
+  if (!e) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  int rc = model_load(p->model, &e->m, err, errlen);
+  if (rc) {
+    free(e);
+    return rc;
+  }
+  if (e->m->gguf) {
+    rc = tok_load_gguf(e->m->gguf, &e->tok, err, errlen);
+  } else {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", p->model);
+    if (is_dir(p->model) && access(path, R_OK) == 0) rc = tok_load_json(path, &e->tok, err, errlen);
+    else rc = floe_err(err, errlen, FLOE_E_NOTFOUND, "%s: no tokenizer.json in the model directory", p->model);
+  }
+  if (rc) {
+    model_free(e->m);
+    free(e);
+    return rc;
+  }
+  if (tok_n_vocab(e->tok) > e->m->hp.n_vocab) {
+    rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: tokenizer has %d tokens but the model only %lld logits", p->model,
+                  tok_n_vocab(e->tok), (long long)e->m->hp.n_vocab);
+    model_free(e->m);
+    tok_free(e->tok);
+    free(e);
+    return rc;
+  }
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  e->n_threads = p->n_threads > 0 ? p->n_threads : (ncpu > 0 ? (int)ncpu : 1);
+  const floe_hparams *hp = &e->m->hp;
+  e->info.arch = floe_arch_name(hp->arch);
+  e->info.n_vocab = hp->n_vocab;
+  e->info.n_embd = hp->n_embd;
+  e->info.n_layer = hp->n_layer;
+  e->info.n_ctx_train = hp->n_ctx_train;
+  e->info.n_expert = hp->n_expert;
+  e->info.n_expert_used = hp->n_expert_used;
+  e->info.n_mtp = (int)hp->n_mtp;
+  if (e->m->gguf) {
+    for (uint64_t i = 0; i < e->m->gguf->n_tensors; i++) {
+      const gguf_tensor *t = &e->m->gguf->tensors[i];
+      e->info.weight_bytes += t->size;
+      if (memmem(t->name.ptr, t->name.len, "_exps.", 6)) e->info.expert_bytes += t->size;
+    }
+  }
+  *out = e;
+  return 0;
+}
+
+void floe_engine_close(floe_engine *e) {
+  if (!e) return;
+  tok_free(e->tok);
+  model_free(e->m);
+  free(e);
+}
+
+void floe_engine_info(const floe_engine *e, floe_model_info *out) { *out = e->info; }
+
+int floe_tokenize(const floe_engine *e, const char *text, size_t len, bool parse_special, int32_t **ids, size_t *n,
+                  char *err, size_t errlen) {
+  tok_ids a = {0};
+  int rc = tok_encode(e->tok, text, len, parse_special, &a, err, errlen);
+  if (rc) {
+    tok_ids_free(&a);
+    return rc;
+  }
+  *ids = a.v;
+  *n = a.n;
+  return 0;
+}
+
+const char *floe_token_piece(const floe_engine *e, int32_t id, size_t *len) { return tok_piece(e->tok, id, len); }
+bool floe_token_is_eog(const floe_engine *e, int32_t id) { return tok_is_eog(e->tok, id); }
+int32_t floe_token_find(const floe_engine *e, const char *text) { return tok_find(e->tok, text); }
+
+int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session **out, char *err, size_t errlen) {
+  *out = NULL;
+  floe_session_params def;
+  if (!p) {
+    floe_session_params_init(&def);
+    p = &def;
+  }
+  floe_session *s = calloc(1, sizeof *s);
+  if (!s) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  s->e = e;
+  int rc = model_session_new(e->m, p->n_ctx, p->kv_f32 ? KV_F32 : KV_BF16, e->n_threads, &s->ms, err, errlen);
+  if (rc) {
+    free(s);
+    return rc;
+  }
+  s->n_ctx = s->ms->kv.n_ctx;
+  s->hist = malloc((size_t)s->n_ctx * sizeof *s->hist);
+  s->last_logits = malloc((size_t)e->m->hp.n_vocab * sizeof(float));
+  if (!s->hist || !s->last_logits) {
+    rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory for a context of %lld tokens", (long long)s->n_ctx);
+    floe_session_free(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+void floe_session_free(floe_session *s) {
+  if (!s) return;
+  model_session_free(s->ms);
+  free(s->hist);
+  free(s->last_logits);
+  free(s);
+}
+
+int64_t floe_session_n_ctx(const floe_session *s) { return s->n_ctx; }
+int64_t floe_session_n_past(const floe_session *s) { return s->n_hist; }
+
+void floe_session_reset(floe_session *s) {
+  model_session_reset(s->ms);
+  s->n_hist = 0;
+}
+
+int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logits, bool all_logits, char *err,
+                      size_t errlen) {
+  if (n == 0) return floe_err(err, errlen, FLOE_E_INVALID, "nothing to evaluate");
+  int64_t nv = s->e->m->hp.n_vocab;
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= nv)
+      return floe_err(err, errlen, FLOE_E_INVALID, "token id %d out of range [0, %lld)", ids[i], (long long)nv);
+  if (s->n_hist + (int64_t)n > s->n_ctx)
+    return floe_err(err, errlen, FLOE_E_CONTEXT, "%lld tokens do not fit the context of %lld (%lld in use)",
+                    (long long)n, (long long)s->n_ctx, (long long)s->n_hist);
+  float *dst = all_logits ? logits : s->last_logits;
+  int rc = model_eval(s->ms, ids, (int64_t)n, dst, all_logits && logits, err, errlen);
+  if (rc) {
+    floe_session_reset(s); /* state is undefined after a failed eval */
+    return rc;
+  }
+  if (all_logits && logits) memcpy(s->last_logits, logits + (n - 1) * (size_t)nv, (size_t)nv * sizeof(float));
+  else if (logits) memcpy(logits, s->last_logits, (size_t)nv * sizeof(float));
+  memcpy(s->hist + s->n_hist, ids, n * sizeof *ids);
+  s->n_hist += (int64_t)n;
+  return 0;
+}
+
+/* ---- generation ---- */
+
+/* Length of the longest prefix of buf[0..n) made of complete UTF-8 characters (invalid bytes count
+ * as complete single characters, so nothing is held forever). */
+static size_t utf8_complete(const char *buf, size_t n) {
+  size_t i = n, back = 0;
+  while (i > 0 && back < 4) {
+    unsigned char c = (unsigned char)buf[i - 1];
+    if ((c & 0xc0) != 0x80) { /* a lead byte or ASCII at i-1 */
+      size_t need = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 1;
+      return (n - (i - 1) >= need) ? n : i - 1;
+    }
+    i--;
+    back++;
+  }
+  return n;
+}
+
+typedef struct textbuf { char *p; size_t n, cap; } textbuf;
+
+static int textbuf_add(textbuf *b, const char *d, size_t n) {
+  if (b->n + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 256;
+    while (cap < b->n + n + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->n, d, n);
+  b->n += n;
+  b->p[b->n] = 0;
+  return 0;
+}
+
+/* log-softmax of the chosen token and the top-n alternatives. */
+static float logprob_of(const float *logits, int64_t nv, int32_t id, int n_top, int32_t *top_ids, float *top_lp) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < nv; i++)
+    if (logits[i] > mx) mx = logits[i];
+  double sum = 0;
+  for (int64_t i = 0; i < nv; i++) sum += exp((double)logits[i] - mx);
+  double lse = mx + log(sum);
+  for (int k = 0; k < n_top; k++) {
+    top_ids[k] = -1;
+    top_lp[k] = -INFINITY;
+  }
+  for (int64_t i = 0; i < nv && n_top > 0; i++) {
+    float v = logits[i];
+    if (top_ids[n_top - 1] >= 0 && !(v > top_lp[n_top - 1])) continue;
+    int k = n_top - 1;
+    while (k > 0 && (top_ids[k - 1] < 0 || v > top_lp[k - 1])) {
+      top_ids[k] = top_ids[k - 1];
+      top_lp[k] = top_lp[k - 1];
+      k--;
+    }
+    top_ids[k] = (int32_t)i;
+    top_lp[k] = v;
+  }
+  for (int k = 0; k < n_top; k++)
+    if (top_ids[k] >= 0) top_lp[k] = (float)(top_lp[k] - lse);
+  return (float)(logits[id] - lse);
+}
+
+int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
+                  floe_token_cb cb, void *user, floe_gen_result *res, char *err, size_t errlen) {
+  floe_gen_result r = {0};
+  floe_gen_params def;
+  if (!p) {
+    floe_gen_params_init(&def);
+    p = &def;
+  }
+  if (n_prompt == 0) return floe_err(err, errlen, FLOE_E_INVALID, "empty prompt");
+  if ((int64_t)n_prompt > s->n_ctx)
+    return floe_err(err, errlen, FLOE_E_CONTEXT, "prompt has %zu tokens but the context holds %lld", n_prompt,
+                    (long long)s->n_ctx);
+  if (p->n_top_logprobs < 0 || p->n_top_logprobs > 20)
+    return floe_err(err, errlen, FLOE_E_INVALID, "top_logprobs must be in [0, 20] (got %d)", p->n_top_logprobs);
+  for (size_t i = 0; i < p->n_stop; i++)
+    if (!p->stop[i] || !p->stop[i][0]) return floe_err(err, errlen, FLOE_E_INVALID, "empty stop string");
+
+  const int64_t nv = s->e->m->hp.n_vocab;
+  sampler_params sp = sampler_default_params();
+  sp.temperature = p->sampling.temperature;
+  sp.top_k = p->sampling.top_k;
+  sp.top_p = p->sampling.top_p;
+  sp.min_p = p->sampling.min_p;
+  sp.seed = p->sampling.seed;
+  sampler *smp;
+  int rc = sampler_new(&sp, (int32_t)nv, &smp, err, errlen);
+  if (rc) return rc;
+
+  /* prefix reuse: the session's history must be a prefix of the prompt */
+  r.n_prompt = (int64_t)n_prompt;
+  double t0 = floe_time_s();
+  int64_t keep = 0;
+  if (s->n_hist > 0 && s->n_hist <= (int64_t)n_prompt && !memcmp(s->hist, prompt, (size_t)s->n_hist * sizeof *prompt))
+    keep = s->n_hist;
+  if (keep == 0 && s->n_hist > 0) floe_session_reset(s);
+  r.n_reused = keep;
+  if ((int64_t)n_prompt > keep) {
+    rc = floe_session_eval(s, prompt + keep, n_prompt - (size_t)keep, NULL, false, err, errlen);
+    if (rc) {
+      sampler_free(smp);
+      return rc;
+    }
+  }
+  double t1 = floe_time_s();
+  r.prefill_s = t1 - t0;
+
+  textbuf pend = {0};
+  int32_t top_ids[20];
+  float top_lp[20];
+  int finish = FLOE_FINISH_NONE;
+  size_t max_stop = 0;
+  for (size_t i = 0; i < p->n_stop; i++)
+    if (strlen(p->stop[i]) > max_stop) max_stop = strlen(p->stop[i]);
+
+  while (finish == FLOE_FINISH_NONE) {
+    if (p->max_tokens > 0 && r.n_gen >= p->max_tokens) {
+      finish = FLOE_FINISH_LENGTH;
+      break;
+    }
+    int32_t id = sampler_sample(smp, s->last_logits);
+    floe_token_event ev = {0};
+    ev.id = id;
+    if (p->logprobs || p->n_top_logprobs) {
+      ev.logprob = logprob_of(s->last_logits, nv, id, p->n_top_logprobs, top_ids, top_lp);
+      ev.n_top = p->n_top_logprobs;
+      ev.top_ids = top_ids;
+      ev.top_logprobs = top_lp;
+    }
+    r.n_gen++;
+    bool eog = tok_is_eog(s->e->tok, id);
+    if (!eog) {
+      size_t plen;
+      const char *piece = tok_piece(s->e->tok, id, &plen);
+      if (piece && textbuf_add(&pend, piece, plen)) {
+        rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+        break;
+      }
+    }
+    /* decide what text this token releases */
+    size_t complete = eog ? pend.n : utf8_complete(pend.p ? pend.p : "", pend.n);
+    size_t release = complete;
+    for (size_t i = 0; i < p->n_stop && pend.n; i++) {
+      const char *hit = memmem(pend.p, pend.n, p->stop[i], strlen(p->stop[i]));
+      if (hit && (size_t)(hit - pend.p) <= release) {
+        release = (size_t)(hit - pend.p);
+        finish = FLOE_FINISH_STOP;
+      }
+    }
+    if (finish != FLOE_FINISH_STOP && !eog && max_stop) {
+      /* hold back a tail that could still grow into a stop string */
+      for (size_t i = 0; i < p->n_stop; i++) {
+        size_t sl = strlen(p->stop[i]);
+        for (size_t k = sl - 1; k > 0; k--) {
+          if (k <= release && !memcmp(pend.p + release - k, p->stop[i], k)) {
+            release -= k;
+            break;
+          }
+        }
+      }
+    }
+    if (eog) finish = FLOE_FINISH_STOP;
+    ev.text = pend.p ? pend.p : "";
+    ev.text_len = release;
+    if (cb && cb(user, &ev)) {
+      if (finish == FLOE_FINISH_NONE) finish = FLOE_FINISH_CANCELLED;
+    }
+    if (release) {
+      memmove(pend.p, pend.p + release, pend.n - release);
+      pend.n -= release;
+      pend.p[pend.n] = 0;
+    }
+    if (finish != FLOE_FINISH_NONE) break;
+    if (s->n_hist >= s->n_ctx) {
+      finish = FLOE_FINISH_LENGTH;
+      break;
+    }
+    rc = floe_session_eval(s, &id, 1, NULL, false, err, errlen);
+    if (rc) break;
+  }
+  /* flush text held back for a stop string that never came */
+  if (rc == 0 && finish == FLOE_FINISH_LENGTH && pend.n && cb) {
+    floe_token_event ev = {0};
+    ev.id = -1;
+    ev.text = pend.p;
+    ev.text_len = pend.n;
+    cb(user, &ev);
+  }
+  free(pend.p);
+  sampler_free(smp);
+  r.finish = finish;
+  r.decode_s = floe_time_s() - t1;
+  if (res) *res = r;
+  return rc;
+}
