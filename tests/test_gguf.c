@@ -700,6 +700,25 @@ static void test_golden_quant(void) {
       }
       CHECK(finite, "%s: src is finite", files[f]);
     }
+    /* ggml wrote these files: rewriting them through floe's writer must give the same bytes
+     * (same KV/tensor-info encoding, offsets, header and tensor padding as ggml's gguf.cpp) */
+    const char *rw = test_tmp("gguf_golden_rewrite.gguf");
+    gguf_writer *w;
+    rc = gguf_writer_open(rw, &w, err, sizeof err);
+    for (uint64_t i = 0; !rc && i < g->n_kv; i++) gguf_writer_add_kv(w, &g->kv[i]);
+    for (uint64_t i = 0; !rc && i < g->n_tensors; i++) {
+      char tn[128];
+      snprintf(tn, sizeof tn, "%.*s", (int)g->tensors[i].name.len, g->tensors[i].name.ptr);
+      gguf_writer_add_tensor(w, tn, g->tensors[i].type, g->tensors[i].n_dims, g->tensors[i].ne);
+    }
+    for (uint64_t i = 0; !rc && i < g->n_tensors; i++) gguf_writer_write_data(w, g->tensors[i].data, g->tensors[i].size);
+    if (!rc) rc = gguf_writer_finish_err(w, err, sizeof err);
+    gguf_file *g2 = NULL;
+    if (!rc) rc = gguf_open(rw, &g2, err, sizeof err);
+    CHECK(rc == 0 && g2->map_size == g->map_size && memcmp(g2->map, g->map, g->map_size) == 0,
+          "%s: floe's writer reproduces ggml's file byte for byte%s%s", files[f], rc ? ": " : "", rc ? err : "");
+    if (g2) gguf_close(g2);
+    unlink(rw);
     n_ok++;
     gguf_close(g);
   }

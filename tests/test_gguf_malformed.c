@@ -395,6 +395,21 @@ static void test_handmade(void) {
   memcpy(p, x.b, x.n - 12);
   expect_buf(p, x.n - 12, FLOE_E_FORMAT, "array of 300 array", "nested array count one past the file");
   free(p);
+  /* more nested arrays than floe's cap (2^20), each really present in the file (12 bytes) */
+  {
+    uint64_t n = (1u << 20) + 1;
+    bhdr(&x, 0, 1);
+    bstr(&x, "many");
+    b32(&x, GGUF_TYPE_ARRAY);
+    b32(&x, GGUF_TYPE_ARRAY);
+    b64(&x, n);
+    size_t sz = x.n + 12 * n;
+    uint8_t *q = malloc(sz);
+    memcpy(q, x.b, x.n);
+    for (uint64_t i = 0; i < n; i++) { put32(q + x.n + 12 * i, GGUF_TYPE_UINT8); put64(q + x.n + 12 * i + 4, 0); }
+    expect_buf(q, sz, FLOE_E_FORMAT, "more than 1048576 nested arrays", "nested array count above the cap");
+    free(q);
+  }
   /* key with control characters: message stays one line */
   bhdr(&x, 0, 2);
   bstr(&x, "a\nb");

@@ -37,8 +37,14 @@
 #include "quant/quant.h"
 
 #define GGUF_MAX_NEST 8              /* arrays of arrays ... at most this deep */
-#define GGUF_MAX_COUNT (1u << 24)    /* n_kv, n_tensors: real files have < 100k */
-#define GGUF_MAX_ENTRIES (1u << 27)  /* strings + nested arrays in all metadata arrays */
+/* Caps on what the file may make us allocate, on top of the rule that every counted thing must
+ * be backed by bytes present in the file. Real files: < 100 KVs, < 50k tensors, < 1M strings
+ * (tokenizer tokens + merges), nested arrays almost never. Worst cases: 80 MB of KVs, 160 MB of
+ * tensor infos, 512 MB of string refs, 64 MB of nested values. */
+#define GGUF_MAX_KV (1u << 20)
+#define GGUF_MAX_TENSORS (1u << 21)
+#define GGUF_MAX_STRS (1u << 25)   /* elements of string arrays, all arrays together */
+#define GGUF_MAX_ITEMS (1u << 20)  /* elements of arrays of arrays, all together */
 #define GGUF_MAX_NAME 64             /* ggml's GGML_MAX_NAME, incl. the NUL (writer only) */
 #define GGUF_WBUF (4u << 20)
 
@@ -204,11 +210,10 @@ static int read_string(reader *r, gguf_str *out, const char *what) {
   return 0;
 }
 
-/* Claims n entries of an arena: counts them in the first walk, returns the slice in the second. */
-static int claim(reader *r, uint64_t *used, uint64_t n) {
-  if (!r->fill && r->n_strs + r->n_items + n > GGUF_MAX_ENTRIES)
-    return rfail(r, FLOE_E_FORMAT, "metadata arrays hold more than %u strings and nested arrays in total",
-                 GGUF_MAX_ENTRIES);
+/* Counts n more arena entries (n is already bounded by the bytes left, so no overflow). */
+static int claim(reader *r, uint64_t *used, uint64_t n, uint64_t cap, const char *what) {
+  if (*used + n > cap)
+    return rfail(r, FLOE_E_FORMAT, "metadata arrays hold more than %llu %s in total (floe's limit)", (ull)cap, what);
   *used += n;
   return 0;
 }
@@ -275,14 +280,14 @@ static int read_value(reader *r, uint32_t type, int depth, gguf_value *v) {
   }
   if (et == GGUF_TYPE_STRING) {
     uint64_t at = r->n_strs;
-    if ((rc = claim(r, &r->n_strs, n))) return rc;
+    if ((rc = claim(r, &r->n_strs, n, GGUF_MAX_STRS, "strings"))) return rc;
     if (v && n) v->strs = r->strs + at;
     for (uint64_t i = 0; i < n; i++)
       if ((rc = read_string(r, v ? &v->strs[i] : NULL, "string array element"))) return rc;
     return 0;
   }
   uint64_t at = r->n_items;
-  if ((rc = claim(r, &r->n_items, n))) return rc;
+  if ((rc = claim(r, &r->n_items, n, GGUF_MAX_ITEMS, "nested arrays"))) return rc;
   if (v && n) v->items = r->items + at;
   for (uint64_t i = 0; i < n; i++)
     if ((rc = read_value(r, GGUF_TYPE_ARRAY, depth + 1, v ? &v->items[i] : NULL))) return rc;
@@ -393,9 +398,9 @@ static int parse(gguf_file *g, char *err, size_t errlen) {
                      ? (snprintf(b, sizeof b, "%llu", (ull)need_min), b)
                      : "2^64",
                  (ull)r.size);
-  if (g->n_tensors > GGUF_MAX_COUNT || g->n_kv > GGUF_MAX_COUNT)
-    return rfail(&r, FLOE_E_FORMAT, "n_tensors = %llu, n_kv = %llu: above floe's limit of %u", (ull)g->n_tensors,
-                 (ull)g->n_kv, GGUF_MAX_COUNT);
+  if (g->n_tensors > GGUF_MAX_TENSORS || g->n_kv > GGUF_MAX_KV)
+    return rfail(&r, FLOE_E_FORMAT, "n_tensors = %llu, n_kv = %llu: above floe's limits (%u tensors, %u keys)",
+                 (ull)g->n_tensors, (ull)g->n_kv, GGUF_MAX_TENSORS, GGUF_MAX_KV);
 
   /* metadata: counting walk, allocation, filling walk */
   uint64_t kv_start = r.off;
@@ -844,7 +849,7 @@ static int add_key(gguf_writer *w, const char *key, uint32_t type) {
   if (w->header_done) return wfail(w, FLOE_E_INVALID, "key '%s' added after the header was written", key);
   if (strcmp(key, "general.alignment") == 0)
     return wfail(w, FLOE_E_INVALID, "key 'general.alignment' must be a power-of-two u32 (use gguf_writer_set_alignment)");
-  if (w->n_kv >= GGUF_MAX_COUNT) return wfail(w, FLOE_E_INVALID, "too many keys");
+  if (w->n_kv >= GGUF_MAX_KV - 1) return wfail(w, FLOE_E_INVALID, "too many keys");
   if (index_find(&w->key_ix, wkey_name, w, key, strlen(key)) >= 0)
     return wfail(w, FLOE_E_INVALID, "duplicate key '%s'", key);
   if (w->n_kv == w->keys_cap) {
@@ -1027,7 +1032,7 @@ int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint
   uint64_t row;
   if (!floe_mul_ok((uint64_t)(t.ne[0] / tt->blck), (uint64_t)tt->bytes, &row) || !floe_mul_ok(row, rows, &t.size))
     return wfail(w, FLOE_E_OVERFLOW, "tensor '%s': byte size overflows", name);
-  if (w->n_t >= GGUF_MAX_COUNT) return wfail(w, FLOE_E_INVALID, "too many tensors");
+  if (w->n_t >= GGUF_MAX_TENSORS) return wfail(w, FLOE_E_INVALID, "too many tensors");
   if (index_find(&w->t_ix, wtensor_name, w, name, strlen(name)) >= 0)
     return wfail(w, FLOE_E_INVALID, "duplicate tensor name '%s'", name);
   if (w->n_t == w->t_cap) {
