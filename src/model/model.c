@@ -30,6 +30,109 @@ void *model_own(model *m, size_t bytes) {
   return p;
 }
 
+/* ---- value-head reorder (grouped -> tiled), llama.cpp _LinearAttentionVReorderBase ---- */
+static int64_t vtile_src(int64_t p, int64_t Nk, int64_t r) { return (p % Nk) * r + p / Nk; }
+
+/* Copies `rows` rows of row_bytes from src to dst, block b of `unit` rows of the permuted range
+ * [row0, row0+Nv*unit) coming from block vtile_src(b). */
+static void vtile_copy_rows(uint8_t *dst, const uint8_t *src, size_t rb, int64_t rows, int64_t row0, int64_t Nk,
+                            int64_t Nv, int64_t unit) {
+  memcpy(dst, src, (size_t)rows * rb);
+  for (int64_t p = 0; p < Nv; p++)
+    memcpy(dst + (size_t)(row0 + p * unit) * rb, src + (size_t)(row0 + vtile_src(p, Nk, Nv / Nk) * unit) * rb,
+           (size_t)unit * rb);
+}
+
+int model_vtile_rows(model *m, floe_mat *W, int64_t row0, int64_t Nk, int64_t Nv, int64_t unit, char *err,
+                     size_t errlen) {
+  if (Nk < 1 || Nv % Nk || row0 < 0 || row0 + Nv * unit > W->rows)
+    return floe_err(err, errlen, FLOE_E_FORMAT, "value-head reorder: %lld rows do not hold %lld heads of %lld",
+                    (long long)W->rows, (long long)Nv, (long long)unit);
+  if (Nk == Nv) return 0; /* r = 1: tiled == grouped */
+  uint8_t *d = model_own(m, (size_t)W->rows * W->row_bytes);
+  if (!d) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  vtile_copy_rows(d, W->data, W->row_bytes, W->rows, row0, Nk, Nv, unit);
+  W->data = d;
+  if (W->type == FLOE_TYPE_MLX) {
+    uint8_t *sc = model_own(m, (size_t)W->rows * W->sb_row_bytes), *bi = model_own(m, (size_t)W->rows * W->sb_row_bytes);
+    if (!sc || !bi) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    vtile_copy_rows(sc, W->scales, W->sb_row_bytes, W->rows, row0, Nk, Nv, unit);
+    vtile_copy_rows(bi, W->biases, W->sb_row_bytes, W->rows, row0, Nk, Nv, unit);
+    W->scales = sc;
+    W->biases = bi;
+  }
+  return 0;
+}
+
+/* Permutes, in each of `rows` rows (stride rb), Nv blocks of bb bytes. */
+static void vtile_copy_cols(uint8_t *dst, const uint8_t *src, size_t rb, int64_t rows, int64_t Nk, int64_t Nv,
+                            size_t bb) {
+  for (int64_t o = 0; o < rows; o++)
+    for (int64_t p = 0; p < Nv; p++)
+      memcpy(dst + (size_t)o * rb + (size_t)p * bb, src + (size_t)o * rb + (size_t)vtile_src(p, Nk, Nv / Nk) * bb, bb);
+}
+
+int model_vtile_cols(model *m, floe_mat *W, int64_t Nk, int64_t Nv, int64_t unit, char *err, size_t errlen) {
+  if (Nk < 1 || Nv % Nk || W->cols != Nv * unit)
+    return floe_err(err, errlen, FLOE_E_FORMAT, "value-head reorder: %lld columns are not %lld heads of %lld",
+                    (long long)W->cols, (long long)Nv, (long long)unit);
+  if (Nk == Nv) return 0;
+  const floe_type_traits *ti = floe_type_info(W->type);
+  if (W->type == FLOE_TYPE_MLX && unit % W->mlx.group == 0) { /* whole groups move: codes, scales, biases */
+    const size_t sbe = W->mlx.sb_type == FLOE_TYPE_F32 ? 4 : 2, ng = (size_t)(unit / W->mlx.group);
+    uint8_t *d = model_own(m, (size_t)W->rows * W->row_bytes);
+    uint8_t *sc = model_own(m, (size_t)W->rows * W->sb_row_bytes), *bi = model_own(m, (size_t)W->rows * W->sb_row_bytes);
+    if (!d || !sc || !bi) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    vtile_copy_cols(d, W->data, W->row_bytes, W->rows, Nk, Nv, (size_t)unit * (size_t)W->mlx.bits / 8);
+    vtile_copy_cols(sc, W->scales, W->sb_row_bytes, W->rows, Nk, Nv, ng * sbe);
+    vtile_copy_cols(bi, W->biases, W->sb_row_bytes, W->rows, Nk, Nv, ng * sbe);
+    W->data = d;
+    W->scales = sc;
+    W->biases = bi;
+    return 0;
+  }
+  if (W->type == FLOE_TYPE_MLX) { /* heads split groups: dequantize once to F32 (exact values) */
+    float *f = model_own(m, (size_t)(W->rows * W->cols) * sizeof(float));
+    if (!f) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    for (int64_t o = 0; o < W->rows; o++)
+      quant_mlx_dequant_row(&W->mlx, (const uint8_t *)W->data + (size_t)o * W->row_bytes,
+                            (const uint8_t *)W->scales + (size_t)o * W->sb_row_bytes,
+                            (const uint8_t *)W->biases + (size_t)o * W->sb_row_bytes, f + o * W->cols, W->cols);
+    floe_mat n = { .type = FLOE_TYPE_F32, .rows = W->rows, .cols = W->cols, .data = f,
+                   .row_bytes = (size_t)W->cols * sizeof(float) };
+    *W = n;
+  } else if (!ti || ti->quantized) {
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "value-head reorder of a block-quantized matrix");
+  }
+  ti = floe_type_info(W->type);
+  uint8_t *d = model_own(m, (size_t)W->rows * W->row_bytes);
+  if (!d) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  vtile_copy_cols(d, W->data, W->row_bytes, W->rows, Nk, Nv, (size_t)unit * (size_t)ti->bytes);
+  W->data = d;
+  return 0;
+}
+
+int model_vtile_vec(float *v, int64_t Nk, int64_t Nv, int64_t unit) {
+  if (Nk < 1 || Nv % Nk) return FLOE_E_FORMAT;
+  if (Nk == Nv) return 0;
+  float *t = malloc((size_t)(Nv * unit) * sizeof(float));
+  if (!t) return FLOE_E_NOMEM;
+  vtile_copy_rows((uint8_t *)t, (const uint8_t *)v, (size_t)unit * sizeof(float), Nv, 0, Nk, Nv, 1);
+  memcpy(v, t, (size_t)(Nv * unit) * sizeof(float));
+  free(t);
+  return 0;
+}
+
+void model_embed_row(const model *m, int32_t tok, float *dst) {
+  const floe_mat *W = &m->tok_embd;
+  const uint8_t *row = (const uint8_t *)W->data + (size_t)tok * W->row_bytes;
+  if (W->type == FLOE_TYPE_MLX)
+    quant_mlx_dequant_row(&W->mlx, row, (const uint8_t *)W->scales + (size_t)tok * W->sb_row_bytes,
+                          (const uint8_t *)W->biases + (size_t)tok * W->sb_row_bytes, dst, W->cols);
+  else
+    quant_dequant_row(W->type, row, dst, W->cols);
+}
+
 void model_free(model *m) {
   if (!m) return;
   for (size_t i = 0; i < m->n_owned; i++) floe_aligned_free(m->owned[i]);
@@ -459,9 +562,8 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
     const int64_t nb = n - c0 < MODEL_MAX_BATCH ? n - c0 : MODEL_MAX_BATCH;
     const int64_t pos0 = s->kv.n_past;
     for (int64_t t = 0; t < nb; t++) {
-      const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[c0 + t] * m->tok_embd.row_bytes;
       (void)ti;
-      quant_dequant_row(m->tok_embd.type, row, x + t * E, E);
+      model_embed_row(m, tokens[c0 + t], x + t * E); /* any type, MLX included */
     }
     for (int64_t l = 0; l < hp->n_layer; l++) m->arch->layer(s, l, x, nb, pos0);
     s->kv.n_past += nb;

@@ -9,9 +9,17 @@
  *     matrix whose data is not aligned to its element size is copied once.
  *   - GatedDeltaNet: the projections are either separate (qkv | z | b | a, Qwen3.5 HF and llama.cpp
  *     GGUF) or grouped per key head (Qwen3-Next HF in_proj_qkvz / in_proj_ba), in which case the
- *     projected rows are unpacked into q | k | v and z, b, a after the matmul. Value heads keep the
- *     file's order: hv belongs to key head hv / (Nv/Nk) ("grouped", HF) or hv % Nk ("tiled",
- *     llama.cpp's Qwen3.5 converter), so no row or column is permuted. ssm_a holds -exp(A_log).
+ *     projected rows are unpacked into q | k | v and z, b, a after the matmul. ssm_a holds -exp(A_log).
+ *   - Value-head order is llama.cpp's, per architecture: qwen3next "grouped" (value head hv uses key
+ *     head hv / (Nv/Nk), as HF), qwen35moe "tiled" (hv uses key head hv % Nk: llama.cpp's converter,
+ *     _LinearAttentionVReorderBase). Qwen3.5 HF/MLX checkpoints are grouped, so their V rows of
+ *     in_proj_qkv, in_proj_z/b/a rows, the conv1d V channels, dt_bias, A_log and out_proj's columns
+ *     are permuted into tiled order at load time (copies; these are small non-expert tensors):
+ *     every source then runs the same arithmetic, and HF and GGUF F32 logits are bit-identical.
+ *   - MLX quantized directories (config.json "quantization"): a module is quantized iff
+ *     "<module>.scales" exists (as mlx-lm loads); bits/group from hf_quant_for. Its floe_mat is
+ *     FLOE_TYPE_MLX (codes .weight uint32, .scales, .biases); switch_mlp stacks [E][out][in*bits/32]
+ *     are sliced per expert. MLX norms already hold 1+w (mlx-lm sanitize), so nothing is added.
  *   - Routed experts are one floe_mat per expert and projection (slices of 3-D stacks or HF's
  *     per-expert tensors).
  *
@@ -68,11 +76,15 @@ typedef struct model_layer {
 
 enum model_src_kind { MODEL_SRC_GGUF = 1, MODEL_SRC_HF = 2 };
 
-/* Where weights come from while binding. */
+struct hf_quant;
+
+/* Where weights come from while binding. An MLX directory is kind MODEL_SRC_HF (HF names) with
+ * mlx != NULL (its quantization block). */
 typedef struct model_src {
   int kind;
   gguf_file *g;
   st_model *st;
+  const struct hf_quant *mlx;
 } model_src;
 
 /* A tensor as found in a source: shape row-major (shape[n_dims-1] contiguous), whatever the file's
@@ -102,6 +114,7 @@ struct model {
   floe_hparams hp;
   const model_arch *arch;
   int src_kind;              /* enum model_src_kind */
+  bool src_mlx;              /* an MLX quantized directory (src_kind MODEL_SRC_HF) */
   bool v_tiled;              /* value head hv uses key head hv % Nk (else hv / (Nv/Nk)) */
   floe_mat tok_embd;         /* [n_vocab][n_embd] */
   floe_mat output;           /* [n_vocab][n_embd] (tok_embd when tied) */
@@ -139,7 +152,9 @@ int model_load(const char *path, model **out, char *err, size_t errlen);
 void model_free(model *m);
 
 /* ---- sessions ---- */
-/* n_ctx <= 0: the model's trained context (capped at 4096). kv_type: enum kv_type. n_threads >= 1. */
+/* n_ctx <= 0: the model's trained context (capped at 4096). kv_type: enum kv_type; callers use
+ * KV_BF16 by default (issue 3: "KV cache BF16 by default, F32 option"; engine.c does) and KV_F32
+ * when asked (tests that compare with HF use F32). n_threads >= 1. */
 int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads, model_session **out, char *err,
                       size_t errlen);
 void model_session_free(model_session *s);
@@ -166,6 +181,18 @@ int model_bind_vec(model *m, const model_src *src, const char *name, int64_t n, 
  * HF fused gate_up_proj/down_proj, or GGUF stacks ffn_{gate,up,down}_exps. */
 int model_bind_experts(model *m, const model_src *src, int64_t l, char *err, size_t errlen);
 void *model_own(model *m, size_t bytes); /* zeroed, freed with the model; NULL on failure */
+/* Grouped -> tiled value-head reorder (qwen35moe from HF/MLX, see the layout notes above).
+ * Tiled position p = j*Nk + g takes grouped head g*r + j (r = Nv/Nk).
+ * rows: rows [row0, row0 + Nv*unit) of W, blocks of `unit` rows; W is replaced by a copy.
+ * cols: each row's Nv blocks of `unit` columns (W->cols == Nv*unit); plain types and MLX whose
+ * groups align with `unit` are permuted as stored, other MLX matrices are dequantized to F32.
+ * vec: n = Nv*unit floats in place. */
+int model_vtile_rows(model *m, floe_mat *W, int64_t row0, int64_t Nk, int64_t Nv, int64_t unit, char *err,
+                     size_t errlen);
+int model_vtile_cols(model *m, floe_mat *W, int64_t Nk, int64_t Nv, int64_t unit, char *err, size_t errlen);
+int model_vtile_vec(float *v, int64_t Nk, int64_t Nv, int64_t unit);
+/* Token row tok of the embedding as floats (any type, MLX included). */
+void model_embed_row(const model *m, int32_t tok, float *dst);
 /* Everything of layer l except the GatedDeltaNet projections: the two norms, full attention (when
  * the layer is not recurrent), router, routed and shared experts; and (l < 0) the global tensors.
  * zc: the source holds zero-centred norms without the +1 (HF Qwen3-Next / Qwen3.5). */
