@@ -75,8 +75,8 @@ static uint64_t mix64(uint64_t x) {
   return x;
 }
 
-/* Values of the 1-D tensors, by kind; element i0.. of the tensor. */
-static void gen_vector(int kind, floe_rng *r, float *dst, int64_t n, float scale) {
+/* Values of the 1-D tensors, by kind. dst may be unaligned (units follow blocks of any size). */
+static void gen_vector(int kind, floe_rng *r, uint8_t *dst, int64_t n, float scale) {
   for (int64_t i = 0; i < n; i++) {
     float v;
     switch (kind) {
@@ -85,7 +85,7 @@ static void gen_vector(int kind, floe_rng *r, float *dst, int64_t n, float scale
     case MODEL_K_FFN_GATE_INP_SHEXP: v = scale * floe_rng_normal(r); break;
     default: v = 1.0f + 0.02f * floe_rng_normal(r); break; /* RMSNorm weights */
     }
-    dst[i] = v;
+    memcpy(dst + 4 * i, &v, 4);
   }
 }
 
@@ -94,7 +94,7 @@ static void gen_unit(const stensor *t, uint32_t ti, uint64_t u, uint64_t seed, u
   floe_rng_seed(&r, mix64(mix64(seed ^ 0x9e3779b97f4a7c15ull) + ti * 0x100000001b3ull) ^ mix64(u + 0x632be59bd9b4e019ull));
   const int64_t b0 = (int64_t)u * t->unit_blocks;
   const int64_t nb = t->n_blocks - b0 < t->unit_blocks ? t->n_blocks - b0 : t->unit_blocks;
-  if (t->d.flags & MODEL_TF_VECTOR) gen_vector(t->d.kind, &r, (float *)dst, nb, t->scale);
+  if (t->d.flags & MODEL_TF_VECTOR) gen_vector(t->d.kind, &r, dst, nb, t->scale);
   else quant_fill_random(t->type, &r, dst, nb, t->scale);
 }
 
