@@ -7,6 +7,11 @@
  * block size, byte size overflow-checked, data range inside the file, offset aligned). After a
  * successful open, every pointer in the structs points inside the mapping and is safe to read.
  * Errors are one line naming the file, the key/tensor and the problem.
+ * Tensors may lie in any order and with gaps in the data section (llama.cpp writes them packed
+ * in info order; so does the writer below); overlapping ranges are refused. Allocation is bounded
+ * by the bytes present and by caps (1M keys, 2M tensors, 32M string-array elements, 1M nested
+ * array values, nesting depth 8). Bool values/array elements are bytes, nonzero = true.
+ * A gguf_file is read-only after open, so lookups from several threads are safe.
  *
  * Memory: the gguf_file owns the mapping and all parsed arrays; everything is freed by
  * gguf_close(). Strings point into the mapping and are NOT NUL-terminated: use (ptr, len).
@@ -137,7 +142,7 @@ int gguf_writer_finish(gguf_writer *w);
 int gguf_writer_finish_err(gguf_writer *w, char *err, size_t errlen);
 /* Removes the temp file and frees w (on error paths). */
 void gguf_writer_abort(gguf_writer *w);
-/* Last error message of the writer (one line). gguf_writer_error(NULL) returns the message of the
+/* Last error message of the writer (one line, starting with the output path). gguf_writer_error(NULL) returns the message of the
  * last gguf_writer_finish() that failed on this thread (finish frees w). */
 const char *gguf_writer_error(const gguf_writer *w);
 #endif
