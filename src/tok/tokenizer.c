@@ -459,7 +459,8 @@ int tok_load_gguf(const gguf_file *g, tok_vocab **out, char *err, size_t errlen)
   }
   if ((rc = build_pieces(t, toks, types, (int32_t)n, name, err, errlen))) goto fail;
   if ((rc = alloc_merges(t, nm, name, err, errlen))) goto fail;
-  scratch = malloc(2 * max_piece_len(t) + 8);
+  size_t mpl = max_piece_len(t);
+  scratch = malloc(2 * mpl + 8);
   if (!scratch) { rc = floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", name); goto fail; }
   for (uint64_t i = 0; i < nm; i++) {
     gguf_str m = mv->strs[i];
@@ -470,7 +471,7 @@ int tok_load_gguf(const gguf_file *g, tok_vocab **out, char *err, size_t errlen)
       goto fail;
     }
     size_t na = (size_t)(sp - m.ptr), nb = (size_t)(m.len - na - 1);
-    if (na + nb > 2 * max_piece_len(t) + 8) {
+    if (na + nb > 2 * mpl + 8) {
       rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %llu references a token not in the vocabulary", name, (unsigned long long)i);
       goto fail;
     }
