@@ -24,6 +24,7 @@ static const struct {
     {"info", cmd_info, "info -m MODEL [--tensor NAME]   describe a model file, or dump one tensor"},
     {"run", cmd_run, "run -m MODEL [-p TEXT | -f FILE] [--chat] [-n N] [sampling] [-t N] [-c CTX] [--ids]   generate text"},
     {"synth", cmd_synth, "synth --preset P -o FILE.gguf [...]   write a random model with real shapes"},
+    {"convert", cmd_convert, "convert IN_DIR -o OUT.gguf [--type T] [--expert-type T]   HF/MLX directory to GGUF"},
 };
 
 static void usage(FILE *f) {
