@@ -87,6 +87,7 @@ typedef struct floe_chat_opts {
   const char *tools_json;     /* JSON array of OpenAI tool definitions, or NULL */
   bool add_generation_prompt; /* end with the assistant turn's opening */
   bool enable_thinking;       /* Qwen3 / 3.5 thinking mode */
+  bool raw_tool_args;         /* Qwen3: replay tool-call argument text verbatim (bytes the model sampled) */
 } floe_chat_opts;
 
 /* Renders a conversation with the model family's chat template (Qwen3 or Qwen3.5/3.6 ChatML).

@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "sample/sampler.h"
 #include "tok/tokenizer.h"
+#include "engine/engine_internal.h"
 
 struct floe_engine {
   model *m;
@@ -117,6 +118,9 @@ void floe_engine_close(floe_engine *e) {
 }
 
 void floe_engine_info(const floe_engine *e, floe_model_info *out) { *out = e->info; }
+
+const tok_vocab *engine_tok(const floe_engine *e) { return e->tok; }
+int engine_arch(const floe_engine *e) { return e->m->hp.arch; }
 
 int floe_tokenize(const floe_engine *e, const char *text, size_t len, bool parse_special, int32_t **ids, size_t *n,
                   char *err, size_t errlen) {

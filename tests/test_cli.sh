@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# floe CLI end to end on a tiny synthetic model: info, run (greedy determinism, -f, --chat, --ids,
+# sampling with a seed), and the one-line errors for bad input.
+set -u
+B="${FLOE_BIN:?}"
+T="${FLOE_TMP:-/tmp}/cli.$$"
+mkdir -p "$T"
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { if eval "$2"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $1"; fi; }
+
+"$B" synth --preset tiny-qwen35moe --seed 5 -o "$T/m.gguf" >/dev/null 2>&1
+ok "synth tiny model" '[ -f "$T/m.gguf" ]'
+
+"$B" info -m "$T/m.gguf" >"$T/info" 2>&1
+ok "info exits 0" '[ $? -eq 0 ]'
+ok "info names the architecture" 'grep -q "architecture *qwen35moe" "$T/info"'
+ok "info splits expert bytes" 'grep -q "routed experts" "$T/info"'
+"$B" info -m "$T/m.gguf" --tensor output_norm.weight >"$T/t" 2>&1
+ok "info --tensor prints n_embd values" '[ "$(wc -l <"$T/t")" -eq 256 ]'
+
+a=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids 2>/dev/null)
+b=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids -t 1 2>/dev/null)
+ok "greedy --ids prints 16 ids" '[ "$(echo $a | wc -w)" -eq 16 ]'
+ok "greedy is deterministic across thread counts" '[ "$a" = "$b" ]'
+printf 'def f(x):' >"$T/p.txt"
+c=$("$B" run -m "$T/m.gguf" -f "$T/p.txt" -n 16 --ids 2>/dev/null)
+ok "-f FILE equals -p TEXT" '[ "$a" = "$c" ]'
+s1=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 7 --ids 2>/dev/null)
+s2=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 7 --ids 2>/dev/null)
+s3=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 8 --ids 2>/dev/null)
+ok "same seed, same sample" '[ -n "$s1" ] && [ "$s1" = "$s2" ]'
+ok "different seed, different sample" '[ "$s1" != "$s3" ]'
+"$B" run -m "$T/m.gguf" --chat -p "hi" -n 4 >"$T/chat" 2>&1
+ok "--chat runs" '[ $? -eq 0 ]'
+"$B" run -m "$T/m.gguf" -p "hello" -n 4 2>"$T/stats" >/dev/null
+ok "timings on stderr" 'grep -q "tok/s" "$T/stats"'
+
+# bad input: one line on stderr, non-zero exit, no crash
+bad() { # name, expected substring, command...
+  local name="$1" want="$2"; shift 2
+  "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  ok "$name: exit $rc non-zero and not a crash" '[ $rc -ne 0 ] && [ $rc -lt 128 ]'
+  ok "$name: first line mentions '$want'" 'head -n 1 "$T/err" | grep -q -- "$want"'
+  # runtime errors are one line; usage errors may follow the line with the usage text
+  case "$name" in usage*) ;; *) ok "$name: one line" '[ "$(wc -l <"$T/err")" -eq 1 ]' ;; esac
+}
+bad "missing model" "nope.gguf" "$B" run -m "$T/nope.gguf" -p x
+head -c 1000 "$T/m.gguf" >"$T/trunc.gguf"
+bad "truncated model" "trunc.gguf" "$B" run -m "$T/trunc.gguf" -p x
+bad "truncated model (info)" "trunc.gguf" "$B" info -m "$T/trunc.gguf"
+printf 'not a gguf at all' >"$T/junk.gguf"
+bad "bad magic" "junk.gguf" "$B" info -m "$T/junk.gguf"
+long=$(printf 'word %.0s' $(seq 1 400))
+bad "prompt longer than the context" "context" "$B" run -m "$T/m.gguf" -c 64 -p "$long"
+bad "usage: unknown option" "unknown" "$B" run -m "$T/m.gguf" --bogus
+bad "usage: bad number" "number" "$B" run -m "$T/m.gguf" -p x -n abc
+bad "bad top-p" "top_p" "$B" run -m "$T/m.gguf" -p x --temp 1 --top-p 0
+bad "unknown tensor" "no tensor" "$B" info -m "$T/m.gguf" --tensor nope
+bad "usage: unknown command" "unknown command" "$B" frobnicate
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
