@@ -153,14 +153,25 @@ static int st_type(int dtype) {
   }
 }
 
-static int find_st(const st_model *st, const char *name, model_tref *t) {
+/* The tensor an HF name refers to: as is, or under the Qwen3.5 VLM prefixes (HF
+ * model.language_model.*, MLX language_model.model.* and language_model.lm_head). */
+static const st_tensor *st_resolve(const st_model *st, const char *name) {
   const st_tensor *x = st_find(st, name);
   char alt[512];
-  if (!x && strncmp(name, "model.", 6) == 0) { /* Qwen3.5 VLM checkpoints: model.language_model.* */
+  if (!x && strncmp(name, "model.", 6) == 0) {
     snprintf(alt, sizeof alt, "model.language_model.%s", name + 6);
     x = st_find(st, alt);
+    if (!x) {
+      snprintf(alt, sizeof alt, "language_model.%s", name);
+      x = st_find(st, alt);
+    }
   }
   if (!x && strcmp(name, "lm_head.weight") == 0) x = st_find(st, "language_model.lm_head.weight");
+  return x;
+}
+
+static int find_st(const st_model *st, const char *name, model_tref *t) {
+  const st_tensor *x = st_resolve(st, name);
   if (!x) return FLOE_E_NOTFOUND;
   int ty = st_type(x->dtype);
   if (ty < 0 || x->n_dims > 4) return FLOE_E_UNSUPPORTED;
@@ -194,9 +205,9 @@ int model_src_find(const model_src *src, const char *name, model_tref *t) {
   return src->kind == MODEL_SRC_GGUF ? find_gguf(src->g, name, t) : find_st(src->st, name, t);
 }
 
-bool model_src_has(const model_src *src, const char *name) {
+bool model_src_has(const model_src *src, const char *name) { /* present, whatever its dtype (MLX codes are U32) */
   model_tref t;
-  return model_src_find(src, name, &t) == 0;
+  return model_src_find(src, name, &t) != FLOE_E_NOTFOUND;
 }
 
 static int need(const model_src *src, const char *name, model_tref *t, char *err, size_t errlen) {
@@ -236,10 +247,79 @@ static int make_mat(model *m, const model_tref *t, int64_t elem0, int64_t rows, 
   return 0;
 }
 
+/* MLX affine matrix: rows [row0, row0+rows) of slab e of "<module>.weight" (uint32 codes, 2-D
+ * [R][cols*bits/32] or 3-D switch_mlp [n_slab][R][cols*bits/32]) with "<module>.scales" and
+ * "<module>.biases" [..][R][cols/group]. *found = false (and 0) when the module is not quantized
+ * (no .scales, as mlx-lm decides), so the caller binds it as a dense tensor. n_slab = 0: 2-D. */
+static int mlx_mat(model *m, const model_src *src, const char *name, int64_t n_slab, int64_t slab_rows, int64_t e,
+                   int64_t row0, int64_t rows, int64_t cols, floe_mat *out, bool *found, char *err, size_t errlen) {
+  *found = false;
+  if (!src->mlx || src->kind != MODEL_SRC_HF) return 0;
+  const st_tensor *q = st_resolve(src->st, name);
+  if (!q) return 0; /* the dense path reports it */
+  char base[512], sn[520], bn[520];
+  size_t bl = strlen(q->name);
+  if (bl > 7 && strcmp(q->name + bl - 7, ".weight") == 0) bl -= 7;
+  if (bl >= sizeof base) return floe_err(err, errlen, FLOE_E_FORMAT, "tensor '%s': name too long", q->name);
+  memcpy(base, q->name, bl);
+  base[bl] = 0;
+  snprintf(sn, sizeof sn, "%s.scales", base);
+  snprintf(bn, sizeof bn, "%s.biases", base);
+  const st_tensor *sc = st_find(src->st, sn), *bi = st_find(src->st, bn);
+  if (!sc) return 0;
+  *found = true;
+  int bits = 0, group = 0;
+  bool quantized = false;
+  int rc = hf_quant_for(src->mlx, base, &bits, &group, &quantized);
+  if (rc || !quantized)
+    return floe_err(err, errlen, rc ? rc : FLOE_E_FORMAT, "%s: %s quantization (bits %d, group %d)", base,
+                    rc ? "unsupported" : "config.json does not declare its", bits, group);
+  const int sbt = sc->dtype == ST_BF16 ? FLOE_TYPE_BF16 : sc->dtype == ST_F16 ? FLOE_TYPE_F16 : FLOE_TYPE_F32;
+  quant_mlx_fmt f = { bits, group, (uint32_t)sbt };
+  const int nd = n_slab > 0 ? 3 : 2;
+  const int64_t R = n_slab > 0 ? slab_rows : rows, S = n_slab > 0 ? n_slab : 1;
+  if (!bi || q->dtype != ST_U32 || (sc->dtype != ST_BF16 && sc->dtype != ST_F16 && sc->dtype != ST_F32) ||
+      bi->dtype != sc->dtype || !quant_mlx_fmt_valid(&f) || cols % group || (cols * bits) % 32 ||
+      q->n_dims != nd || sc->n_dims != nd || bi->n_dims != nd || q->shape[nd - 1] != cols * bits / 32 ||
+      sc->shape[nd - 1] != cols / group || bi->shape[nd - 1] != cols / group || q->shape[nd - 2] != R ||
+      sc->shape[nd - 2] != R || bi->shape[nd - 2] != R || (nd == 3 && (q->shape[0] != S || sc->shape[0] != S ||
+      bi->shape[0] != S)))
+    return floe_err(err, errlen, FLOE_E_FORMAT,
+                    "%s: MLX tensors do not match %lld x %lld at %d bits, group %d (codes U32, scales/biases alike)",
+                    base, (long long)R, (long long)cols, bits, group);
+  const size_t rb = quant_mlx_row_bytes(&f, cols), sbe = sbt == FLOE_TYPE_F32 ? 4 : 2;
+  const size_t srb = (size_t)(cols / group) * sbe, r0 = (size_t)(e * R + row0);
+  memset(out, 0, sizeof *out);
+  out->type = FLOE_TYPE_MLX;
+  out->rows = rows;
+  out->cols = cols;
+  out->row_bytes = rb;
+  out->mlx = f;
+  out->sb_row_bytes = srb;
+  const uint8_t *pq = q->data + r0 * rb, *ps = sc->data + r0 * srb, *pb = bi->data + r0 * srb;
+  if ((uintptr_t)pq % 4 || (uintptr_t)ps % sbe || (uintptr_t)pb % sbe) { /* safetensors offsets may be odd */
+    uint8_t *c = model_own(m, (size_t)rows * (rb + 2 * srb));
+    if (!c) return floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", base);
+    memcpy(c, pq, (size_t)rows * rb);
+    memcpy(c + (size_t)rows * rb, ps, (size_t)rows * srb);
+    memcpy(c + (size_t)rows * (rb + srb), pb, (size_t)rows * srb);
+    pq = c;
+    ps = c + (size_t)rows * rb;
+    pb = ps + (size_t)rows * srb;
+  }
+  out->data = pq;
+  out->scales = ps;
+  out->biases = pb;
+  return 0;
+}
+
 int model_bind_mat(model *m, const model_src *src, const char *name, int64_t rows, int64_t cols, floe_mat *out,
                    char *err, size_t errlen) {
   model_tref t;
-  int rc = need(src, name, &t, err, errlen);
+  bool mlx;
+  int rc = mlx_mat(m, src, name, 0, rows, 0, 0, rows, cols, out, &mlx, err, errlen);
+  if (rc || mlx) return rc;
+  rc = need(src, name, &t, err, errlen);
   if (rc) return rc;
   if (t.shape[t.n_dims - 1] != cols || t.n_elements != rows * cols)
     return floe_err(err, errlen, FLOE_E_FORMAT, "tensor '%s': shape does not match %lld x %lld", name,
@@ -250,7 +330,10 @@ int model_bind_mat(model *m, const model_src *src, const char *name, int64_t row
 int model_bind_slab(model *m, const model_src *src, const char *name, int64_t n_slab, int64_t slab_rows, int64_t e,
                     int64_t row0, int64_t rows, int64_t cols, floe_mat *out, char *err, size_t errlen) {
   model_tref t;
-  int rc = need(src, name, &t, err, errlen);
+  bool mlx;
+  int rc = mlx_mat(m, src, name, n_slab, slab_rows, e, row0, rows, cols, out, &mlx, err, errlen);
+  if (rc || mlx) return rc;
+  rc = need(src, name, &t, err, errlen);
   if (rc) return rc;
   if (t.n_dims != 3 || t.shape[0] != n_slab || t.shape[1] != slab_rows || t.shape[2] != cols)
     return floe_err(err, errlen, FLOE_E_FORMAT, "tensor '%s': shape does not match %lld x %lld x %lld", name,
@@ -307,6 +390,17 @@ int model_bind_experts(model *m, const model_src *src, int64_t l, char *err, siz
     }
     return rc;
   }
+  snprintf(a, sizeof a, "model.layers.%lld.mlp.switch_mlp.gate_proj.weight", (long long)l);
+  if (model_src_has(src, a)) { /* MLX (mlx-lm sanitize): stacks [E][out][in], quantized or dense */
+    snprintf(b, sizeof b, "model.layers.%lld.mlp.switch_mlp.up_proj.weight", (long long)l);
+    snprintf(c, sizeof c, "model.layers.%lld.mlp.switch_mlp.down_proj.weight", (long long)l);
+    for (int64_t e = 0; e < NE && !rc; e++) {
+      rc = model_bind_slab(m, src, a, NE, I, e, 0, I, E, &L->exp_gate[e], err, errlen);
+      if (!rc) rc = model_bind_slab(m, src, b, NE, I, e, 0, I, E, &L->exp_up[e], err, errlen);
+      if (!rc) rc = model_bind_slab(m, src, c, NE, E, e, 0, E, I, &L->exp_down[e], err, errlen);
+    }
+    return rc;
+  }
   snprintf(a, sizeof a, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
   if (model_src_has(src, a)) { /* transformers 5 fused layout: [E][2I][H], [E][H][I] */
     snprintf(c, sizeof c, "model.layers.%lld.mlp.experts.down_proj", (long long)l);
@@ -345,7 +439,8 @@ const char *model_lname(const model_src *src, int64_t l, const char *gguf, const
 int model_bind_common(model *m, const model_src *src, int64_t l, bool zc, char *err, size_t errlen) {
   const floe_hparams *hp = &m->hp;
   const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim;
-  const float add = (zc && src->kind == MODEL_SRC_HF) ? 1.0f : 0.0f; /* GGUF holds 1+w already */
+  /* GGUF and MLX (mlx-lm sanitize) hold 1+w already; HF holds w */
+  const float add = (zc && src->kind == MODEL_SRC_HF && !src->mlx) ? 1.0f : 0.0f;
   char nm[256];
   int rc;
   if (l < 0) {
@@ -428,19 +523,18 @@ int model_load(const char *path, model **out, char *err, size_t errlen) {
   model_src src = { 0 };
   struct stat sb;
   int rc;
+  hf_config cfg; /* kept until binding is done: its quantization table is read by mlx_mat */
+  memset(&cfg, 0, sizeof cfg);
   if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-    hf_config cfg;
     if ((rc = hf_config_load(path, &cfg, err, errlen))) goto fail;
-    bool quant = cfg.quant.present;
     m->hp = cfg.hp;
-    hf_config_free(&cfg);
-    if (quant) {
-      rc = floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: MLX quantized directories are not supported yet", path);
-      goto fail;
-    }
     if ((rc = st_model_open(path, &m->st, err, errlen))) goto fail;
     src.kind = MODEL_SRC_HF;
     src.st = m->st;
+    if (cfg.quant.present) { /* MLX quantized directory */
+      src.mlx = &cfg.quant;
+      m->src_mlx = true;
+    }
   } else {
     if ((rc = gguf_open(path, &m->gguf, err, errlen))) goto fail;
     if ((rc = model_hparams_from_gguf(m->gguf, &m->hp, err, errlen))) goto fail;
@@ -472,9 +566,11 @@ int model_load(const char *path, model **out, char *err, size_t errlen) {
     goto fail;
   }
   if ((rc = m->arch->bind(m, &src, err, errlen))) goto fail;
+  hf_config_free(&cfg);
   *out = m;
   return 0;
 fail:
+  hf_config_free(&cfg);
   model_free(m);
   return rc;
 }

@@ -24,6 +24,7 @@ Output: OUT/models/<name>/{config.json, model.safetensors, logits.bin, hidden.bi
   hidden.bin: float32 [n_hidden_states][n_tokens][hidden] for meta.hidden.prompt_index (prompt only).
 
 Usage: python3 make_fixtures.py --out DIR [--only NAME[,NAME]] [--from-dir NAME=HFDIR]
+                                 [--prompt-lens 1,17,80] [--n-gen 64] [--no-hidden]
   --from-dir: instead of building a random model, load an existing HF directory (e.g. weights
   dequantized from a quantized GGUF) and record the same references for it.
 """
@@ -39,6 +40,7 @@ import torch
 VOCAB = 512
 N_GEN = 64
 PROMPT_LENS = [1, 17, 80]   # 80 > 64: HF's chunked DeltaNet covers two chunks (144 with the continuation)
+ARGS = None                 # parsed command line (main)
 HIDDEN_PROMPT = 1           # index of the prompt whose per-layer hidden states are saved
 INIT_RANGE = 0.08           # larger than HF's 0.02 so logits and router choices are decisive
 
@@ -130,6 +132,7 @@ def prompt_tokens(idx, n):
 
 
 def greedy(model, toks):
+    N_GEN = ARGS.n_gen
     ids = torch.tensor([toks])
     try:
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -181,19 +184,20 @@ def run_one(name, outdir, seed, from_dir=None):
 
     meta = dict(name=name, arch_class=type(model).__name__, transformers=tf.__version__,
                 torch=torch.__version__, device="cpu", dtype_compute="float32",
-                implementation=list(impl), seed=seed, vocab=VOCAB, n_gen=N_GEN,
+                implementation=list(impl), seed=seed, vocab=VOCAB, n_gen=ARGS.n_gen,
                 linear_value_head_dim=dv_used, prompts=[], from_dir=from_dir)
     logits_f = open(os.path.join(d, "logits.bin"), "wb")
     off = 0
     with torch.no_grad():
-        for pi, n in enumerate(PROMPT_LENS):
-            toks = prompt_tokens(pi, n)
+        for pi, n in enumerate(ARGS.prompt_lens):
+            toks = prompt_tokens(PROMPT_LENS.index(n) if n in PROMPT_LENS else pi, n)
             gen, step_logits, how = greedy(model, toks)
             seq = torch.tensor([toks + gen])
-            want_hidden = (pi == HIDDEN_PROMPT)
+            want_hidden = (pi == HIDDEN_PROMPT) and not ARGS.no_hidden
             out = model(seq, use_cache=False, output_hidden_states=want_hidden)
             full = out.logits[0].float().contiguous()           # [T+N_GEN, V]
             T = len(toks)
+            N_GEN = len(gen)
             pred = torch.argmax(full[T - 1:T - 1 + N_GEN], dim=-1).tolist()
             top2 = torch.topk(full, 2, dim=-1).values
             margin = (top2[:, 0] - top2[:, 1])
@@ -249,7 +253,14 @@ def main():
     ap.add_argument("--only", default="qwen3moe,qwen3next,qwen35moe")
     ap.add_argument("--from-dir", action="append", default=[], help="NAME=HFDIR")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--prompt-lens", default=",".join(map(str, PROMPT_LENS)),
+                    help="prompt lengths (a length of PROMPT_LENS keeps its fixed token ids)")
+    ap.add_argument("--n-gen", type=int, default=N_GEN)
+    ap.add_argument("--no-hidden", action="store_true", help="do not write hidden.bin")
     a = ap.parse_args()
+    a.prompt_lens = [int(x) for x in a.prompt_lens.split(",") if x]
+    global ARGS
+    ARGS = a
     torch.set_default_dtype(torch.float32)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

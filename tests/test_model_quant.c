@@ -1,0 +1,93 @@
+/* Quantized GGUF (Q8_0, Q4_K) of the HF golden fixtures vs HF transformers run on the dequantized
+ * weights (issue 3). How the references are made: tests/model_ref_util.h, tools/reference/README.md.
+ *
+ * For each model and type: `floe convert --type T` (convert_model) of tests/fixtures/models/<name>,
+ * then every position of every reference prompt (prompt + HF's greedy continuation) in one batch,
+ * and a greedy decode.
+ *  - exact float path (the default kernels: weights dequantized exactly, float activations): floe
+ *    and HF compute on the very same weight values, so the tolerance is the F32 one of
+ *    test_model_hf.c: ABS_TOL = 2e-4 absolute on logits of |x| <= ~3 (HF's own prefill vs decode
+ *    noise is up to 5e-5 on these models); argmax equal at every position; greedy tokens equal to
+ *    HF's as long as HF's top-2 margin at the step exceeds MARGIN (a tie within float noise may
+ *    legitimately flip; the test reports where it happens).
+ *  - The fixtures' rows are 16..128 wide, so `--type q4_k` falls back as llama-quantize does
+ *    (q4_K needs rows of 256): Q5_0 for rows of 32/64/96/128, F16 for the 16-wide expert down_proj.
+ *    Q4_K itself is exercised on model shapes by test_synth / the kernel tests, not here.
+ *
+ * `test_model_quant --make-refs DIR` writes the dequantized HF directories DIR/<name>_<q> that
+ * tools/reference/make_fixtures.py --from-dir turns into the references (see the README there). */
+#include "model_ref_util.h"
+#include "test.h"
+
+#define ABS_TOL 2e-4
+#define MARGIN 1e-3
+
+static const char *const MODELS[] = { "qwen3moe", "qwen3next", "qwen35moe" };
+static const struct { const char *q; int type; } QT[] = { { "q8_0", FLOE_TYPE_Q8_0 }, { "q4_k", FLOE_TYPE_Q4_K } };
+
+static int make_refs(const char *out) {
+  char hf[1024], dst[1024], mlx[1024], err[256];
+  mkdir(out, 0755);
+  for (size_t i = 0; i < 3; i++) {
+    snprintf(hf, sizeof hf, "%s", test_fixture("models/"));
+    strncat(hf, MODELS[i], sizeof hf - strlen(hf) - 1);
+    for (size_t k = 0; k < 2; k++) {
+      snprintf(dst, sizeof dst, "%s/%s_%s", out, MODELS[i], QT[k].q);
+      if (ru_make_gguf_deq(hf, dst, QT[k].type)) return 1;
+      printf("wrote %s\n", dst);
+    }
+    if (i == 0) continue; /* MLX fixtures: the hybrids */
+    snprintf(mlx, sizeof mlx, "%s/%s_mlx_src", out, MODELS[i]);
+    mkdir(mlx, 0755);
+    if (convert_make_mlx_fixture(hf, mlx, err, sizeof err)) {
+      printf("mlx fixture: %s\n", err);
+      return 1;
+    }
+    snprintf(dst, sizeof dst, "%s/%s_mlx4", out, MODELS[i]);
+    if (ru_make_mlx_deq(hf, mlx, dst)) return 1;
+    printf("wrote %s\n", dst);
+  }
+  return 0;
+}
+
+static void test_one(const char *name, const char *q, int type) {
+  char hf[1024], out[1024], ref[1024], err[256];
+  SECTION("%s %s GGUF vs HF on the dequantized weights", name, q);
+  snprintf(hf, sizeof hf, "%s", test_fixture("models/"));
+  strncat(hf, name, sizeof hf - strlen(hf) - 1);
+  snprintf(ref, sizeof ref, "%s/ref_%s", hf, q);
+  snprintf(out, sizeof out, "%s", test_tmp(name));
+  strncat(out, q, sizeof out - strlen(out) - 1);
+  strncat(out, ".gguf", sizeof out - strlen(out) - 1);
+  convert_opts o = { .in_dir = hf, .out_path = out, .type = type, .expert_type = -1, .n_threads = 1 };
+  convert_stats st;
+  int rc = convert_model(&o, &st, err, sizeof err);
+  CHECK(rc == 0, "%s: floe convert --type %s: %s (%d fallback tensors)", name, q, rc ? err : "ok", st.n_fallback);
+  if (rc) return;
+  model *m = NULL;
+  rc = model_load(out, &m, err, sizeof err);
+  CHECK(rc == 0, "%s %s: load: %s", name, q, rc ? err : "ok");
+  if (!rc) {
+    ru_result r;
+    ru_compare(m, ref, KV_F32, &r);
+    printf("  %s %s: max|logit - HF(deq)| = %.3g over %lld positions; argmax equal %lld/%lld; greedy %lld/%lld\n",
+           name, q, r.max_abs, (long long)r.n_pos, (long long)r.argmax_same, (long long)r.n_pos,
+           (long long)r.greedy_match, (long long)r.greedy_n);
+    CHECK(r.rc == 0 && r.n_pos > 0, "%s %s: reference %s readable", name, q, ref);
+    CHECK(r.max_abs <= ABS_TOL, "%s %s: exact float path within %.0e of HF (got %.3g)", name, q, ABS_TOL, r.max_abs);
+    CHECK(r.argmax_same == r.n_pos, "%s %s: argmax equal at every position (%lld/%lld)", name, q,
+          (long long)r.argmax_same, (long long)r.n_pos);
+    CHECK(r.greedy_match == r.greedy_n || r.margin_at_div < MARGIN,
+          "%s %s: greedy tokens equal to HF's (%lld/%lld; HF margin at the first difference %.3g)", name, q,
+          (long long)r.greedy_match, (long long)r.greedy_n, r.margin_at_div);
+  }
+  model_free(m);
+  remove(out);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--make-refs")) return make_refs(argv[2]);
+  for (size_t i = 0; i < 3; i++)
+    for (size_t k = 0; k < 2; k++) test_one(MODELS[i], QT[k].q, QT[k].type);
+  return TEST_DONE();
+}
