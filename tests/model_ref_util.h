@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "convert/convert.h"
 #include "format/hf_config.h"
@@ -36,7 +37,7 @@
 #include "model/model.h"
 #include "quant/quant.h"
 
-static char *ru_read_all(const char *path, size_t *len) {
+static inline char *ru_read_all(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   fseek(f, 0, SEEK_END);
@@ -53,7 +54,7 @@ static char *ru_read_all(const char *path, size_t *len) {
   return b;
 }
 
-static int ru_copy_file(const char *from, const char *to) {
+static inline int ru_copy_file(const char *from, const char *to) {
   size_t n;
   char *b = ru_read_all(from, &n);
   if (!b) return -1;
@@ -64,13 +65,13 @@ static int ru_copy_file(const char *from, const char *to) {
   return rc;
 }
 
-static bool ru_ends(const char *s, const char *sfx) {
+static inline bool ru_ends(const char *s, const char *sfx) {
   size_t a = strlen(s), b = strlen(sfx);
   return a >= b && !strcmp(s + a - b, sfx);
 }
 
 /* floats of `count` elements of a F32/F16/BF16 tensor starting at element e0 (malloc'ed) */
-static float *ru_floats(const st_tensor *t, int64_t e0, int64_t count) {
+static inline float *ru_floats(const st_tensor *t, int64_t e0, int64_t count) {
   uint32_t ty = t->dtype == ST_BF16 ? FLOE_TYPE_BF16 : t->dtype == ST_F16 ? FLOE_TYPE_F16 : FLOE_TYPE_F32;
   if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32) return NULL;
   size_t es = st_dtype_size(t->dtype);
@@ -84,7 +85,7 @@ static float *ru_floats(const st_tensor *t, int64_t e0, int64_t count) {
 
 /* GGUF type floe convert gives the tensor behind HF tensor `name` for --type type (see above);
  * -1: stored F32. */
-static int ru_gguf_type(const char *name, const st_tensor *t, int type) {
+static inline int ru_gguf_type(const char *name, const st_tensor *t, int type) {
   if (t->n_dims < 2 || ru_ends(name, ".mlp.gate.weight") || ru_ends(name, "shared_expert_gate.weight") ||
       strstr(name, "conv1d"))
     return -1;
@@ -95,7 +96,7 @@ static int ru_gguf_type(const char *name, const st_tensor *t, int type) {
   return ty;
 }
 
-static void ru_roundtrip_row(int ty, float *x, int64_t n) {
+static inline void ru_roundtrip_row(int ty, float *x, int64_t n) {
   size_t rb = floe_row_bytes((uint32_t)ty, n);
   void *q = malloc(rb + 16);
   quant_quantize_row((uint32_t)ty, x, q, n, NULL);
@@ -104,10 +105,10 @@ static void ru_roundtrip_row(int ty, float *x, int64_t n) {
 }
 
 /* tiled position p of Nv heads takes grouped head (p % Nk) * r + p / Nk */
-static int64_t ru_vsrc(int64_t p, int64_t Nk, int64_t Nv) { return (p % Nk) * (Nv / Nk) + p / Nk; }
+static inline int64_t ru_vsrc(int64_t p, int64_t Nk, int64_t Nv) { return (p % Nk) * (Nv / Nk) + p / Nk; }
 
-static int ru_write_dir_begin(const char *hf_dir, const char *out_dir, st_writer **w) {
-  char a[1024], b[1024], err[256];
+static inline int ru_write_dir_begin(const char *hf_dir, const char *out_dir, st_writer **w) {
+  char a[1100], b[1100], err[256];
   mkdir(out_dir, 0755);
   snprintf(a, sizeof a, "%s/config.json", hf_dir);
   snprintf(b, sizeof b, "%s/config.json", out_dir);
@@ -121,7 +122,7 @@ static int ru_write_dir_begin(const char *hf_dir, const char *out_dir, st_writer
 }
 
 /* HF dir -> out_dir with every tensor rounded through its GGUF type for --type `type`. */
-static int ru_make_gguf_deq(const char *hf_dir, const char *out_dir, int type) {
+static inline int ru_make_gguf_deq(const char *hf_dir, const char *out_dir, int type) {
   char err[256];
   hf_config cfg;
   st_model *st = NULL;
@@ -168,7 +169,7 @@ static int ru_make_gguf_deq(const char *hf_dir, const char *out_dir, int type) {
 
 /* MLX dir (made from hf_dir by convert_make_mlx_fixture) -> HF-named F32 dir of its dequantized
  * weights. */
-static int ru_make_mlx_deq(const char *hf_dir, const char *mlx_dir, const char *out_dir) {
+static inline int ru_make_mlx_deq(const char *hf_dir, const char *mlx_dir, const char *out_dir) {
   char err[256];
   hf_config cfg, mcfg;
   st_model *st = NULL, *ms = NULL;
@@ -243,7 +244,7 @@ static int ru_make_mlx_deq(const char *hf_dir, const char *mlx_dir, const char *
 }
 
 /* ---- comparing a floe model with a stored reference (same format as the HF fixtures) ---- */
-static int ru_argmax(const float *x, int64_t n) {
+static inline int ru_argmax(const float *x, int64_t n) {
   int64_t b = 0;
   for (int64_t i = 1; i < n; i++)
     if (x[i] > x[b]) b = i;
@@ -260,8 +261,8 @@ typedef struct ru_result {
 
 /* Runs every reference prompt through m (one batch: prompt + HF's continuation), and a greedy
  * decode of the prompt. kv: enum kv_type. */
-static void ru_compare(const model *m, const char *ref_dir, int kv, ru_result *res) {
-  char path[1024], err[256];
+static inline void ru_compare(const model *m, const char *ref_dir, int kv, ru_result *res) {
+  char path[1200], err[256];
   memset(res, 0, sizeof *res);
   snprintf(path, sizeof path, "%s/meta.json", ref_dir);
   char *js = ru_read_all(path, NULL);
