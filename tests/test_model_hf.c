@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convert/convert.h"
 #include "format/gguf.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
@@ -186,185 +187,13 @@ done:
 }
 
 
-/* ---- a minimal HF -> GGUF F32 converter with llama.cpp's conventions, to check the GGUF binding:
- * norms +1 (hybrids, all but ssm_norm), ssm_a = -exp(A_log), Qwen3-Next qkvz split into attn_qkv +
- * attn_gate (ssm_ba kept grouped), Qwen3.5 V heads reordered grouped -> tiled, expert stacks. */
-typedef struct cv {
-  model_src src;
-  const floe_hparams *hp;
-} cv;
-
-static float *hf_get(const cv *c, const char *name, int64_t *n) {
-  model_tref t;
-  if (model_src_find(&c->src, name, &t)) return NULL;
-  float *v = malloc((size_t)t.n_elements * 4);
-  const floe_type_traits *ti = floe_type_info(t.type);
-  void *tmp = malloc((size_t)t.n_elements * (size_t)ti->bytes);
-  memcpy(tmp, t.data, (size_t)t.n_elements * (size_t)ti->bytes);
-  quant_dequant_row(t.type, tmp, v, t.n_elements);
-  free(tmp);
-  *n = t.n_elements;
-  return v;
-}
-
-/* grouped value-head index of tiled position p */
-static int64_t v_src(const floe_hparams *hp, int64_t p) {
-  int64_t Nk = hp->ssm_n_group, r = hp->ssm_dt_rank / Nk;
-  return (p % Nk) * r + p / Nk;
-}
-
-/* Fills dst (rows x cols row-major = the GGUF tensor) for desc d; 0 on success. */
-static int cv_fill(const cv *c, const model_tensor_desc *d, float *dst, int64_t count) {
-  const floe_hparams *hp = c->hp;
-  const bool hyb = hp->arch != FLOE_ARCH_QWEN3MOE, q35 = hp->arch == FLOE_ARCH_QWEN35MOE;
-  const int64_t E = hp->n_embd, Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state;
-  const int64_t vd = hp->ssm_d_inner, dv = Nv ? vd / Nv : 0, r = Nk ? Nv / Nk : 0, kd = Nk * dk;
-  char nm[256], pre[64];
-  snprintf(pre, sizeof pre, "model.layers.%d.", d->layer);
-  const char *hfn = NULL;
-  float add = 0.0f;
-  int64_t n = 0;
-  float *v = NULL;
-  switch (d->kind) {
-  case MODEL_K_TOKEN_EMBD: hfn = "model.embed_tokens.weight"; break;
-  case MODEL_K_OUTPUT: hfn = "lm_head.weight"; break;
-  case MODEL_K_OUTPUT_NORM: hfn = "model.norm.weight"; add = hyb; break;
-  case MODEL_K_ATTN_NORM: hfn = "input_layernorm.weight"; add = hyb; break;
-  case MODEL_K_FFN_NORM: hfn = "post_attention_layernorm.weight"; add = hyb; break;
-  case MODEL_K_ATTN_Q: hfn = "self_attn.q_proj.weight"; break;
-  case MODEL_K_ATTN_K: hfn = "self_attn.k_proj.weight"; break;
-  case MODEL_K_ATTN_V: hfn = "self_attn.v_proj.weight"; break;
-  case MODEL_K_ATTN_OUT: hfn = "self_attn.o_proj.weight"; break;
-  case MODEL_K_ATTN_Q_NORM: hfn = "self_attn.q_norm.weight"; add = hyb; break;
-  case MODEL_K_ATTN_K_NORM: hfn = "self_attn.k_norm.weight"; add = hyb; break;
-  case MODEL_K_SSM_NORM: hfn = "linear_attn.norm.weight"; break;
-  case MODEL_K_SSM_BA: hfn = "linear_attn.in_proj_ba.weight"; break;
-  case MODEL_K_FFN_GATE_INP: hfn = "mlp.gate.weight"; break;
-  case MODEL_K_FFN_GATE_INP_SHEXP: hfn = "mlp.shared_expert_gate.weight"; break;
-  case MODEL_K_FFN_GATE_SHEXP: hfn = "mlp.shared_expert.gate_proj.weight"; break;
-  case MODEL_K_FFN_UP_SHEXP: hfn = "mlp.shared_expert.up_proj.weight"; break;
-  case MODEL_K_FFN_DOWN_SHEXP: hfn = "mlp.shared_expert.down_proj.weight"; break;
-  default: break;
-  }
-  if (hfn) {
-    snprintf(nm, sizeof nm, "%s%s", d->layer >= 0 ? pre : "", hfn);
-    if (!(v = hf_get(c, nm, &n)) || n != count) return -1;
-    for (int64_t i = 0; i < n; i++) dst[i] = v[i] + add;
-    free(v);
-    return 0;
-  }
-  if (d->kind == MODEL_K_FFN_GATE_EXPS || d->kind == MODEL_K_FFN_UP_EXPS || d->kind == MODEL_K_FFN_DOWN_EXPS) {
-    const char *w = d->kind == MODEL_K_FFN_GATE_EXPS ? "gate" : d->kind == MODEL_K_FFN_UP_EXPS ? "up" : "down";
-    int64_t per = count / hp->n_expert;
-    for (int64_t e = 0; e < hp->n_expert; e++) {
-      snprintf(nm, sizeof nm, "%smlp.experts.%lld.%s_proj.weight", pre, (long long)e, w);
-      if (!(v = hf_get(c, nm, &n)) || n != per) return -1;
-      memcpy(dst + e * per, v, (size_t)per * 4);
-      free(v);
-    }
-    return 0;
-  }
-  /* GatedDeltaNet: build the grouped-order tensors first, then reorder V heads for qwen35moe */
-  float *tmp = NULL;
-  int64_t rows = count / d->ne[0], cols = d->ne[0];
-  switch (d->kind) {
-  case MODEL_K_SSM_QKV:
-  case MODEL_K_SSM_GATE:
-    if (q35) {
-      snprintf(nm, sizeof nm, "%slinear_attn.in_proj_%s.weight", pre, d->kind == MODEL_K_SSM_QKV ? "qkv" : "z");
-      if (!(tmp = hf_get(c, nm, &n)) || n != count) return -1;
-    } else {
-      snprintf(nm, sizeof nm, "%slinear_attn.in_proj_qkvz.weight", pre);
-      if (!(v = hf_get(c, nm, &n))) return -1;
-      tmp = malloc((size_t)count * 4);
-      const int64_t gq = 2 * dk + 2 * r * dv;
-      for (int64_t g = 0; g < Nk; g++) {
-        const float *src = v + g * gq * E;
-        if (d->kind == MODEL_K_SSM_QKV) {
-          memcpy(tmp + (g * dk) * E, src, (size_t)(dk * E) * 4);
-          memcpy(tmp + (kd + g * dk) * E, src + dk * E, (size_t)(dk * E) * 4);
-          memcpy(tmp + (2 * kd + g * r * dv) * E, src + 2 * dk * E, (size_t)(r * dv * E) * 4);
-        } else {
-          memcpy(tmp + (g * r * dv) * E, src + (2 * dk + r * dv) * E, (size_t)(r * dv * E) * 4);
-        }
-      }
-      free(v);
-    }
-    break;
-  case MODEL_K_SSM_BETA: case MODEL_K_SSM_ALPHA:
-    snprintf(nm, sizeof nm, "%slinear_attn.in_proj_%s.weight", pre, d->kind == MODEL_K_SSM_BETA ? "b" : "a");
-    if (!(tmp = hf_get(c, nm, &n)) || n != count) return -1;
-    break;
-  case MODEL_K_SSM_CONV1D:
-    snprintf(nm, sizeof nm, "%slinear_attn.conv1d.weight", pre);
-    if (!(tmp = hf_get(c, nm, &n)) || n != count) return -1;
-    break;
-  case MODEL_K_SSM_DT_BIAS:
-    snprintf(nm, sizeof nm, "%slinear_attn.dt_bias", pre);
-    if (!(tmp = hf_get(c, nm, &n)) || n != count) return -1;
-    break;
-  case MODEL_K_SSM_A:
-    snprintf(nm, sizeof nm, "%slinear_attn.A_log", pre);
-    if (!(tmp = hf_get(c, nm, &n)) || n != count) return -1;
-    for (int64_t i = 0; i < n; i++) tmp[i] = -expf(tmp[i]);
-    break;
-  case MODEL_K_SSM_OUT:
-    snprintf(nm, sizeof nm, "%slinear_attn.out_proj.weight", pre);
-    if (!(tmp = hf_get(c, nm, &n)) || n != count) return -1;
-    break;
-  default: return -1;
-  }
-  memcpy(dst, tmp, (size_t)count * 4);
-  if (q35) { /* V-head reorder: rows (qkv's v part, conv's v channels, z, b, a, dt, A) or columns (out) */
-    int64_t first = 0, unit = 0; /* rows [first, first + Nv*unit) are V-head blocks of `unit` rows */
-    switch (d->kind) {
-    case MODEL_K_SSM_QKV: case MODEL_K_SSM_CONV1D: first = 2 * kd; unit = dv; break;
-    case MODEL_K_SSM_GATE: unit = dv; break;
-    case MODEL_K_SSM_BETA: case MODEL_K_SSM_ALPHA: case MODEL_K_SSM_DT_BIAS: case MODEL_K_SSM_A: unit = 1; break;
-    default: break;
-    }
-    if (d->kind == MODEL_K_SSM_DT_BIAS || d->kind == MODEL_K_SSM_A) cols = 1, rows = count;
-    if (unit)
-      for (int64_t p = 0; p < Nv; p++)
-        memcpy(dst + (first + p * unit) * cols, tmp + (first + v_src(hp, p) * unit) * cols, (size_t)(unit * cols) * 4);
-    if (d->kind == MODEL_K_SSM_OUT)
-      for (int64_t o = 0; o < rows; o++)
-        for (int64_t p = 0; p < Nv; p++)
-          memcpy(dst + o * cols + p * dv, tmp + o * cols + v_src(hp, p) * dv, (size_t)dv * 4);
-  }
-  free(tmp);
-  return 0;
-}
-
+/* HF directory -> GGUF F32 with `floe convert` (convert_model: llama.cpp's names, shapes and
+ * transforms: norms +1, ssm_a = -exp(A_log), Qwen3-Next qkvz split, Qwen3.5 V heads tiled). */
 static int convert_to_gguf(const char *dir, const char *out) {
   char err[256];
-  hf_config cfg;
-  if (hf_config_load(dir, &cfg, err, sizeof err)) { printf("config: %s\n", err); return -1; }
-  cfg.hp.n_mtp = 0; /* HF drops the MTP weights: the fixtures have none */
-  cv c = { .src = { .kind = MODEL_SRC_HF }, .hp = &cfg.hp };
-  if (st_model_open(dir, &c.src.st, err, sizeof err)) { printf("st: %s\n", err); return -1; }
-  model_tensor_desc *ds = NULL;
-  size_t nd = 0;
-  gguf_writer *w = NULL;
-  int rc = model_tensor_list(&cfg.hp, &ds, &nd, err, sizeof err);
-  if (!rc) rc = gguf_writer_open(out, &w, err, sizeof err);
-  if (!rc) rc = model_hparams_to_gguf(w, &cfg.hp);
-  for (size_t i = 0; i < nd && !rc; i++) rc = gguf_writer_add_tensor(w, ds[i].name, FLOE_TYPE_F32, ds[i].n_dims, ds[i].ne);
-  for (size_t i = 0; i < nd && !rc; i++) {
-    int64_t count = ds[i].ne[0] * ds[i].ne[1] * ds[i].ne[2] * ds[i].ne[3];
-    float *buf = malloc((size_t)count * 4);
-    rc = cv_fill(&c, &ds[i], buf, count);
-    if (rc) printf("convert: cannot fill %s\n", ds[i].name);
-    if (!rc) rc = gguf_writer_write_data(w, buf, (size_t)count * 4);
-    free(buf);
-  }
-  if (w) {
-    if (rc) { printf("gguf: %s\n", gguf_writer_error(w)); gguf_writer_abort(w); }
-    else rc = gguf_writer_finish(w);
-  }
-  free(ds);
-  st_model_close(c.src.st);
-  hf_config_free(&cfg);
+  convert_opts o = { .in_dir = dir, .out_path = out, .type = FLOE_TYPE_F32, .expert_type = -1, .n_threads = 1 };
+  int rc = convert_model(&o, NULL, err, sizeof err);
+  if (rc) printf("convert: %s\n", err);
   return rc;
 }
 
