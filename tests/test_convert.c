@@ -14,8 +14,9 @@
  *  5. logits: the HF directory and its F32 (and default-type) GGUF give bit-identical logits
  *     through model_load/model_eval, for all three architectures (the loader puts Qwen3.5's V
  *     heads in llama.cpp's tiled order for every source);
- *  6. tokenizer.json + tokenizer_config.json go into tokenizer.ggml.* / tokenizer.chat_template;
- *  7. errors: not a directory, unsupported model_type, missing tensor, bad type, output in a
+ *  6. MTP weights (mtp.*) -> blk.{n_layer}.* + nextn.*, block_count and nextn_predict_layers;
+ *  7. tokenizer.json + tokenizer_config.json go into tokenizer.ggml.* / tokenizer.chat_template;
+ *  8. errors: not a directory, unsupported model_type, missing tensor, bad type, output in a
  *     missing directory: non-zero, one line, no temp file left. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -539,6 +540,85 @@ static void test_wide(void) {
   remove(out);
 }
 
+
+/* ---- MTP: the qwen35moe fixture plus mtp.* weights (layer 2, a full-attention layer, copied as
+ * mtp.layers.0, and random fc / norms), config mtp_num_hidden_layers = 1 ---- */
+static void test_mtp(void) {
+  SECTION("MTP (qwen35moe + mtp.* written here)");
+  const char *dir = test_tmp("cv_mtp");
+  char p[8192], err[256], out[1024];
+  mkdir(dir, 0755);
+  src s;
+  if (src_open_dir(test_fixture("models/qwen35moe"), &s)) return;
+  snprintf(p, sizeof p, "%s/config.json", test_fixture("models/qwen35moe"));
+  FILE *f = fopen(p, "rb");
+  char cfg[8192] = { 0 };
+  size_t n = f ? fread(cfg, 1, sizeof cfg - 1, f) : 0;
+  if (f) fclose(f);
+  char *brace = strchr(cfg, '{');
+  CHECK(n > 0 && brace, "read config");
+  if (!brace) return;
+  char cfg2[9000];
+  snprintf(cfg2, sizeof cfg2, "{\"mtp_num_hidden_layers\": 1, %s", brace + 1);
+  snprintf(p, sizeof p, "%s/config.json", dir);
+  write_file(p, cfg2);
+  snprintf(p, sizeof p, "%s/model.safetensors", dir);
+  st_writer *w;
+  int rc = st_writer_open(p, &w, err, sizeof err);
+  for (size_t i = 0; i < st_count(s.st) && !rc; i++) {
+    const st_tensor *t = st_tensor_at(s.st, i);
+    rc = st_writer_add(w, t->name, t->dtype, t->n_dims, t->shape, t->data, err, sizeof err);
+    if (!rc && !strncmp(t->name, "model.layers.2.", 15)) {
+      char nm[512];
+      snprintf(nm, sizeof nm, "mtp.layers.0.%s", t->name + 15);
+      rc = st_writer_add(w, nm, t->dtype, t->n_dims, t->shape, t->data, err, sizeof err);
+    }
+  }
+  float fc[64 * 128], nv[64];
+  for (int i = 0; i < 64 * 128; i++) fc[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+  for (int i = 0; i < 64; i++) nv[i] = 0.01f * (float)i;
+  int64_t sfc[2] = { 64, 128 }, sn[1] = { 64 };
+  if (!rc) rc = st_writer_add(w, "mtp.fc.weight", ST_F32, 2, sfc, fc, err, sizeof err);
+  if (!rc) rc = st_writer_add(w, "mtp.pre_fc_norm_embedding.weight", ST_F32, 1, sn, nv, err, sizeof err);
+  if (!rc) rc = st_writer_add(w, "mtp.pre_fc_norm_hidden.weight", ST_F32, 1, sn, nv, err, sizeof err);
+  if (!rc) rc = st_writer_add(w, "mtp.norm.weight", ST_F32, 1, sn, nv, err, sizeof err);
+  rc = rc ? (st_writer_abort(w), rc) : st_writer_finish(w, err, sizeof err);
+  CHECK(rc == 0, "wrote %s: %s", dir, rc ? err : "ok");
+  snprintf(out, sizeof out, "%s.gguf", dir);
+  convert_stats st;
+  rc = convert(dir, out, FLOE_TYPE_F32, -1, &st, err, sizeof err);
+  CHECK(rc == 0 && st.n_mtp == 1, "converts with one MTP block: %s", rc ? err : "ok");
+  gguf_file *g = NULL;
+  if (!rc && !gguf_open(out, &g, err, sizeof err)) {
+    uint32_t bc = 0, nn = 0;
+    CHECK(gguf_get_u32(g, "qwen35moe.block_count", &bc) == 0 && bc == 7 &&
+              gguf_get_u32(g, "qwen35moe.nextn_predict_layers", &nn) == 0 && nn == 1,
+          "block_count 7 (6 + MTP), nextn_predict_layers 1");
+    const gguf_tensor *eh = gguf_find_tensor(g, "blk.6.nextn.eh_proj.weight");
+    CHECK(eh && eh->ne[0] == 128 && eh->ne[1] == 64 && !memcmp(eh->data, fc, sizeof fc), "nextn.eh_proj {128, 64} = mtp.fc");
+    const char *norms[3] = { "blk.6.nextn.enorm.weight", "blk.6.nextn.hnorm.weight", "blk.6.nextn.shared_head_norm.weight" };
+    for (int k = 0; k < 3; k++) {
+      const gguf_tensor *t = gguf_find_tensor(g, norms[k]);
+      int good = t && nelem(t) == 64;
+      for (int i = 0; good && i < 64; i++) good = ((const float *)t->data)[i] == nv[i] + 1.0f;
+      CHECK(good, "%s = w + 1", norms[k]);
+    }
+    const gguf_tensor *a = gguf_find_tensor(g, "blk.6.attn_q.weight"), *b = gguf_find_tensor(g, "blk.2.attn_q.weight");
+    const gguf_tensor *c = gguf_find_tensor(g, "blk.6.ffn_down_exps.weight"), *d = gguf_find_tensor(g, "blk.2.ffn_down_exps.weight");
+    const gguf_tensor *e = gguf_find_tensor(g, "blk.6.attn_norm.weight"), *h = gguf_find_tensor(g, "blk.2.attn_norm.weight");
+    CHECK(a && b && c && d && e && h && a->size == b->size && !memcmp(a->data, b->data, a->size) && c->size == d->size &&
+              !memcmp(c->data, d->data, c->size) && !memcmp(e->data, h->data, e->size),
+          "MTP block tensors (attn_q, ffn_down_exps, attn_norm) = mtp.layers.0.*");
+  }
+  gguf_close(g);
+  model *m = NULL;
+  rc = model_load(out, &m, err, sizeof err);
+  CHECK(rc == 0 && m->hp.n_layer == 6 && m->hp.n_mtp == 1, "the loader reads it: %s", rc ? err : "ok");
+  model_free(m);
+  remove(out);
+  src_close(&s);
+}
+
 /* ---- MLX ---- */
 static void test_mlx(const char *name) {
   char dir[512], out[512], err[256];
@@ -701,6 +781,7 @@ int main(void) {
   test_hf("models/qwen3next");
   test_hf("models/qwen35moe");
   test_wide();
+  test_mtp();
   test_mlx("mlx/qwen3next");
   test_mlx("mlx/qwen35moe");
   test_tokenizer();
