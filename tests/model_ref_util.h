@@ -253,6 +253,7 @@ static inline int ru_argmax(const float *x, int64_t n) {
 
 typedef struct ru_result {
   double max_abs;      /* max |floe - HF| over every logit */
+  double mean_abs;     /* mean |floe - HF| */
   int64_t n_pos, argmax_same;
   int64_t greedy_match, greedy_n; /* greedy decode (floe's own tokens) vs HF's, first divergence */
   double margin_at_div;           /* HF's top-2 margin where the tokens diverged (0 when none) */
@@ -260,8 +261,9 @@ typedef struct ru_result {
 } ru_result;
 
 /* Runs every reference prompt through m (one batch: prompt + HF's continuation), and a greedy
- * decode of the prompt. kv: enum kv_type. */
-static inline void ru_compare(const model *m, const char *ref_dir, int kv, ru_result *res) {
+ * decode of the prompt. kv: enum kv_type. exact: the exact float path (model_session_set_exact),
+ * else the quantized-activation speed path. */
+static inline void ru_compare(const model *m, const char *ref_dir, int kv, bool exact, ru_result *res) {
   char path[1200], err[256];
   memset(res, 0, sizeof *res);
   snprintf(path, sizeof path, "%s/meta.json", ref_dir);
@@ -284,11 +286,20 @@ static inline void ru_compare(const model *m, const char *ref_dir, int kv, ru_re
     for (int64_t i = 0; i < G; i++) tok[T + i] = cJSON_GetArrayItem(jg, (int)i)->valueint;
     float *lg = malloc((size_t)(n * V) * 4);
     model_session *s;
-    if (model_session_new(m, 512, kv, 1, &s, err, sizeof err) || model_eval(s, tok, n, lg, true, err, sizeof err)) {
+    if (model_session_new(m, 512, kv, 1, &s, err, sizeof err)) {
+      printf("session: %s\n", err);
+      goto done;
+    }
+    model_session_set_exact(s, exact);
+    if (model_eval(s, tok, n, lg, true, err, sizeof err)) {
       printf("eval: %s\n", err);
       goto done;
     }
-    for (int64_t i = 0; i < n * V; i++) res->max_abs = fmax(res->max_abs, fabs((double)lg[i] - (double)ref[off + i]));
+    for (int64_t i = 0; i < n * V; i++) {
+      const double d = fabs((double)lg[i] - (double)ref[off + i]);
+      res->max_abs = fmax(res->max_abs, isnan(d) ? INFINITY : d);
+      res->mean_abs += d;
+    }
     for (int64_t i = 0; i < n; i++) res->argmax_same += ru_argmax(lg + i * V, V) == ru_argmax(ref + off + i * V, V);
     res->n_pos += n;
     /* greedy: prompt, then floe's own argmax one token at a time */
@@ -316,6 +327,7 @@ static inline void ru_compare(const model *m, const char *ref_dir, int kv, ru_re
     free(lg);
     free(tok);
   }
+  if (res->n_pos > 0) res->mean_abs /= (double)(res->n_pos * m->hp.n_vocab);
   res->rc = 0;
 done:
   cJSON_Delete(meta);

@@ -22,6 +22,7 @@ static int run_all(const model *m, const int32_t *tok, int64_t n, int64_t chunk,
   char err[256];
   model_session *s;
   if (model_session_new(m, 256, KV_F32, 1, &s, err, sizeof err)) return -1;
+  model_session_set_exact(s, true);
   int rc = 0;
   for (int64_t i = 0; i < n && !rc; i += chunk) {
     int64_t c = n - i < chunk ? n - i : chunk;
@@ -56,7 +57,7 @@ static void test_model(const char *name) {
         L0->attn_norm[0]);
 
   ru_result r;
-  ru_compare(m, ref, KV_F32, &r);
+  ru_compare(m, ref, KV_F32, true, &r);
   printf("  %s: max|logit - HF(MLX-dequantized)| = %.3g over %lld positions; argmax %lld/%lld; greedy %lld/%lld\n",
          name, r.max_abs, (long long)r.n_pos, (long long)r.argmax_same, (long long)r.n_pos,
          (long long)r.greedy_match, (long long)r.greedy_n);
@@ -67,6 +68,10 @@ static void test_model(const char *name) {
   CHECK(r.greedy_match == r.greedy_n || r.margin_at_div < MARGIN,
         "%s: greedy tokens equal to HF's (%lld/%lld; HF margin at the first difference %.3g)", name,
         (long long)r.greedy_match, (long long)r.greedy_n, r.margin_at_div);
+  ru_compare(m, ref, KV_F32, false, &r); /* speed path: see test_model_quant.c */
+  printf("  %s quantized activations: max %.3g, mean %.3g; argmax %lld/%lld; greedy %lld/%lld\n", name, r.max_abs,
+         r.mean_abs, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match, (long long)r.greedy_n);
+  CHECK(r.rc == 0 && r.mean_abs <= 0.15, "%s: quantized-activation path mean |d| %.3g <= 0.15", name, r.mean_abs);
 
   /* 2 + 3 */
   snprintf(out, sizeof out, "%s", test_tmp(name));

@@ -10,6 +10,11 @@
  *    noise is up to 5e-5 on these models); argmax equal at every position; greedy tokens equal to
  *    HF's as long as HF's top-2 margin at the step exceeds MARGIN (a tie within float noise may
  *    legitimately flip; the test reports where it happens).
+ *  - quantized-activation path (the default speed mode, model_session_set_exact(s, false)): only
+ *    the mean |logit - HF| is bounded (ACT_MEAN_TOL = 0.15; measured up to 0.075 for Q8_0); max error and greedy agreement are
+ *    printed: 8-bit activations move logits by ~1e-2 and, on these tiny random models, flip router
+ *    choices and near-ties, which the recurrence then carries (max errors up to ~1.7 were seen, greedy
+ *    agreement as low as 1/64). A loose check by nature; the exact path above is the oracle.
  *  - The fixtures' rows are 16..128 wide, so `--type q4_k` falls back as llama-quantize does
  *    (q4_K needs rows of 256): Q5_0 for rows of 32/64/96/128, F16 for the 16-wide expert down_proj.
  *    Q4_K itself is exercised on model shapes by test_synth / the kernel tests, not here.
@@ -21,6 +26,7 @@
 
 #define ABS_TOL 2e-4
 #define MARGIN 1e-3
+#define ACT_MEAN_TOL 0.15 /* quantized-activation path: mean |logit - HF| */
 
 static const char *const MODELS[] = { "qwen3moe", "qwen3next", "qwen35moe" };
 static const struct { const char *q; int type; } QT[] = { { "q8_0", FLOE_TYPE_Q8_0 }, { "q4_k", FLOE_TYPE_Q4_K } };
@@ -69,7 +75,7 @@ static void test_one(const char *name, const char *q, int type) {
   CHECK(rc == 0, "%s %s: load: %s", name, q, rc ? err : "ok");
   if (!rc) {
     ru_result r;
-    ru_compare(m, ref, KV_F32, &r);
+    ru_compare(m, ref, KV_F32, true, &r);
     printf("  %s %s: max|logit - HF(deq)| = %.3g over %lld positions; argmax equal %lld/%lld; greedy %lld/%lld\n",
            name, q, r.max_abs, (long long)r.n_pos, (long long)r.argmax_same, (long long)r.n_pos,
            (long long)r.greedy_match, (long long)r.greedy_n);
@@ -80,6 +86,14 @@ static void test_one(const char *name, const char *q, int type) {
     CHECK(r.greedy_match == r.greedy_n || r.margin_at_div < MARGIN,
           "%s %s: greedy tokens equal to HF's (%lld/%lld; HF margin at the first difference %.3g)", name, q,
           (long long)r.greedy_match, (long long)r.greedy_n, r.margin_at_div);
+    /* speed path: 8-bit activations (kernels.h: ~1e-2 relative per matmul); on these tiny random
+     * models a router choice or a near-tie flips, so only the mean error is bounded */
+    ru_compare(m, ref, KV_F32, false, &r);
+    printf("  %s %s quantized activations: max %.3g, mean %.3g; argmax equal %lld/%lld; greedy %lld/%lld\n", name, q,
+           r.max_abs, r.mean_abs, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match,
+           (long long)r.greedy_n);
+    CHECK(r.rc == 0 && r.mean_abs <= ACT_MEAN_TOL, "%s %s: quantized-activation path mean |d| %.3g <= %.2g", name, q,
+          r.mean_abs, ACT_MEAN_TOL);
   }
   model_free(m);
   remove(out);
