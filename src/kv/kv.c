@@ -103,3 +103,19 @@ const float *kv_k_row(const kv_state *kv, int64_t l, int64_t pos, float *buf) {
 const float *kv_v_row(const kv_state *kv, int64_t l, int64_t pos, float *buf) {
   return get_row(kv, kv->v[l], pos, buf);
 }
+
+/* bf16 -> f32 is a 16-bit shift: written as a plain loop so it vectorizes */
+static const float *get_head(const kv_state *kv, const void *base, int64_t pos, int64_t kh, int64_t hd, float *buf) {
+  const size_t off = (size_t)pos * (size_t)kv->kv_dim + (size_t)(kh * hd);
+  if (kv->kv_type == KV_F32) return (const float *)base + off;
+  const uint16_t *s = (const uint16_t *)base + off;
+  for (int64_t i = 0; i < hd; i++) buf[i] = floe_bf16_to_f32(s[i]);
+  return buf;
+}
+
+const float *kv_k_head(const kv_state *kv, int64_t l, int64_t pos, int64_t kh, int64_t hd, float *buf) {
+  return get_head(kv, kv->k[l], pos, kh, hd, buf);
+}
+const float *kv_v_head(const kv_state *kv, int64_t l, int64_t pos, int64_t kh, int64_t hd, float *buf) {
+  return get_head(kv, kv->v[l], pos, kh, hd, buf);
+}

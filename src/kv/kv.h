@@ -43,4 +43,7 @@ void kv_put(const kv_state *kv, int64_t l, int64_t pos, const float *krow, const
 /* Pointers to K / V rows as floats: for F32 returns the row in place; for BF16 converts into buf. */
 const float *kv_k_row(const kv_state *kv, int64_t l, int64_t pos, float *buf);
 const float *kv_v_row(const kv_state *kv, int64_t l, int64_t pos, float *buf);
+/* Head kh (hd values at kh*hd) of a K / V row: in place for F32, converted into buf for BF16. */
+const float *kv_k_head(const kv_state *kv, int64_t l, int64_t pos, int64_t kh, int64_t hd, float *buf);
+const float *kv_v_head(const kv_state *kv, int64_t l, int64_t pos, int64_t kh, int64_t hd, float *buf);
 #endif

@@ -3,44 +3,165 @@
  * The math follows /work/shared/reference/qwen-models.md §2 (HF transformers 5.17 eager, float32).
  *
  * Row-exactness (see model.h): every function here processes the n rows of a chunk with per-row
- * arithmetic that is the same as for n = 1. Matmuls go through kern_matmul (row-exact); the GDN
- * state is advanced token by token (never HF's chunked form); attention row t reads the cache
- * positions 0..pos_t in order; each token's expert outputs are summed in ascending expert order. */
+ * arithmetic that is the same as for n = 1 and for any thread count. Matmuls go through
+ * kern_matmul (row-exact; activation rows are quantized one by one, so quantizing once per input
+ * and reusing the rows for every matrix of the same layout changes nothing); the GDN state is
+ * advanced token by token (never HF's chunked form); attention row t reads the cache positions
+ * 0..pos_t in order; each token's expert outputs are summed in ascending expert order whatever
+ * the grouping of tokens per expert.
+ *
+ * Threads: work is cut into as few pool runs (each one a barrier) as the data dependencies allow.
+ * A run executes a list of matmul "tasks" (all the matrices that read the same inputs: q|k|v,
+ * the GDN projections, router + shared expert, every routed expert's gate and up, every down)
+ * with the 16-row units of all tasks split by estimated cost; attention splits (token, kv head)
+ * pairs; the GDN recurrence splits value heads; the conv splits channels. Which thread computes
+ * a row never changes its value.
+ *
+ * Decode floors (35B-A3B shape, Q4_K, 8 layers, 2 threads): see bench/results.tsv and
+ * layer_decode_bytes(); the weights read per token are ~0.56 GB, half of them the output matrix. */
 #include <math.h>
 #include <string.h>
 
 #include "model/model.h"
 
-/* ---- matmul over the session's threads ---- */
-typedef struct mm_job {
-  const floe_mat *W;
-  int64_t nb, ldx, ldy;
-  const float *X;
-  float *Y;
-} mm_job;
+/* Hot element-wise loops are compiled for AVX-512 / AVX2 / baseline and picked at load time
+ * (ifunc). Every loop is lane-wise or has a fixed reduction order, and FMA contraction is off
+ * for the whole build, so the three clones give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define VEC_FN __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
+#else
+#define VEC_FN
+#endif
 
-static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
-  for (int64_t b = 0; b < j->nb; b += 16) {
-    int nb = (int)(j->nb - b < 16 ? j->nb - b : 16);
-    kern_matmul(j->W, nb, j->X + b * j->ldx, j->ldx, NULL, 0, j->Y + b * j->ldy, j->ldy, r0, r1);
+/* ---- matmul tasks ---- */
+typedef struct mm_task {
+  const floe_mat *W;
+  int64_t nb;          /* activation rows */
+  const float *X;      /* float rows (exact path, and the fallback) */
+  int64_t ldx;
+  const uint8_t *xq;   /* quantized rows, xqs bytes apart, or NULL: exact float path */
+  size_t xqs;
+  float *Y;
+  int64_t ldy;
+} mm_task;
+
+#define MM_RBLK 64 /* rows per block when nb > 16: the block stays in L2 while each 16-row group passes */
+
+static void task_rows(const mm_task *t, int64_t r0, int64_t r1) {
+  const int64_t blk = t->nb > 16 ? MM_RBLK : r1 - r0;
+  for (int64_t rb = r0; rb < r1; rb += blk) {
+    const int64_t re = rb + blk < r1 ? rb + blk : r1;
+    for (int64_t b = 0; b < t->nb; b += 16) {
+      const int nb = (int)(t->nb - b < 16 ? t->nb - b : 16);
+      kern_matmul(t->W, nb, t->X + b * t->ldx, t->ldx, t->xq ? t->xq + (size_t)b * t->xqs : NULL, t->xqs,
+                  t->Y + b * t->ldy, t->ldy, rb, re);
+    }
   }
 }
 
-static void mm_worker(void *ctx, int ith, int nth) {
-  const mm_job *j = ctx;
-  int64_t r0, r1;
-  floe_split_range(j->W->rows, 16, ith, nth, &r0, &r1);
-  if (r1 > r0) mm_rows(j, r0, r1);
+/* Estimated cost of one 16-row unit: the weight bytes, plus the per-row integer work that grows
+ * with the batch (a Q4_K row costs ~1/4 of its decode per extra activation row). */
+static int64_t unit_cost(const mm_task *t) { return (int64_t)t->W->row_bytes * 16 * (3 + t->nb) / 4; }
+
+typedef struct mm_list {
+  const mm_task *t;
+  int n;
+  int64_t total;
+} mm_list;
+
+/* Thread ith takes the units whose starting cost lies in [total*ith/nth, total*(ith+1)/nth). */
+static void mm_list_worker(void *ctx, int ith, int nth) {
+  const mm_list *L = ctx;
+  const int64_t lo = L->total / nth * ith + L->total % nth * ith / nth;
+  const int64_t hi = ith == nth - 1 ? L->total : L->total / nth * (ith + 1) + L->total % nth * (ith + 1) / nth;
+  int64_t c0 = 0;
+  for (int i = 0; i < L->n && c0 < hi; i++) {
+    const mm_task *t = &L->t[i];
+    const int64_t units = (t->W->rows + 15) / 16, cu = unit_cost(t), ct = units * cu;
+    if (t->nb > 0 && c0 + ct > lo) {
+      int64_t u0 = lo > c0 ? (lo - c0 + cu - 1) / cu : 0;
+      int64_t u1 = (hi - c0 + cu - 1) / cu;
+      if (u1 > units) u1 = units;
+      if (u1 > u0) task_rows(t, u0 * 16, u1 * 16 < t->W->rows ? u1 * 16 : t->W->rows);
+    }
+    c0 += ct;
+  }
+}
+
+static void mm_run(model_session *s, const mm_task *t, int n) {
+  mm_list L = { t, n, 0 };
+  int64_t rows = 0;
+  for (int i = 0; i < n; i++)
+    if (t[i].nb > 0) {
+      L.total += (t[i].W->rows + 15) / 16 * unit_cost(&t[i]);
+      rows += t[i].W->rows;
+    }
+  if (L.total == 0) return;
+  if (s->pool && floe_pool_size(s->pool) > 1 && rows >= 64) floe_pool_run(s->pool, mm_list_worker, &L);
+  else
+    for (int i = 0; i < n; i++)
+      if (t[i].nb > 0) task_rows(&t[i], 0, t[i].W->rows);
+}
+
+/* ---- activation quantization ---- */
+/* a and b take the same quantized activation rows */
+static bool same_act(const floe_mat *a, const floe_mat *b) {
+  if (a->type != b->type || a->cols != b->cols) return false;
+  if (a->type != FLOE_TYPE_MLX) return true;
+  return a->mlx.bits == b->mlx.bits && a->mlx.group == b->mlx.group && a->mlx.sb_type == b->mlx.sb_type;
+}
+
+typedef struct aq_job {
+  const floe_mat *W;
+  const float *X;
+  int64_t ldx;
+  uint8_t *buf;
+  size_t stride;
+  int64_t nb;
+} aq_job;
+
+static void aq_worker(void *ctx, int ith, int nth) {
+  const aq_job *j = ctx;
+  int64_t b0, b1;
+  floe_split_range(j->nb, 1, ith, nth, &b0, &b1);
+  for (int64_t b = b0; b < b1; b++) kern_act_quantize(j->W, j->X + b * j->ldx, j->buf + (size_t)b * j->stride);
+}
+
+/* Quantizes nb rows of X for matrices laid out like W into buf (rows *stride bytes apart).
+ * Returns NULL (exact float path) when the session runs exact or W's type has no quantized path. */
+static const uint8_t *act_prep(model_session *s, uint8_t *buf, const floe_mat *W, int64_t nb, const float *X,
+                               int64_t ldx, size_t *stride) {
+  *stride = 0;
+  if (!s->act_q || nb <= 0) return NULL;
+  const size_t ab = kern_act_bytes(W);
+  if (!ab || ab > s->xq_row) return NULL;
+  *stride = ab;
+  aq_job j = { W, X, ldx, buf, ab, nb };
+  if (s->pool && floe_pool_size(s->pool) > 1 && nb >= 4) floe_pool_run(s->pool, aq_worker, &j);
+  else aq_worker(&j, 0, 1);
+  return buf;
+}
+
+/* A task of W over rows prepared for layout `lay` (xq) when W shares that layout, else float. */
+static mm_task task(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, const floe_mat *lay,
+                    const uint8_t *xq, size_t xqs, float *Y, int64_t ldy) {
+  mm_task t = { W, nb, X, ldx, NULL, 0, Y, ldy };
+  if (xq && lay && same_act(W, lay)) {
+    t.xq = xq;
+    t.xqs = xqs;
+  }
+  return t;
 }
 
 void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *X, int64_t ldx, float *Y,
                   int64_t ldy) {
-  if (nb <= 0) return;
-  mm_job j = { W, nb, ldx, ldy, X, Y };
-  if (s->pool && floe_pool_size(s->pool) > 1 && W->rows >= 64)
-    floe_pool_run(s->pool, mm_worker, &j);
-  else
-    mm_rows(&j, 0, W->rows);
+  for (int64_t b = 0; b < nb; b += MODEL_MAX_BATCH) {
+    const int64_t n = nb - b < MODEL_MAX_BATCH ? nb - b : MODEL_MAX_BATCH;
+    size_t xs;
+    const uint8_t *xq = act_prep(s, s->xq_m, W, n, X + b * ldx, ldx, &xs);
+    mm_task t = task(W, n, X + b * ldx, ldx, W, xq, xs, Y + b * ldy, ldy);
+    mm_run(s, &t, 1);
+  }
 }
 
 /* ---- elementwise ---- */
@@ -54,6 +175,25 @@ void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *
   for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
   float r = 1.0f / sqrtf(ss / (float)n + eps);
   for (int64_t i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
+}
+
+/* 16-lane dot product with a fixed reduction: vectorizes (each lane is an independent sum) and
+ * gives the same bits on every ISA and for every caller. n is a multiple of 16. */
+static float dot16(const float *a, const float *b, int64_t n) {
+  float acc[16] = { 0 };
+  for (int64_t j = 0; j < n; j += 16)
+    for (int i = 0; i < 16; i++) acc[i] += a[j + i] * b[j + i];
+  float r[8];
+  for (int i = 0; i < 8; i++) r[i] = acc[i] + acc[i + 8];
+  for (int i = 0; i < 4; i++) r[i] = r[i] + r[i + 4];
+  return ((r[0] + r[2]) + (r[1] + r[3]));
+}
+
+static float dotn(const float *a, const float *b, int64_t n) {
+  if (n % 16 == 0) return dot16(a, b, n);
+  float d = 0.0f;
+  for (int64_t i = 0; i < n; i++) d += a[i] * b[i];
+  return d;
 }
 
 /* NeoX rotation of dims [0, n_rot) of one head: pairs (j, j + n_rot/2). HF computes
@@ -70,8 +210,67 @@ static void rope_head(float *x, int64_t n_rot, float theta, int64_t pos) {
   }
 }
 
+/* Per-thread scratch (model_session_new sizes it): [grp][n_ctx] scores, then 2 rows of hd. */
+static float *tscratch(model_session *s, int ith) { return s->tscr + (size_t)ith * (size_t)s->tscr_n; }
+
 /* ---- full attention ---- */
+typedef struct attn_job {
+  model_session *s;
+  int64_t l, n, pos0, qdim, kvd, grp, hd, nkv;
+  bool gated;
+  float scale;
+} attn_job;
+
+/* One (token t, kv head kh): the grp query heads that share kh read each cache row once. */
+static void attn_one(const attn_job *j, int64_t t, int64_t kh, float *scr) {
+  model_session *s = j->s;
+  const int64_t hd = j->hd, grp = j->grp, np = j->pos0 + t + 1, nctx = s->kv.n_ctx;
+  const int64_t qstride = hd * (j->gated ? 2 : 1);
+  float *row = scr + grp * nctx, *mx = row + hd, *sum = mx + grp;
+  const float *q0 = s->q + t * j->qdim + kh * grp * qstride;
+  for (int64_t h = 0; h < grp; h++) mx[h] = -INFINITY;
+  for (int64_t p = 0; p < np; p++) {
+    const float *kr = kv_k_head(&s->kv, j->l, p, kh, hd, row);
+    for (int64_t h = 0; h < grp; h++) {
+      const float d = dotn(q0 + h * qstride, kr, hd) * j->scale;
+      scr[h * nctx + p] = d;
+      if (d > mx[h]) mx[h] = d;
+    }
+  }
+  for (int64_t h = 0; h < grp; h++) {
+    float *sc = scr + h * nctx, sm = 0.0f;
+    for (int64_t p = 0; p < np; p++) {
+      sc[p] = expf(sc[p] - mx[h]);
+      sm += sc[p];
+    }
+    sum[h] = sm;
+    memset(s->att + t * s->m->hp.n_head * hd + (kh * grp + h) * hd, 0, (size_t)hd * sizeof(float));
+  }
+  for (int64_t p = 0; p < np; p++) {
+    const float *vr = kv_v_head(&s->kv, j->l, p, kh, hd, row);
+    for (int64_t h = 0; h < grp; h++) {
+      const float w = scr[h * nctx + p] / sum[h];
+      float *oh = s->att + t * s->m->hp.n_head * hd + (kh * grp + h) * hd;
+      for (int64_t i = 0; i < hd; i++) oh[i] += w * vr[i];
+    }
+  }
+  if (j->gated)
+    for (int64_t h = 0; h < grp; h++) {
+      const float *g = q0 + h * qstride + hd;
+      float *oh = s->att + t * s->m->hp.n_head * hd + (kh * grp + h) * hd;
+      for (int64_t i = 0; i < hd; i++) oh[i] *= sigmoidf(g[i]);
+    }
+}
+
+VEC_FN static void attn_worker(void *ctx, int ith, int nth) {
+  const attn_job *j = ctx;
+  int64_t a0, a1;
+  floe_split_range(j->n * j->nkv, 1, ith, nth, &a0, &a1);
+  for (int64_t a = a0; a < a1; a++) attn_one(j, a / j->nkv, a % j->nkv, tscratch(j->s, ith));
+}
+
 void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
+  const double t0 = floe_time_s();
   const model *m = s->m;
   const floe_hparams *hp = &m->hp;
   const model_layer *L = &m->layers[l];
@@ -80,9 +279,12 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
   const float eps = hp->rms_eps, scale = (float)(1.0 / sqrt((double)hd));
 
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->attn_norm, E, eps, s->h + t * E);
-  layer_matmul(s, &L->wq, n, s->h, E, s->q, qdim);
-  layer_matmul(s, &L->wk, n, s->h, E, s->k, kvd);
-  layer_matmul(s, &L->wv, n, s->h, E, s->v, kvd);
+  size_t xs;
+  const uint8_t *xq = act_prep(s, s->xq_h, &L->wq, n, s->h, E, &xs);
+  mm_task tk[3] = { task(&L->wq, n, s->h, E, &L->wq, xq, xs, s->q, qdim),
+                    task(&L->wk, n, s->h, E, &L->wq, xq, xs, s->k, kvd),
+                    task(&L->wv, n, s->h, E, &L->wq, xq, xs, s->v, kvd) };
+  mm_run(s, tk, 3);
 
   for (int64_t t = 0; t < n; t++) {
     float *q = s->q + t * qdim, *k = s->k + t * kvd;
@@ -98,46 +300,102 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
     kv_put(&s->kv, l, pos0 + t, k, s->v + t * kvd);
   }
 
-  const int64_t grp = nh / nkv;
-  for (int64_t t = 0; t < n; t++) {
-    const int64_t np = pos0 + t + 1; /* causal: positions 0..pos */
-    float *o = s->att + t * nh * hd;
-    for (int64_t hh = 0; hh < nh; hh++) {
-      const float *qh = s->q + t * qdim + hh * hd * (gated ? 2 : 1);
-      const int64_t kh = hh / grp;
-      float mx = -INFINITY;
-      for (int64_t p = 0; p < np; p++) {
-        const float *kr = kv_k_row(&s->kv, l, p, s->kvtmp) + kh * hd;
-        float d = 0.0f;
-        for (int64_t i = 0; i < hd; i++) d += qh[i] * kr[i];
-        d *= scale;
-        s->scores[p] = d;
-        if (d > mx) mx = d;
-      }
-      float sum = 0.0f;
-      for (int64_t p = 0; p < np; p++) {
-        s->scores[p] = expf(s->scores[p] - mx);
-        sum += s->scores[p];
-      }
-      float *oh = o + hh * hd;
-      memset(oh, 0, (size_t)hd * sizeof(float));
-      for (int64_t p = 0; p < np; p++) {
-        const float w = s->scores[p] / sum;
-        const float *vr = kv_v_row(&s->kv, l, p, s->kvtmp) + kh * hd;
-        for (int64_t i = 0; i < hd; i++) oh[i] += w * vr[i];
-      }
-      if (gated) {
-        const float *g = qh + hd;
-        for (int64_t i = 0; i < hd; i++) oh[i] *= sigmoidf(g[i]);
-      }
-    }
-  }
+  attn_job aj = { s, l, n, pos0, qdim, kvd, nh / nkv, hd, nkv, gated, scale };
+  if (s->pool && floe_pool_size(s->pool) > 1 && n * nkv > 1) floe_pool_run(s->pool, attn_worker, &aj);
+  else attn_worker(&aj, 0, 1);
+
   layer_matmul(s, &L->wo, n, s->att, nh * hd, s->out, E);
   for (int64_t i = 0; i < n * E; i++) x[i] += s->out[i];
+  s->ph[MODEL_PH_ATTN] += floe_time_s() - t0;
 }
 
 /* ---- GatedDeltaNet ---- */
+typedef struct gdn_job {
+  model_session *s;
+  const model_layer *L;
+  int64_t l, n, C, K, Nk, Nv, dk, dv, r;
+} gdn_job;
+
+/* Causal depthwise conv over [state_0 .. state_{K-2}, mix_t], oldest first, then SiLU, for the
+ * channels [c0, c1) and every token in order; output into raw [n][C]. */
+VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
+  const gdn_job *j = ctx;
+  model_session *s = j->s;
+  const int64_t C = j->C, K = j->K;
+  float *conv = s->kv.conv[j->l];
+  int64_t c0, c1;
+  floe_split_range(C, 16, ith, nth, &c0, &c1);
+  for (int64_t t = 0; t < j->n; t++) {
+    const float *mix = s->mix + t * C;
+    float *c = s->raw + t * C;
+    for (int64_t ch = c0; ch < c1; ch++) {
+      const float *w = j->L->conv_w + ch * K;
+      float acc = 0.0f;
+      for (int64_t q = 0; q < K - 1; q++) acc += w[q] * conv[q * C + ch];
+      acc += w[K - 1] * mix[ch];
+      c[ch] = siluf(acc);
+    }
+    for (int64_t q = 0; q + 1 < K - 1; q++) memcpy(conv + q * C + c0, conv + (q + 1) * C + c0, (size_t)(c1 - c0) * 4);
+    memcpy(conv + (K - 2) * C + c0, mix + c0, (size_t)(c1 - c0) * 4);
+  }
+}
+
+/* Delta-rule recurrence and gated RMSNorm for value heads [h0, h1), every token in order.
+ * Two passes over S per token: (decay, S^T k) then (rank-1 update, S^T q); each element sees
+ * the same operations in the same order as the four-pass form of the reference. */
+VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
+  const gdn_job *j = ctx;
+  model_session *s = j->s;
+  const model *m = s->m;
+  const model_layer *L = j->L;
+  const int64_t Nk = j->Nk, Nv = j->Nv, dk = j->dk, dv = j->dv, r = j->r, C = j->C;
+  const int64_t kd = Nk * dk, vd = Nv * dv;
+  const float eps = m->hp.rms_eps;
+  float *kv = tscratch(s, ith);
+  int64_t h0, h1;
+  floe_split_range(Nv, 1, ith, nth, &h0, &h1);
+  for (int64_t t = 0; t < j->n; t++) {
+    const float *c = s->raw + t * C;
+    const float *q = c, *k = c + kd, *v = c + 2 * kd;
+    float *o = s->o + t * vd;
+    const float *bt = s->b + t * Nv, *at = s->a + t * Nv, *zt = s->z + t * vd;
+    for (int64_t hv = h0; hv < h1; hv++) {
+      const int64_t kh = m->v_tiled ? hv % Nk : hv / r;
+      const float *kk = k + kh * dk, *qq = q + kh * dk, *vv = v + hv * dv;
+      const float beta = sigmoidf(bt[hv]);
+      const float decay = expf(L->ssm_a[hv] * softplusf(at[hv] + L->dt_bias[hv]));
+      float *S = s->kv.ssm[j->l] + hv * dk * dv, *oh = o + hv * dv;
+      for (int64_t jj = 0; jj < dv; jj++) kv[jj] = 0.0f;
+      for (int64_t i = 0; i < dk; i++) {
+        float *Si = S + i * dv;
+        const float ki = kk[i];
+        for (int64_t jj = 0; jj < dv; jj++) {
+          Si[jj] *= decay;
+          kv[jj] += Si[jj] * ki;
+        }
+      }
+      for (int64_t jj = 0; jj < dv; jj++) kv[jj] = (vv[jj] - kv[jj]) * beta; /* delta */
+      for (int64_t jj = 0; jj < dv; jj++) oh[jj] = 0.0f;
+      for (int64_t i = 0; i < dk; i++) {
+        float *Si = S + i * dv;
+        const float ki = kk[i], qi = qq[i];
+        for (int64_t jj = 0; jj < dv; jj++) {
+          Si[jj] += ki * kv[jj];
+          oh[jj] += Si[jj] * qi;
+        }
+      }
+      /* gated RMSNorm per value head: (w * (o * rsqrt(mean(o^2)+eps))) * silu(z) */
+      float ss = 0.0f;
+      for (int64_t jj = 0; jj < dv; jj++) ss += oh[jj] * oh[jj];
+      const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
+      const float *zh = zt + hv * dv;
+      for (int64_t jj = 0; jj < dv; jj++) oh[jj] = (L->ssm_norm[jj] * (oh[jj] * rr)) * siluf(zh[jj]);
+    }
+  }
+}
+
 void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
+  const double t0 = floe_time_s();
   const model *m = s->m;
   const floe_hparams *hp = &m->hp;
   const model_layer *L = &m->layers[l];
@@ -148,9 +406,24 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
 
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->attn_norm, E, eps, s->h + t * E);
   const int64_t gq = 2 * dk + 2 * r * dv, gb = 2 * r;
+  const floe_mat *lay = L->qkvz_grouped ? &L->ssm_qkvz : &L->ssm_qkv;
+  size_t xs;
+  const uint8_t *xq = act_prep(s, s->xq_h, lay, n, s->h, E, &xs);
+  mm_task tk[4];
+  int nt = 0;
+  if (L->qkvz_grouped) tk[nt++] = task(&L->ssm_qkvz, n, s->h, E, lay, xq, xs, s->raw, Nk * gq);
+  else {
+    tk[nt++] = task(&L->ssm_qkv, n, s->h, E, lay, xq, xs, s->mix, C);
+    tk[nt++] = task(&L->ssm_z, n, s->h, E, lay, xq, xs, s->z, vd);
+  }
+  if (L->ba_grouped) tk[nt++] = task(&L->ssm_ba, n, s->h, E, lay, xq, xs, s->raw2, Nk * gb);
+  else {
+    tk[nt++] = task(&L->ssm_b, n, s->h, E, lay, xq, xs, s->b, Nv);
+    tk[nt++] = task(&L->ssm_alpha, n, s->h, E, lay, xq, xs, s->a, Nv);
+  }
+  mm_run(s, tk, nt);
   if (L->qkvz_grouped) {
     /* HF Qwen3-Next in_proj_qkvz: per key head g: [q(dk) | k(dk) | v(r*dv) | z(r*dv)] */
-    layer_matmul(s, &L->ssm_qkvz, n, s->h, E, s->raw, Nk * gq);
     for (int64_t t = 0; t < n; t++) {
       const float *rw = s->raw + t * Nk * gq;
       float *mix = s->mix + t * C, *z = s->z + t * vd;
@@ -162,13 +435,9 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
         memcpy(z + g * r * dv, p + 2 * dk + r * dv, (size_t)(r * dv) * 4);
       }
     }
-  } else {
-    layer_matmul(s, &L->ssm_qkv, n, s->h, E, s->mix, C);
-    layer_matmul(s, &L->ssm_z, n, s->h, E, s->z, vd);
   }
   if (L->ba_grouped) {
     /* per key head g: [b(r) | a(r)] */
-    layer_matmul(s, &L->ssm_ba, n, s->h, E, s->raw2, Nk * gb);
     for (int64_t t = 0; t < n; t++) {
       const float *rb = s->raw2 + t * Nk * gb;
       for (int64_t g = 0; g < Nk; g++) {
@@ -176,28 +445,15 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
         memcpy(s->a + t * Nv + g * r, rb + g * gb + r, (size_t)r * 4);
       }
     }
-  } else {
-    layer_matmul(s, &L->ssm_b, n, s->h, E, s->b, Nv);
-    layer_matmul(s, &L->ssm_alpha, n, s->h, E, s->a, Nv);
   }
 
-  float *conv = s->kv.conv[l], *S0 = s->kv.ssm[l];
-  for (int64_t t = 0; t < n; t++) {
-    float *mix = s->mix + t * C; /* raw input; replaced by the conv output below */
-    float *c = s->raw;           /* [C] scratch (raw is free after the unpack) */
-    /* causal depthwise conv over [state_0 .. state_{K-2}, mix], oldest first, then SiLU */
-    for (int64_t ch = 0; ch < C; ch++) {
-      const float *w = L->conv_w + ch * K;
-      float acc = 0.0f;
-      for (int64_t j = 0; j < K - 1; j++) acc += w[j] * conv[j * C + ch];
-      acc += w[K - 1] * mix[ch];
-      c[ch] = siluf(acc);
-    }
-    memmove(conv, conv + C, (size_t)((K - 2) * C) * 4);
-    memcpy(conv + (K - 2) * C, mix, (size_t)C * 4);
-
-    float *q = c, *k = c + kd, *v = c + 2 * kd;
-    for (int64_t g = 0; g < Nk; g++) { /* L2 norm (eps 1e-6), q scaled by dk^-0.5 */
+  gdn_job j = { s, L, l, n, C, K, Nk, Nv, dk, dv, r };
+  const bool mt = s->pool && floe_pool_size(s->pool) > 1;
+  if (mt) floe_pool_run(s->pool, gdn_conv_worker, &j);
+  else gdn_conv_worker(&j, 0, 1);
+  for (int64_t t = 0; t < n; t++) { /* L2 norm (eps 1e-6), q scaled by dk^-0.5 */
+    float *q = s->raw + t * C, *k = q + kd;
+    for (int64_t g = 0; g < Nk; g++) {
       float sq = 0.0f, sk = 0.0f;
       for (int64_t i = 0; i < dk; i++) sq += q[g * dk + i] * q[g * dk + i];
       for (int64_t i = 0; i < dk; i++) sk += k[g * dk + i] * k[g * dk + i];
@@ -207,46 +463,74 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
         k[g * dk + i] = k[g * dk + i] * rk;
       }
     }
-    float *o = s->o + t * vd;
-    const float *bt = s->b + t * Nv, *at = s->a + t * Nv, *zt = s->z + t * vd;
-    for (int64_t hv = 0; hv < Nv; hv++) {
-      const int64_t kh = m->v_tiled ? hv % Nk : hv / r;
-      const float *kk = k + kh * dk, *qq = q + kh * dk, *vv = v + hv * dv;
-      const float beta = sigmoidf(bt[hv]);
-      const float decay = expf(L->ssm_a[hv] * softplusf(at[hv] + L->dt_bias[hv]));
-      float *S = S0 + hv * dk * dv, *oh = o + hv * dv;
-      float *kv = s->kvtmp; /* [dv] */
-      for (int64_t i = 0; i < dk * dv; i++) S[i] *= decay;
-      for (int64_t j = 0; j < dv; j++) kv[j] = 0.0f;
-      for (int64_t i = 0; i < dk; i++)
-        for (int64_t j = 0; j < dv; j++) kv[j] += S[i * dv + j] * kk[i];
-      for (int64_t j = 0; j < dv; j++) kv[j] = (vv[j] - kv[j]) * beta; /* delta */
-      for (int64_t i = 0; i < dk; i++)
-        for (int64_t j = 0; j < dv; j++) S[i * dv + j] += kk[i] * kv[j];
-      for (int64_t j = 0; j < dv; j++) oh[j] = 0.0f;
-      for (int64_t i = 0; i < dk; i++)
-        for (int64_t j = 0; j < dv; j++) oh[j] += S[i * dv + j] * qq[i];
-      /* gated RMSNorm per value head: (w * (o * rsqrt(mean(o^2)+eps))) * silu(z) */
-      float ss = 0.0f;
-      for (int64_t j = 0; j < dv; j++) ss += oh[j] * oh[j];
-      const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
-      const float *zh = zt + hv * dv;
-      for (int64_t j = 0; j < dv; j++) oh[j] = (L->ssm_norm[j] * (oh[j] * rr)) * siluf(zh[j]);
-    }
   }
+  if (mt) floe_pool_run(s->pool, gdn_heads_worker, &j);
+  else gdn_heads_worker(&j, 0, 1);
+
   layer_matmul(s, &L->ssm_out, n, s->o, vd, s->out, E);
   for (int64_t i = 0; i < n * E; i++) x[i] += s->out[i];
+  s->ph[MODEL_PH_GDN] += floe_time_s() - t0;
 }
 
 /* ---- MoE ---- */
+typedef struct glu_job {
+  model_session *s;
+  int64_t nA, nS, I, Is;  /* routed rows (stride I), shared rows (stride Is) */
+  float *gr, *ur, *gs, *us;
+  const floe_mat *dr, *ds; /* down layouts: routed, shared (NULL: no quantization) */
+  uint8_t *qr, *qs;
+  size_t sr, ss;
+} glu_job;
+
+/* SiLU-GLU of every gathered row, then its quantization for the down matmul. */
+VEC_FN static void glu_worker(void *ctx, int ith, int nth) {
+  const glu_job *j = ctx;
+  int64_t r0, r1;
+  floe_split_range(j->nA + j->nS, 1, ith, nth, &r0, &r1);
+  for (int64_t r = r0; r < r1; r++) {
+    const bool sh = r >= j->nA;
+    const int64_t i0 = sh ? r - j->nA : r, I = sh ? j->Is : j->I;
+    float *g = (sh ? j->gs : j->gr) + i0 * I;
+    const float *u = (sh ? j->us : j->ur) + i0 * I;
+    for (int64_t i = 0; i < I; i++) g[i] = siluf(g[i]) * u[i];
+    const floe_mat *D = sh ? j->ds : j->dr;
+    if (D) kern_act_quantize(D, g, (sh ? j->qs : j->qr) + (size_t)i0 * (sh ? j->ss : j->sr));
+  }
+}
+
+size_t layer_task_bytes(void) { return sizeof(mm_task); }
+
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
+  const double t0 = floe_time_s();
   const model *m = s->m;
   const floe_hparams *hp = &m->hp;
   const model_layer *L = &m->layers[l];
   const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, I = hp->n_ff_exp;
+  const int64_t Is = hp->n_ff_shexp;
+  const bool mt = s->pool && floe_pool_size(s->pool) > 1;
+  mm_task *tk = s->tasks;
 
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->ffn_norm, E, hp->rms_eps, s->h + t * E);
-  layer_matmul(s, &L->router, n, s->h, E, s->rlog, NE);
+  /* the router and the shared expert's gate / up / gate logit read the same rows: one run */
+  size_t xs_r, xs_e = 0;
+  const uint8_t *xq_r = act_prep(s, s->xq_h, &L->router, n, s->h, E, &xs_r);
+  const floe_mat *lay_e = &L->exp_gate[0];
+  const uint8_t *xq_e = NULL;
+  if (xq_r && same_act(lay_e, &L->router)) {
+    xq_e = xq_r;
+    xs_e = xs_r;
+  } else {
+    xq_e = act_prep(s, s->xq_m, lay_e, n, s->h, E, &xs_e);
+  }
+  float *gs = s->eg + (n * K) * I, *us = s->eu + (n * K) * I; /* shared rows after the routed ones */
+  int nt = 0;
+  tk[nt++] = task(&L->router, n, s->h, E, &L->router, xq_r, xs_r, s->rlog, NE);
+  if (Is > 0) {
+    tk[nt++] = task(&L->sh_gate, n, s->h, E, lay_e, xq_e, xs_e, gs, Is);
+    tk[nt++] = task(&L->sh_up, n, s->h, E, lay_e, xq_e, xs_e, us, Is);
+    tk[nt++] = task(&L->sh_gate_inp, n, s->h, E, &L->router, xq_r, xs_r, s->shg, 1);
+  }
+  mm_run(s, tk, nt);
 
   /* softmax (f32) -> top-k -> renormalise; selections kept in ascending expert order, which is
    * the order HF's eager experts loop adds them in. */
@@ -261,79 +545,108 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     for (int64_t e = 0; e < NE; e++) p[e] /= sum;
     int32_t *sel = s->sel + t * K;
     float *w = s->selw + t * K;
-    for (int64_t j = 0; j < K; j++) { /* j-th largest; ties go to the lower index */
+    for (int64_t jj = 0; jj < K; jj++) { /* jj-th largest; ties go to the lower index */
       int64_t best = -1;
       for (int64_t e = 0; e < NE; e++) {
         bool taken = false;
-        for (int64_t u = 0; u < j; u++) taken |= sel[u] == e;
+        for (int64_t u = 0; u < jj; u++) taken |= sel[u] == e;
         if (!taken && (best < 0 || p[e] > p[best])) best = e;
       }
-      sel[j] = (int32_t)best;
-      w[j] = p[best];
+      sel[jj] = (int32_t)best;
+      w[jj] = p[best];
     }
     if (hp->norm_topk) {
       float ws = 0.0f;
-      for (int64_t j = 0; j < K; j++) ws += w[j];
-      for (int64_t j = 0; j < K; j++) w[j] /= ws;
+      for (int64_t jj = 0; jj < K; jj++) ws += w[jj];
+      for (int64_t jj = 0; jj < K; jj++) w[jj] /= ws;
     }
-    for (int64_t j = 1; j < K; j++) /* insertion sort by expert index */
-      for (int64_t u = j; u > 0 && sel[u - 1] > sel[u]; u--) {
+    for (int64_t jj = 1; jj < K; jj++) /* insertion sort by expert index */
+      for (int64_t u = jj; u > 0 && sel[u - 1] > sel[u]; u--) {
         int32_t ti = sel[u]; sel[u] = sel[u - 1]; sel[u - 1] = ti;
         float tw = w[u]; w[u] = w[u - 1]; w[u - 1] = tw;
       }
   }
+  const double t1 = floe_time_s();
+  s->ph[MODEL_PH_ROUTER] += t1 - t0;
 
-  /* each expert: gather the rows that chose it (16 at a time), gate/up, SiLU-GLU, down */
+  /* group the (token, slot) pairs by expert: expert e's rows are gathered at [off[e], off[e]+cnt[e]) */
+  int32_t *cnt = s->ecnt, *off = s->eoff, *aidx = s->aidx;
+  memset(cnt, 0, (size_t)NE * sizeof *cnt);
+  for (int64_t i = 0; i < n * K; i++) cnt[s->sel[i]]++;
+  int32_t acc = 0;
   for (int64_t e = 0; e < NE; e++) {
-    int64_t rows[16], slots[16];
-    int64_t cnt = 0;
-    for (int64_t t = 0; t <= n; t++) {
-      bool flush = (t == n) || cnt == 16;
-      if (flush && cnt > 0) {
-        for (int64_t i = 0; i < cnt; i++) memcpy(s->ein + i * E, s->h + rows[i] * E, (size_t)E * 4);
-        layer_matmul(s, &L->exp_gate[e], cnt, s->ein, E, s->eg, I);
-        layer_matmul(s, &L->exp_up[e], cnt, s->ein, E, s->eu, I);
-        for (int64_t i = 0; i < cnt * I; i++) s->eg[i] = siluf(s->eg[i]) * s->eu[i];
-        layer_matmul(s, &L->exp_down[e], cnt, s->eg, I, s->eout, E);
-        for (int64_t i = 0; i < cnt; i++) {
-          const float w = s->selw[rows[i] * K + slots[i]];
-          float *dst = s->contrib + (rows[i] * K + slots[i]) * E;
-          for (int64_t d = 0; d < E; d++) dst[d] = s->eout[i * E + d] * w;
-        }
-        cnt = 0;
-      }
-      if (t == n) break;
-      for (int64_t j = 0; j < K; j++)
-        if (s->sel[t * K + j] == e) {
-          rows[cnt] = t;
-          slots[cnt] = j;
-          cnt++;
-        }
-    }
+    off[e] = acc;
+    acc += cnt[e];
   }
+  const int64_t nA = acc;
+  for (int64_t e = 0; e < NE; e++) cnt[e] = 0;
+  for (int64_t t = 0; t < n; t++)
+    for (int64_t jj = 0; jj < K; jj++) {
+      const int32_t e = s->sel[t * K + jj];
+      const int32_t a = off[e] + cnt[e]++;
+      aidx[t * K + jj] = a;
+      memcpy(s->ein + a * E, s->h + t * E, (size_t)E * 4);
+      if (xq_e) memcpy(s->xq_g + (size_t)a * xs_e, xq_e + (size_t)t * xs_e, xs_e);
+    }
+  nt = 0;
+  for (int64_t e = 0; e < NE; e++) {
+    if (!cnt[e]) continue;
+    const uint8_t *xg = xq_e ? s->xq_g + (size_t)off[e] * xs_e : NULL;
+    tk[nt++] = task(&L->exp_gate[e], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eg + off[e] * I, I);
+    tk[nt++] = task(&L->exp_up[e], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eu + off[e] * I, I);
+  }
+  mm_run(s, tk, nt);
+
+  /* SiLU-GLU and the quantization of the down inputs (routed rows, then shared rows) */
+  const floe_mat *lay_d = &L->exp_down[0];
+  const bool qd = s->act_q && kern_act_bytes(lay_d) && kern_act_bytes(lay_d) <= s->xq_row;
+  const bool qsd = Is > 0 && s->act_q && kern_act_bytes(&L->sh_down) && kern_act_bytes(&L->sh_down) <= s->xq_row;
+  glu_job gj = { s, nA, Is > 0 ? n : 0, I, Is, s->eg, s->eu, gs, us, qd ? lay_d : NULL, qsd ? &L->sh_down : NULL,
+                 s->xq_d, NULL, qd ? kern_act_bytes(lay_d) : 0, qsd ? kern_act_bytes(&L->sh_down) : 0 };
+  gj.qs = s->xq_d + (size_t)nA * gj.sr;
+  if (mt && nA + gj.nS >= 4) floe_pool_run(s->pool, glu_worker, &gj);
+  else glu_worker(&gj, 0, 1);
+
+  nt = 0;
+  for (int64_t e = 0; e < NE; e++) {
+    if (!cnt[e]) continue;
+    tk[nt++] = task(&L->exp_down[e], cnt[e], s->eg + off[e] * I, I, lay_d, qd ? s->xq_d + (size_t)off[e] * gj.sr : NULL,
+                    gj.sr, s->contrib + off[e] * E, E);
+  }
+  if (Is > 0) tk[nt++] = task(&L->sh_down, n, gs, Is, &L->sh_down, qsd ? gj.qs : NULL, gj.ss, s->eout, E);
+  mm_run(s, tk, nt);
+
+  /* each token: its experts' outputs in ascending expert order, then the gated shared expert */
   for (int64_t t = 0; t < n; t++) {
     float *y = s->y + t * E;
     memset(y, 0, (size_t)E * 4);
-    for (int64_t j = 0; j < K; j++) {
-      const float *c = s->contrib + (t * K + j) * E;
-      for (int64_t d = 0; d < E; d++) y[d] += c[d];
+    for (int64_t jj = 0; jj < K; jj++) {
+      const float w = s->selw[t * K + jj];
+      const float *c = s->contrib + (int64_t)aidx[t * K + jj] * E;
+      for (int64_t d = 0; d < E; d++) y[d] += c[d] * w;
     }
-  }
-  if (hp->n_ff_shexp > 0) {
-    const int64_t Is = hp->n_ff_shexp;
-    for (int64_t b = 0; b < n; b += 16) {
-      int64_t nb = n - b < 16 ? n - b : 16;
-      layer_matmul(s, &L->sh_gate, nb, s->h + b * E, E, s->eg, Is);
-      layer_matmul(s, &L->sh_up, nb, s->h + b * E, E, s->eu, Is);
-      for (int64_t i = 0; i < nb * Is; i++) s->eg[i] = siluf(s->eg[i]) * s->eu[i];
-      layer_matmul(s, &L->sh_down, nb, s->eg, Is, s->eout, E);
-      layer_matmul(s, &L->sh_gate_inp, nb, s->h + b * E, E, s->shg, 1);
-      for (int64_t i = 0; i < nb; i++) {
-        const float g = sigmoidf(s->shg[i]);
-        float *y = s->y + (b + i) * E;
-        for (int64_t d = 0; d < E; d++) y[d] += g * s->eout[i * E + d];
-      }
+    if (Is > 0) {
+      const float g = sigmoidf(s->shg[t]);
+      for (int64_t d = 0; d < E; d++) y[d] += g * s->eout[t * E + d];
     }
   }
   for (int64_t i = 0; i < n * E; i++) x[i] += s->y[i];
+  s->ph[MODEL_PH_EXPERTS] += floe_time_s() - t1;
+}
+
+/* Weight bytes one decoded token reads: every non-expert matrix of every layer, the router, the
+ * shared expert, top-k routed experts (gate, up, down) and the output matrix; one embedding row. */
+uint64_t layer_decode_bytes(const model *m) {
+  const floe_hparams *hp = &m->hp;
+  uint64_t b = (uint64_t)m->tok_embd.row_bytes + (uint64_t)m->output.row_bytes * (uint64_t)m->output.rows;
+#define MB(w) ((uint64_t)(w).row_bytes * (uint64_t)(w).rows + ((w).scales ? 2ull * (w).sb_row_bytes * (uint64_t)(w).rows : 0))
+  for (int64_t l = 0; l < hp->n_layer; l++) {
+    const model_layer *L = &m->layers[l];
+    b += MB(L->wq) + MB(L->wk) + MB(L->wv) + MB(L->wo);
+    b += MB(L->ssm_qkvz) + MB(L->ssm_ba) + MB(L->ssm_qkv) + MB(L->ssm_z) + MB(L->ssm_b) + MB(L->ssm_alpha) + MB(L->ssm_out);
+    b += MB(L->router) + MB(L->sh_gate) + MB(L->sh_up) + MB(L->sh_down) + MB(L->sh_gate_inp);
+    if (L->exp_gate) b += (uint64_t)hp->n_expert_used * (MB(L->exp_gate[0]) + MB(L->exp_up[0]) + MB(L->exp_down[0]));
+  }
+#undef MB
+  return b;
 }

@@ -605,9 +605,32 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
     { &s->v, B * kvd }, { &s->att, B * hp->n_head * hp->head_dim }, { &s->scores, n_ctx }, { &s->kvtmp, tmp },
     { &s->mix, B * C }, { &s->z, B * vd }, { &s->b, B * Nv }, { &s->a, B * Nv }, { &s->raw, B * raw },
     { &s->raw2, B * 2 * Nv }, { &s->o, B * vd }, { &s->rlog, B * NE }, { &s->selw, B * K },
-    { &s->contrib, B * K * E }, { &s->eg, 16 * s->ff_max }, { &s->eu, 16 * s->ff_max }, { &s->ein, 16 * E },
-    { &s->eout, 16 * E }, { &s->shg, B },
+    { &s->contrib, B * K * E }, { &s->eg, (B * K + B) * s->ff_max }, { &s->eu, (B * K + B) * s->ff_max },
+    { &s->ein, B * K * E }, { &s->eout, B * E }, { &s->shg, B }, { &s->x, B * E }, { &s->tscr, 0 },
   };
+  /* per-thread scratch: attention scores [grp][n_ctx] + one K/V head row + max/sum per head; GDN [dv] */
+  const int64_t grp = hp->n_head / hp->n_head_kv, nth = n_threads > 1 ? n_threads : 1;
+  s->tscr_n = (grp * n_ctx + hp->head_dim + 2 * grp > dv ? grp * n_ctx + hp->head_dim + 2 * grp : dv) + 16;
+  s->tscr_n = (s->tscr_n + 15) / 16 * 16;
+  parts[sizeof parts / sizeof parts[0] - 1].n = nth * s->tscr_n;
+  /* quantized activation rows: at most ~2.3 bytes per value for any layout (kernels_internal.h) */
+  int64_t cmax = E > vd ? E : vd;
+  if (hp->n_head * hp->head_dim > cmax) cmax = hp->n_head * hp->head_dim;
+  if (s->ff_max > cmax) cmax = s->ff_max;
+  s->xq_row = (size_t)(3 * cmax + 1024 + 63) / 64 * 64;
+  s->act_q = true;
+  s->xq_h = floe_aligned_alloc(64, s->xq_row * (size_t)B);
+  s->xq_m = floe_aligned_alloc(64, s->xq_row * (size_t)B);
+  s->xq_g = floe_aligned_alloc(64, s->xq_row * (size_t)(B * K));
+  s->xq_d = floe_aligned_alloc(64, s->xq_row * (size_t)(B * K + B));
+  s->ecnt = malloc((size_t)NE * sizeof(int32_t));
+  s->eoff = malloc((size_t)NE * sizeof(int32_t));
+  s->aidx = malloc((size_t)(B * K) * sizeof(int32_t));
+  s->tasks = malloc((size_t)(2 * NE + 8) * layer_task_bytes());
+  if (!s->xq_h || !s->xq_m || !s->xq_g || !s->xq_d || !s->ecnt || !s->eoff || !s->aidx || !s->tasks) {
+    model_session_free(s);
+    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory for session scratch");
+  }
   size_t np = sizeof parts / sizeof parts[0], total = 0;
   for (size_t i = 0; i < np; i++) total += (size_t)((parts[i].n + 15) / 16 * 16);
   s->buf = floe_aligned_alloc(64, total * sizeof(float));
@@ -632,8 +655,18 @@ void model_session_free(model_session *s) {
   if (s->pool) floe_pool_free(s->pool);
   floe_aligned_free(s->buf);
   free(s->sel);
+  floe_aligned_free(s->xq_h);
+  floe_aligned_free(s->xq_m);
+  floe_aligned_free(s->xq_g);
+  floe_aligned_free(s->xq_d);
+  free(s->ecnt);
+  free(s->eoff);
+  free(s->aidx);
+  free(s->tasks);
   free(s);
 }
+
+void model_session_set_exact(model_session *s, bool exact) { s->act_q = !exact; }
 
 void model_session_reset(model_session *s) { kv_reset(&s->kv); }
 int64_t model_session_pos(const model_session *s) { return s->kv.n_past; }
@@ -651,8 +684,10 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
     if (tokens[i] < 0 || tokens[i] >= V)
       return floe_err(err, errlen, FLOE_E_INVALID, "eval: token %d out of the vocabulary (%lld)", tokens[i],
                       (long long)V);
-  float *x = floe_aligned_alloc(64, (size_t)(MODEL_MAX_BATCH * E) * sizeof(float));
-  if (!x) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  const double t_start = floe_time_s();
+  double t_phases = 0;
+  for (int i = 0; i < MODEL_PH_N; i++) t_phases += s->ph[i];
+  float *x = s->x;
   const floe_type_traits *ti = floe_type_info(m->tok_embd.type);
   for (int64_t c0 = 0; c0 < n; c0 += MODEL_MAX_BATCH) {
     const int64_t nb = n - c0 < MODEL_MAX_BATCH ? n - c0 : MODEL_MAX_BATCH;
@@ -664,12 +699,18 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
     for (int64_t l = 0; l < hp->n_layer; l++) m->arch->layer(s, l, x, nb, pos0);
     s->kv.n_past += nb;
     if (logits) {
+      const double t0 = floe_time_s();
       int64_t first = all_logits ? 0 : (c0 + nb == n ? nb - 1 : nb);
       for (int64_t t = first; t < nb; t++) layer_rmsnorm(x + t * E, m->output_norm, E, hp->rms_eps, s->h + t * E);
       float *dst = all_logits ? logits + c0 * V : logits;
       if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
+      s->ph[MODEL_PH_LMHEAD] += floe_time_s() - t0;
     }
   }
-  floe_aligned_free(x);
+  /* "other": whatever the timed phases did not cover (embedding, driver) */
+  double t_now = 0;
+  for (int i = 0; i < MODEL_PH_N; i++) t_now += s->ph[i];
+  s->ph[MODEL_PH_OTHER] += (floe_time_s() - t_start) - (t_now - t_phases);
+  s->n_eval_tok += n;
   return 0;
 }

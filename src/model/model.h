@@ -144,7 +144,24 @@ struct model_session {
   float *eg, *eu, *ein, *eout; /* [16][max ff] gathered expert rows, [16][n_embd] */
   float *shg;                /* [B] shared-expert gate logits */
   int64_t ff_max;
+  /* speed path (layers.c): quantized activations, per-thread scratch, MoE grouping, phase times */
+  bool act_q;                /* 8-bit activations for quantized weights (model_session_set_exact) */
+  size_t xq_row;             /* bytes reserved per quantized activation row */
+  uint8_t *xq_h, *xq_m;      /* [B] rows: norm output (per layer), layer_matmul / second layout */
+  uint8_t *xq_g, *xq_d;      /* [B*K] gathered expert inputs; [B*K + B] down inputs */
+  float *x;                  /* [B][n_embd] residual stream of model_eval */
+  float *tscr;               /* [n_threads][tscr_n] per-thread scratch */
+  int64_t tscr_n;
+  int32_t *ecnt, *eoff, *aidx; /* [n_expert], [n_expert], [B*K]: tokens grouped by expert */
+  void *tasks;               /* matmul task list of one pool run (layers.c) */
+  double ph[8];              /* seconds per enum model_phase, accumulated */
+  int64_t n_eval_tok;        /* tokens evaluated since the last stats reset */
 };
+
+/* Phases timed by model_eval (model_session.ph). Router includes the shared expert's gate/up,
+ * which share its pool run; experts = routed gate/up/down + shared down + the weighted sum. */
+enum model_phase { MODEL_PH_ATTN = 0, MODEL_PH_GDN, MODEL_PH_ROUTER, MODEL_PH_EXPERTS, MODEL_PH_LMHEAD, MODEL_PH_OTHER,
+                   MODEL_PH_N };
 
 /* ---- loading ---- */
 /* path: a .gguf file or an HF safetensors directory (config.json + *.safetensors). */
@@ -160,6 +177,14 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
 void model_session_free(model_session *s);
 void model_session_reset(model_session *s);
 int64_t model_session_pos(const model_session *s);
+/* exact = true: activations stay float (the reference path: the HF tests, F32/BF16 weights).
+ * Default false: matrices whose type has a quantized-activation kernel (Q8_0, Q4_K, ... see
+ * kernels.h) get their input rows quantized to 8 bits once per matmul input (VNNI dot products;
+ * per-row, so still row-exact; ~1e-2 relative per matmul). */
+void model_session_set_exact(model_session *s, bool exact);
+/* Weight bytes one decoded token reads (layers.c). */
+uint64_t layer_decode_bytes(const model *m);
+size_t layer_task_bytes(void);
 /* Runs n tokens at positions n_past..n_past+n-1. logits: NULL, or [n][n_vocab] when all_logits,
  * else [n_vocab] for the last token. A prompt that does not fit the context is refused. */
 int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, char *err,
