@@ -52,6 +52,7 @@ typedef struct floe_model_info {
   int n_mtp;             /* MTP blocks in the file */
   uint64_t weight_bytes; /* all tensor data */
   uint64_t expert_bytes; /* routed experts */
+  uint64_t decode_bytes; /* weight bytes one decoded token reads (top-k experts, output matrix, ...) */
 } floe_model_info;
 void floe_engine_info(const floe_engine *e, floe_model_info *out);
 
@@ -99,6 +100,11 @@ int floe_chat_render(const floe_engine *e, const floe_chat_msg *msgs, size_t n, 
 typedef struct floe_session_params {
   int64_t n_ctx; /* 0: the model's trained context, capped at 4096 */
   bool kv_f32;   /* F32 KV cache (default BF16) */
+  /* Exact float activations. Default (false): matrices of a type with an integer kernel (Q8_0,
+   * Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, MLX 4/8-bit) get their input rows quantized to
+   * 8 bits (per 32 / 256 values / MLX group) and use VNNI dot products: ~1e-2 relative per matmul,
+   * still row-exact (prefill == stepwise, bit for bit). F32/F16/BF16 weights are always exact. */
+  bool exact_act;
 } floe_session_params;
 void floe_session_params_init(floe_session_params *p);
 int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session **out, char *err, size_t errlen);
@@ -111,6 +117,16 @@ void floe_session_reset(floe_session *s);
  * n * n_vocab for every position when all_logits). */
 int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logits, bool all_logits, char *err,
                       size_t errlen);
+
+/* Time spent per phase by the session's evaluations since the last reset (seconds, wall clock).
+ * router includes the shared expert's gate/up (same pool run); experts = routed gate/up/down,
+ * shared down and the weighted sum; other = embedding and what the phases do not cover. */
+typedef struct floe_session_stats {
+  double attn_s, gdn_s, router_s, experts_s, lm_head_s, other_s;
+  int64_t n_tokens; /* tokens evaluated */
+} floe_session_stats;
+void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
+void floe_session_stats_reset(floe_session *s);
 
 /* ---- generation ---- */
 typedef struct floe_sampling {

@@ -117,7 +117,21 @@ void floe_engine_close(floe_engine *e) {
   free(e);
 }
 
-void floe_engine_info(const floe_engine *e, floe_model_info *out) { *out = e->info; }
+void floe_engine_info(const floe_engine *e, floe_model_info *out) {
+  *out = e->info;
+  out->decode_bytes = layer_decode_bytes(e->m);
+}
+
+void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
+  const double *ph = s->ms->ph;
+  *out = (floe_session_stats){ ph[MODEL_PH_ATTN], ph[MODEL_PH_GDN], ph[MODEL_PH_ROUTER], ph[MODEL_PH_EXPERTS],
+                               ph[MODEL_PH_LMHEAD], ph[MODEL_PH_OTHER], s->ms->n_eval_tok };
+}
+
+void floe_session_stats_reset(floe_session *s) {
+  memset(s->ms->ph, 0, sizeof s->ms->ph);
+  s->ms->n_eval_tok = 0;
+}
 
 const tok_vocab *engine_tok(const floe_engine *e) { return e->tok; }
 int engine_arch(const floe_engine *e) { return e->m->hp.arch; }
@@ -154,6 +168,7 @@ int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session 
     free(s);
     return rc;
   }
+  model_session_set_exact(s->ms, p->exact_act);
   s->n_ctx = s->ms->kv.n_ctx;
   s->hist = malloc((size_t)s->n_ctx * sizeof *s->hist);
   s->last_logits = malloc((size_t)e->m->hp.n_vocab * sizeof(float));

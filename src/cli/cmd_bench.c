@@ -1,0 +1,255 @@
+/* floe bench -m MODEL [-p N] [-n N] [-d DEPTH] [-r REPS] [-t N] [-c CTX] [--bw GBPS] [--exact] [--kv-f32]
+ *            [--json]
+ *
+ * Speed of one model through the public API only:
+ *  - prefill: one call evaluating N prompt tokens (pseudo-random ids, fixed seed) from an empty
+ *    context; prefill tok/s = N / time; time to first token = that time (the logits of the last
+ *    position are computed, so it includes the output matrix once);
+ *  - decode: the context is filled to DEPTH tokens first (untimed), then N tokens are generated
+ *    greedily one at a time (timed; each step evaluates one token and computes its logits);
+ *  - each repetition starts from a reset session; the figures are medians over repetitions; the
+ *    phase split is that of the median decode run (per decoded token);
+ *  - peak RSS is the process high-water mark (getrusage ru_maxrss);
+ *  - weight_bytes_per_token: what one decoded token reads (top-k experts, output matrix, every
+ *    non-expert matrix); achieved_gbps = that x decode tok/s; roofline_frac = achieved / --bw
+ *    (bench/membw measures the bandwidth; null without --bw).
+ * Text to stdout, or with --json one JSON object per line. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "floe.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: floe bench -m MODEL [options]\n"
+          "  -p N        prompt tokens for the prefill measurement (default 512; 0: skip)\n"
+          "  -n N        tokens to decode (default 32; 0: skip)\n"
+          "  -d DEPTH    context depth before decoding starts (default 0)\n"
+          "  -r REPS     repetitions; medians are reported (default 3)\n"
+          "  -t N        threads (default: all cores)\n"
+          "  -c CTX      context size (default: what the run needs)\n"
+          "  --bw GBPS   memory bandwidth, for the roofline fraction (bench/membw)\n"
+          "  --exact     exact float activations (default: 8-bit activations for quantized weights)\n"
+          "  --kv-f32    F32 KV cache (default BF16)\n"
+          "  --json      one JSON object per line\n");
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  double *c = malloc((size_t)n * sizeof *c);
+  if (!c) return v[0];
+  memcpy(c, v, (size_t)n * sizeof *c);
+  qsort(c, (size_t)n, sizeof *c, cmp_d);
+  double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+  free(c);
+  return m;
+}
+
+static int32_t argmax(const float *x, int64_t n) {
+  int64_t b = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  return (int32_t)b;
+}
+
+static void json_str(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') printf("\\%c", *s);
+    else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
+    else putchar(*s);
+  }
+  putchar('"');
+}
+
+int cmd_bench(int argc, char **argv) {
+  floe_engine_params ep;
+  floe_engine_params_init(&ep);
+  floe_session_params sp;
+  floe_session_params_init(&sp);
+  int64_t n_prompt = 512, n_gen = 32, depth = 0, n_ctx = 0;
+  int reps = 3;
+  double bw = 0;
+  bool json = false;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    char *end = NULL;
+    double num = v ? strtod(v, &end) : 0;
+    const bool isnum = v && end != v && *end == 0;
+    if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) ep.model = argv[++i];
+    else if (!strcmp(a, "--json")) json = true;
+    else if (!strcmp(a, "--exact")) sp.exact_act = true;
+    else if (!strcmp(a, "--kv-f32")) sp.kv_f32 = true;
+    else if (isnum && !strcmp(a, "-p") && num >= 0) n_prompt = (int64_t)num, i++;
+    else if (isnum && !strcmp(a, "-n") && num >= 0) n_gen = (int64_t)num, i++;
+    else if (isnum && !strcmp(a, "-d") && num >= 0) depth = (int64_t)num, i++;
+    else if (isnum && !strcmp(a, "-r") && num >= 1 && num <= 1000) reps = (int)num, i++;
+    else if (isnum && !strcmp(a, "-t") && num >= 1 && num <= 1024) ep.n_threads = (int)num, i++;
+    else if (isnum && !strcmp(a, "-c") && num >= 1) n_ctx = (int64_t)num, i++;
+    else if (isnum && !strcmp(a, "--bw") && num > 0) bw = num, i++;
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "floe bench: unknown, incomplete or out-of-range option '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (!ep.model || (n_prompt == 0 && n_gen == 0)) {
+    usage(stderr);
+    return 2;
+  }
+  if (ep.n_threads <= 0) {
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    ep.n_threads = nc > 0 ? (int)nc : 1;
+  }
+  const int64_t need = n_prompt > depth + n_gen ? n_prompt : depth + n_gen;
+  sp.n_ctx = n_ctx > 0 ? n_ctx : need;
+  char err[512];
+  floe_engine *e = NULL;
+  floe_session *s = NULL;
+  int32_t *ids = NULL;
+  float *logits = NULL;
+  double *pf = NULL, *dc = NULL, *ph = NULL;
+  int rc = 1;
+  double t0 = now_s();
+  if (floe_engine_open(&ep, &e, err, sizeof err)) {
+    cli_fail("%s", err);
+    goto done;
+  }
+  const double t_load = now_s() - t0;
+  floe_model_info info;
+  floe_engine_info(e, &info);
+  if (floe_session_new(e, &sp, &s, err, sizeof err)) {
+    cli_fail("%s", err);
+    goto done;
+  }
+  if (need > floe_session_n_ctx(s)) {
+    cli_fail("the run needs %lld positions but the context holds %lld", (long long)need,
+             (long long)floe_session_n_ctx(s));
+    goto done;
+  }
+  const int64_t nid = need > 0 ? need : 1;
+  ids = malloc((size_t)nid * sizeof *ids);
+  logits = malloc((size_t)info.n_vocab * sizeof *logits);
+  pf = calloc((size_t)reps, sizeof *pf);
+  dc = calloc((size_t)reps, sizeof *dc);
+  ph = calloc((size_t)reps * 7, sizeof *ph);
+  if (!ids || !logits || !pf || !dc || !ph) {
+    cli_fail("out of memory");
+    goto done;
+  }
+  uint64_t z = 0x9e3779b97f4a7c15ull; /* fixed pseudo-random prompt: a splitmix64 stream */
+  for (int64_t i = 0; i < nid; i++) {
+    z += 0x9e3779b97f4a7c15ull;
+    uint64_t x = z;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    ids[i] = (int32_t)((x ^ (x >> 31)) % (uint64_t)info.n_vocab);
+  }
+  for (int r = 0; r < reps; r++) {
+    if (n_prompt > 0) {
+      floe_session_reset(s);
+      double a = now_s();
+      if (floe_session_eval(s, ids, (size_t)n_prompt, logits, false, err, sizeof err)) {
+        cli_fail("%s", err);
+        goto done;
+      }
+      pf[r] = now_s() - a;
+    }
+    if (n_gen > 0) {
+      floe_session_reset(s);
+      if (depth > 0 && floe_session_eval(s, ids, (size_t)depth, logits, false, err, sizeof err)) {
+        cli_fail("%s", err);
+        goto done;
+      }
+      int32_t tok = depth > 0 ? argmax(logits, info.n_vocab) : ids[0];
+      floe_session_stats_reset(s);
+      double a = now_s();
+      for (int64_t i = 0; i < n_gen; i++) {
+        if (floe_session_eval(s, &tok, 1, logits, false, err, sizeof err)) {
+          cli_fail("%s", err);
+          goto done;
+        }
+        tok = argmax(logits, info.n_vocab);
+      }
+      dc[r] = now_s() - a;
+      floe_session_stats st;
+      floe_session_stats_get(s, &st);
+      double *p = ph + 7 * r;
+      p[0] = st.attn_s, p[1] = st.gdn_s, p[2] = st.router_s, p[3] = st.experts_s, p[4] = st.lm_head_s;
+      p[5] = st.other_s, p[6] = dc[r];
+    }
+  }
+  const double t_pf = n_prompt > 0 ? median(pf, reps) : 0, t_dc = n_gen > 0 ? median(dc, reps) : 0;
+  int rmed = 0; /* the decode run closest to the median, for the phase split */
+  for (int r = 1; r < reps; r++)
+    if (fabs(dc[r] - t_dc) < fabs(dc[rmed] - t_dc)) rmed = r;
+  const double *p = ph + 7 * rmed;
+  const double pf_tps = n_prompt > 0 ? (double)n_prompt / t_pf : 0, dc_tps = n_gen > 0 ? (double)n_gen / t_dc : 0;
+  const double gbps = dc_tps * (double)info.decode_bytes / 1e9;
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  const double rss = (double)ru.ru_maxrss * 1024.0;
+  const char *names[6] = { "attn", "gdn", "router", "experts", "lm_head", "other" };
+  const double per = n_gen > 0 ? 1e3 / (double)n_gen : 0;
+  if (json) {
+    printf("{\"bench\":\"model\",\"model\":");
+    json_str(ep.model);
+    printf(",\"arch\":");
+    json_str(info.arch ? info.arch : "?");
+    printf(",\"threads\":%d,\"n_prompt\":%lld,\"n_gen\":%lld,\"depth\":%lld,\"reps\":%d,\"exact_act\":%s,"
+           "\"kv\":\"%s\",\"load_s\":%.3f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.3f,\"ttft_ms\":%.2f,"
+           "\"peak_rss_bytes\":%.0f,\"weight_bytes_per_token\":%llu,\"achieved_gbps\":%.2f,",
+           ep.n_threads, (long long)n_prompt, (long long)n_gen, (long long)depth, reps, sp.exact_act ? "true" : "false",
+           sp.kv_f32 ? "f32" : "bf16", t_load, pf_tps, dc_tps, t_pf * 1e3, rss, (unsigned long long)info.decode_bytes,
+           gbps);
+    if (bw > 0) printf("\"bw_gbps\":%.2f,\"roofline_frac\":%.4f,", bw, gbps / bw);
+    else printf("\"bw_gbps\":null,\"roofline_frac\":null,");
+    printf("\"decode_ms_per_token\":{");
+    for (int i = 0; i < 6; i++) printf("%s\"%s\":%.3f", i ? "," : "", names[i], p[i] * per);
+    printf(",\"total\":%.3f}}\n", p[6] * per);
+  } else {
+    printf("model %s (%s), %d threads, %s activations, %s KV; load %.2f s\n", ep.model, info.arch ? info.arch : "?",
+           ep.n_threads, sp.exact_act ? "exact float" : "8-bit", sp.kv_f32 ? "F32" : "BF16", t_load);
+    if (n_prompt > 0)
+      printf("prefill %lld tokens: %.1f tok/s, time to first token %.1f ms (median of %d)\n", (long long)n_prompt,
+             pf_tps, t_pf * 1e3, reps);
+    if (n_gen > 0) {
+      printf("decode %lld tokens at depth %lld: %.2f tok/s, %.2f ms/token, %.1f GB/s of weights (%.1f MB/token)",
+             (long long)n_gen, (long long)depth, dc_tps, t_dc * per, gbps, (double)info.decode_bytes / 1e6);
+      if (bw > 0) printf(", %.1f %% of the %.1f GB/s roofline", 100.0 * gbps / bw, bw);
+      printf("\nphases (ms/token):");
+      for (int i = 0; i < 6; i++) printf(" %s %.2f", names[i], p[i] * per);
+      printf("\n");
+    }
+    printf("peak RSS %.1f MiB\n", rss / 1048576.0);
+  }
+  rc = 0;
+done:
+  free(ids);
+  free(logits);
+  free(pf);
+  free(dc);
+  free(ph);
+  floe_session_free(s);
+  floe_engine_close(e);
+  return rc;
+}
