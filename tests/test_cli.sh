@@ -19,6 +19,14 @@ ok "info splits expert bytes" 'grep -q "routed experts" "$T/info"'
 "$B" info -m "$T/m.gguf" --tensor output_norm.weight >"$T/t" 2>&1
 ok "info --tensor prints n_embd values" '[ "$(wc -l <"$T/t")" -eq 256 ]'
 
+FX="${FLOE_FIXTURES:?}"
+"$B" info -m "$FX/models/qwen3next" >"$T/dinfo" 2>&1
+ok "info on an HF directory" 'grep -q "architecture *qwen3next" "$T/dinfo" && grep -q "layer pattern *4 GatedDeltaNet" "$T/dinfo"'
+"$B" info -m "$FX/mlx/qwen35moe" >"$T/minfo" 2>&1
+ok "info on an MLX directory shows the quantization" 'grep -q "quantization *MLX affine, 4 bits, group 64" "$T/minfo"'
+"$B" info -m "$FX/models/qwen3moe" --tensor model.norm.weight >"$T/dt" 2>&1
+ok "info --tensor on safetensors prints n_embd values" '[ "$(wc -l <"$T/dt")" -eq 64 ]'
+
 a=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids 2>/dev/null)
 b=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids -t 1 2>/dev/null)
 ok "greedy --ids prints 16 ids" '[ "$(echo $a | wc -w)" -eq 16 ]'
@@ -57,6 +65,9 @@ bad "usage: unknown option" "unknown" "$B" run -m "$T/m.gguf" --bogus
 bad "usage: bad number" "number" "$B" run -m "$T/m.gguf" -p x -n abc
 bad "bad top-p" "top_p" "$B" run -m "$T/m.gguf" -p x --temp 1 --top-p 0
 bad "unknown tensor" "no tensor" "$B" info -m "$T/m.gguf" --tensor nope
+bad "unknown tensor (dir)" "no tensor" "$B" info -m "$FX/models/qwen3moe" --tensor nope
+mkdir -p "$T/emptydir"
+bad "directory without safetensors" "emptydir" "$B" info -m "$T/emptydir"
 bad "usage: unknown command" "unknown command" "$B" frobnicate
 
 echo "$pass passed, $fail failed"

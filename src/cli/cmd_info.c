@@ -6,10 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/base.h"
 #include "cli/cli.h"
 #include "format/gguf.h"
+#include "format/hf_config.h"
+#include "format/safetensors.h"
 #include "model/hparams.h"
 #include "model/model_meta.h"
 #include "quant/quant.h"
@@ -17,7 +20,7 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: floe info -m MODEL [--tensor NAME]\n"
-          "  -m, --model MODEL   GGUF file\n"
+          "  -m, --model MODEL   GGUF file, or HF / MLX safetensors directory\n"
           "  --tensor NAME       print the tensor's values dequantized to float32, one per line\n");
 }
 
@@ -92,6 +95,86 @@ static void print_tokenizer(const gguf_file *g) {
   printf(", chat template %s\n", gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0 ? "yes" : "no");
 }
 
+/* One float from a plain safetensors element, or NAN for a dtype without a float reading. */
+static double st_elem(const st_tensor *t, int64_t i) {
+  const uint8_t *p = t->data + (size_t)i * st_dtype_size(t->dtype);
+  uint16_t h;
+  uint32_t u;
+  float f;
+  switch (t->dtype) {
+    case ST_F32: memcpy(&f, p, 4); return f;
+    case ST_F16: memcpy(&h, p, 2); return floe_f16_to_f32(h);
+    case ST_BF16: memcpy(&h, p, 2); return floe_bf16_to_f32(h);
+    case ST_I8: return (int8_t)p[0];
+    case ST_U8: return p[0];
+    case ST_U32: memcpy(&u, p, 4); return u;
+    case ST_I32: { int32_t v; memcpy(&v, p, 4); return v; }
+    case ST_I64: { int64_t v; memcpy(&v, p, 8); return (double)v; }
+  }
+  return 0.0 / 0.0;
+}
+
+/* floe info on an HF / MLX directory: config hparams, tensors by dtype, experts vs the rest. */
+static int info_dir(const char *dir, const char *tensor) {
+  char err[512];
+  st_model *st = NULL;
+  if (st_model_open(dir, &st, err, sizeof err) != 0) return cli_fail("%s", err);
+  if (tensor) {
+    const st_tensor *t = st_find(st, tensor);
+    if (!t) {
+      st_model_close(st);
+      return cli_fail("%s: no tensor named '%s'", dir, tensor);
+    }
+    if (!st_dtype_supported(t->dtype)) {
+      st_model_close(st);
+      return cli_fail("%s: tensor '%s': dtype %s cannot be printed", dir, tensor, st_dtype_name(t->dtype));
+    }
+    static char obuf[1 << 20];
+    setvbuf(stdout, obuf, _IOFBF, sizeof obuf);
+    for (int64_t i = 0; i < t->n_elements; i++) printf("%.9g\n", st_elem(t, i));
+    st_model_close(st);
+    return fflush(stdout) == 0 ? 0 : cli_fail("write error on stdout");
+  }
+  printf("file                   %s\n", dir);
+  printf("format                 safetensors, %d shard(s), %zu tensors\n", st_n_shards(st), st_count(st));
+  hf_config cfg;
+  if (hf_config_load(dir, &cfg, err, sizeof err) != 0) {
+    printf("architecture           (%s)\n", err);
+  } else {
+    print_hparams(&cfg.hp);
+    if (cfg.quant.present) {
+      printf("quantization           MLX %s, %d bits, group %d, %zu per-module overrides\n", hf_qmode_name(cfg.quant.mode),
+             cfg.quant.bits, cfg.quant.group_size, cfg.quant.n_over);
+    }
+    hf_config_free(&cfg);
+  }
+  uint64_t total = 0, experts = 0, by_dtype[ST_DTYPE_COUNT] = {0}, n_by_dtype[ST_DTYPE_COUNT] = {0};
+  for (size_t i = 0; i < st_count(st); i++) {
+    const st_tensor *t = st_tensor_at(st, i);
+    total += t->nbytes;
+    if (strstr(t->name, ".experts.") || strstr(t->name, ".switch_mlp.")) experts += t->nbytes;
+    if (t->dtype >= 0 && t->dtype < ST_DTYPE_COUNT) {
+      by_dtype[t->dtype] += t->nbytes;
+      n_by_dtype[t->dtype]++;
+    }
+  }
+  print_bytes("tensor data", total, 0);
+  print_bytes("  routed experts", experts, total);
+  print_bytes("  everything else", total - experts, total);
+  for (int d = 0; d < ST_DTYPE_COUNT; d++) {
+    if (!n_by_dtype[d]) continue;
+    char label[64];
+    snprintf(label, sizeof label, "  %-8s x%-5llu", st_dtype_name(d), (unsigned long long)n_by_dtype[d]);
+    print_bytes(label, by_dtype[d], total);
+  }
+  char tp[4096];
+  struct stat sb;
+  snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
+  printf("tokenizer              %s\n", stat(tp, &sb) == 0 ? "tokenizer.json" : "none");
+  st_model_close(st);
+  return 0;
+}
+
 int cmd_info(int argc, char **argv) {
   const char *model = NULL, *tensor = NULL;
   for (int i = 0; i < argc; i++) {
@@ -112,6 +195,8 @@ int cmd_info(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  struct stat sb;
+  if (stat(model, &sb) == 0 && S_ISDIR(sb.st_mode)) return info_dir(model, tensor);
   char err[512];
   gguf_file *g = NULL;
   if (gguf_open(model, &g, err, sizeof err) != 0) return cli_fail("%s", err);
