@@ -1,0 +1,422 @@
+/* Jobs, the request queue with admission control, and the inference worker.
+ *
+ * One worker thread owns n_slots sessions and runs queued jobs in FIFO order. For each job it
+ * picks the session whose cached history is the longest prefix of the job's prompt (else the
+ * least recently used one), so agents that resend the whole conversation reuse the KV and
+ * recurrent state (floe_generate reuses a session's history when it is a prefix of the prompt and
+ * the result is the same as a cold run).
+ *
+ * Replay map: the history an agent sends back is re-rendered and re-tokenized, and a re-tokenized
+ * reply may not be the token sequence the model sampled (BPE is not unique). The worker remembers
+ * the text of each generation with the ids it sampled; queue_tokenize_prompt puts those ids back
+ * wherever that exact text appears in a new prompt (the ds4 trick). The map does not depend on
+ * which session holds what, so a request tokenizes the same way whether its prefix is cached or
+ * not, and "warm" and "cold" runs of one request see the same tokens.
+ *
+ * Disconnects: the token callback polls the client socket (POLLRDHUP) and job->cancelled, and
+ * returns non-zero to stop floe_generate at once. */
+#define _GNU_SOURCE /* memmem, POLLRDHUP */
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "server/server.h"
+
+#define REPLAY_MAX 64
+#define REPLAY_MIN_TEXT 8
+
+typedef struct slot {
+  floe_session *s;
+  int32_t *hist; /* tokens in the session's cache (mirrors floe_session_n_past) */
+  size_t n_hist, cap;
+  uint64_t used;
+} slot;
+
+typedef struct replay {
+  char *text;
+  size_t len;
+  int32_t *ids;
+  size_t n;
+  uint64_t used;
+} replay;
+
+struct srv_queue {
+  srv *server;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  srv_job **items; /* FIFO ring */
+  size_t head, n, cap;
+  int queue_max;
+  srv_job *running;
+  bool stopping, started;
+  pthread_t worker;
+  floe_engine *e;
+  slot *slots;
+  int n_slots;
+  uint64_t tick;
+  pthread_mutex_t rmu;
+  replay rep[REPLAY_MAX];
+  int n_rep;
+};
+
+/* ---- jobs ---- */
+srv_job *job_new(srv *s) {
+  srv_job *j = calloc(1, sizeof *j);
+  if (!j) return NULL;
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_cond_init(&j->cv, NULL);
+  j->refs = 1;
+  j->fd = -1;
+  j->server = s;
+  j->state = JOB_QUEUED;
+  j->t_queued = floe_time_s();
+  return j;
+}
+
+void job_ref(srv_job *j) {
+  pthread_mutex_lock(&j->mu);
+  j->refs++;
+  pthread_mutex_unlock(&j->mu);
+}
+
+void job_unref(srv_job *j) {
+  if (!j) return;
+  pthread_mutex_lock(&j->mu);
+  int r = --j->refs;
+  pthread_mutex_unlock(&j->mu);
+  if (r > 0) return;
+  free(j->ids);
+  for (size_t i = 0; i < j->n_stops; i++) free(j->stops[i]);
+  free(j->stops);
+  if (j->ops && j->ops->free_proto && j->proto) j->ops->free_proto(j->proto);
+  sb_free(&j->out);
+  free(j->sampled);
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  free(j);
+}
+
+void job_emit(srv_job *j, const char *d, size_t n) {
+  pthread_mutex_lock(&j->mu);
+  sb_add(&j->out, d, n);
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+}
+
+void job_cancel(srv_job *j) {
+  pthread_mutex_lock(&j->mu);
+  j->cancelled = true;
+  j->fd = -1;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+}
+
+void job_wait(srv_job *j) {
+  pthread_mutex_lock(&j->mu);
+  while (j->state != JOB_DONE) pthread_cond_wait(&j->cv, &j->mu);
+  pthread_mutex_unlock(&j->mu);
+}
+
+static void job_finish(srv_job *j) {
+  pthread_mutex_lock(&j->mu);
+  j->state = JOB_DONE;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+}
+
+/* ---- queue ---- */
+srv_queue *queue_new(srv *s, int queue_max) {
+  srv_queue *q = calloc(1, sizeof *q);
+  if (!q) return NULL;
+  q->server = s;
+  q->queue_max = queue_max > 0 ? queue_max : 1;
+  q->cap = (size_t)q->queue_max + 1;
+  q->items = calloc(q->cap, sizeof *q->items);
+  if (!q->items) {
+    free(q);
+    return NULL;
+  }
+  pthread_mutex_init(&q->mu, NULL);
+  pthread_cond_init(&q->cv, NULL);
+  pthread_mutex_init(&q->rmu, NULL);
+  return q;
+}
+
+int queue_submit(srv_queue *q, srv_job *j) {
+  pthread_mutex_lock(&q->mu);
+  if (q->stopping || !q->started || q->n >= (size_t)q->queue_max) {
+    pthread_mutex_unlock(&q->mu);
+    return -1;
+  }
+  job_ref(j);
+  q->items[(q->head + q->n) % q->cap] = j;
+  q->n++;
+  pthread_cond_signal(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+  return 0;
+}
+
+void queue_depth(srv_queue *q, int *pending, int *running) {
+  pthread_mutex_lock(&q->mu);
+  *pending = (int)q->n;
+  *running = q->running ? 1 : 0;
+  pthread_mutex_unlock(&q->mu);
+}
+
+/* ---- replay map ---- */
+static void replay_add(srv_queue *q, const int32_t *ids, size_t n) {
+  sbuf t = {0};
+  for (size_t i = 0; i < n; i++) {
+    size_t len;
+    const char *pc = floe_token_piece(q->e, ids[i], &len);
+    if (pc) sb_add(&t, pc, len);
+  }
+  if (t.oom || t.n < REPLAY_MIN_TEXT) {
+    sb_free(&t);
+    return;
+  }
+  int32_t *cp = malloc(n * sizeof *cp);
+  if (!cp) {
+    sb_free(&t);
+    return;
+  }
+  memcpy(cp, ids, n * sizeof *cp);
+  pthread_mutex_lock(&q->rmu);
+  int k = 0;
+  if (q->n_rep < REPLAY_MAX) k = q->n_rep++;
+  else
+    for (int i = 1; i < REPLAY_MAX; i++)
+      if (q->rep[i].used < q->rep[k].used) k = i;
+  free(q->rep[k].text);
+  free(q->rep[k].ids);
+  q->rep[k] = (replay){t.p, t.n, cp, n, ++q->tick};
+  pthread_mutex_unlock(&q->rmu);
+}
+
+int queue_tokenize_prompt(srv_queue *q, const floe_engine *e, const char *text, size_t len, int32_t **ids,
+                          size_t *n, char *err, size_t errlen) {
+  *ids = NULL;
+  *n = 0;
+  int32_t *out = NULL;
+  size_t no = 0, cap = 0;
+  size_t pos = 0;
+  int rc = 0;
+  pthread_mutex_lock(&q->rmu);
+  while (pos < len) {
+    /* earliest occurrence of a remembered generation (the longest at a tie) */
+    const char *best = NULL;
+    int bk = -1;
+    for (int k = 0; k < q->n_rep; k++) {
+      const char *hit = memmem(text + pos, len - pos, q->rep[k].text, q->rep[k].len);
+      if (hit && (!best || hit < best || (hit == best && q->rep[k].len > q->rep[bk].len))) {
+        best = hit;
+        bk = k;
+      }
+    }
+    size_t upto = best ? (size_t)(best - text) : len;
+    int32_t *part = NULL;
+    size_t np = 0;
+    if (upto > pos) {
+      rc = floe_tokenize(e, text + pos, upto - pos, true, &part, &np, err, errlen);
+      if (rc) break;
+    }
+    size_t extra = best ? q->rep[bk].n : 0;
+    if (no + np + extra > cap) {
+      size_t nc = (no + np + extra) * 2 + 64;
+      int32_t *nb = realloc(out, nc * sizeof *nb);
+      if (!nb) {
+        free(part);
+        rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+        break;
+      }
+      out = nb;
+      cap = nc;
+    }
+    if (np) memcpy(out + no, part, np * sizeof *part);
+    no += np;
+    free(part);
+    if (!best) break;
+    memcpy(out + no, q->rep[bk].ids, extra * sizeof *out);
+    no += extra;
+    q->rep[bk].used = ++q->tick;
+    pos = upto + q->rep[bk].len;
+  }
+  pthread_mutex_unlock(&q->rmu);
+  if (rc) {
+    free(out);
+    return rc;
+  }
+  *ids = out;
+  *n = no;
+  return 0;
+}
+
+/* ---- worker ---- */
+static int on_token_cb(void *user, const floe_token_event *ev) {
+  srv_job *j = user;
+  if (ev->id >= 0) {
+    if (j->n_sampled == j->cap_sampled) {
+      size_t nc = j->cap_sampled ? j->cap_sampled * 2 : 256;
+      int32_t *nb = realloc(j->sampled, nc * sizeof *nb);
+      if (nb) {
+        j->sampled = nb;
+        j->cap_sampled = nc;
+      }
+    }
+    if (j->n_sampled < j->cap_sampled) j->sampled[j->n_sampled++] = ev->id;
+  }
+  j->ops->on_token(j, ev);
+  pthread_mutex_lock(&j->mu);
+  if (!j->cancelled && j->fd >= 0) {
+    struct pollfd pf = {.fd = j->fd, .events = POLLRDHUP};
+    if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) j->cancelled = true;
+  }
+  bool stop = j->cancelled;
+  pthread_mutex_unlock(&j->mu);
+  return stop ? 1 : 0;
+}
+
+static slot *pick_slot(srv_queue *q, const int32_t *ids, size_t n) {
+  slot *best = NULL;
+  for (int i = 0; i < q->n_slots; i++) {
+    slot *sl = &q->slots[i];
+    if (sl->n_hist && sl->n_hist <= n && !memcmp(sl->hist, ids, sl->n_hist * sizeof *ids) &&
+        (!best || sl->n_hist > best->n_hist))
+      best = sl;
+  }
+  if (!best)
+    for (int i = 0; i < q->n_slots; i++)
+      if (!best || q->slots[i].used < best->used) best = &q->slots[i];
+  best->used = ++q->tick;
+  return best;
+}
+
+/* Mirrors the session's history after a generation: prompt + the sampled tokens it evaluated. */
+static void slot_record(slot *sl, const srv_job *j) {
+  int64_t np = floe_session_n_past(sl->s);
+  sl->n_hist = 0;
+  if (np < (int64_t)j->n_ids || (size_t)np > j->n_ids + j->n_sampled) return; /* reset or unknown */
+  if ((size_t)np > sl->cap) {
+    int32_t *nb = realloc(sl->hist, (size_t)np * sizeof *nb);
+    if (!nb) return;
+    sl->hist = nb;
+    sl->cap = (size_t)np;
+  }
+  memcpy(sl->hist, j->ids, j->n_ids * sizeof *j->ids);
+  memcpy(sl->hist + j->n_ids, j->sampled, ((size_t)np - j->n_ids) * sizeof *j->ids);
+  sl->n_hist = (size_t)np;
+}
+
+static void run_job(srv_queue *q, srv_job *j) {
+  floe_gen_result res = {0};
+  char err[512] = "";
+  int rc;
+  pthread_mutex_lock(&j->mu);
+  bool cancelled = j->cancelled;
+  j->state = JOB_RUNNING;
+  pthread_mutex_unlock(&j->mu);
+  if (cancelled) {
+    rc = FLOE_E_CANCELLED;
+    snprintf(err, sizeof err, "cancelled");
+  } else {
+    slot *sl = pick_slot(q, j->ids, j->n_ids);
+    rc = floe_generate(sl->s, j->ids, j->n_ids, &j->gp, on_token_cb, j, &res, err, sizeof err);
+    slot_record(sl, j);
+    if (rc == 0) {
+      size_t n = j->n_sampled;
+      while (n && floe_token_is_eog(q->e, j->sampled[n - 1])) n--;
+      if (res.finish != FLOE_FINISH_CANCELLED && n) replay_add(q, j->sampled, n);
+    }
+    metrics_gen(&q->server->metrics, &res, res.finish == FLOE_FINISH_CANCELLED);
+  }
+  j->ops->on_done(j, rc, &res, err);
+  job_finish(j);
+}
+
+static void *worker_main(void *arg) {
+  srv_queue *q = arg;
+  for (;;) {
+    pthread_mutex_lock(&q->mu);
+    while (!q->stopping && q->n == 0) pthread_cond_wait(&q->cv, &q->mu);
+    if (q->stopping) {
+      pthread_mutex_unlock(&q->mu);
+      break;
+    }
+    srv_job *j = q->items[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->n--;
+    q->running = j;
+    pthread_mutex_unlock(&q->mu);
+    run_job(q, j);
+    pthread_mutex_lock(&q->mu);
+    q->running = NULL;
+    pthread_mutex_unlock(&q->mu);
+    job_unref(j);
+  }
+  return NULL;
+}
+
+int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int n_slots, char *err, size_t errlen) {
+  q->e = e;
+  q->n_slots = n_slots > 0 ? n_slots : 1;
+  q->slots = calloc((size_t)q->n_slots, sizeof *q->slots);
+  if (!q->slots) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  for (int i = 0; i < q->n_slots; i++) {
+    int rc = floe_session_new(e, sp, &q->slots[i].s, err, errlen);
+    if (rc) return rc;
+  }
+  if (pthread_create(&q->worker, NULL, worker_main, q))
+    return floe_err(err, errlen, FLOE_E_NOMEM, "cannot start the worker thread");
+  pthread_mutex_lock(&q->mu);
+  q->started = true;
+  pthread_mutex_unlock(&q->mu);
+  return 0;
+}
+
+int64_t queue_n_ctx(srv_queue *q) { return q->n_slots ? floe_session_n_ctx(q->slots[0].s) : 0; }
+
+void queue_stop(srv_queue *q) {
+  pthread_mutex_lock(&q->mu);
+  bool started = q->started;
+  q->stopping = true;
+  if (q->running) job_cancel(q->running);
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+  if (started) pthread_join(q->worker, NULL);
+  /* jobs still queued: finish them as cancelled so their handlers return */
+  for (;;) {
+    pthread_mutex_lock(&q->mu);
+    srv_job *j = NULL;
+    if (q->n) {
+      j = q->items[q->head];
+      q->head = (q->head + 1) % q->cap;
+      q->n--;
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (!j) break;
+    job_cancel(j);
+    run_job(q, j);
+    job_unref(j);
+  }
+  q->started = false;
+}
+
+void queue_free(srv_queue *q) {
+  if (!q) return;
+  for (int i = 0; i < q->n_slots && q->slots; i++) {
+    floe_session_free(q->slots[i].s);
+    free(q->slots[i].hist);
+  }
+  free(q->slots);
+  for (int k = 0; k < q->n_rep; k++) {
+    free(q->rep[k].text);
+    free(q->rep[k].ids);
+  }
+  free(q->items);
+  pthread_mutex_destroy(&q->mu);
+  pthread_cond_destroy(&q->cv);
+  pthread_mutex_destroy(&q->rmu);
+  free(q);
+}
