@@ -127,7 +127,7 @@ int cmd_bench(int argc, char **argv) {
   floe_session *s = NULL;
   int32_t *ids = NULL;
   float *logits = NULL;
-  double *pf = NULL, *dc = NULL, *ph = NULL;
+  double *pf = NULL, *dc = NULL, *ph = NULL, *pph = NULL;
   int rc = 1;
   double t0 = now_s();
   if (floe_engine_open(&ep, &e, err, sizeof err)) {
@@ -152,7 +152,8 @@ int cmd_bench(int argc, char **argv) {
   pf = calloc((size_t)reps, sizeof *pf);
   dc = calloc((size_t)reps, sizeof *dc);
   ph = calloc((size_t)reps * 7, sizeof *ph);
-  if (!ids || !logits || !pf || !dc || !ph) {
+  pph = calloc((size_t)reps * 6, sizeof *pph);
+  if (!ids || !logits || !pf || !dc || !ph || !pph) {
     cli_fail("out of memory");
     goto done;
   }
@@ -167,12 +168,17 @@ int cmd_bench(int argc, char **argv) {
   for (int r = 0; r < reps; r++) {
     if (n_prompt > 0) {
       floe_session_reset(s);
+      floe_session_stats_reset(s);
       double a = now_s();
       if (floe_session_eval(s, ids, (size_t)n_prompt, logits, false, err, sizeof err)) {
         cli_fail("%s", err);
         goto done;
       }
       pf[r] = now_s() - a;
+      floe_session_stats st;
+      floe_session_stats_get(s, &st);
+      double *q = pph + 6 * r;
+      q[0] = st.attn_s, q[1] = st.gdn_s, q[2] = st.router_s, q[3] = st.experts_s, q[4] = st.lm_head_s, q[5] = st.other_s;
     }
     if (n_gen > 0) {
       floe_session_reset(s);
@@ -225,7 +231,16 @@ int cmd_bench(int argc, char **argv) {
     else printf("\"bw_gbps\":null,\"roofline_frac\":null,");
     printf("\"decode_ms_per_token\":{");
     for (int i = 0; i < 6; i++) printf("%s\"%s\":%.3f", i ? "," : "", names[i], p[i] * per);
-    printf(",\"total\":%.3f}}\n", p[6] * per);
+    printf(",\"total\":%.3f}", p[6] * per);
+    if (n_prompt > 0) {
+      int pm = 0; /* the prefill run closest to the median */
+      for (int r = 1; r < reps; r++)
+        if (fabs(pf[r] - t_pf) < fabs(pf[pm] - t_pf)) pm = r;
+      printf(",\"prefill_ms_per_token\":{");
+      for (int i = 0; i < 6; i++) printf("%s\"%s\":%.3f", i ? "," : "", names[i], pph[6 * pm + i] * 1e3 / (double)n_prompt);
+      printf("}");
+    }
+    printf("}\n");
   } else {
     printf("model %s (%s), %d threads, %s activations, %s KV; load %.2f s\n", ep.model, info.arch ? info.arch : "?",
            ep.n_threads, sp.exact_act ? "exact float" : "8-bit", sp.kv_f32 ? "F32" : "BF16", t_load);
@@ -249,6 +264,7 @@ done:
   free(pf);
   free(dc);
   free(ph);
+  free(pph);
   floe_session_free(s);
   floe_engine_close(e);
   return rc;

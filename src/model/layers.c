@@ -179,7 +179,7 @@ void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *
 
 /* 16-lane dot product with a fixed reduction: vectorizes (each lane is an independent sum) and
  * gives the same bits on every ISA and for every caller. n is a multiple of 16. */
-static float dot16(const float *a, const float *b, int64_t n) {
+static inline __attribute__((always_inline)) float dot16(const float *a, const float *b, int64_t n) {
   float acc[16] = { 0 };
   for (int64_t j = 0; j < n; j += 16)
     for (int i = 0; i < 16; i++) acc[i] += a[j + i] * b[j + i];
@@ -189,7 +189,7 @@ static float dot16(const float *a, const float *b, int64_t n) {
   return ((r[0] + r[2]) + (r[1] + r[3]));
 }
 
-static float dotn(const float *a, const float *b, int64_t n) {
+static inline __attribute__((always_inline)) float dotn(const float *a, const float *b, int64_t n) {
   if (n % 16 == 0) return dot16(a, b, n);
   float d = 0.0f;
   for (int64_t i = 0; i < n; i++) d += a[i] * b[i];
@@ -222,7 +222,7 @@ typedef struct attn_job {
 } attn_job;
 
 /* One (token t, kv head kh): the grp query heads that share kh read each cache row once. */
-static void attn_one(const attn_job *j, int64_t t, int64_t kh, float *scr) {
+static inline __attribute__((always_inline)) void attn_one(const attn_job *j, int64_t t, int64_t kh, float *scr) {
   model_session *s = j->s;
   const int64_t hd = j->hd, grp = j->grp, np = j->pos0 + t + 1, nctx = s->kv.n_ctx;
   const int64_t qstride = hd * (j->gated ? 2 : 1);

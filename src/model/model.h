@@ -126,7 +126,8 @@ struct model {
   size_t n_owned, cap_owned;
 };
 
-#define MODEL_MAX_BATCH 64   /* tokens per internal chunk of model_eval */
+#define MODEL_MAX_BATCH 256  /* tokens per internal chunk of model_eval: large, so each routed expert is read once
+                              * for many tokens (MoE prefill is bound by expert bytes / tokens per chunk) */
 
 struct model_session {
   const model *m;
