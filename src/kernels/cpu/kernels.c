@@ -126,9 +126,14 @@ void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
   int8_t *q = (int8_t *)xq;
   float *d = (float *)(xq + L.off_d);
   switch (L.kind) {
-    case KACT_A32:
-      for (int64_t k = 0; k < L.nblk; k++) d[k] = act_q8(x + 32 * k, 32, q + 32 * k);
+    case KACT_A32: {
+      float *dexp = (float *)(xq + L.off_s);
+      for (int64_t k = 0; k < L.nblk; k++) {
+        d[k] = act_q8(x + 32 * k, 32, q + 32 * k);
+        for (int i = 0; i < 8; i++) dexp[8 * k + i] = d[k];
+      }
       break;
+    }
     case KACT_A256: {
       int16_t *bs = (int16_t *)(xq + L.off_s);
       for (int64_t k = 0; k < L.nblk; k++) {
@@ -180,6 +185,13 @@ void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
           }
       }
       free(nat);
+      const int step = W->mlx.bits == 4 ? 128 : 64;
+      float *dl = (float *)(xq + L.off_e);
+      for (int64_t c = 0; c < L.nq; c += step)
+        for (int i = 0; i < 16; i++) {
+          int64_t e0 = c + (int64_t)i * (step / 16);
+          dl[c / step * 16 + i] = e0 < W->cols ? d[e0 / g] : 0.0f;
+        }
       break;
     }
     default:
@@ -316,7 +328,7 @@ static float dot_a256_scalar(const floe_mat *W, const uint8_t *row, const uint8_
   const int8_t *q = (const int8_t *)xq;
   const float *dx = (const float *)(xq + L->off_d);
   const int16_t *bs = (const int16_t *)(xq + L->off_s);
-  float acc[16] = {0}, extra = 0;
+  float acc[16] = {0}, macc[8] = {0};
   for (int64_t k = 0; k < L->nblk; k++) {
     const uint8_t *b = row + (size_t)k * (size_t)tt->bytes;
     const int8_t *x = q + 256 * k;
@@ -334,18 +346,14 @@ static float dot_a256_scalar(const floe_mat *W, const uint8_t *row, const uint8_
     if (W->type == FLOE_TYPE_Q4_K || W->type == FLOE_TYPE_Q5_K) {
       uint8_t sc[8], m[8];
       kq_scales_k4(b + 4, sc, m);
-      int32_t imin = 0;
-      for (int j = 0; j < 8; j++) imin += m[j] * (bsk[2 * j] + bsk[2 * j + 1]);
       float sm = kq_f16(b + 2) * dx[k];
-      extra = extra - sm * (float)imin;
+      for (int j = 0; j < 8; j++) macc[j] = macc[j] + (float)(m[j] * bsk[2 * j] + m[j] * bsk[2 * j + 1]) * sm;
     } else if (W->type == FLOE_TYPE_Q6_K) {
       const int8_t *sc = (const int8_t *)(b + 192);
-      int32_t ioff = 0;
-      for (int g = 0; g < 16; g++) ioff += sc[g] * bsk[g];
-      extra = extra - s * (float)(32 * ioff);
+      for (int j = 0; j < 8; j++) macc[j] = macc[j] + (float)(32 * (sc[2 * j] * bsk[2 * j] + sc[2 * j + 1] * bsk[2 * j + 1])) * s;
     }
   }
-  return kred16(acc) + extra;
+  return kred16(acc) - kred8(macc);
 }
 
 static float dot_mlx_scalar(const floe_mat *W, int64_t r, const uint8_t *xq, const kact_layout *L) {

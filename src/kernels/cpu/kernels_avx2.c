@@ -31,11 +31,10 @@ static inline float f16s(const uint8_t *p) {
   return _cvtsh_ss(h);
 }
 
-static inline int32_t hsum8i(__m256i v) {
-  __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4E));
-  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1));
-  return _mm_cvtsi128_si32(a);
+static inline float red8(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
 }
 
 /* sum of 4 products u8 w * s8 x per dword (pairs must not saturate) */
@@ -80,6 +79,7 @@ static inline __attribute__((always_inline)) void a32_row(const int T, const int
     __m256i w0 = a32_dec(T, row + k * bytes, &d0);
     const int two = k + 1 < nblk;
     __m256i w1 = two ? a32_dec(T, row + (k + 1) * bytes, &d1) : _mm256_setzero_si256();
+#pragma GCC unroll 4
     for (int b = 0; b < NB; b++) {
       const uint8_t *x = xq + b * xs;
       const float *dx = (const float *)(x + L->off_d);
@@ -102,12 +102,8 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : T == FLOE_TYPE_Q5_K ? 176 : T == FLOE_TYPE_Q6_K ? 210 : 136;
   const uint8_t *row = kw_row(W, r);
   const __m256i m4 = _mm256_set1_epi8(15);
-  __m256 alo[NBG], ahi[NBG];
-  float extra[NBG];
-  for (int b = 0; b < NB; b++) {
-    alo[b] = ahi[b] = _mm256_setzero_ps();
-    extra[b] = 0;
-  }
+  __m256 alo[NBG], ahi[NBG], macc[NBG];
+  for (int b = 0; b < NB; b++) alo[b] = ahi[b] = macc[b] = _mm256_setzero_ps();
   for (int64_t k = 0; k < L->nblk; k++) {
     const uint8_t *bk = row + k * bytes;
     __m256i w[4][2], sv[4][2], sx[4][2]; /* weights (u8 or |w|), int16 scales, signs (IQ4_XS) */
@@ -122,7 +118,9 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       aux = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
       const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
       __m256i qh = _mm256_loadu_si256((const __m256i *)(bk + 16));
+#pragma GCC unroll 4
       for (int s = 0; s < 4; s++)
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
           __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 64 * (s / 2) + 32 * h));
           __m256i v = (s & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
@@ -140,9 +138,11 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       const int8_t *sc = (const int8_t *)(bk + 192);
       aux = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
       const __m256i m30 = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 4
       for (int s = 0; s < 4; s++) {
         int n = s / 2;
         __m256i qh = _mm256_loadu_si256((const __m256i *)(bk + 128 + 32 * n));
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
           __m256i l = _mm256_loadu_si256((const __m256i *)(bk + 64 * n + 32 * h));
           __m256i v = (s & 1) ? _mm256_and_si256(_mm256_srli_epi16(l, 4), m4) : _mm256_and_si256(l, m4);
@@ -155,10 +155,13 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       }
     } else { /* IQ4_XS */
       int8_t ls[8];
-      kq_scales_iq4xs(bk, ls);
+      uint64_t lsv = kq_scales_iq4xs_u64(bk);
+      memcpy(ls, &lsv, 8);
       d = f16s(bk);
       const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+#pragma GCC unroll 4
       for (int s = 0; s < 4; s++)
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
           __m256i q = _mm256_loadu_si256((const __m256i *)(bk + 8 + 64 * (s / 2) + 32 * h));
           __m256i v = (s & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
@@ -169,11 +172,13 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
           sv[s][h] = _mm256_set_m128i(_mm_set1_epi16(ls[j + 1]), _mm_set1_epi16(ls[j]));
         }
     }
+#pragma GCC unroll 4
     for (int b = 0; b < NB; b++) {
       const uint8_t *xb = xq + b * xs;
       const int8_t *x = (const int8_t *)xb + 256 * k;
       const float dx = ((const float *)(xb + L->off_d))[k];
       __m256i Llo = _mm256_setzero_si256(), Lhi = _mm256_setzero_si256();
+#pragma GCC unroll 4
       for (int s = 0; s < 4; s++) {
         __m256i x0 = _mm256_loadu_si256((const __m256i *)(x + 64 * s));
         __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + 64 * s + 32));
@@ -190,13 +195,13 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       ahi[b] = lanes_add(ahi[b], Lhi, Sv);
       if (T != FLOE_TYPE_IQ4_XS) {
         __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xb + L->off_s) + 16 * k));
-        int32_t t = hsum8i(_mm256_madd_epi16(aux, bs));
-        if (T == FLOE_TYPE_Q6_K) extra[b] = extra[b] - S * (float)(32 * t);
-        else extra[b] = extra[b] - (dm * dx) * (float)t;
+        __m256i M = _mm256_madd_epi16(aux, bs);
+        if (T == FLOE_TYPE_Q6_K) M = _mm256_slli_epi32(M, 5);
+        macc[b] = _mm256_add_ps(macc[b], _mm256_mul_ps(_mm256_cvtepi32_ps(M), _mm256_set1_ps(T == FLOE_TYPE_Q6_K ? S : dm * dx)));
       }
     }
   }
-  for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(alo[b], ahi[b]) + extra[b];
+  for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(alo[b], ahi[b]) - red8(macc[b]);
 }
 
 /* ================= MLX 4-bit / 8-bit ================= */
@@ -248,6 +253,7 @@ static inline __attribute__((always_inline)) void mlx_row(const int BITS, const 
     }
     float sw[8] = {0};
     for (int j = 0; j < ng; j++) sw[j] = kq_sb(sbt, scl, g0 + j);
+#pragma GCC unroll 4
     for (int b = 0; b < NB; b++) {
       const uint8_t *xb = xq + b * xs;
       const int8_t *x = (const int8_t *)xb + c;

@@ -20,7 +20,7 @@
  *
  * Activation formats (one quantized row per activation row; xq rows xq_stride bytes apart):
  *   KACT_A32  (Q8_0, Q4_0, IQ4_NL, MXFP4): per 32 values: int8 q[32] (natural order), float d.
- *             Layout: q[nblk*32] | d[nblk].
+ *             Layout: q[nblk*32] | d[nblk] | dexp[nblk*8] (each d 8 times, for SIMD loads).
  *   KACT_A256 (Q4_K, Q5_K, Q6_K, IQ4_XS): per 256 values: int8 q[256] in the weight type's decode
  *             order (kact_perm256), float d, int16 bsum[16] (sums of q over natural 16-runs).
  *             Layout: q[nsb*256] | d[nsb] | bsum[nsb*16].
@@ -31,7 +31,8 @@
  *             negcorr[16] per step: -(2^(bits-1)) * (sum of the lane's x values), so a lane
  *             starting from negcorr sums (code - 2^(bits-1)) * x: centring the codes keeps the
  *             float error proportional to |w| (uncentred 8-bit codes lose ~2 digits to the bias).
- *             Layout: q[nch*128] | d[ng] | s[ng] | negcorr[nsteps*16] (int32).
+ *             dlane[16] per step: the d of each lane's group (a lane-scale vector load).
+ *             Layout: q[nch*128] | d[ng] | s[ng] | negcorr[nsteps*16] (int32) | dlane[nsteps*16].
  *   Quantization: d = amax/127, q = round-to-nearest-even(x * (127/amax)), 0 when amax == 0.
  *
  * Per type, one step and its lanes ("4 products" = the 4 consecutive bytes of a dword lane):
@@ -43,9 +44,12 @@
  *     xq position p (0..255): 32-run t = p/32 holds natural sub-block kperm_q4k[t]. Lane i collects
  *     the 4 steps s=0..3 at positions 64s+4i..64s+4i+3 (u8 weights 0..15 / 0..31), each 4-sum
  *     multiplied by the 6-bit scale of its sub-block: L[i] = sum_s sc[sb] * sum4. S = d*dx.
- *     extra = extra - (dmin*dx) * (float)imin, imin = sum_j m[j] * (bsum[2j]+bsum[2j+1]).
+ *     Mins: 8 more lanes M[j] = m[j]*bsum[2j] + m[j]*bsum[2j+1] (j < 8), macc[j] = macc[j] +
+ *     (float)M[j] * (dmin*dx); extra = -reduce8(macc) (reduce8: a[i]=v[i]+v[i+4], b[i]=a[i]+a[i+2],
+ *     b[0]+b[1]), i.e. y = reduce16(acc) - reduce8(macc).
  *   Q6_K: natural order; L[i] = sum_{s<4} sc[4s+i/4] * sum4(q*x) at positions 64s+4i.., q = 0..63
- *     (the -32 is taken out): extra = extra - S * (float)ioff, ioff = 32*sum_k sc[k]*bsum[k].
+ *     (the -32 is taken out): M[j] = 32*(sc[2j]*bsum[2j] + sc[2j+1]*bsum[2j+1]), macc as above
+ *     with the scale S.
  *   IQ4_XS: activation order per 128: the first 16 of sub-blocks 0..3, then their last 16.
  *     Lane i, step s: positions 64s+4i..; sub-block 4*(s/2) + i/4; L[i] = sum_s (ls-32)*sum4(kv*x).
  *     S = d*dx, extra = 0.
@@ -76,8 +80,10 @@ typedef struct kact_layout {
   int64_t nblk;      /* scale blocks: 32-blocks, superblocks or MLX groups */
   int64_t nq;        /* int8 values stored (padded to whole chunks for MLX) */
   size_t off_d;      /* float d[nblk] */
-  size_t off_s;      /* A256: int16 bsum[nblk*16]; MLX: float s[nblk] */
+  size_t off_s;      /* A32: float dexp[nblk*8] (d repeated 8x, a lane-scale vector load);
+                        A256: int16 bsum[nblk*16]; MLX: float s[nblk] */
   size_t off_c;      /* MLX: int32 negcorr[nq/step*16] */
+  size_t off_e;      /* MLX: float dlane[nq/step*16], the d of each lane's group (0 past the end) */
   size_t bytes;
 } kact_layout;
 
@@ -93,7 +99,7 @@ static inline kact_layout kact_layout_of(const floe_mat *W) {
       L.kind = KACT_A32; L.nblk = n / 32; L.nq = n;
       L.off_d = kact_round64((size_t)n);
       L.off_s = L.off_d + kact_round64((size_t)L.nblk * 4);
-      L.bytes = L.off_s;
+      L.bytes = L.off_s + kact_round64((size_t)L.nblk * 32);
       return L;
     case FLOE_TYPE_Q4_K: case FLOE_TYPE_Q5_K: case FLOE_TYPE_Q6_K: case FLOE_TYPE_IQ4_XS:
       if (n % 256) return L;
@@ -109,7 +115,8 @@ static inline kact_layout kact_layout_of(const floe_mat *W) {
       L.off_d = kact_round64((size_t)L.nq);
       L.off_s = L.off_d + kact_round64((size_t)L.nblk * 4);
       L.off_c = L.off_s + kact_round64((size_t)L.nblk * 4);
-      L.bytes = L.off_c + (size_t)(L.nq / (W->mlx.bits == 4 ? 128 : 64)) * 64;
+      L.off_e = L.off_c + (size_t)(L.nq / (W->mlx.bits == 4 ? 128 : 64)) * 64;
+      L.bytes = L.off_e + (size_t)(L.nq / (W->mlx.bits == 4 ? 128 : 64)) * 64;
       return L;
     default:
       return L;
@@ -181,6 +188,27 @@ static inline float kq_sb(uint32_t sb_type, const void *p, int64_t j) {
   memcpy(&h, (const uint8_t *)p + 2 * j, 2);
   return sb_type == FLOE_TYPE_F16 ? floe_f16_to_f32(h) : floe_bf16_to_f32(h);
 }
+
+static inline float kred8(const float v[8]) {
+  float a[4], b[2];
+  for (int i = 0; i < 4; i++) a[i] = v[i] + v[i + 4];
+  for (int i = 0; i < 2; i++) b[i] = a[i] + a[i + 2];
+  return b[0] + b[1];
+}
+
+/* IQ4_XS scales ls - 32 as 8 bytes of a 64-bit word, with BMI2 pdep (ISA files only). */
+#ifdef __BMI2__
+#include <immintrin.h>
+static inline uint64_t kq_scales_iq4xs_u64(const uint8_t *b) {
+  uint16_t sh;
+  uint32_t sl;
+  memcpy(&sh, b + 2, 2);
+  memcpy(&sl, b + 4, 4);
+  uint64_t v = _pdep_u64(sl, 0x0F0F0F0F0F0F0F0Full) | _pdep_u64(sh, 0x3030303030303030ull);
+  /* bytewise v - 32 (each byte 0..63): borrow-free via the 0x80 bit */
+  return ((v | 0x8080808080808080ull) - 0x2020202020202020ull) ^ 0x8080808080808080ull;
+}
+#endif
 
 /* The fixed 16-lane reduction every ISA uses. */
 static inline float kred16(const float v[16]) {
