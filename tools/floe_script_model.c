@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
     char *text = unescape(eq + 1);
     size_t tl = strlen(text);
     sc[s].toks = calloc(tl + 1, sizeof *sc[s].toks);
-    size_t prev = 0;
+    size_t *starts = calloc(tl + 1, sizeof *starts); /* byte offset of each piece */
     for (size_t pos = 0; pos < tl;) {
       size_t len = (size_t)lens[li++ % 5];
       char *enc = NULL;
@@ -182,23 +182,25 @@ int main(int argc, char **argv) {
         free(enc);
         enc = byte_level(text + pos, len);
         if (find_token(&v, enc) < 0) break;
-        if (pos + len == tl) { /* the tail is an existing token: merge it into the previous piece */
-          free(enc);
-          if (!sc[s].n) return fail("cannot make a unique token for '%s'", eq + 1);
-          free(v.tokens[--v.n]);
-          sc[s].n--;
-          pos = prev;
-          len = tl - pos;
-          enc = byte_level(text + pos, len);
-          if (find_token(&v, enc) >= 0) return fail("cannot make a unique token for the end of '%s'", eq + 1);
+        if (pos + len == tl) {
+          /* the tail is an existing token: merge it into the previous pieces until unique */
+          while (find_token(&v, enc) >= 0) {
+            free(enc);
+            if (!sc[s].n) return fail("cannot make unique tokens for '%s'", eq + 1);
+            free(v.tokens[--v.n]);
+            pos = starts[--sc[s].n];
+            len = tl - pos;
+            enc = byte_level(text + pos, len);
+          }
           break;
         }
       }
+      starts[sc[s].n] = pos;
       sc[s].toks[sc[s].n++] = (int64_t)v.n;
       if (add_token(&v, enc)) return fail("%s", "out of memory");
-      prev = pos;
       pos += len;
     }
+    free(starts);
     sc[s].toks[sc[s].n++] = im_end;
     free(text);
   }
