@@ -44,6 +44,15 @@ ok "--chat runs" '[ $? -eq 0 ]'
 "$B" run -m "$T/m.gguf" -p "hello" -n 4 2>"$T/stats" >/dev/null
 ok "timings on stderr" 'grep -q "tok/s" "$T/stats"'
 
+# tokenize: ids round-trip through the pieces; special tokens parsed unless --no-special
+tk=$(printf 'def f(x):\n    return x' | "$B" tokenize -m "$T/m.gguf" --ids 2>/dev/null)
+ok "tokenize --ids prints ids" '[ -n "$tk" ] && [ "$(echo $tk | wc -w)" -ge 3 ]'
+printf 'hello world' | "$B" tokenize -m "$T/m.gguf" >"$T/tok" 2>&1
+ok "tokenize prints id<TAB>piece lines" 'grep -qP "^[0-9]+\t\x27" "$T/tok"'
+sp=$(printf '<|im_start|>' | "$B" tokenize -m "$T/m.gguf" --ids 2>/dev/null)
+nsp=$(printf '<|im_start|>' | "$B" tokenize -m "$T/m.gguf" --ids --no-special 2>/dev/null)
+ok "special token is one id, --no-special splits it" '[ "$(echo $sp | wc -w)" -eq 1 ] && [ "$(echo $nsp | wc -w)" -gt 1 ]'
+
 # bad input: one line on stderr, non-zero exit, no crash
 bad() { # name, expected substring, command...
   local name="$1" want="$2"; shift 2

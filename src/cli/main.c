@@ -23,6 +23,7 @@ static const struct {
 } commands[] = {
     {"info", cmd_info, "info -m MODEL [--tensor NAME]   describe a model file, or dump one tensor"},
     {"run", cmd_run, "run -m MODEL [-p TEXT | -f FILE] [--chat] [-n N] [sampling] [-t N] [-c CTX] [--ids]   generate text"},
+    {"tokenize", cmd_tokenize, "tokenize -m MODEL [--ids] [--no-special] < text   text to token ids"},
     {"serve", cmd_serve, "serve -m MODEL [--host H] [--port P] [--api-key K] [...]   OpenAI-compatible HTTP server"},
     {"bench", cmd_bench, "bench -m MODEL [-p N] [-n N] [-d DEPTH] [-r REPS] [-t N] [--bw GBPS] [--json]   prefill / decode speed"},
     {"synth", cmd_synth, "synth --preset P -o FILE.gguf [...]   write a random model with real shapes"},
