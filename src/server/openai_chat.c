@@ -42,6 +42,8 @@ typedef struct chat_proto {
   int64_t n_reasoning;
   double t0;
   bool verbose;
+  bool think_open; /* the prompt opened a <think> block */
+  srv_queue *queue;
 } chat_proto;
 
 static void chat_free(void *pp) {
@@ -238,6 +240,21 @@ static void chat_on_done(srv_job *j, int rc, const floe_gen_result *res, const c
   }
   outp_finish(&p->parser);
   const char *fr = finish_reason(p, res);
+  if (p->n_calls && !client_gone) { /* remember the turn as sampled, for its tool-call ids */
+    sbuf t = {0};
+    if (p->think_open) sb_str(&t, "<think>\n");
+    size_t n = j->n_sampled;
+    while (n && floe_token_is_eog(p->e, j->sampled[n - 1])) n--;
+    for (size_t i = 0; i < n; i++) {
+      size_t pl;
+      const char *pc = floe_token_piece(p->e, j->sampled[i], &pl);
+      if (pc) sb_add(&t, pc, pl);
+    }
+    sb_add(&t, "", 0);
+    if (!t.oom && utf8_valid(t.p, t.n))
+      for (int i = 0; i < p->n_calls; i++) queue_remember_turn(p->queue, p->calls[i].id, t.p);
+    sb_free(&t);
+  }
   if (p->verbose)
     fprintf(stderr, "floe serve: chat %s: prompt %lld (cached %lld), generated %lld, %.1f tok/s, finish %s%s\n", p->id,
             (long long)res->n_prompt, (long long)res->n_reused, (long long)res->n_gen,
@@ -368,8 +385,8 @@ static const char *str_field(const cJSON *o, const char *k) {
   return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static int parse_messages(const cJSON *msgs, floe_chat_msg **out, size_t *n_out, floe_chat_tool_call **calls_out,
-                          strpool *sp, srv_error *e) {
+static int parse_messages(srv *s, const cJSON *msgs, floe_chat_msg **out, size_t *n_out,
+                          floe_chat_tool_call **calls_out, strpool *sp, srv_error *e) {
   *out = NULL;
   *calls_out = NULL;
   if (!cJSON_IsArray(msgs)) return srv_fail(e, 400, "invalid_type", "messages", "'messages' must be an array");
@@ -433,6 +450,17 @@ static int parse_messages(const cJSON *msgs, floe_chat_msg **out, size_t *n_out,
         calls[ci].arguments = atext;
         ci++;
         x->n_tool_calls++;
+      }
+    }
+    if (x->n_tool_calls && x->tool_calls[0].id) {
+      /* a turn this server generated: render it from the text the model sampled */
+      char *raw = queue_lookup_turn(s->queue, x->tool_calls[0].id);
+      if (raw) {
+        x->content = pool_keep(sp, raw);
+        if (!x->content) return srv_fail(e, 500, NULL, NULL, "out of memory");
+        x->reasoning = NULL;
+        x->tool_calls = NULL;
+        x->n_tool_calls = 0;
       }
     }
     if (!strcmp(role, "tool")) {
@@ -525,7 +553,7 @@ void openai_chat(srv *s, const char *body, size_t len, int fd, srv_reply *r) {
   }
   if (srv_check_model(s, req, &e)) goto fail;
   size_t n_msgs = 0;
-  if (parse_messages(cJSON_GetObjectItemCaseSensitive(req, "messages"), &msgs, &n_msgs, &calls, &sp, &e)) goto fail;
+  if (parse_messages(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), &msgs, &n_msgs, &calls, &sp, &e)) goto fail;
   bool parse_calls, think, stream = false, include_usage = false, logprobs = false;
   if (parse_tools(req, &tools, &parse_calls, &e) || parse_thinking(req, &think, &e)) goto fail;
   if (json_opt_bool(req, "stream", &stream, &e) || json_opt_bool(req, "logprobs", &logprobs, &e)) goto fail;
@@ -597,7 +625,9 @@ void openai_chat(srv *s, const char *body, size_t len, int fd, srv_reply *r) {
   p->lp = cJSON_CreateArray();
   p->verbose = s->o.verbose;
   outp_sink sink = {p, on_content, on_reasoning, on_tool_start, on_tool_args};
-  outp_init(&p->parser, parse_calls, stream, think_open(text, tlen), p->tools, sink);
+  p->think_open = think_open(text, tlen);
+  p->queue = s->queue;
+  outp_init(&p->parser, parse_calls, stream, p->think_open, p->tools, sink);
   j->proto = p;
   j->ops = &chat_ops;
   p = NULL;

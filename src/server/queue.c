@@ -26,6 +26,7 @@
 
 #define REPLAY_MAX 64
 #define REPLAY_MIN_TEXT 8
+#define TURNS_MAX 256
 
 typedef struct slot {
   floe_session *s;
@@ -41,6 +42,12 @@ typedef struct replay {
   size_t n;
   uint64_t used;
 } replay;
+
+typedef struct turn {
+  char id[48];
+  char *text;
+  uint64_t used;
+} turn;
 
 struct srv_queue {
   srv *server;
@@ -59,6 +66,8 @@ struct srv_queue {
   pthread_mutex_t rmu;
   replay rep[REPLAY_MAX];
   int n_rep;
+  turn turns[TURNS_MAX]; /* tool-call id -> the assistant turn as sampled (under rmu) */
+  int n_turns;
 };
 
 /* ---- jobs ---- */
@@ -195,17 +204,64 @@ static void replay_add(srv_queue *q, const int32_t *ids, size_t n) {
   pthread_mutex_unlock(&q->rmu);
 }
 
+void queue_remember_turn(srv_queue *q, const char *call_id, const char *text) {
+  char *cp = strdup(text);
+  if (!cp || strlen(call_id) >= sizeof q->turns[0].id) {
+    free(cp);
+    return;
+  }
+  pthread_mutex_lock(&q->rmu);
+  int k = 0;
+  if (q->n_turns < TURNS_MAX) k = q->n_turns++;
+  else
+    for (int i = 1; i < TURNS_MAX; i++)
+      if (q->turns[i].used < q->turns[k].used) k = i;
+  free(q->turns[k].text);
+  snprintf(q->turns[k].id, sizeof q->turns[k].id, "%s", call_id);
+  q->turns[k].text = cp;
+  q->turns[k].used = ++q->tick;
+  pthread_mutex_unlock(&q->rmu);
+}
+
+char *queue_lookup_turn(srv_queue *q, const char *call_id) {
+  char *r = NULL;
+  pthread_mutex_lock(&q->rmu);
+  for (int k = 0; k < q->n_turns && !r; k++)
+    if (!strcmp(q->turns[k].id, call_id)) {
+      r = strdup(q->turns[k].text);
+      q->turns[k].used = ++q->tick;
+    }
+  pthread_mutex_unlock(&q->rmu);
+  return r;
+}
+
+typedef struct replay_seg { size_t at, len; int32_t *ids; size_t n; } replay_seg;
+
+/* Appends ids to a growable array. */
+static int ids_append(int32_t **v, size_t *n, size_t *cap, const int32_t *src, size_t k) {
+  if (*n + k > *cap) {
+    size_t nc = (*n + k) * 2 + 64;
+    int32_t *nb = realloc(*v, nc * sizeof *nb);
+    if (!nb) return -1;
+    *v = nb;
+    *cap = nc;
+  }
+  if (k) memcpy(*v + *n, src, k * sizeof *src);
+  *n += k;
+  return 0;
+}
+
 int queue_tokenize_prompt(srv_queue *q, const floe_engine *e, const char *text, size_t len, int32_t **ids,
                           size_t *n, char *err, size_t errlen) {
   *ids = NULL;
   *n = 0;
-  int32_t *out = NULL;
-  size_t no = 0, cap = 0;
-  size_t pos = 0;
+  /* 1. under the lock: where remembered generations occur (earliest first, the longest at a tie) */
+  replay_seg *segs = NULL;
+  size_t n_segs = 0, cap_segs = 0;
   int rc = 0;
+  bool oom = false;
   pthread_mutex_lock(&q->rmu);
-  while (pos < len) {
-    /* earliest occurrence of a remembered generation (the longest at a tie) */
+  for (size_t pos = 0; pos < len;) {
     const char *best = NULL;
     int bk = -1;
     for (int k = 0; k < q->n_rep; k++) {
@@ -215,38 +271,54 @@ int queue_tokenize_prompt(srv_queue *q, const floe_engine *e, const char *text, 
         bk = k;
       }
     }
-    size_t upto = best ? (size_t)(best - text) : len;
-    int32_t *part = NULL;
-    size_t np = 0;
-    if (upto > pos) {
-      rc = floe_tokenize(e, text + pos, upto - pos, true, &part, &np, err, errlen);
-      if (rc) break;
-    }
-    size_t extra = best ? q->rep[bk].n : 0;
-    if (no + np + extra > cap) {
-      size_t nc = (no + np + extra) * 2 + 64;
-      int32_t *nb = realloc(out, nc * sizeof *nb);
+    if (!best) break;
+    if (n_segs == cap_segs) {
+      size_t nc = cap_segs ? cap_segs * 2 : 4;
+      replay_seg *nb = realloc(segs, nc * sizeof *nb);
       if (!nb) {
-        free(part);
-        rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+        oom = true;
         break;
       }
-      out = nb;
-      cap = nc;
+      segs = nb;
+      cap_segs = nc;
     }
-    if (np) memcpy(out + no, part, np * sizeof *part);
-    no += np;
-    free(part);
-    if (!best) break;
-    memcpy(out + no, q->rep[bk].ids, extra * sizeof *out);
-    no += extra;
+    replay_seg *sg = &segs[n_segs];
+    sg->at = (size_t)(best - text);
+    sg->len = q->rep[bk].len;
+    sg->n = q->rep[bk].n;
+    sg->ids = malloc(sg->n * sizeof *sg->ids);
+    if (!sg->ids) {
+      oom = true;
+      break;
+    }
+    memcpy(sg->ids, q->rep[bk].ids, sg->n * sizeof *sg->ids);
+    n_segs++;
     q->rep[bk].used = ++q->tick;
-    pos = upto + q->rep[bk].len;
+    pos = sg->at + sg->len;
   }
   pthread_mutex_unlock(&q->rmu);
-  if (rc) {
+  /* 2. tokenize the text between them */
+  int32_t *out = NULL;
+  size_t no = 0, cap = 0, pos = 0;
+  for (size_t i = 0; rc == 0 && !oom && i <= n_segs; i++) {
+    size_t upto = i < n_segs ? segs[i].at : len;
+    if (upto > pos) {
+      int32_t *part = NULL;
+      size_t np = 0;
+      rc = floe_tokenize(e, text + pos, upto - pos, true, &part, &np, err, errlen);
+      if (rc == 0 && ids_append(&out, &no, &cap, part, np)) oom = true;
+      free(part);
+    }
+    if (rc == 0 && i < n_segs) {
+      if (ids_append(&out, &no, &cap, segs[i].ids, segs[i].n)) oom = true;
+      pos = segs[i].at + segs[i].len;
+    }
+  }
+  for (size_t i = 0; i < n_segs; i++) free(segs[i].ids);
+  free(segs);
+  if (rc || oom) {
     free(out);
-    return rc;
+    return rc ? rc : floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   }
   *ids = out;
   *n = no;
@@ -414,6 +486,7 @@ void queue_free(srv_queue *q) {
     free(q->rep[k].text);
     free(q->rep[k].ids);
   }
+  for (int k = 0; k < q->n_turns; k++) free(q->turns[k].text);
   free(q->items);
   pthread_mutex_destroy(&q->mu);
   pthread_cond_destroy(&q->cv);

@@ -166,6 +166,13 @@ int64_t queue_n_ctx(srv_queue *q);
 void queue_stop(srv_queue *q);
 void queue_free(srv_queue *q);
 
+/* Tool-call id -> the assistant turn's text exactly as sampled (with the "<think>\n" the prompt
+ * opened, if any). A request that sends that assistant message back is rendered from this text
+ * instead of the structured fields, so the history matches what the model saw (the ds4 trick:
+ * templates re-render arguments differently, e.g. Qwen3.5 writes booleans as True). */
+void queue_remember_turn(srv_queue *q, const char *call_id, const char *text);
+char *queue_lookup_turn(srv_queue *q, const char *call_id); /* malloc'ed copy or NULL */
+
 /* Prompt tokenization with the replay map: spans of the text that are an earlier generation's
  * exact output are replaced by the token ids the model sampled (so the history matches the
  * session's cache); the rest is tokenized with parse_special. *ids malloc'ed. */

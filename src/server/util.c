@@ -237,7 +237,7 @@ int srv_parse_gen(srv *s, const cJSON *req, srv_job *j, srv_error *e) {
   if (json_opt_num(req, "min_p", 0, 1, &v, &have, e)) return -1;
   if (have) gp->sampling.min_p = (float)v;
   if (json_opt_num(req, "seed", -9.2e18, 1.8e19, &v, &have, e)) return -1;
-  if (have) gp->sampling.seed = (uint64_t)(int64_t)v;
+  if (have) gp->sampling.seed = v < 0 ? (uint64_t)(int64_t)v : (uint64_t)v;
   else {
     char rid[24];
     srv_rand_id(rid, sizeof rid, "", 12);
