@@ -349,8 +349,20 @@ static bool parse_whole(const cJSON *tools, const char *b, size_t n, char **name
       ok = cJSON_IsObject(inner);
       if (ok) *args = cJSON_PrintUnformatted(inner);
       cJSON_Delete(inner);
+    } else if (ok && a) {
+      /* keep the sampled bytes of the object (what streaming sends), else cJSON's printing */
+      outp q;
+      xml_coll c = {0};
+      outp_sink sk = {&c, NULL, NULL, coll_start, coll_args};
+      outp_init(&q, true, true, false, NULL, sk);
+      sb_add(&q.call, b, n);
+      q.form = 2;
+      if (json_step(&q) && q.args_closed && !c.args.oom && c.args.n) *args = strndup(c.args.p, c.args.n);
+      else *args = cJSON_PrintUnformatted(a);
+      sb_free(&c.args);
+      outp_free(&q);
     } else if (ok) {
-      *args = a ? cJSON_PrintUnformatted(a) : strdup("{}");
+      *args = strdup("{}");
     }
     if (ok) *name = strdup(nm->valuestring);
     cJSON_Delete(j);
