@@ -337,8 +337,20 @@ static float dot_a256_scalar(const floe_mat *W, const uint8_t *row, const uint8_
     int32_t lsc[64], Lv[16] = {0};
     float S[16];
     dec_a256(W->type, b, w, lsc);
+    int32_t D[4][16];
     for (int s = 0; s < 4; s++)
-      for (int i = 0; i < 16; i++) Lv[i] += lsc[16 * s + i] * sum4(w + 64 * s + 4 * i, x + 64 * s + 4 * i);
+      for (int i = 0; i < 16; i++) D[s][i] = sum4(w + 64 * s + 4 * i, x + 64 * s + 4 * i);
+    if (W->type == FLOE_TYPE_IQ4_XS) {
+      for (int s = 0; s < 4; s++)
+        for (int i = 0; i < 16; i++) Lv[i] += lsc[16 * s + i] * D[s][i];
+    } else {
+      /* packed lanes: lane 4j+t takes two adjacent 4-sums of step 2p + (t >= 2), p = 0, 1 */
+      for (int l = 0; l < 16; l++)
+        for (int p = 0; p < 2; p++) {
+          int a = 2 * p + (l % 4 >= 2), i0 = 4 * (l / 4) + 2 * (l % 2);
+          Lv[l] += lsc[16 * a + i0] * (D[a][i0] + D[a][i0 + 1]);
+        }
+    }
     float d = W->type == FLOE_TYPE_Q6_K ? kq_f16(b + 208) : kq_f16(b);
     float s = d * dx[k];
     for (int i = 0; i < 16; i++) S[i] = s;

@@ -177,7 +177,7 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       const uint8_t *xb = xq + b * xs;
       const int8_t *x = (const int8_t *)xb + 256 * k;
       const float dx = ((const float *)(xb + L->off_d))[k];
-      __m256i Llo = _mm256_setzero_si256(), Lhi = _mm256_setzero_si256();
+      __m256i Llo = _mm256_setzero_si256(), Lhi = _mm256_setzero_si256(), X[4][2];
 #pragma GCC unroll 4
       for (int s = 0; s < 4; s++) {
         __m256i x0 = _mm256_loadu_si256((const __m256i *)(x + 64 * s));
@@ -186,8 +186,17 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
           x0 = _mm256_sign_epi8(x0, sx[s][0]);
           x1 = _mm256_sign_epi8(x1, sx[s][1]);
         }
-        Llo = _mm256_add_epi32(Llo, _mm256_madd_epi16(_mm256_maddubs_epi16(w[s][0], x0), sv[s][0]));
-        Lhi = _mm256_add_epi32(Lhi, _mm256_madd_epi16(_mm256_maddubs_epi16(w[s][1], x1), sv[s][1]));
+        X[s][0] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[s][0], x0), sv[s][0]);
+        X[s][1] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[s][1], x1), sv[s][1]);
+        if (T == FLOE_TYPE_IQ4_XS) {
+          Llo = _mm256_add_epi32(Llo, X[s][0]);
+          Lhi = _mm256_add_epi32(Lhi, X[s][1]);
+        }
+      }
+      if (T != FLOE_TYPE_IQ4_XS) {
+        /* the packed lane order of the model (vphaddd per 128-bit lane = vpackssdw + vpdpwssd) */
+        Llo = _mm256_add_epi32(_mm256_hadd_epi32(X[0][0], X[1][0]), _mm256_hadd_epi32(X[2][0], X[3][0]));
+        Lhi = _mm256_add_epi32(_mm256_hadd_epi32(X[0][1], X[1][1]), _mm256_hadd_epi32(X[2][1], X[3][1]));
       }
       const float S = d * dx;
       const __m256 Sv = _mm256_set1_ps(S);

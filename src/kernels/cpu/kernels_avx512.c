@@ -22,9 +22,24 @@
  *     predicted compute-bound with one thread (~75-85 %), memory-bound with two.
  *   MLX 4-bit g64: 64 B codes + 8 B scale/bias per 128 -> 3.3 ns per chunk = ~8-10 cycles;
  *     ~17 ops per chunk + bias pass: predicted ~at the floor with one thread.
- * nb > 1: the decode (nibbles, scales) is shared by the rows of a group (up to 4 rows), so the
+ * nb > 1: the decode (nibbles, scales) is shared by the rows of a group (up to 8 rows), so the
  *   per-row cost falls to the per-row part (~25 ops per Q4_K superblock), i.e. 2-3x per row.
- * Measured numbers: bench/results.tsv.
+ *
+ * ---- Measured (bench/results.tsv) and why ----
+ * The predictions above were optimistic by ~2x. With 512-bit ops in flight only ports 0 and 5
+ * execute vector uops, and vpmaddubsw / vpdpwssd / vpdpbusd / vcvtdq2ps are port-0 only. Per Q4_K
+ * superblock and activation row: 4 vpmaddubsw + 4 vpdpwssd + 2 cvt + vpmaddwd = 11 port-0 uops plus
+ * ~7 flexible ones; measured ~17 cycles for that per-row part (nb=8 runs) and ~27 cycles per
+ * superblock at nb=1 (2.1 GHz device: ~11 GB/s in cache, ~8 out of cache with prefetch, ~55% of
+ * one core's bandwidth; 2 threads ~13 GB/s). What was fixed on the way: a store-forwarding stall in
+ * the scalar scale unpack (IQ4_XS 2.7x, Q4_K 10%), scale products built from memory broadcasts
+ * instead of scalar->vector moves, and software prefetch 4 KiB ahead (out of cache +50%: the
+ * hardware streamer does not keep enough lines in flight for a loop this heavy).
+ * K-quants then moved to vpdpbusd per step + vpackssdw pairs + one vpdpwssd per two steps (6
+ * port-0 uops instead of 8, the "packed lanes" of the model): +8-10 % in and out of cache.
+ * Not yet done, in expected-gain order: (1) two weight rows per iteration to share activation
+ * loads and overlap the reductions; (2) the same packing for IQ4_XS (its 4-sums exceed int16:
+ * needs 2-sums); (3) the nibble shift with one GF2P8AFFINEQB instead of shift+and.
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -37,6 +52,10 @@
  * 8.1-9.8 at 4 KiB (1 thread); 2 threads 8.2 -> 12.4-17.6. The hardware streamer alone does not keep
  * enough lines in flight for a kernel this compute-heavy. */
 static int KPF = 4096;
+__attribute__((constructor)) static void kpf_from_env(void) {
+  const char *e = getenv("FLOE_KPF");
+  if (e) KPF = atoi(e);
+}
 
 static inline float red16(__m512 v) {
   __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -125,6 +144,19 @@ static inline __attribute__((always_inline)) void a32_row(const int T, const int
 
 /* ================= quantized path: A256 types (Q4_K, Q5_K, Q6_K, IQ4_XS) ================= */
 
+/* Scale index vectors of the packed K-quant lanes (see kernels_internal.h): word w of the
+ * steps-(0,1) and steps-(2,3) scale vectors; Q4_K/Q5_K as vpermb byte indices (odd bytes zeroed
+ * by the mask), Q6_K as vpermw word indices. */
+static const uint8_t kidx_q4k[2][64] __attribute__((aligned(64))) = {
+  {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3, 0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3, 0},
+  {4, 0, 4, 0, 4, 0, 4, 0, 5, 0, 5, 0, 5, 0, 5, 0, 4, 0, 4, 0, 4, 0, 4, 0, 5, 0, 5, 0, 5, 0, 5, 0, 6, 0, 6, 0, 6, 0, 6, 0, 7, 0, 7, 0, 7, 0, 7, 0, 6, 0, 6, 0, 6, 0, 6, 0, 7, 0, 7, 0, 7, 0, 7, 0},
+};
+static const uint16_t kidx_q6k[2][32] __attribute__((aligned(64))) = {
+  {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
+  {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15},
+};
+
+
 static inline __attribute__((always_inline)) void a256_row(const int T, const int NB, const floe_mat *W,
                                                            const kact_layout *L, int64_t r, const uint8_t *xq,
                                                            size_t xs, float *Y, int64_t ldy) {
@@ -160,12 +192,10 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       const __m128i scm = _mm_or_si128(_mm_or_si128(lowA, lowB), _mm_and_si128(_mm_srli_epi16(H, 2), _mm_set1_epi8(0x30)));
       d = f16s(bk);
       dm = f16s(bk + 2);
-      /* step s scale vector: dword lanes 0-7 = sc[a], 8-15 = sc[b] as int16 (high word 0) */
+      /* packed-lane scale vectors: sv[0] for steps 0-1, sv[1] for steps 2-3 (int16 words) */
       const __m512i scz = _mm512_castsi128_si512(scm);
-      sv[0] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_inserti64x4(_mm512_set1_epi8(0), _mm256_set1_epi8(2), 1), scz);
-      sv[1] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_inserti64x4(_mm512_set1_epi8(1), _mm256_set1_epi8(3), 1), scz);
-      sv[2] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_inserti64x4(_mm512_set1_epi8(4), _mm256_set1_epi8(6), 1), scz);
-      sv[3] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_inserti64x4(_mm512_set1_epi8(5), _mm256_set1_epi8(7), 1), scz);
+      sv[0] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_q4k[0]), scz);
+      sv[1] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_q4k[1]), scz);
       aux = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
       const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
       __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
@@ -189,14 +219,8 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bk + 192)));
       aux = sc16;
       __m512i sz = _mm512_castsi256_si512(sc16);
-#pragma GCC unroll 4
-      for (int s = 0; s < 4; s++) {
-        /* word w of step s = sc[4s + w/8] */
-        __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(4 * s)),
-                                       _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                                                          15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
-        sv[s] = _mm512_permutexvar_epi16(idx, sz);
-      }
+      sv[0] = _mm512_permutexvar_epi16(_mm512_load_si512(kidx_q6k[0]), sz);
+      sv[1] = _mm512_permutexvar_epi16(_mm512_load_si512(kidx_q6k[1]), sz);
       const uint8_t *ql = bk, *qhp = bk + 128;
       const __m512i m30 = _mm512_set1_epi8(0x30);
 #pragma GCC unroll 2
@@ -239,16 +263,28 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       const uint8_t *xb = xq + b * xs;
       const int8_t *x = (const int8_t *)xb + 256 * k;
       const float dx = ((const float *)(xb + L->off_d))[k];
-      /* two integer chains (steps 0-1, 2-3) halve the dependent vpdpwssd latency */
-      __m512i La = _mm512_setzero_si512(), Lb = _mm512_setzero_si512();
+      __m512i Lv;
+      if (T == FLOE_TYPE_IQ4_XS) {
+        /* |kvalue| * x 4-sums exceed int16: pairs (vpmaddubsw) times the scale, two chains */
+        __m512i La = _mm512_setzero_si512(), Lb = _mm512_setzero_si512();
 #pragma GCC unroll 4
-      for (int s = 0; s < 4; s++) {
-        __m512i xv = _mm512_loadu_si512(x + 64 * s);
-        if (T == FLOE_TYPE_IQ4_XS) xv = _mm512_mask_sub_epi8(xv, neg[s], _mm512_setzero_si512(), xv);
-        if (s < 2) La = _mm512_dpwssd_epi32(La, _mm512_maddubs_epi16(w[s], xv), sv[s]);
-        else Lb = _mm512_dpwssd_epi32(Lb, _mm512_maddubs_epi16(w[s], xv), sv[s]);
+        for (int s = 0; s < 4; s++) {
+          __m512i xv = _mm512_loadu_si512(x + 64 * s);
+          xv = _mm512_mask_sub_epi8(xv, neg[s], _mm512_setzero_si512(), xv);
+          if (s < 2) La = _mm512_dpwssd_epi32(La, _mm512_maddubs_epi16(w[s], xv), sv[s]);
+          else Lb = _mm512_dpwssd_epi32(Lb, _mm512_maddubs_epi16(w[s], xv), sv[s]);
+        }
+        Lv = _mm512_add_epi32(La, Lb);
+      } else {
+        /* K-quants: unscaled 4-sums per step (vpdpbusd, < 2^15), two steps packed to int16
+         * (vpackssdw, exact), then one vpdpwssd per two steps applies the scales: 6 port-0
+         * uops instead of 8 */
+        __m512i D[4];
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) D[s] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[s], _mm512_loadu_si512(x + 64 * s));
+        Lv = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), sv[0]),
+                                 _mm512_packs_epi32(D[2], D[3]), sv[1]);
       }
-      const __m512i Lv = _mm512_add_epi32(La, Lb);
       /* S = d*dx as a vector multiply with dx broadcast from memory (no scalar->vector moves) */
       const __m512 Sv = _mm512_mul_ps(dv, _mm512_set1_ps(dx));
       acc[b] = lanes_add(acc[b], Lv, Sv);
@@ -383,12 +419,6 @@ void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, co
   (void)ldx;
   kact_layout L = kact_layout_of(W);
   const uint8_t *xq = xq_;
-  static int kpf_init;
-  if (!kpf_init) {
-    const char *e = getenv("FLOE_KPF");
-    if (e) KPF = atoi(e);
-    kpf_init = 1;
-  }
   switch (W->type) {
     case FLOE_TYPE_Q8_0: run_q8_0(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
     case FLOE_TYPE_Q4_0: run_q4_0(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;

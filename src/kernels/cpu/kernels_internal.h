@@ -41,13 +41,15 @@
  *     (Q8_0 qs, Q4_0 nib-8, IQ4_NL kvalues, MXFP4 kvalues_mxfp4); S = dw*dx of the lane's block
  *     (MXFP4 dw = 2^(e-128)). extra = 0.
  *   Q4_K/Q5_K: a superblock is one step. Activation order per 128: natural 32-runs 0,2,1,3.
- *     xq position p (0..255): 32-run t = p/32 holds natural sub-block kperm_q4k[t]. Lane i collects
- *     the 4 steps s=0..3 at positions 64s+4i..64s+4i+3 (u8 weights 0..15 / 0..31), each 4-sum
- *     multiplied by the 6-bit scale of its sub-block: L[i] = sum_s sc[sb] * sum4. S = d*dx.
+ *     xq position p (0..255): 32-run t = p/32 holds natural sub-block kperm_q4k[t]. D[s][i] =
+ *     the 4-sum at positions 64s+4i..64s+4i+3 (u8 weights 0..15 / 0..31), sc(s,i) the 6-bit scale
+ *     of that position's sub-block. Packed lanes (the vpackssdw + vpdpwssd order): lane 4j+t =
+ *     sum over p = 0,1 of sc(a,i0) * (D[a][i0] + D[a][i0+1]), a = 2p + (t >= 2), i0 = 4j + 2(t%2).
+ *     S = d*dx.
  *     Mins: 8 more lanes M[j] = m[j]*bsum[2j] + m[j]*bsum[2j+1] (j < 8), macc[j] = macc[j] +
  *     (float)M[j] * (dmin*dx); extra = -reduce8(macc) (reduce8: a[i]=v[i]+v[i+4], b[i]=a[i]+a[i+2],
  *     b[0]+b[1]), i.e. y = reduce16(acc) - reduce8(macc).
- *   Q6_K: natural order; L[i] = sum_{s<4} sc[4s+i/4] * sum4(q*x) at positions 64s+4i.., q = 0..63
+ *   Q6_K: natural order, packed lanes as Q4_K with sc(s,i) = sc[4s+i/4], q = 0..63
  *     (the -32 is taken out): M[j] = 32*(sc[2j]*bsum[2j] + sc[2j+1]*bsum[2j+1]), macc as above
  *     with the scale S.
  *   IQ4_XS: activation order per 128: the first 16 of sub-blocks 0..3, then their last 16.
