@@ -1,5 +1,9 @@
 // floe serve with a random tiny model and the official openai client: endpoints, chat (plain and
 // streamed), usage, stop strings, seeds, logprobs, completions, errors, prefix reuse.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+
 import OpenAI, { AuthenticationError, BadRequestError, NotFoundError } from 'openai';
 
 import { check, eq, expectError, postJson, section, startServer, waitHealthy } from './lib.mjs';
@@ -216,6 +220,25 @@ export async function basicTests(model, models) {
     const h = await fetch(ks.url + '/health');
     eq(h.status, 200, '/health needs no key');
     eq(await ks.stop(), { code: 0, signal: null }, 'api-key server exits 0');
+  });
+  await section('loading', async () => {
+    // the model path is a FIFO: loading blocks until we write to it, so the server is bound but not ready
+    const fifo = path.join(path.dirname(model), 'loading.fifo');
+    execFileSync('mkfifo', [fifo]);
+    const ls = await startServer(fifo);
+    const h = await fetch(ls.url + '/health');
+    const hj = await h.json();
+    check(h.status === 503 && hj.error && /loading/i.test(hj.error.message), '/health 503 while the model loads', [h.status, hj]);
+    const r = await fetch(ls.url + '/v1/chat/completions', { method: 'POST', body: JSON.stringify({ messages: msgs }) });
+    check(r.status === 503 && r.headers.get('retry-after'), 'chat 503 with Retry-After while loading', r.status);
+    const m = await fetch(ls.url + '/v1/models');
+    eq(m.status, 200, '/v1/models answers while loading');
+    const fd = fs.openSync(fifo, 'w');
+    fs.writeSync(fd, 'not a model');
+    fs.closeSync(fd);
+    const ex = await ls.exited;
+    check(ex.code === 1 && /cannot load/.test(ls.log()), 'a model that fails to load: message and exit 1', [ex, ls.log()]);
+    fs.rmSync(fifo);
   });
   return s;
 }

@@ -51,6 +51,7 @@ for (const s of allServers()) {
   const rep = sanitizerReport(s.log());
   check(!rep, `no sanitizer report from the server on ${path.basename(s.model)} (port ${s.port})`, rep);
   const code = s.proc.exitCode;
+  if (s.model.endsWith('.fifo')) continue; // fails to load on purpose
   check(code === 0, `server on port ${s.port} exited 0`, { code, signal: s.proc.signalCode, log: s.log().slice(-1500) });
 }
 fs.rmSync(dir, { recursive: true, force: true });
