@@ -8,7 +8,19 @@
  *    8-bit blocks (format chosen per weight type, see kernels.c) and the dot products use integer
  *    units (AVX-512 VNNI / AVX2 maddubs). Faster, within ~1e-2 relative of the float path.
  * Row-exactness: for every path, row b of a batched call is bit-identical to the same row computed
- * alone (nb = 1): each row's accumulation sequence does not depend on nb. */
+ * alone (nb = 1): each row's accumulation sequence does not depend on nb.
+ *
+ * What is vectorised (kernels_avx2.c / kernels_avx512.c):
+ *  - quantized path: Q8_0, Q4_0, IQ4_NL, MXFP4, Q4_K, Q5_K, Q6_K, IQ4_XS, MLX 4-bit and 8-bit (any
+ *    group, F32/F16/BF16 scales) decode in SIMD registers; the result is bit-identical in every
+ *    ISA (scalar = AVX2 = AVX-512: one canonical order of float operations, kernels_internal.h).
+ *    Other types have no quantized path (kern_act_bytes() == 0): use the float path.
+ *  - float path: F32/F16/BF16 are converted in registers; every block type (and MLX) is
+ *    dequantized per 256-value chunk with the scalar reference (quant_dequant_row) into a small
+ *    buffer that all nb activation rows then dot with SIMD FMAs. Within 1e-5 * sum|w x| of
+ *    quant_dot_ref; not bit-identical across ISAs.
+ * Weights are read once per 8 (AVX-512) / 4 (AVX2) activation rows; the AVX-512 quantized path
+ * prefetches 4 KiB ahead (FLOE_KPF=bytes overrides, 0 disables). */
 #ifndef FLOE_KERNELS_H
 #define FLOE_KERNELS_H
 #include <stddef.h>
