@@ -90,6 +90,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
       if (n > max) n = max;
       memcpy(buf, j->out.p + j->out_read, n);
       j->out_read += n;
+      if (j->out_read == j->out.n) j->out.n = j->out_read = 0; /* all sent: reuse the buffer */
       pthread_mutex_unlock(&j->mu);
       return (ssize_t)n;
     }
