@@ -36,9 +36,27 @@ const char *floe_strerror(int code);
 typedef struct floe_engine floe_engine;
 typedef struct floe_session floe_session;
 
+/* Streaming I/O engines, prefetchers and cache policies (floe_engine_params). */
+enum { FLOE_IO_AUTO = 0, FLOE_IO_URING = 1, FLOE_IO_PREAD = 2 };
+enum { FLOE_PREFETCH_NEXT = 1, FLOE_PREFETCH_PREV = 2 };
+enum { FLOE_CACHE_LRU = 0, FLOE_CACHE_LFU = 1 };
+
 typedef struct floe_engine_params {
-  const char *model; /* GGUF file, or HF / MLX safetensors directory */
+  const char *model; /* GGUF file, HF / MLX safetensors directory, or a `floe pack` directory */
   int n_threads;     /* 0: all cores */
+  /* Memory budget (bytes; 0: none, every weight used in place through the file mapping). With a
+   * budget, routed experts are streamed from disk: non-expert weights stay mapped (counted), and
+   * experts are read (never through the mapping) into a cache sized so that weights + KV + scratch
+   * + cache fit the budget. Refused with the minimum when one layer's top-k experts do not fit. */
+  uint64_t mem_budget;
+  int io;            /* FLOE_IO_*: io_uring (default, falls back to pread) or a pread thread pool */
+  bool io_direct;    /* O_DIRECT reads (default: buffered, no readahead) */
+  int prefetch;      /* FLOE_PREFETCH_* mask (default FLOE_PREFETCH_NEXT) */
+  int cache_policy;  /* FLOE_CACHE_* (default LRU) */
+  int io_depth;      /* chunks in flight (default 64) */
+  int io_threads;    /* pread workers (default 16) */
+  uint64_t io_chunk; /* read split size (default 512 KiB) */
+  bool io_verify;    /* pack layout: check each expert block's checksum */
 } floe_engine_params;
 
 void floe_engine_params_init(floe_engine_params *p);
@@ -53,6 +71,9 @@ typedef struct floe_model_info {
   uint64_t weight_bytes; /* all tensor data */
   uint64_t expert_bytes; /* routed experts */
   uint64_t decode_bytes; /* weight bytes one decoded token reads (top-k experts, output matrix, ...) */
+  /* streaming (0 without a memory budget; cache figures once the first session exists) */
+  uint64_t mem_budget, resident_bytes, cache_bytes, expert_slot_bytes;
+  int64_t cache_slots;
 } floe_model_info;
 void floe_engine_info(const floe_engine *e, floe_model_info *out);
 
@@ -124,9 +145,18 @@ int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logi
 typedef struct floe_session_stats {
   double attn_s, gdn_s, router_s, experts_s, lm_head_s, other_s;
   int64_t n_tokens; /* tokens evaluated */
+  /* streaming (engine-wide counters, zero without a memory budget) */
+  uint64_t bytes_read, reads;        /* expert bytes read from disk, read requests */
+  uint64_t expert_hits, expert_misses; /* demand lookups found in the cache (or in flight) / read */
+  uint64_t prefetch_issued, prefetch_used, prefetch_wasted;
+  double io_wait_s;                  /* time the forward pass waited for expert reads */
+  double prefetch_precision, prefetch_recall; /* predicted experts that were used / used experts predicted; -1: none */
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
+/* Resets the session's times and the engine's streaming counters. */
 void floe_session_stats_reset(floe_session *s);
+/* Streaming: demand hits and misses of layer l since the last reset (0 when not streaming). */
+void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, uint64_t *misses);
 
 /* ---- generation ---- */
 typedef struct floe_sampling {

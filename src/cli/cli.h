@@ -9,6 +9,15 @@ int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_pack(int argc, char **argv);
+/* Streaming options of run / bench (cmd_pack.c): 0 not one, 1 a flag, 2 took the value v, -1 bad. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "floe.h"
+int cli_stream_option(const char *a, const char *v, floe_engine_params *p);
+const char *cli_stream_help(void);
+void cli_stream_stats(FILE *f, const floe_engine *e, const floe_session_stats *st, int64_t n_tok, double secs, bool json);
 /* Prints "floe: <msg>" to stderr and returns 1. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #endif

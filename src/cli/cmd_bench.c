@@ -37,7 +37,8 @@ static void usage(FILE *f) {
           "  --bw GBPS   memory bandwidth, for the roofline fraction (bench/membw)\n"
           "  --exact     exact float activations (default: 8-bit activations for quantized weights)\n"
           "  --kv-f32    F32 KV cache (default BF16)\n"
-          "  --json      one JSON object per line\n");
+          "  --json      one JSON object per line\n"
+          "%s", cli_stream_help());
 }
 
 static double now_s(void) {
@@ -92,6 +93,12 @@ int cmd_bench(int argc, char **argv) {
     char *end = NULL;
     double num = v ? strtod(v, &end) : 0;
     const bool isnum = v && end != v && *end == 0;
+    const int so = cli_stream_option(a, v, &ep);
+    if (so < 0) return 2;
+    if (so > 0) {
+      i += so - 1;
+      continue;
+    }
     if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) ep.model = argv[++i];
     else if (!strcmp(a, "--json")) json = true;
     else if (!strcmp(a, "--exact")) sp.exact_act = true;
@@ -128,6 +135,7 @@ int cmd_bench(int argc, char **argv) {
   int32_t *ids = NULL;
   float *logits = NULL;
   double *pf = NULL, *dc = NULL, *ph = NULL, *pph = NULL;
+  floe_session_stats *dst = NULL;
   int rc = 1;
   double t0 = now_s();
   if (floe_engine_open(&ep, &e, err, sizeof err)) {
@@ -152,8 +160,9 @@ int cmd_bench(int argc, char **argv) {
   pf = calloc((size_t)reps, sizeof *pf);
   dc = calloc((size_t)reps, sizeof *dc);
   ph = calloc((size_t)reps * 7, sizeof *ph);
+  dst = calloc((size_t)reps, sizeof *dst);
   pph = calloc((size_t)reps * 6, sizeof *pph);
-  if (!ids || !logits || !pf || !dc || !ph || !pph) {
+  if (!ids || !logits || !pf || !dc || !ph || !pph || !dst) {
     cli_fail("out of memory");
     goto done;
   }
@@ -199,6 +208,7 @@ int cmd_bench(int argc, char **argv) {
       dc[r] = now_s() - a;
       floe_session_stats st;
       floe_session_stats_get(s, &st);
+      dst[r] = st;
       double *p = ph + 7 * r;
       p[0] = st.attn_s, p[1] = st.gdn_s, p[2] = st.router_s, p[3] = st.experts_s, p[4] = st.lm_head_s;
       p[5] = st.other_s, p[6] = dc[r];
@@ -229,6 +239,7 @@ int cmd_bench(int argc, char **argv) {
            gbps);
     if (bw > 0) printf("\"bw_gbps\":%.2f,\"roofline_frac\":%.4f,", bw, gbps / bw);
     else printf("\"bw_gbps\":null,\"roofline_frac\":null,");
+    if (n_gen > 0) cli_stream_stats(stdout, e, &dst[rmed], n_gen, dc[rmed], true);
     printf("\"decode_ms_per_token\":{");
     for (int i = 0; i < 6; i++) printf("%s\"%s\":%.3f", i ? "," : "", names[i], p[i] * per);
     printf(",\"total\":%.3f}", p[6] * per);
@@ -255,6 +266,7 @@ int cmd_bench(int argc, char **argv) {
       for (int i = 0; i < 6; i++) printf(" %s %.2f", names[i], p[i] * per);
       printf("\n");
     }
+    if (n_gen > 0 && ep.mem_budget) cli_stream_stats(stdout, e, &dst[rmed], n_gen, dc[rmed], false);
     printf("peak RSS %.1f MiB\n", rss / 1048576.0);
   }
   rc = 0;
@@ -265,6 +277,7 @@ done:
   free(dc);
   free(ph);
   free(pph);
+  free(dst);
   floe_session_free(s);
   floe_engine_close(e);
   return rc;

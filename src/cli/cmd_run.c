@@ -26,7 +26,9 @@ static void usage(FILE *f) {
           "  -t N                 threads (default: all cores)\n"
           "  -c CTX               context size (default: the model's, capped at 4096)\n"
           "  --kv-f32             F32 KV cache (default BF16)\n"
-          "  --ids                print generated token ids instead of text\n");
+          "  --ids                print generated token ids instead of text\n"
+          "  --stats              print expert streaming counters after the run\n"
+          "%s", cli_stream_help());
 }
 
 typedef struct run_out { bool ids; int64_t n; } run_out;
@@ -93,10 +95,17 @@ int cmd_run(int argc, char **argv) {
   const char *prompt = NULL, *file = NULL;
   bool chat = false, think = true;
   run_out out = {0};
+  bool stats = false;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     double num;
+    const int so = cli_stream_option(a, v, &ep);
+    if (so < 0) return 2;
+    if (so > 0) {
+      i += so - 1;
+      continue;
+    }
 #define NEEDNUM()                                                                   \
   do {                                                                              \
     if (!v || !parse_num(v, &num)) {                                                \
@@ -111,6 +120,7 @@ int cmd_run(int argc, char **argv) {
     else if (!strcmp(a, "--chat")) chat = true;
     else if (!strcmp(a, "--no-think")) think = false;
     else if (!strcmp(a, "--ids")) out.ids = true;
+    else if (!strcmp(a, "--stats")) stats = true;
     else if (!strcmp(a, "--kv-f32")) spar.kv_f32 = true;
     else if (!strcmp(a, "-n")) { NEEDNUM(); gp.max_tokens = (int64_t)num; }
     else if (!strcmp(a, "--temp")) { NEEDNUM(); gp.sampling.temperature = (float)num; }
@@ -178,6 +188,7 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   floe_gen_result res;
+  floe_session_stats_reset(s);
   if (floe_generate(s, ids, n_ids, &gp, on_token, &out, &res, err, sizeof err)) {
     fputc('\n', stdout);
     cli_fail("%s", err);
@@ -190,6 +201,11 @@ int cmd_run(int argc, char **argv) {
           t_load, (long long)res.n_prompt, res.prefill_s,
           res.prefill_s > 0 ? (double)(res.n_prompt - res.n_reused) / res.prefill_s : 0.0, (long long)res.n_gen,
           res.decode_s > 0 && n_dec ? (double)n_dec / res.decode_s : 0.0);
+  if (stats) {
+    floe_session_stats st;
+    floe_session_stats_get(s, &st);
+    cli_stream_stats(stderr, e, &st, st.n_tokens, res.prefill_s + res.decode_s, false);
+  }
   rc = 0;
 done:
   free(ids);

@@ -27,6 +27,7 @@ static const struct {
     {"serve", cmd_serve, "serve -m MODEL [--host H] [--port P] [--api-key K] [...]   OpenAI-compatible HTTP server"},
     {"bench", cmd_bench, "bench -m MODEL [-p N] [-n N] [-d DEPTH] [-r REPS] [-t N] [--bw GBPS] [--json]   prefill / decode speed"},
     {"synth", cmd_synth, "synth --preset P -o FILE.gguf [...]   write a random model with real shapes"},
+    {"pack", cmd_pack, "pack MODEL -o DIR   rewrite routed experts expert-major (one aligned block each) for streaming"},
     {"convert", cmd_convert, "convert IN_DIR -o OUT.gguf [--type T] [--expert-type T]   HF/MLX directory to GGUF"},
 };
 

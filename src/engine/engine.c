@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "experts/experts.h"
 #include "floe.h"
 #include "format/gguf.h"
 #include "model/model.h"
@@ -28,7 +29,26 @@ struct floe_engine {
   tok_vocab *tok;
   int n_threads;
   floe_model_info info;
+  floe_engine_params p;
+  uint64_t budget_used; /* streaming: resident weights + cache + overhead + live sessions */
 };
+
+/* Streaming bookkeeping that is not weights, cache or sessions: the store's offset tables, the
+ * prediction tables, slot headers (per slot), I/O queues. Counted in the budget. */
+#define XS_SLOT_OVERHEAD 2048u
+static uint64_t stream_overhead(const model *m) {
+  const uint64_t nk = (uint64_t)m->hp.n_layer * (uint64_t)m->hp.n_expert;
+  return (8ull << 20) + nk * (XS_MAX_PARTS * 8 + 4 * 4);
+}
+
+/* "2.70G" / "310.5M": sizes in messages, in the units --mem-budget takes */
+typedef struct szbuf { char s[32]; } szbuf;
+static szbuf hsize(uint64_t b) {
+  szbuf r;
+  if (b >= (1ull << 30)) snprintf(r.s, sizeof r.s, "%.2fG", (double)b / (1024.0 * 1024.0 * 1024.0));
+  else snprintf(r.s, sizeof r.s, "%.1fM", (double)b / (1024.0 * 1024.0));
+  return r;
+}
 
 struct floe_session {
   floe_engine *e;
@@ -41,6 +61,10 @@ struct floe_session {
 
 void floe_engine_params_init(floe_engine_params *p) {
   memset(p, 0, sizeof *p);
+  p->prefetch = FLOE_PREFETCH_NEXT;
+  p->io_depth = 64;
+  p->io_threads = 16;
+  p->io_chunk = 512 * 1024;
 }
 
 void floe_session_params_init(floe_session_params *p) {
@@ -71,8 +95,8 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
     rc = tok_load_gguf(e->m->gguf, &e->tok, err, errlen);
   } else {
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", p->model);
-    if (is_dir(p->model) && access(path, R_OK) == 0) rc = tok_load_json(path, &e->tok, err, errlen);
+    snprintf(path, sizeof path, "%s/tokenizer.json", e->m->path); /* a pack's source directory */
+    if (is_dir(e->m->path) && access(path, R_OK) == 0) rc = tok_load_json(path, &e->tok, err, errlen);
     else rc = floe_err(err, errlen, FLOE_E_NOTFOUND, "%s: no tokenizer.json in the model directory", p->model);
   }
   if (rc) {
@@ -87,6 +111,30 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
     tok_free(e->tok);
     free(e);
     return rc;
+  }
+  e->p = *p;
+  if (p->mem_budget > 0) { /* streaming: refuse now if resident weights + one layer's top-k cannot fit */
+    xs_store *st;
+    if ((rc = xs_store_open(e->m, p->io_direct, &st, err, errlen)) == 0) {
+      const uint64_t K = (uint64_t)e->m->hp.n_expert_used, need = st->resident_bytes + stream_overhead(e->m) +
+                                                                      K * (st->slot_bytes + XS_SLOT_OVERHEAD);
+      e->info.resident_bytes = st->resident_bytes;
+      e->info.expert_slot_bytes = st->slot_bytes;
+      if (need > p->mem_budget)
+        rc = floe_err(err, errlen, FLOE_E_NOMEM,
+                      "memory budget %s is too small: needs at least %s (non-expert weights %s, one layer's "
+                      "%llu experts %s, before KV and scratch)",
+                      hsize(p->mem_budget).s, hsize(need).s, hsize(st->resident_bytes).s, (unsigned long long)K,
+                      hsize(K * st->slot_bytes).s);
+      xs_store_close(st);
+    }
+    if (rc) {
+      tok_free(e->tok);
+      model_free(e->m);
+      free(e);
+      return rc;
+    }
+    e->info.mem_budget = p->mem_budget;
   }
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   e->n_threads = p->n_threads > 0 ? p->n_threads : (ncpu > 0 ? (int)ncpu : 1);
@@ -124,13 +172,81 @@ void floe_engine_info(const floe_engine *e, floe_model_info *out) {
 
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
   const double *ph = s->ms->ph;
-  *out = (floe_session_stats){ ph[MODEL_PH_ATTN], ph[MODEL_PH_GDN], ph[MODEL_PH_ROUTER], ph[MODEL_PH_EXPERTS],
-                               ph[MODEL_PH_LMHEAD], ph[MODEL_PH_OTHER], s->ms->n_eval_tok };
+  memset(out, 0, sizeof *out);
+  out->attn_s = ph[MODEL_PH_ATTN];
+  out->gdn_s = ph[MODEL_PH_GDN];
+  out->router_s = ph[MODEL_PH_ROUTER];
+  out->experts_s = ph[MODEL_PH_EXPERTS];
+  out->lm_head_s = ph[MODEL_PH_LMHEAD];
+  out->other_s = ph[MODEL_PH_OTHER];
+  out->n_tokens = s->ms->n_eval_tok;
+  out->prefetch_precision = out->prefetch_recall = -1;
+  const xstream *x = s->e->m->xs;
+  if (!x) return;
+  xs_stats st;
+  xs_stats_get(x, &st);
+  out->bytes_read = st.bytes_read;
+  out->reads = st.reads;
+  out->expert_hits = st.hits + st.inflight_hits;
+  out->expert_misses = st.misses;
+  out->prefetch_issued = st.pf_issued;
+  out->prefetch_used = st.pf_used;
+  out->prefetch_wasted = st.pf_wasted;
+  out->io_wait_s = st.io_wait_s;
+  if (st.pred_n[0]) out->prefetch_precision = (double)st.pred_hit[0] / (double)st.pred_n[0];
+  if (st.actual_n[0]) out->prefetch_recall = (double)st.pred_hit[0] / (double)st.actual_n[0];
 }
 
 void floe_session_stats_reset(floe_session *s) {
   memset(s->ms->ph, 0, sizeof s->ms->ph);
   s->ms->n_eval_tok = 0;
+  if (s->e->m->xs) xs_stats_reset(s->e->m->xs);
+}
+
+void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, uint64_t *misses) {
+  *hits = *misses = 0;
+  if (!e->m->xs || l < 0 || l >= e->m->hp.n_layer) return;
+  const xs_layer_stats *ls = xs_layer_stats_of(e->m->xs);
+  *hits = ls[l].hits;
+  *misses = ls[l].misses;
+}
+
+/* Streaming: the first session sizes the expert cache from what is left of the budget; later
+ * sessions must fit in what the cache left. */
+static int session_budget(floe_engine *e, floe_session *s, char *err, size_t errlen) {
+  const uint64_t B = e->p.mem_budget, sb = s->ms->bytes;
+  if (e->m->xs) {
+    if (e->budget_used + sb > B)
+      return floe_err(err, errlen, FLOE_E_NOMEM, "memory budget %s: no room for another session of %s (%s in use)",
+                      hsize(B).s, hsize(sb).s, hsize(e->budget_used).s);
+    e->budget_used += sb;
+    return 0;
+  }
+  const uint64_t K = (uint64_t)e->m->hp.n_expert_used, slot = e->info.expert_slot_bytes + XS_SLOT_OVERHEAD;
+  const uint64_t fixed = e->info.resident_bytes + stream_overhead(e->m) + sb;
+  if (fixed + K * slot > B)
+    return floe_err(err, errlen, FLOE_E_NOMEM,
+                    "memory budget %s is too small: needs at least %s (non-expert weights %s, KV and scratch "
+                    "%s, one layer's %llu experts %s)",
+                    hsize(B).s, hsize(fixed + K * slot).s, hsize(e->info.resident_bytes).s, hsize(sb).s,
+                    (unsigned long long)K, hsize(K * e->info.expert_slot_bytes).s);
+  const uint64_t n_slots = (B - fixed) / slot;
+  xs_params xp = { 0 };
+  xp.cache_bytes = n_slots * e->info.expert_slot_bytes;
+  xp.io_kind = e->p.io == FLOE_IO_PREAD ? XIO_PREAD : e->p.io == FLOE_IO_URING ? XIO_URING : XIO_AUTO;
+  xp.direct = e->p.io_direct;
+  xp.policy = e->p.cache_policy == FLOE_CACHE_LFU ? XS_POLICY_LFU : XS_POLICY_LRU;
+  xp.prefetch = (e->p.prefetch & FLOE_PREFETCH_NEXT ? XS_PF_NEXT : 0) | (e->p.prefetch & FLOE_PREFETCH_PREV ? XS_PF_PREV : 0);
+  xp.depth = e->p.io_depth;
+  xp.threads = e->p.io_threads;
+  xp.chunk = e->p.io_chunk;
+  xp.verify = e->p.io_verify;
+  int rc = model_stream_start(e->m, &xp, err, errlen);
+  if (rc) return rc;
+  e->info.cache_bytes = xp.cache_bytes;
+  e->info.cache_slots = (int64_t)n_slots;
+  e->budget_used = fixed + n_slots * slot;
+  return 0;
 }
 
 const tok_vocab *engine_tok(const floe_engine *e) { return e->tok; }
@@ -169,6 +285,11 @@ int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session 
     return rc;
   }
   model_session_set_exact(s->ms, p->exact_act);
+  if (e->p.mem_budget > 0 && (rc = session_budget(e, s, err, errlen))) {
+    model_session_free(s->ms);
+    free(s);
+    return rc;
+  }
   s->n_ctx = s->ms->kv.n_ctx;
   s->hist = malloc((size_t)s->n_ctx * sizeof *s->hist);
   s->last_logits = malloc((size_t)e->m->hp.n_vocab * sizeof(float));
@@ -183,6 +304,7 @@ int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session 
 
 void floe_session_free(floe_session *s) {
   if (!s) return;
+  if (s->ms && s->e->m->xs && s->e->budget_used >= s->ms->bytes) s->e->budget_used -= s->ms->bytes;
   model_session_free(s->ms);
   free(s->hist);
   free(s->last_logits);

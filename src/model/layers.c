@@ -20,8 +20,10 @@
  * Decode floors (35B-A3B shape, Q4_K, 8 layers, 2 threads): see bench/results.tsv and
  * layer_decode_bytes(); the weights read per token are ~0.56 GB, half of them the output matrix. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "experts/experts.h"
 #include "model/model.h"
 
 /* Hot element-wise loops are compiled for AVX-512 / AVX2 / baseline and picked at load time
@@ -476,6 +478,7 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
 typedef struct glu_job {
   model_session *s;
   int64_t nA, nS, I, Is;  /* routed rows (stride I), shared rows (stride Is) */
+  const int32_t *ridx;    /* routed row r is row ridx[r] (streaming waves), NULL: row r */
   float *gr, *ur, *gs, *us;
   const floe_mat *dr, *ds; /* down layouts: routed, shared (NULL: no quantization) */
   uint8_t *qr, *qs;
@@ -489,7 +492,7 @@ VEC_FN static void glu_worker(void *ctx, int ith, int nth) {
   floe_split_range(j->nA + j->nS, 1, ith, nth, &r0, &r1);
   for (int64_t r = r0; r < r1; r++) {
     const bool sh = r >= j->nA;
-    const int64_t i0 = sh ? r - j->nA : r, I = sh ? j->Is : j->I;
+    const int64_t i0 = sh ? r - j->nA : (j->ridx ? j->ridx[r] : r), I = sh ? j->Is : j->I;
     float *g = (sh ? j->gs : j->gr) + i0 * I;
     const float *u = (sh ? j->us : j->ur) + i0 * I;
     for (int64_t i = 0; i < I; i++) g[i] = siluf(g[i]) * u[i];
@@ -499,6 +502,140 @@ VEC_FN static void glu_worker(void *ctx, int ith, int nth) {
 }
 
 size_t layer_task_bytes(void) { return sizeof(mm_task); }
+
+/* ---- streamed experts (src/experts) ---- */
+/* Top-k of one row of logits (ties to the lower index, like the router), added to set[] if new. */
+static int topk_add(const float *p, int64_t NE, int64_t K, int32_t *set, int n) {
+  for (int64_t jj = 0; jj < K; jj++) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < NE; e++) {
+      bool taken = false;
+      for (int u = 0; u < n; u++) taken |= set[u] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    bool dup = false;
+    for (int u = 0; u < n; u++) dup |= set[u] == best;
+    if (!dup) set[n++] = (int32_t)best;
+  }
+  return n;
+}
+
+/* Decode only (n <= 2): predicts layer l+1's experts and starts reading them at prefetch priority.
+ * XS_PF_NEXT: layer l+1's router on this layer's MoE input h (quantized rows reused when the
+ * routers share a layout); XS_PF_PREV: the previous token's experts at l+1. Scratch: s->rlog
+ * (this layer's probabilities are consumed by now) and s->xs_tmp. Never touches the output. */
+static void stream_prefetch(model_session *s, int64_t l, int64_t n, const uint8_t *xq_r, size_t xs_r) {
+  const model *m = s->m;
+  xstream *x = m->xs;
+  const int pf = xs_params_of(x)->prefetch;
+  const int64_t NE = m->hp.n_expert, K = m->hp.n_expert_used, E = m->hp.n_embd;
+  if (n > 2 || l + 1 >= m->hp.n_layer || !pf) return;
+  const model_layer *L = &m->layers[l], *N = &m->layers[l + 1];
+  int32_t *pred = s->xs_tmp;
+  if (pf & XS_PF_NEXT) {
+    mm_task rt = task(&N->router, n, s->h, E, &L->router, xq_r, xs_r, s->rlog, NE);
+    mm_run(s, &rt, 1);
+    int np = 0;
+    for (int64_t t = 0; t < n; t++) np = topk_add(s->rlog + t * NE, NE, K, pred, np);
+    xs_predict_note(x, (int)l + 1, XS_PF_NEXT, pred, np);
+    xs_prefetch(x, (int)l + 1, pred, np, XS_PF_NEXT);
+  }
+  if ((pf & XS_PF_PREV) && n == 1) {
+    const int np = xs_prev_sel(x, (int)l + 1, pred);
+    if (np) {
+      xs_predict_note(x, (int)l + 1, XS_PF_PREV, pred, np);
+      xs_prefetch(x, (int)l + 1, pred, np, XS_PF_PREV);
+    }
+  }
+  xs_kick(x);
+}
+
+/* Routed experts of layer l from the expert cache. The experts in use (ascending) are taken in
+ * groups that fit the cache; each group's reads are queued at demand priority, the shared expert
+ * is computed while they are in flight, and each wave of experts whose bytes have arrived is
+ * computed at once (gate/up run, SiLU-GLU, down run). Every row is computed by the same kernel on
+ * the same bytes as in the resident path, so the result is bit-identical whatever the waves.
+ * Returns non-zero after storing an I/O error in the session. */
+static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const floe_mat *lay_e, const uint8_t *xq_e,
+                      size_t xs_e, const floe_mat *lay_d, bool qd, size_t sr, const glu_job *shared, mm_task *sh_down,
+                      const uint8_t *xq_r, size_t xs_r) {
+  const model *m = s->m;
+  xstream *x = m->xs;
+  const int64_t NE = m->hp.n_expert, K = m->hp.n_expert_used, E = m->hp.n_embd, I = m->hp.n_ff_exp;
+  const int32_t *cnt = s->ecnt, *off = s->eoff;
+  const bool mt = s->pool && floe_pool_size(s->pool) > 1;
+  mm_task *tk = s->tasks;
+  int32_t *U = s->xs_list, *slot = s->xs_slot;
+  uint8_t *ready = s->xs_ready;
+  int nU = 0;
+  for (int64_t e = 0; e < NE; e++)
+    if (cnt[e]) U[nU++] = (int32_t)e;
+  const int64_t cap = xs_n_slots(x);
+  for (int g0 = 0; g0 < nU; g0 += (int)cap) {
+    const int nG = nU - g0 < cap ? nU - g0 : (int)cap;
+    const int32_t *G = U + g0;
+    int rc = xs_acquire(x, (int)l, G, nG, slot);
+    if (rc) {
+      s->xs_err = rc;
+      snprintf(s->xs_msg, sizeof s->xs_msg, "expert cache: cannot hold %d experts of layer %lld at once", nG,
+               (long long)l);
+      return -1;
+    }
+    xs_kick(x);
+    if (g0 == 0) {
+      if (n == 1) xs_actual_note(x, (int)l, s->sel, (int)K);
+      stream_prefetch(s, l, n, xq_r, xs_r);
+      if (shared->nS > 0) { /* the shared expert while the routed experts are read */
+        if (mt && shared->nS >= 4) floe_pool_run(s->pool, glu_worker, (void *)shared);
+        else glu_worker((void *)shared, 0, 1);
+        mm_run(s, sh_down, 1);
+      }
+    }
+    memset(ready, 0, (size_t)nG);
+    for (int done = 0; done < nG;) {
+      rc = xs_wait(x, slot, nG, ready, s->xs_msg, sizeof s->xs_msg);
+      if (rc) {
+        s->xs_err = rc;
+        xs_release(x, slot, nG);
+        return -1;
+      }
+      int nt = 0;
+      int64_t nr = 0;
+      for (int i = 0; i < nG; i++) {
+        if (ready[i] != 1) continue;
+        ready[i] = 2;
+        done++;
+        const int32_t e = G[i];
+        const floe_mat *w = xs_mats(x, slot[i]);
+        const uint8_t *xg = xq_e ? s->xq_g + (size_t)off[e] * xs_e : NULL;
+        tk[nt++] = task(&w[0], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eg + off[e] * I, I);
+        tk[nt++] = task(&w[1], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eu + off[e] * I, I);
+        for (int32_t r = 0; r < cnt[e]; r++) s->ridx[nr++] = off[e] + r;
+      }
+      mm_run(s, tk, nt);
+      glu_job gj = *shared;
+      gj.nA = nr;
+      gj.nS = 0;
+      gj.ridx = s->ridx;
+      gj.dr = qd ? lay_d : NULL;
+      if (mt && nr >= 4) floe_pool_run(s->pool, glu_worker, &gj);
+      else glu_worker(&gj, 0, 1);
+      nt = 0;
+      for (int i = 0; i < nG; i++) {
+        if (ready[i] != 2) continue;
+        ready[i] = 3;
+        const int32_t e = G[i];
+        const floe_mat *w = xs_mats(x, slot[i]);
+        tk[nt++] = task(&w[2], cnt[e], s->eg + off[e] * I, I, lay_d, qd ? s->xq_d + (size_t)off[e] * sr : NULL, sr,
+                        s->contrib + off[e] * E, E);
+      }
+      mm_run(s, tk, nt);
+    }
+    xs_release(x, slot, nG);
+  }
+  (void)nA;
+  return 0;
+}
 
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const double t0 = floe_time_s();
@@ -588,33 +725,42 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
       memcpy(s->ein + a * E, s->h + t * E, (size_t)E * 4);
       if (xq_e) memcpy(s->xq_g + (size_t)a * xs_e, xq_e + (size_t)t * xs_e, xs_e);
     }
-  nt = 0;
-  for (int64_t e = 0; e < NE; e++) {
-    if (!cnt[e]) continue;
-    const uint8_t *xg = xq_e ? s->xq_g + (size_t)off[e] * xs_e : NULL;
-    tk[nt++] = task(&L->exp_gate[e], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eg + off[e] * I, I);
-    tk[nt++] = task(&L->exp_up[e], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eu + off[e] * I, I);
-  }
-  mm_run(s, tk, nt);
-
-  /* SiLU-GLU and the quantization of the down inputs (routed rows, then shared rows) */
   const floe_mat *lay_d = &L->exp_down[0];
   const bool qd = s->act_q && kern_act_bytes(lay_d) && kern_act_bytes(lay_d) <= s->xq_row;
   const bool qsd = Is > 0 && s->act_q && kern_act_bytes(&L->sh_down) && kern_act_bytes(&L->sh_down) <= s->xq_row;
-  glu_job gj = { s, nA, Is > 0 ? n : 0, I, Is, s->eg, s->eu, gs, us, qd ? lay_d : NULL, qsd ? &L->sh_down : NULL,
-                 s->xq_d, NULL, qd ? kern_act_bytes(lay_d) : 0, qsd ? kern_act_bytes(&L->sh_down) : 0 };
+  glu_job gj = { s, nA, Is > 0 ? n : 0, I, Is, NULL, s->eg, s->eu, gs, us, qd ? lay_d : NULL,
+                 qsd ? &L->sh_down : NULL, s->xq_d, NULL, qd ? kern_act_bytes(lay_d) : 0,
+                 qsd ? kern_act_bytes(&L->sh_down) : 0 };
   gj.qs = s->xq_d + (size_t)nA * gj.sr;
-  if (mt && nA + gj.nS >= 4) floe_pool_run(s->pool, glu_worker, &gj);
-  else glu_worker(&gj, 0, 1);
+  if (m->xs) {
+    /* streamed: the shared expert alone (its rows), then the routed experts wave by wave */
+    glu_job sj = gj;
+    sj.nA = 0;
+    mm_task sd = task(&L->sh_down, n, gs, Is, &L->sh_down, qsd ? gj.qs : NULL, gj.ss, s->eout, E);
+    if (moe_stream(s, l, n, nA, lay_e, xq_e, xs_e, lay_d, qd, gj.sr, &sj, &sd, xq_r, xs_r)) return;
+  } else {
+    nt = 0;
+    for (int64_t e = 0; e < NE; e++) {
+      if (!cnt[e]) continue;
+      const uint8_t *xg = xq_e ? s->xq_g + (size_t)off[e] * xs_e : NULL;
+      tk[nt++] = task(&L->exp_gate[e], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eg + off[e] * I, I);
+      tk[nt++] = task(&L->exp_up[e], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eu + off[e] * I, I);
+    }
+    mm_run(s, tk, nt);
 
-  nt = 0;
-  for (int64_t e = 0; e < NE; e++) {
-    if (!cnt[e]) continue;
-    tk[nt++] = task(&L->exp_down[e], cnt[e], s->eg + off[e] * I, I, lay_d, qd ? s->xq_d + (size_t)off[e] * gj.sr : NULL,
-                    gj.sr, s->contrib + off[e] * E, E);
+    /* SiLU-GLU and the quantization of the down inputs (routed rows, then shared rows) */
+    if (mt && nA + gj.nS >= 4) floe_pool_run(s->pool, glu_worker, &gj);
+    else glu_worker(&gj, 0, 1);
+
+    nt = 0;
+    for (int64_t e = 0; e < NE; e++) {
+      if (!cnt[e]) continue;
+      tk[nt++] = task(&L->exp_down[e], cnt[e], s->eg + off[e] * I, I, lay_d,
+                      qd ? s->xq_d + (size_t)off[e] * gj.sr : NULL, gj.sr, s->contrib + off[e] * E, E);
+    }
+    if (Is > 0) tk[nt++] = task(&L->sh_down, n, gs, Is, &L->sh_down, qsd ? gj.qs : NULL, gj.ss, s->eout, E);
+    mm_run(s, tk, nt);
   }
-  if (Is > 0) tk[nt++] = task(&L->sh_down, n, gs, Is, &L->sh_down, qsd ? gj.qs : NULL, gj.ss, s->eout, E);
-  mm_run(s, tk, nt);
 
   /* each token: its experts' outputs in ascending expert order, then the gated shared expert */
   for (int64_t t = 0; t < n; t++) {

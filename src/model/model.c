@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "experts/experts.h"
 #include "format/gguf.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
@@ -27,6 +28,7 @@ void *model_own(model *m, size_t bytes) {
   if (!p) return NULL;
   memset(p, 0, bytes);
   m->owned[m->n_owned++] = p;
+  m->owned_bytes += bytes;
   return p;
 }
 
@@ -135,6 +137,9 @@ void model_embed_row(const model *m, int32_t tok, float *dst) {
 
 void model_free(model *m) {
   if (!m) return;
+  xs_close(m->xs); /* waits for reads in flight */
+  xpack_close(m->pack);
+  free(m->path);
   for (size_t i = 0; i < m->n_owned; i++) floe_aligned_free(m->owned[i]);
   free(m->owned);
   free(m->layers);
@@ -516,10 +521,41 @@ static const model_arch *arch_of(int arch) {
   }
 }
 
+int model_stream_start(model *m, const xs_params *p, char *err, size_t errlen) {
+  if (m->xs) return floe_err(err, errlen, FLOE_E_INVALID, "expert streaming already started");
+  return xs_open(m, p, &m->xs, err, errlen);
+}
+
+static int model_load_src(const char *path, model **out, char *err, size_t errlen);
+
 int model_load(const char *path, model **out, char *err, size_t errlen) {
   *out = NULL;
+  if (!xpack_is_dir(path)) return model_load_src(path, out, err, errlen);
+  xpack *pk;
+  int rc = xpack_open(path, &pk, err, errlen);
+  if (rc) return rc;
+  model *m;
+  if ((rc = model_load_src(xpack_source(pk), &m, err, errlen))) {
+    xpack_close(pk);
+    return rc;
+  }
+  if ((rc = xpack_bind(pk, m, err, errlen))) {
+    xpack_close(pk);
+    model_free(m);
+    return rc;
+  }
+  m->pack = pk;
+  *out = m;
+  return 0;
+}
+
+static int model_load_src(const char *path, model **out, char *err, size_t errlen) {
+  *out = NULL;
   model *m = calloc(1, sizeof *m);
-  if (!m) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  if (!m || !(m->path = strdup(path))) {
+    free(m);
+    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  }
   model_src src = { 0 };
   struct stat sb;
   int rc;
@@ -627,7 +663,13 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
   s->eoff = malloc((size_t)NE * sizeof(int32_t));
   s->aidx = malloc((size_t)(B * K) * sizeof(int32_t));
   s->tasks = malloc((size_t)(2 * NE + 8) * layer_task_bytes());
-  if (!s->xq_h || !s->xq_m || !s->xq_g || !s->xq_d || !s->ecnt || !s->eoff || !s->aidx || !s->tasks) {
+  s->xs_list = malloc((size_t)NE * sizeof(int32_t));
+  s->xs_slot = malloc((size_t)NE * sizeof(int32_t));
+  s->xs_tmp = malloc((size_t)NE * sizeof(int32_t));
+  s->xs_ready = malloc((size_t)NE);
+  s->ridx = malloc((size_t)(B * K) * sizeof(int32_t));
+  if (!s->xq_h || !s->xq_m || !s->xq_g || !s->xq_d || !s->ecnt || !s->eoff || !s->aidx || !s->tasks || !s->xs_list ||
+      !s->xs_slot || !s->xs_tmp || !s->xs_ready || !s->ridx) {
     model_session_free(s);
     return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory for session scratch");
   }
@@ -640,6 +682,9 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
     return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory for session scratch");
   }
   memset(s->buf, 0, total * sizeof(float));
+  s->bytes = s->kv.bytes + total * sizeof(float) + s->xq_row * (size_t)(2 * B + 2 * B * K + B) +
+             (size_t)(3 * NE + B * K * 2) * sizeof(int32_t) + (size_t)NE + (size_t)(2 * NE + 8) * layer_task_bytes() +
+             (size_t)(B * K) * sizeof(int32_t);
   float *p = s->buf;
   for (size_t i = 0; i < np; i++) {
     *parts[i].p = p;
@@ -663,6 +708,11 @@ void model_session_free(model_session *s) {
   free(s->eoff);
   free(s->aidx);
   free(s->tasks);
+  free(s->xs_list);
+  free(s->xs_slot);
+  free(s->xs_tmp);
+  free(s->xs_ready);
+  free(s->ridx);
   free(s);
 }
 
@@ -696,7 +746,12 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
       (void)ti;
       model_embed_row(m, tokens[c0 + t], x + t * E); /* any type, MLX included */
     }
-    for (int64_t l = 0; l < hp->n_layer; l++) m->arch->layer(s, l, x, nb, pos0);
+    if (m->xs) xs_lock(m->xs);
+    s->xs_err = 0;
+    for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
+    if (m->xs) xs_unlock(m->xs);
+    if (s->xs_err) /* an expert could not be read: the state is undefined, the caller resets */
+      return floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
     s->kv.n_past += nb;
     if (logits) {
       const double t0 = floe_time_s();

@@ -43,6 +43,8 @@
 
 typedef struct gguf_file gguf_file;
 typedef struct st_model st_model;
+typedef struct xpack xpack;
+typedef struct xstream xstream;
 
 typedef struct model_layer {
   float *attn_norm;          /* [n_embd] input_layernorm */
@@ -124,6 +126,11 @@ struct model {
   st_model *st;
   void **owned;              /* buffers freed by model_free */
   size_t n_owned, cap_owned;
+  size_t owned_bytes;        /* their total (resident weights for the memory budget) */
+  char *path;                /* the weights' source (a pack's source model, not the pack) */
+  xpack *pack;               /* routed experts bound into DIR/experts.floepack (src/experts/pack.c) */
+  xstream *xs;               /* streaming: routed experts read into a cache, never through the mapping
+                              * (set by model_stream_start; NULL: every expert is used in place) */
 };
 
 #define MODEL_MAX_BATCH 256  /* tokens per internal chunk of model_eval: large, so each routed expert is read once
@@ -157,6 +164,14 @@ struct model_session {
   void *tasks;               /* matmul task list of one pool run (layers.c) */
   double ph[8];              /* seconds per enum model_phase, accumulated */
   int64_t n_eval_tok;        /* tokens evaluated since the last stats reset */
+  size_t bytes;              /* everything this session allocated (KV, state, scratch) */
+  /* streaming (layers.c): the experts of one wave, their cache slots and readiness; an I/O error
+   * met inside a layer (layers return void) is kept here and returned by model_eval */
+  int32_t *xs_list, *xs_slot, *xs_tmp; /* [n_expert] */
+  uint8_t *xs_ready;         /* [n_expert] */
+  int32_t *ridx;             /* [B*K] routed rows of one wave */
+  int xs_err;
+  char xs_msg[384];
 };
 
 /* Phases timed by model_eval (model_session.ph). Router includes the shared expert's gate/up,
@@ -165,8 +180,13 @@ enum model_phase { MODEL_PH_ATTN = 0, MODEL_PH_GDN, MODEL_PH_ROUTER, MODEL_PH_EX
                    MODEL_PH_N };
 
 /* ---- loading ---- */
-/* path: a .gguf file or an HF safetensors directory (config.json + *.safetensors). */
+/* path: a .gguf file, an HF safetensors directory (config.json + *.safetensors), or a `floe pack`
+ * directory (DIR/experts.floepack: its source model, with the routed experts bound into the pack). */
 int model_load(const char *path, model **out, char *err, size_t errlen);
+/* Streaming (src/experts): from now on routed experts are read into a cache of params->cache_bytes
+ * instead of being used through the mapping. Call before any session evaluates. */
+struct xs_params;
+int model_stream_start(model *m, const struct xs_params *p, char *err, size_t errlen);
 void model_free(model *m);
 
 /* ---- sessions ---- */
