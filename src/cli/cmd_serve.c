@@ -31,6 +31,7 @@ static void usage(FILE *f) {
           "  --max-conn N           connection limit (default 256)\n"
           "  -n N                   default max_tokens when a request gives none (default: until the context is full)\n"
           "  -t N                   engine threads (default: all cores)\n"
+          "  --mem-budget BYTES     memory budget; routed experts are streamed from disk (suffixes K M G)\n"
           "  --kv-f32               F32 KV cache (default BF16)\n"
           "  -v, --verbose          log each request\n");
 }
@@ -76,6 +77,14 @@ int cmd_serve(int argc, char **argv) {
         return 2;
       }
       o.max_body = (size_t)b;
+    }
+    else if (!strcmp(a, "--mem-budget") && v) {
+      uint64_t b;
+      if (floe_parse_size(argv[++i], &b)) {
+        fprintf(stderr, "floe serve: --mem-budget needs a size like 24G\n");
+        return 2;
+      }
+      o.mem_budget = b;
     }
     else if (!strcmp(a, "--kv-f32")) o.kv_f32 = true;
     else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o.verbose = true;

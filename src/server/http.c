@@ -453,6 +453,7 @@ static void *loader_main(void *arg) {
   floe_engine_params_init(&ep);
   ep.model = s->o.model;
   ep.n_threads = s->o.n_threads;
+  ep.mem_budget = s->o.mem_budget;
   floe_session_params sp;
   floe_session_params_init(&sp);
   sp.n_ctx = s->o.n_ctx;

@@ -1,6 +1,6 @@
 /* Server counters and their Prometheus text exposition (GET /metrics). Names follow Prometheus
- * conventions: counters end in _total, durations are seconds. The expert cache hit ratio is 0
- * until the engine reports it (include/floe.h has no expert cache statistics yet). */
+ * conventions: counters end in _total, durations are seconds. Expert-cache figures come from the
+ * engine's streaming counters (floe_session_stats); they stay 0 without a memory budget. */
 #include <string.h>
 
 #include "server/server.h"
@@ -36,6 +36,14 @@ void metrics_gen(srv_metrics *m, const floe_gen_result *r, bool cancelled) {
     m->last_prefill_tps = (double)(r->n_prompt - r->n_reused) / r->prefill_s;
   if (r->decode_s > 0 && r->n_gen > 1) m->last_decode_tps = (double)(r->n_gen - 1) / r->decode_s;
   if (cancelled) m->cancelled++;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_experts(srv_metrics *m, const floe_session_stats *st) {
+  pthread_mutex_lock(&m->mu);
+  m->expert_hits = st->expert_hits;
+  m->expert_misses = st->expert_misses;
+  m->expert_bytes_read = st->bytes_read;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -79,8 +87,15 @@ void metrics_render(srv_metrics *m, sbuf *o, int queue_depth, int processing, bo
   sb_printf(o, "floe_queue_depth %d\n", queue_depth);
   metric(o, "floe_requests_processing", "gauge", "Requests being generated now.");
   sb_printf(o, "floe_requests_processing %d\n", processing);
-  metric(o, "floe_expert_cache_hit_ratio", "gauge", "Routed-expert cache hit ratio (0 until the engine reports it).");
-  sb_printf(o, "floe_expert_cache_hit_ratio 0\n");
+  uint64_t lookups = c.expert_hits + c.expert_misses;
+  metric(o, "floe_expert_cache_hit_ratio", "gauge", "Routed-expert cache hit ratio since start (0 when not streaming).");
+  sb_printf(o, "floe_expert_cache_hit_ratio %.6f\n", lookups ? (double)c.expert_hits / (double)lookups : 0.0);
+  metric(o, "floe_expert_cache_hits_total", "counter", "Routed-expert lookups found in the cache.");
+  sb_printf(o, "floe_expert_cache_hits_total %llu\n", (unsigned long long)c.expert_hits);
+  metric(o, "floe_expert_cache_misses_total", "counter", "Routed-expert lookups read from disk.");
+  sb_printf(o, "floe_expert_cache_misses_total %llu\n", (unsigned long long)c.expert_misses);
+  metric(o, "floe_expert_bytes_read_total", "counter", "Routed-expert bytes read from disk.");
+  sb_printf(o, "floe_expert_bytes_read_total %llu\n", (unsigned long long)c.expert_bytes_read);
   metric(o, "floe_model_loaded", "gauge", "1 once the model is loaded.");
   sb_printf(o, "floe_model_loaded %d\n", loaded ? 1 : 0);
 }

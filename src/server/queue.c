@@ -402,6 +402,9 @@ static void run_job(srv_queue *q, srv_job *j) {
       if (res.finish != FLOE_FINISH_CANCELLED && n) replay_add(q, j->sampled, n);
     }
     metrics_gen(&q->server->metrics, &res, res.finish == FLOE_FINISH_CANCELLED);
+    floe_session_stats st;
+    floe_session_stats_get(sl->s, &st);
+    metrics_experts(&q->server->metrics, &st);
   }
   j->ops->on_done(j, rc, &res, err);
   job_finish(j);

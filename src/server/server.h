@@ -38,6 +38,7 @@ typedef struct srv_opts {
   int n_slots;         /* sessions kept for prefix reuse (default 1) */
   int queue_max;       /* pending requests beyond which new ones get 503 (default 64) */
   size_t max_body;     /* request body limit in bytes (default 8 MiB) */
+  uint64_t mem_budget; /* engine memory budget (0: none; experts streamed from disk otherwise) */
   int max_conn;        /* connection limit (default 256) */
   int64_t default_max_tokens; /* when the request gives none; <= 0: until the context is full */
   bool verbose;        /* one log line per request */
@@ -91,6 +92,7 @@ typedef struct srv_metrics {
   uint64_t prompt_tokens, prompt_tokens_cached, gen_tokens;
   double prefill_s, decode_s;
   double last_prefill_tps, last_decode_tps;
+  uint64_t expert_hits, expert_misses, expert_bytes_read; /* engine-wide counters (streaming) */
 } srv_metrics;
 enum { SRV_EP_CHAT, SRV_EP_COMPLETIONS, SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS, SRV_EP_TOKENIZE,
        SRV_EP_DETOKENIZE, SRV_EP_OTHER };
@@ -98,6 +100,8 @@ void metrics_init(srv_metrics *m);
 void metrics_request(srv_metrics *m, int ep);
 void metrics_status(srv_metrics *m, int status);
 void metrics_gen(srv_metrics *m, const floe_gen_result *r, bool cancelled);
+/* Copies the engine's expert-streaming counters (cumulative; zero without a memory budget). */
+void metrics_experts(srv_metrics *m, const floe_session_stats *st);
 /* Prometheus text exposition. */
 void metrics_render(srv_metrics *m, sbuf *out, int queue_depth, int processing, bool loaded);
 

@@ -211,6 +211,16 @@ export async function basicTests(model, models) {
     for (const k of ['floe_requests_total{endpoint="chat_completions"}', 'floe_generated_tokens_total', 'floe_prompt_tokens_total',
       'floe_decode_tokens_per_second', 'floe_queue_depth', 'floe_expert_cache_hit_ratio'])
       check(m.includes(k + ' ') || m.includes(k + '{'), `/metrics has ${k}`);
+    // with a memory budget the engine streams experts from disk: /metrics reports its cache
+    const ms = await startServer(model, ['-c', '256', '--mem-budget', '32M']);
+    await waitHealthy(ms);
+    await client(ms).chat.completions.create({ model: models.randomId, messages: msgs, max_tokens: 8 });
+    const mm = await (await fetch(ms.url + '/metrics')).text();
+    const num = (k) => +((new RegExp(`^${k} ([0-9.e+-]+)$`, 'm').exec(mm) || [0, NaN])[1]);
+    const hits = num('floe_expert_cache_hits_total'), misses = num('floe_expert_cache_misses_total'), ratio = num('floe_expert_cache_hit_ratio');
+    check(misses > 0 && hits >= 0 && Math.abs(ratio - hits / (hits + misses)) < 1e-5 && num('floe_expert_bytes_read_total') > 0,
+      '--mem-budget: expert cache hits / misses / ratio / bytes in /metrics', { hits, misses, ratio });
+    eq(await ms.stop(), { code: 0, signal: null }, 'streaming server exits 0');
     const ks = await startServer(model, ['--api-key', 'sekret']);
     await waitHealthy(ks);
     await expectError(client(ks, { apiKey: 'wrong' }).chat.completions.create({ model: models.randomId, messages: msgs, max_tokens: 1 }),
