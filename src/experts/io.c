@@ -8,8 +8,12 @@
  *
  * A read that returns fewer bytes than asked is continued; one that reaches the end of the file
  * before the request's `need` bytes fails with -EFBIG ("the file shrank"); a negative result is
- * the request's status. The evaluating thread drives io_uring itself (submit + reap in xio_poll);
- * pread workers take chunks under the mutex and post completions on the done list. */
+ * the request's status. io_uring: the submission queue is filled under the mutex by whoever queues
+ * work, and a reaper thread owns the completion queue: it waits for completions, accounts them and
+ * refills the ring at once, so the disk stays busy while the evaluating thread computes (a first
+ * version reaped only when the evaluating thread polled: 1.32 tok/s against 1.81 for the pread
+ * pool on the 80B benchmark). pread workers take chunks under the mutex. Both post finished
+ * requests on the done list. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <liburing.h>
@@ -42,6 +46,8 @@ struct xio {
   bool ring_ok;
   xio_chunk *chunks;
   int free_chunk;
+  pthread_t reaper;
+  bool reaper_on;
   /* pread pool */
   pthread_t *th;
   int n_th;
@@ -203,6 +209,36 @@ static void uring_complete(xio *io, struct io_uring_cqe *cqe) {
   io->free_chunk = ci;
 }
 
+/* Owns the completion queue (the only thread that reads it). Exits on a NOP with user data -1. */
+static void *uring_reaper(void *arg) {
+  xio *io = arg;
+  for (;;) {
+    struct io_uring_cqe *cqe;
+    int rc = io_uring_wait_cqe(&io->ring, &cqe);
+    if (rc == -EINTR) continue;
+    pthread_mutex_lock(&io->mu);
+    if (rc) { /* the ring failed: nothing will complete; fail what is in flight */
+      io->stop = true;
+      pthread_cond_broadcast(&io->donecv);
+      pthread_mutex_unlock(&io->mu);
+      return NULL;
+    }
+    bool quit = false;
+    do {
+      if (io_uring_cqe_get_data64(cqe) == UINT64_MAX) {
+        io_uring_cqe_seen(&io->ring, cqe);
+        quit = true;
+      } else {
+        uring_complete(io, cqe);
+      }
+    } while (io_uring_peek_cqe(&io->ring, &cqe) == 0);
+    uring_fill(io);
+    pthread_cond_broadcast(&io->donecv);
+    pthread_mutex_unlock(&io->mu);
+    if (quit) return NULL;
+  }
+}
+
 int xio_open(int kind, int depth, int threads, uint64_t chunk, xio **out, char *err, size_t errlen) {
   *out = NULL;
   if (depth < 1) depth = 64;
@@ -228,6 +264,11 @@ int xio_open(int kind, int depth, int threads, uint64_t chunk, xio **out, char *
       }
       for (int i = 0; i < depth; i++) io->chunks[i].next_free = i + 1 < depth ? i + 1 : -1;
       io->free_chunk = 0;
+      if (pthread_create(&io->reaper, NULL, uring_reaper, io)) {
+        xio_close(io);
+        return floe_err(err, errlen, FLOE_E_NOMEM, "cannot start the I/O thread");
+      }
+      io->reaper_on = true;
     } else if (kind == XIO_URING) {
       xio_close(io);
       return floe_err(err, errlen, FLOE_E_IO, "io_uring unavailable: %s", strerror(-rc));
@@ -254,14 +295,20 @@ int xio_open(int kind, int depth, int threads, uint64_t chunk, xio **out, char *
 
 void xio_close(xio *io) {
   if (!io) return;
-  if (io->ring_ok) {
-    while (io->inflight > 0) { /* let the kernel finish writing into buffers we are about to free */
-      struct io_uring_cqe *cqe;
-      if (io_uring_wait_cqe(&io->ring, &cqe)) break;
-      uring_complete(io, cqe);
+  if (io->reaper_on) {
+    pthread_mutex_lock(&io->mu);
+    io->qh[0] = io->qh[1] = io->qt[0] = io->qt[1] = NULL; /* queued work is dropped */
+    while (io->inflight > 0 && !io->stop) pthread_cond_wait(&io->donecv, &io->mu); /* the kernel writes into our buffers */
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+    if (sqe) {
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data64(sqe, UINT64_MAX);
+      io_uring_submit(&io->ring);
     }
-    io_uring_queue_exit(&io->ring);
+    pthread_mutex_unlock(&io->mu);
+    pthread_join(io->reaper, NULL);
   }
+  if (io->ring_ok) io_uring_queue_exit(&io->ring);
   if (io->n_th) {
     pthread_mutex_lock(&io->mu);
     io->stop = true;
@@ -290,6 +337,7 @@ void xio_submit(xio *io, xio_req *r, int prio) {
   if (r->len == 0) finish_if_done(io, r);
   else q_append(io, r, prio);
   if (io->n_th) pthread_cond_signal(&io->work);
+  if (io->ring_ok) uring_fill(io);
   pthread_mutex_unlock(&io->mu);
 }
 
@@ -307,26 +355,16 @@ int xio_poll(xio *io, int min, xio_req **out, int max) {
   int n = 0;
   pthread_mutex_lock(&io->mu);
   if (io->ring_ok) {
-    for (;;) {
-      uring_fill(io);
-      struct io_uring_cqe *cqe;
-      while (io_uring_peek_cqe(&io->ring, &cqe) == 0) uring_complete(io, cqe);
-      uring_fill(io);
-      if (io->n_done >= min || io->n_done >= max) break;
-      if (io->inflight == 0) break; /* nothing can complete: the caller asked for too much */
-      int rc = io_uring_wait_cqe(&io->ring, &cqe);
-      if (rc == -EINTR) continue;
-      if (rc) {
-        pthread_mutex_unlock(&io->mu);
-        return FLOE_E_IO;
-      }
-      uring_complete(io, cqe);
+    uring_fill(io);
+    if (io->stop) {
+      pthread_mutex_unlock(&io->mu);
+      return FLOE_E_IO;
     }
-  } else {
-    if (io->qh[0] || io->qh[1]) pthread_cond_broadcast(&io->work);
-    while (io->n_done < min && io->n_done < max && (io->inflight > 0 || io->qh[0] || io->qh[1]))
-      pthread_cond_wait(&io->donecv, &io->mu);
+  } else if (io->qh[0] || io->qh[1]) {
+    pthread_cond_broadcast(&io->work);
   }
+  while (io->n_done < min && io->n_done < max && !io->stop && (io->inflight > 0 || io->qh[0] || io->qh[1]))
+    pthread_cond_wait(&io->donecv, &io->mu);
   while (n < max && io->done_h) {
     xio_req *r = io->done_h;
     io->done_h = r->qn;
