@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The main job: build floe, then generate text with the embedded default model.
-# Until the trained model (models/) ships, the default model is a small random-weight
-# qwen35moe that `floe synth` creates on the fly (so the text is gibberish, but every stage runs:
-# GGUF reader, tokenizer, hybrid GatedDeltaNet + attention forward pass, MoE, sampling).
+# The main job: build floe, then generate text with the embedded default model,
+# models/default.gguf (a 23M-parameter Qwen3.5-MoE coder trained for floe, see models/MODEL_CARD.md).
+# If that file is missing (a partial checkout), a small random-weight qwen35moe from `floe synth`
+# stands in, so every stage still runs (its text is gibberish).
 # Extra arguments go to `floe run` (e.g. -p "text" -n 64 --temp 0.7).
 set -euo pipefail
 cd "$(dirname "$0")/.."
