@@ -384,7 +384,7 @@ int cmd_synth(int argc, char **argv) {
   }
   char name[128];
   snprintf(name, sizeof name, "floe synth %s", preset_name);
-#define WTRY(x) do { if (x) { cli_fail("%s: %s", out, gguf_writer_error(w)); goto done; } } while (0)
+#define WTRY(x) do { if (x) { cli_fail("%s", gguf_writer_error(w)); goto done; } } while (0)
   WTRY(model_hparams_to_gguf(w, &hp));
   WTRY(gguf_writer_add_str(w, "general.name", name));
   WTRY(gguf_writer_add_str(w, "floe.synth.preset", preset_name));
@@ -431,7 +431,7 @@ int cmd_synth(int argc, char **argv) {
     if (threaded) pthread_join(th, NULL);
     if (job.rc) {
       if (tty) fputc('\n', stderr);
-      cli_fail("%s: %s", out, gguf_writer_error(w));
+      cli_fail("%s", gguf_writer_error(w));
       goto done;
     }
     done_bytes += bt[cur].bytes;

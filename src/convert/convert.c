@@ -614,7 +614,7 @@ int convert_model(const convert_opts *o, convert_stats *stats, char *err, size_t
     rc = gguf_writer_add_tensor(w, c->descs[i].name, c->plans[i].type, c->descs[i].n_dims, c->descs[i].ne);
   if (!rc) rc = gguf_writer_write_header(w);
   if (rc) {
-    floe_err(err, errlen, rc, "%s: %s", o->out_path, gguf_writer_error(w));
+    floe_err(err, errlen, rc, "%s", gguf_writer_error(w));
     goto done;
   }
 
@@ -660,7 +660,7 @@ int convert_model(const convert_opts *o, convert_stats *stats, char *err, size_t
           goto done;
         }
       if ((rc = gguf_writer_write_data(w, out, (size_t)j.n * rb))) {
-        floe_err(err, errlen, rc, "%s: %s", o->out_path, gguf_writer_error(w));
+        floe_err(err, errlen, rc, "%s", gguf_writer_error(w));
         goto done;
       }
       st.bytes += (uint64_t)j.n * rb;
