@@ -3,7 +3,10 @@
  * floe_pool_run publishes (fn, ctx) under a generation counter and wakes the workers; each worker
  * runs fn(ctx, ith, nth) once per generation and the caller waits until all have finished. Workers
  * spin briefly before sleeping on the condition variable, because decode calls run() thousands of
- * times per token and a futex wake costs more than most matvecs. */
+ * times per token and a futex wake costs more than most matvecs. The spin is short (POOL_SPIN
+ * pauses, ~0.1-0.3 ms): long enough to bridge the gaps between the parallel regions of one token,
+ * short enough that an oversubscribed machine (more runnable threads than cores, e.g. tests run in
+ * parallel) does not burn whole time slices waiting for a descheduled thread. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -22,6 +25,8 @@ struct floe_pool {
   int quit;
 };
 
+#define POOL_SPIN 2000
+
 typedef struct { floe_pool *p; int ith; } worker_arg;
 
 static void *worker_main(void *arg_) {
@@ -32,7 +37,7 @@ static void *worker_main(void *arg_) {
   uint64_t seen = 0;
   for (;;) {
     /* short spin on the generation counter before blocking */
-    for (int i = 0; i < 20000; i++) {
+    for (int i = 0; i < POOL_SPIN; i++) {
       if (__atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) != seen || __atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) break;
       __builtin_ia32_pause();
     }
@@ -120,7 +125,7 @@ void floe_pool_run(floe_pool *p, floe_pool_fn fn, void *ctx) {
 
   fn(ctx, 0, p->n);
 
-  for (int i = 0; i < 20000 && __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE); i++) __builtin_ia32_pause();
+  for (int i = 0; i < POOL_SPIN && __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE); i++) __builtin_ia32_pause();
   pthread_mutex_lock(&p->mu);
   while (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE)) pthread_cond_wait(&p->cv_done, &p->mu);
   pthread_mutex_unlock(&p->mu);
