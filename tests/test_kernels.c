@@ -290,6 +290,38 @@ int main(void) {
     tmat k = make_ggml(FLOE_TYPE_Q4_K, 1, 512);
     CHECK(kern_act_bytes(&k.W) > 512, "q4_K act bytes %zu", kern_act_bytes(&k.W));
     tmat_free(&k);
+    /* the ISA-specific quantizers (AVX-512 act_q8) write the same bytes as the scalar one, on
+     * normal rows with outliers, an all-zero block, and tiny / huge magnitudes */
+    static const uint32_t qt[] = {FLOE_TYPE_Q8_0, FLOE_TYPE_Q4_0, FLOE_TYPE_IQ4_NL, FLOE_TYPE_MXFP4,
+                                  FLOE_TYPE_Q4_K, FLOE_TYPE_Q5_K, FLOE_TYPE_Q6_K, FLOE_TYPE_IQ4_XS};
+    int nq = 0;
+    for (size_t t = 0; t < sizeof qt / sizeof qt[0] + 6; t++) {
+      tmat m = t < sizeof qt / sizeof qt[0] ? make_ggml(qt[t], 1, 1280)
+                                            : make_mlx(t % 2 ? 8 : 4, 32 << (t % 3), FLOE_TYPE_BF16, 1, 1280);
+      const int64_t cols = m.W.cols;
+      float *x = malloc(sizeof(float) * (size_t)cols);
+      fill_x(x, cols);
+      for (int i = 256; i < 512; i++) x[i] = 0;
+      for (int i = 512; i < 768; i++) x[i] *= 1e-30f;
+      for (int i = 768; i < 1024; i++) x[i] *= 1e30f;
+      const size_t ab = kern_act_bytes(&m.W);
+      uint8_t *ref = malloc(ab), *got = malloc(ab);
+      int prev = kern_isa_set(FLOE_ISA_SCALAR);
+      memset(ref, 0x5A, ab);
+      kern_act_quantize(&m.W, x, ref);
+      for (int ii = 1; ii < n_isa; ii++) {
+        kern_isa_set(isas[ii]);
+        memset(got, 0x5A, ab);
+        kern_act_quantize(&m.W, x, got);
+        CHECK(memcmp(ref, got, ab) == 0, "type %u (t=%zu) %s activation quantization differs from scalar", m.W.type, t,
+              kern_isa_name(isas[ii]));
+        nq++;
+      }
+      kern_isa_set(prev);
+      free(ref), free(got), free(x);
+      tmat_free(&m);
+    }
+    printf("  quantized activation rows bit-equal to scalar: %d\n", nq);
   }
   floe_pool_free(pool);
   return TEST_DONE();

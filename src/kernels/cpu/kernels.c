@@ -103,7 +103,7 @@ static void mm_float_scalar(const floe_mat *W, int nb, const float *X, int64_t l
 /* ---- activation quantization ---- */
 
 /* Quantize n values to int8 with one scale; returns d. q[i] for i in [0,n). */
-static float act_q8(const float *x, int n, int8_t *q) {
+static float act_q8_scalar(const float *x, int n, int8_t *q) {
   float amax = 0;
   for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
   if (!(amax > 0)) {
@@ -118,10 +118,16 @@ static float act_q8(const float *x, int n, int8_t *q) {
   return amax / 127.0f;
 }
 
+/* The same values from every ISA (kernels_avx512.c: kern_act_q8_avx512, tested bit-equal). */
+static float (*act_q8_fn(void))(const float *, int, int8_t *) {
+  return kern_isa_get() == FLOE_ISA_AVX512 ? kern_act_q8_avx512 : act_q8_scalar;
+}
+
 size_t kern_act_bytes(const floe_mat *W) { return kact_layout_of(W).bytes; }
 
 void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
   kact_layout L = kact_layout_of(W);
+  float (*const act_q8)(const float *, int, int8_t *) = act_q8_fn();
   uint8_t *xq = xq_;
   int8_t *q = (int8_t *)xq;
   float *d = (float *)(xq + L.off_d);
@@ -139,7 +145,8 @@ void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
       for (int64_t k = 0; k < L.nblk; k++) {
         int8_t nat[256];
         d[k] = act_q8(x + 256 * k, 256, nat);
-        for (int p = 0; p < 256; p++) q[256 * k + p] = nat[kact_perm256(W->type, p)];
+        /* the permutations move runs of 16: copy by runs */
+        for (int p = 0; p < 256; p += 16) memcpy(q + 256 * k + p, nat + kact_perm256(W->type, p), 16);
         for (int g = 0; g < 16; g++) {
           int s = 0;
           for (int i = 0; i < 16; i++) s += nat[16 * g + i];

@@ -151,26 +151,36 @@ static const uint8_t kidx_q4k[2][64] __attribute__((aligned(64))) = {
   {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3, 0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3, 0},
   {4, 0, 4, 0, 4, 0, 4, 0, 5, 0, 5, 0, 5, 0, 5, 0, 4, 0, 4, 0, 4, 0, 4, 0, 5, 0, 5, 0, 5, 0, 5, 0, 6, 0, 6, 0, 6, 0, 6, 0, 7, 0, 7, 0, 7, 0, 7, 0, 6, 0, 6, 0, 6, 0, 6, 0, 7, 0, 7, 0, 7, 0, 7, 0},
 };
+/* mins as int16 words for the bsum vpmaddwd: word 2j, 2j+1 = m[j] (scale byte 8 + j) */
+static const uint8_t kidx_min[64] __attribute__((aligned(64))) = {
+  8, 0, 8, 0, 9, 0, 9, 0, 10, 0, 10, 0, 11, 0, 11, 0, 12, 0, 12, 0, 13, 0, 13, 0, 14, 0, 14, 0, 15, 0, 15, 0};
 static const uint16_t kidx_q6k[2][32] __attribute__((aligned(64))) = {
   {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
   {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15},
 };
 
 
-static inline __attribute__((always_inline)) void a256_row(const int T, const int NB, const floe_mat *W,
-                                                           const kact_layout *L, int64_t r, const uint8_t *xq,
-                                                           size_t xs, float *Y, int64_t ldy) {
+static inline __attribute__((always_inline)) void a256_rows(const int T, const int NB, const int RR,
+                                                            const floe_mat *W, const kact_layout *L, int64_t r,
+                                                            const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : T == FLOE_TYPE_Q5_K ? 176 : T == FLOE_TYPE_Q6_K ? 210 : 136;
-  const uint8_t *row = kw_row(W, r);
   const __m512i m4 = _mm512_set1_epi8(15);
-  __m512 acc[NBG];
-  __m256 macc[NBG];
-  for (int b = 0; b < NB; b++) {
-    acc[b] = _mm512_setzero_ps();
-    macc[b] = _mm256_setzero_ps();
-  }
+  __m512 acc[2][NBG];
+  __m256 macc[2][NBG];
+  for (int rr = 0; rr < RR; rr++)
+    for (int b = 0; b < NB; b++) {
+      acc[rr][b] = _mm512_setzero_ps();
+      macc[rr][b] = _mm256_setzero_ps();
+    }
   for (int64_t k = 0; k < L->nblk; k++) {
-    const uint8_t *bk = row + k * bytes;
+    /* decode of each weight row's superblock (RR rows, shared by the NB activation rows) */
+    __m512i Wd[2][4], SVd[2][4], AUX[2];
+    __m128 DDM[2];
+    __m512 DV[2];
+    __mmask64 NEG[2][4];
+#pragma GCC unroll 2
+    for (int rr = 0; rr < RR; rr++) {
+    const uint8_t *bk = kw_row(W, r + rr) + k * bytes;
     if (KPF) {
       _mm_prefetch((const char *)bk + KPF, _MM_HINT_T0);
       _mm_prefetch((const char *)bk + KPF + 64, _MM_HINT_T0);
@@ -179,6 +189,7 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
     __m512i w[4], sv[4];
     __m256i aux = _mm256_setzero_si256(); /* mins (Q4_K/Q5_K) or scales (Q6_K) as int16, for bsum */
     float d, dm = 0;
+    __m128 ddm = _mm_setzero_ps();
     if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
       /* 6-bit scales and mins (ggml get_scale_min_k4) in one xmm, no scalar work: bytes 0-7 of
        * scm are sc[0..7], bytes 8-15 m[0..7].
@@ -190,13 +201,14 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       const __m128i lowA = _mm_and_si128(P, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
       const __m128i lowB = _mm_and_si128(_mm_srli_epi16(P, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
       const __m128i scm = _mm_or_si128(_mm_or_si128(lowA, lowB), _mm_and_si128(_mm_srli_epi16(H, 2), _mm_set1_epi8(0x30)));
-      d = f16s(bk);
-      dm = f16s(bk + 2);
+      /* d and dmin converted together: [d, dmin, 0, 0] */
+      ddm = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int *)bk));
+      d = 0;
       /* packed-lane scale vectors: sv[0] for steps 0-1, sv[1] for steps 2-3 (int16 words) */
       const __m512i scz = _mm512_castsi128_si512(scm);
       sv[0] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_q4k[0]), scz);
       sv[1] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_q4k[1]), scz);
-      aux = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+      aux = _mm512_castsi512_si256(_mm512_maskz_permutexvar_epi8(0x55555555ull, _mm512_load_si512(kidx_min), scz));
       const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
       __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
       w[0] = _mm512_and_si512(q0, m4);
@@ -256,10 +268,27 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
         w[s] = _mm512_shuffle_epi8(tab, w[s]);
       }
     }
-    const __m512 dv = _mm512_set1_ps(d);
-    const __m256 dmv = _mm256_set1_ps(dm);
+    (void)dm;
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) Wd[rr][s] = w[s];
+    SVd[rr][0] = sv[0], SVd[rr][1] = sv[1];
+    if (T == FLOE_TYPE_IQ4_XS) {
+      SVd[rr][2] = sv[2], SVd[rr][3] = sv[3];
+      for (int s = 0; s < 4; s++) NEG[rr][s] = neg[s];
+    }
+    AUX[rr] = _mm512_castsi256_si512(aux);
+    DDM[rr] = ddm;
+    DV[rr] = _mm512_set1_ps(d);
+    }
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) {
+    for (int b = 0; b < NB; b++)
+#pragma GCC unroll 2
+    for (int rr = 0; rr < RR; rr++) {
+      const __m512i *w = Wd[rr], *sv = SVd[rr];
+      const __mmask64 *neg = NEG[rr];
+      const __m256i aux = _mm512_castsi512_si256(AUX[rr]);
+      const __m128 ddm = DDM[rr];
+      const __m512 dv = DV[rr];
       const uint8_t *xb = xq + b * xs;
       const int8_t *x = (const int8_t *)xb + 256 * k;
       const float dx = ((const float *)(xb + L->off_d))[k];
@@ -285,20 +314,32 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
         Lv = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), sv[0]),
                                  _mm512_packs_epi32(D[2], D[3]), sv[1]);
       }
-      /* S = d*dx as a vector multiply with dx broadcast from memory (no scalar->vector moves) */
-      const __m512 Sv = _mm512_mul_ps(dv, _mm512_set1_ps(dx));
-      acc[b] = lanes_add(acc[b], Lv, Sv);
+      /* S = d*dx as a vector multiply with dx broadcast from memory (no scalar->vector moves);
+       * Q4_K/Q5_K: [d*dx, dmin*dx] in one multiply, then broadcast */
+      __m512 Sv;
+      __m256 Sm;
+      if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
+        const __m128 S2 = _mm_mul_ps(ddm, _mm_set1_ps(dx));
+        Sv = _mm512_broadcastss_ps(S2);
+        Sm = _mm256_permutexvar_ps(_mm256_set1_epi32(1), _mm256_castps128_ps256(S2));
+      } else {
+        Sv = _mm512_mul_ps(dv, _mm512_set1_ps(dx));
+        Sm = _mm512_castps512_ps256(Sv);
+      }
+      acc[rr][b] = lanes_add(acc[rr][b], Lv, Sv);
       if (T != FLOE_TYPE_IQ4_XS) {
         __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xb + L->off_s) + 16 * k));
         __m256i M = _mm256_madd_epi16(aux, bs);
         if (T == FLOE_TYPE_Q6_K) M = _mm256_slli_epi32(M, 5);
-        const __m256 Sm = T == FLOE_TYPE_Q6_K ? _mm512_castps512_ps256(Sv) : _mm256_mul_ps(dmv, _mm256_set1_ps(dx));
-        macc[b] = _mm256_add_ps(macc[b], _mm256_mul_ps(_mm256_cvtepi32_ps(M), Sm));
+        macc[rr][b] = _mm256_add_ps(macc[rr][b], _mm256_mul_ps(_mm256_cvtepi32_ps(M), Sm));
       }
     }
   }
-  for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(acc[b]) - red8(macc[b]);
+  for (int rr = 0; rr < RR; rr++)
+    for (int b = 0; b < NB; b++) Y[b * ldy + r + rr] = red16(acc[rr][b]) - red8(macc[rr][b]);
 }
+
+#define a256_row(T, NB, W, L, r, xq, xs, Y, ldy) a256_rows(T, NB, 1, W, L, r, xq, xs, Y, ldy)
 
 /* ================= quantized path: MLX 4-bit / 8-bit ================= */
 
@@ -378,13 +419,46 @@ static inline __attribute__((always_inline)) void mlx_row(const int BITS, const 
   }
 }
 
+/* ================= activation quantization ================= */
+
+/* kernels.c act_q8 for n % 16 == 0, bit-identical: the same amax (max is exact), the same
+ * 127/amax and x*id products, round-to-nearest-even (vrndscaleps = nearbyintf in the default
+ * mode), the same clamp. */
+float kern_act_q8_avx512(const float *x, int n, int8_t *q) {
+  const __m512 sgn = _mm512_set1_ps(-0.0f);
+  __m512 m = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) m = _mm512_max_ps(_mm512_andnot_ps(sgn, _mm512_loadu_ps(x + i)), m); /* NaN-ignoring like fmaxf */
+  const float amax = _mm512_reduce_max_ps(m);
+  if (!(amax > 0)) {
+    memset(q, 0, (size_t)n);
+    return 0;
+  }
+  const __m512 id = _mm512_set1_ps(127.0f / amax);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int i = 0; i < n; i += 16) {
+    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  return amax / 127.0f;
+}
+
 /* ================= dispatch over types and row groups ================= */
 
+/* Small batches of the A256 types take weight rows in pairs: two independent dependency chains
+ * interleaved, shared activation loads (each (row, activation row) pair keeps its own sequence, so
+ * results are unchanged). */
+#define PAIRS(T) ((T) == FLOE_TYPE_Q4_K || (T) == FLOE_TYPE_Q5_K || (T) == FLOE_TYPE_Q6_K || (T) == FLOE_TYPE_IQ4_XS)
 /* For each weight row, the activation rows in groups of up to NBG sharing one decode; NB is a
  * compile-time constant in each instantiation so the accumulators stay in registers. */
 #define DEF_RUN(name, rowfn, T)                                                                    \
   static void name(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, \
                    float *Y, int64_t ldy, int64_t r0, int64_t r1) {                                 \
+    if (nb <= 2 && PAIRS(T))                                                                       \
+      for (; r0 + 1 < r1; r0 += 2) {                                                               \
+        if (nb == 1) a256_rows(T, 1, 2, W, L, r0, xq, xs, Y, ldy);                                 \
+        else a256_rows(T, 2, 2, W, L, r0, xq, xs, Y, ldy);                                          \
+      }                                                                                             \
     for (int64_t r = r0; r < r1; r++)                                                              \
       for (int b0 = 0; b0 < nb; b0 += NBG) {                                                       \
         const uint8_t *x = xq + (size_t)b0 * xs;                                                    \

@@ -233,6 +233,9 @@ void kern_mm_float_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx
 void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
                       size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
 
+/* kernels.c act_q8 (n % 16 == 0), bit-identical, AVX-512 */
+float kern_act_q8_avx512(const float *x, int n, int8_t *q);
+
 /* Pointers of a weight row and its MLX scales/biases. */
 static inline const uint8_t *kw_row(const floe_mat *W, int64_t r) {
   return (const uint8_t *)W->data + (size_t)r * W->row_bytes;
