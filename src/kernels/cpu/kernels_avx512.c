@@ -104,43 +104,66 @@ static inline __m256i a32_dec(const int T, const uint8_t *b, float *d) {
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_mxfp4)), nib);
 }
 
-static inline __attribute__((always_inline)) void a32_row(const int T, const int NB, const floe_mat *W,
-                                                          const kact_layout *L, int64_t r, const uint8_t *xq,
-                                                          size_t xs, float *Y, int64_t ldy) {
+static inline __attribute__((always_inline)) void a32_rows(const int T, const int NB, const int RR,
+                                                           const floe_mat *W, const kact_layout *L, int64_t r,
+                                                           const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
   const int bytes = T == FLOE_TYPE_Q8_0 ? 34 : T == FLOE_TYPE_MXFP4 ? 17 : 18;
-  const uint8_t *row = kw_row(W, r);
-  __m512 acc[NBG];
-  for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
+  __m512 acc[2][NBG];
+  for (int rr = 0; rr < RR; rr++)
+    for (int b = 0; b < NB; b++) acc[rr][b] = _mm512_setzero_ps();
   const int64_t nblk = L->nblk;
   for (int64_t k = 0; k < nblk; k += 2) {
-    if (KPF) {
-      _mm_prefetch((const char *)row + k * bytes + KPF, _MM_HINT_T0);
-      _mm_prefetch((const char *)row + k * bytes + KPF + 64, _MM_HINT_T0);
-    }
-    float d0, d1 = 0;
-    __m256i w0 = a32_dec(T, row + k * bytes, &d0);
     const int two = k + 1 < nblk;
-    __m256i w1 = two ? a32_dec(T, row + (k + 1) * bytes, &d1) : _mm256_setzero_si256();
-    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
-    /* shared by the rows: |w|, the sign mask, the weight scales of both halves */
-    const __m512i aw = _mm512_abs_epi8(w);
-    const __mmask64 neg = _mm512_movepi8_mask(w);
-    const __m512 dwv = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+    __m512i AW[2];
+    __mmask64 NEG[2];
+    __m512 DW[2];
+#pragma GCC unroll 2
+    for (int rr = 0; rr < RR; rr++) {
+      const uint8_t *row = kw_row(W, r + rr);
+      if (KPF) {
+        _mm_prefetch((const char *)row + k * bytes + KPF, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + k * bytes + KPF + 64, _MM_HINT_T0);
+      }
+      float d0, d1 = 0;
+      __m256i w0 = a32_dec(T, row + k * bytes, &d0);
+      __m256i w1 = two ? a32_dec(T, row + (k + 1) * bytes, &d1) : _mm256_setzero_si256();
+      __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+      /* shared by the activation rows: |w|, the sign mask, the weight scales of both halves */
+      AW[rr] = _mm512_abs_epi8(w);
+      NEG[rr] = _mm512_movepi8_mask(w);
+      if (T == FLOE_TYPE_MXFP4) {
+        DW[rr] = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+      } else {
+        /* both f16 scales in one conversion: words 0-7 = d0, 8-15 = d1 (d1 = +0 past the end) */
+        const uint8_t *b0 = row + k * bytes;
+        uint16_t h0, h1 = 0;
+        memcpy(&h0, b0, 2);
+        if (two) memcpy(&h1, b0 + bytes, 2);
+        (void)d0, (void)d1;
+        DW[rr] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1));
+      }
+    }
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
       const uint8_t *x = xq + b * xs;
       const float *dexp = (const float *)(x + L->off_s) + 8 * k;
-      __m512i xv = two ? _mm512_loadu_si512(x + 32 * k) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x + 32 * k);
-      xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-      __m512i Lv = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, xv);
-      /* S = dw*dx, dx already repeated 8x in the activation (one load, one multiply) */
-      __m512 S = _mm512_mul_ps(dwv, two ? _mm512_loadu_ps(dexp) : _mm512_maskz_loadu_ps(0x00FF, dexp));
-      __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(Lv), S);
-      acc[b] = two ? _mm512_add_ps(acc[b], p) : _mm512_mask_add_ps(acc[b], 0x00FF, acc[b], p);
+      const __m512i x0 = two ? _mm512_loadu_si512(x + 32 * k) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x + 32 * k);
+      const __m512 dx = two ? _mm512_loadu_ps(dexp) : _mm512_maskz_loadu_ps(0x00FF, dexp);
+#pragma GCC unroll 2
+      for (int rr = 0; rr < RR; rr++) {
+        const __m512i xv = _mm512_mask_sub_epi8(x0, NEG[rr], _mm512_setzero_si512(), x0);
+        __m512i Lv = _mm512_dpbusd_epi32(_mm512_setzero_si512(), AW[rr], xv);
+        /* S = dw*dx, dx already repeated 8x in the activation (one load, one multiply) */
+        __m512 S = _mm512_mul_ps(DW[rr], dx);
+        __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(Lv), S);
+        acc[rr][b] = two ? _mm512_add_ps(acc[rr][b], p) : _mm512_mask_add_ps(acc[rr][b], 0x00FF, acc[rr][b], p);
+      }
     }
   }
-  for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(acc[b]) + 0.0f;
+  for (int rr = 0; rr < RR; rr++)
+    for (int b = 0; b < NB; b++) Y[b * ldy + r + rr] = red16(acc[rr][b]) + 0.0f;
 }
+#define a32_row(T, NB, W, L, r, xq, xs, Y, ldy) a32_rows(T, NB, 1, W, L, r, xq, xs, Y, ldy)
 
 /* ================= quantized path: A256 types (Q4_K, Q5_K, Q6_K, IQ4_XS) ================= */
 
@@ -352,16 +375,13 @@ static inline __m512 sb_load(uint32_t sbt, const uint8_t *p, int n) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static inline __attribute__((always_inline)) void mlx_row(const int BITS, const int NB, const floe_mat *W,
-                                                          const kact_layout *L, int64_t r, const uint8_t *xq,
-                                                          size_t xs, float *Y, int64_t ldy) {
+static inline __attribute__((always_inline)) void mlx_rows(const int BITS, const int NB, const int RR,
+                                                           const floe_mat *W, const kact_layout *L, int64_t r,
+                                                           const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
   const quant_mlx_fmt *f = &W->mlx;
   const int g = f->group;
   const uint32_t sbt = f->sb_type;
   const size_t sbe = sbt == FLOE_TYPE_F32 ? 4 : 2;
-  const uint8_t *row = kw_row(W, r);
-  const uint8_t *scl = (const uint8_t *)W->scales + (size_t)r * W->sb_row_bytes;
-  const uint8_t *bia = (const uint8_t *)W->biases + (size_t)r * W->sb_row_bytes;
   const int64_t n = W->cols;
   const int ST = BITS == 4 ? 128 : 64, LW = ST / 16;
   const int ngs = ST / g > 0 ? ST / g : 1; /* groups per step */
@@ -370,15 +390,21 @@ static inline __attribute__((always_inline)) void mlx_row(const int BITS, const 
                                                        _mm512_set1_epi32(LW)),
                                    __builtin_ctz((unsigned)g));
   const __m512i m4 = _mm512_set1_epi8(15);
-  __m512 acc[NBG];
-  for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
+  __m512 acc[2][NBG];
+  for (int rr = 0; rr < RR; rr++)
+    for (int b = 0; b < NB; b++) acc[rr][b] = _mm512_setzero_ps();
   for (int64_t c = 0; c < n; c += ST) {
     const int64_t rem = n - c;
     const int full = rem >= ST;
     const int nlanes = full ? 16 : (int)(rem / LW);
     const int64_t g0 = c / g;
     const int ng = full ? ngs : (int)((rem + g - 1) / g);
-    const uint8_t *cb = row + c * BITS / 8;
+    __m512i LO[2], HI[2];
+    __m512 SWL[2];
+#pragma GCC unroll 2
+    for (int rr = 0; rr < RR; rr++) {
+    const uint8_t *scl = (const uint8_t *)W->scales + (size_t)(r + rr) * W->sb_row_bytes;
+    const uint8_t *cb = kw_row(W, r + rr) + c * BITS / 8;
     if (KPF) _mm_prefetch((const char *)cb + KPF, _MM_HINT_T0);
     __m512i lo, hi = _mm512_setzero_si512();
     if (BITS == 4) {
@@ -389,9 +415,15 @@ static inline __attribute__((always_inline)) void mlx_row(const int BITS, const 
       lo = full ? _mm512_loadu_si512(cb) : _mm512_maskz_loadu_epi8((__mmask64)((1ull << rem) - 1), cb);
     }
     /* weight scales expanded to the lanes once; each row multiplies by its dlane vector */
-    const __m512 swl = _mm512_permutexvar_ps(gidx, sb_load(sbt, scl + (size_t)g0 * sbe, ng));
+    SWL[rr] = _mm512_permutexvar_ps(gidx, sb_load(sbt, scl + (size_t)g0 * sbe, ng));
+    LO[rr] = lo, HI[rr] = hi;
+    }
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) {
+    for (int b = 0; b < NB; b++)
+#pragma GCC unroll 2
+    for (int rr = 0; rr < RR; rr++) {
+      const __m512i lo = LO[rr], hi = HI[rr];
+      const __m512 swl = SWL[rr];
       const uint8_t *xb = xq + b * xs;
       const int8_t *x = (const int8_t *)xb + c;
       const int32_t *nc = (const int32_t *)(xb + L->off_c) + c / ST * 16;
@@ -399,11 +431,14 @@ static inline __attribute__((always_inline)) void mlx_row(const int BITS, const 
       if (BITS == 4) Lv = _mm512_dpbusd_epi32(Lv, hi, _mm512_loadu_si512(x + 64));
       __m512 S = _mm512_mul_ps(swl, _mm512_loadu_ps((const float *)(xb + L->off_e) + c / ST * 16));
       __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(Lv), S);
-      acc[b] = full ? _mm512_add_ps(acc[b], p) : _mm512_mask_add_ps(acc[b], (__mmask16)((1u << nlanes) - 1), acc[b], p);
+      acc[rr][b] = full ? _mm512_add_ps(acc[rr][b], p) : _mm512_mask_add_ps(acc[rr][b], (__mmask16)((1u << nlanes) - 1), acc[rr][b], p);
     }
   }
   (void)ngs;
+  for (int rr = 0; rr < RR; rr++)
   for (int b = 0; b < NB; b++) {
+    const uint8_t *scl = (const uint8_t *)W->scales + (size_t)(r + rr) * W->sb_row_bytes;
+    const uint8_t *bia = (const uint8_t *)W->biases + (size_t)(r + rr) * W->sb_row_bytes;
     const uint8_t *xb = xq + b * xs;
     const float *sx = (const float *)(xb + L->off_s);
     __m512 bacc = _mm512_setzero_ps();
@@ -415,9 +450,11 @@ static inline __attribute__((always_inline)) void mlx_row(const int BITS, const 
       __m512 p = _mm512_mul_ps(bv, _mm512_maskz_loadu_ps(m, sx + k));
       bacc = _mm512_mask_add_ps(bacc, m, bacc, p);
     }
-    Y[b * ldy + r] = red16(acc[b]) + red16(bacc);
+    Y[b * ldy + r + rr] = red16(acc[rr][b]) + red16(bacc);
   }
 }
+
+#define mlx_row(T, NB, W, L, r, xq, xs, Y, ldy) mlx_rows(T, NB, 1, W, L, r, xq, xs, Y, ldy)
 
 /* ================= activation quantization ================= */
 
@@ -445,19 +482,18 @@ float kern_act_q8_avx512(const float *x, int n, int8_t *q) {
 
 /* ================= dispatch over types and row groups ================= */
 
-/* Small batches of the A256 types take weight rows in pairs: two independent dependency chains
+/* Small batches (nb <= 2) take weight rows in pairs: two independent dependency chains
  * interleaved, shared activation loads (each (row, activation row) pair keeps its own sequence, so
  * results are unchanged). */
-#define PAIRS(T) ((T) == FLOE_TYPE_Q4_K || (T) == FLOE_TYPE_Q5_K || (T) == FLOE_TYPE_Q6_K || (T) == FLOE_TYPE_IQ4_XS)
 /* For each weight row, the activation rows in groups of up to NBG sharing one decode; NB is a
  * compile-time constant in each instantiation so the accumulators stay in registers. */
 #define DEF_RUN(name, rowfn, T)                                                                    \
   static void name(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, \
                    float *Y, int64_t ldy, int64_t r0, int64_t r1) {                                 \
-    if (nb <= 2 && PAIRS(T))                                                                       \
+    if (nb <= 2)                                                                                   \
       for (; r0 + 1 < r1; r0 += 2) {                                                               \
-        if (nb == 1) a256_rows(T, 1, 2, W, L, r0, xq, xs, Y, ldy);                                 \
-        else a256_rows(T, 2, 2, W, L, r0, xq, xs, Y, ldy);                                          \
+        if (nb == 1) rowfn##s(T, 1, 2, W, L, r0, xq, xs, Y, ldy);                                  \
+        else rowfn##s(T, 2, 2, W, L, r0, xq, xs, Y, ldy);                                           \
       }                                                                                             \
     for (int64_t r = r0; r < r1; r++)                                                              \
       for (int b0 = 0; b0 < nb; b0 += NBG) {                                                       \
