@@ -22,7 +22,7 @@ static bool isa_supported(int isa) {
     case FLOE_ISA_AVX2: return c->avx2 && c->fma && c->f16c;
     case FLOE_ISA_AVX512:
       return c->avx2 && c->fma && c->f16c && c->avx512f && c->avx512bw && c->avx512vl && c->avx512dq &&
-             c->avx512vnni && c->avx512vbmi;
+             c->avx512vnni && c->avx512vbmi && __builtin_cpu_supports("gfni");
     default: return false;
   }
 }
