@@ -99,6 +99,8 @@ int xs_open(const model *m, const xs_params *p, xstream **out, char *err, size_t
     goto fail;
   }
   x->arena = a;
+  /* 2 MB pages where the kernel has them: 512x fewer first-touch faults while the cache fills */
+  madvise(a, x->arena_bytes, MADV_HUGEPAGE);
   const size_t nk = (size_t)st->n_layer * (size_t)st->n_expert;
   x->slots = calloc((size_t)x->n_slots, sizeof *x->slots);
   x->map = malloc(nk * sizeof *x->map);
