@@ -207,6 +207,28 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     __m128 DDM[2];
     __m512 DV[2];
     __mmask64 NEG[2][4];
+    __m256i SCM2 = _mm256_setzero_si256();
+    __m128 DDM2 = _mm_setzero_ps();
+    if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
+      /* 6-bit scales and mins (ggml get_scale_min_k4) of both weight rows in one ymm (128-bit
+       * lane rr = row rr), no scalar work: bytes 0-7 of a lane are sc[0..7], bytes 8-15 m[0..7].
+       *   sc[j<4] = q[j]&63   sc[j>=4] = (q[j+4]&15) | (q[j-4]>>6)<<4
+       *   m[j<4]  = q[j+4]&63 m[j>=4]  = (q[j+4]>>4) | (q[j]>>6)<<4 */
+      const uint8_t *bA = kw_row(W, r) + k * bytes, *bB = kw_row(W, r + RR - 1) + k * bytes;
+      /* 12 scale bytes + 4 of qs per row */
+      const __m256i raw = RR == 2 ? _mm256_loadu2_m128i((const __m128i *)(bB + 4), (const __m128i *)(bA + 4))
+                                  : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(bA + 4)));
+      const __m256i P = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+      const __m256i H = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+      const __m256i lowA = _mm256_and_si256(P, _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
+      const __m256i lowB = _mm256_and_si256(_mm256_srli_epi16(P, 4), _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+      SCM2 = _mm256_or_si256(_mm256_or_si256(lowA, lowB), _mm256_and_si256(_mm256_srli_epi16(H, 2), _mm256_set1_epi8(0x30)));
+      /* d and dmin of both rows converted together: [dA, dminA, dB, dminB] */
+      int32_t dd[2];
+      memcpy(&dd[0], bA, 4);
+      memcpy(&dd[1], bB, 4);
+      DDM2 = _mm_cvtph_ps(_mm_set_epi32(0, 0, dd[1], dd[0]));
+    }
 #pragma GCC unroll 2
     for (int rr = 0; rr < RR; rr++) {
     const uint8_t *bk = kw_row(W, r + rr) + k * bytes;
@@ -220,24 +242,16 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     float d, dm = 0;
     __m128 ddm = _mm_setzero_ps();
     if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
-      /* 6-bit scales and mins (ggml get_scale_min_k4) in one xmm, no scalar work: bytes 0-7 of
-       * scm are sc[0..7], bytes 8-15 m[0..7].
-       *   sc[j<4] = q[j]&63   sc[j>=4] = (q[j+4]&15) | (q[j-4]>>6)<<4
-       *   m[j<4]  = q[j+4]&63 m[j>=4]  = (q[j+4]>>4) | (q[j]>>6)<<4 */
-      const __m128i raw = _mm_loadu_si128((const __m128i *)(bk + 4)); /* 12 scale bytes + 4 of qs */
-      const __m128i P = _mm_shuffle_epi8(raw, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-      const __m128i H = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-      const __m128i lowA = _mm_and_si128(P, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
-      const __m128i lowB = _mm_and_si128(_mm_srli_epi16(P, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
-      const __m128i scm = _mm_or_si128(_mm_or_si128(lowA, lowB), _mm_and_si128(_mm_srli_epi16(H, 2), _mm_set1_epi8(0x30)));
-      /* d and dmin converted together: [d, dmin, 0, 0] */
-      ddm = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int *)bk));
+      /* this row's [d, dmin] (lanes 0-1) */
+      ddm = rr ? _mm_movehl_ps(DDM2, DDM2) : DDM2;
       d = 0;
-      /* packed-lane scale vectors: sv[0] for steps 0-1, sv[1] for steps 2-3 (int16 words) */
-      const __m512i scz = _mm512_castsi128_si512(scm);
-      sv[0] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_q4k[0]), scz);
-      sv[1] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_q4k[1]), scz);
-      aux = _mm512_castsi512_si256(_mm512_maskz_permutexvar_epi8(0x55555555ull, _mm512_load_si512(kidx_min), scz));
+      /* packed-lane scale vectors: sv[0] for steps 0-1, sv[1] for steps 2-3 (int16 words), from
+       * this row's 128-bit lane of SCM2 (byte indices + 16 rr) */
+      const __m512i scz = _mm512_castsi256_si512(SCM2);
+      const __m512i lane = _mm512_set1_epi8((char)(16 * rr));
+      sv[0] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[0]), lane), scz);
+      sv[1] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[1]), lane), scz);
+      aux = _mm512_castsi512_si256(_mm512_maskz_permutexvar_epi8(0x55555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_min), lane), scz));
       const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
       __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
       w[0] = _mm512_and_si512(q0, m4);
