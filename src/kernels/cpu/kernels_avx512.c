@@ -183,6 +183,10 @@ static const uint8_t kidx_q4k[2][64] __attribute__((aligned(64))) = {
 /* mins as int16 words for the bsum vpmaddwd: word 2j, 2j+1 = m[j] (scale byte 8 + j) */
 static const uint8_t kidx_min[64] __attribute__((aligned(64))) = {
   8, 0, 8, 0, 9, 0, 9, 0, 10, 0, 10, 0, 11, 0, 11, 0, 12, 0, 12, 0, 13, 0, 13, 0, 14, 0, 14, 0, 15, 0, 15, 0};
+/* the same for both rows of a pair: words 0-15 row 0 (bytes 8-15), words 16-31 row 1 (bytes 24-31) */
+static const uint8_t kidx_min2[64] __attribute__((aligned(64))) = {
+  8, 0, 8, 0, 9, 0, 9, 0, 10, 0, 10, 0, 11, 0, 11, 0, 12, 0, 12, 0, 13, 0, 13, 0, 14, 0, 14, 0, 15, 0, 15, 0,
+  24, 0, 24, 0, 25, 0, 25, 0, 26, 0, 26, 0, 27, 0, 27, 0, 28, 0, 28, 0, 29, 0, 29, 0, 30, 0, 30, 0, 31, 0, 31, 0};
 static const uint16_t kidx_q6k[2][32] __attribute__((aligned(64))) = {
   {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
   {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15},
@@ -194,8 +198,12 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
                                                             const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : T == FLOE_TYPE_Q5_K ? 176 : T == FLOE_TYPE_Q6_K ? 210 : 136;
   const __m512i m4 = _mm512_set1_epi8(15);
-  __m512 acc[2][NBG];
+  /* J: Q4_K/Q5_K row pairs keep both rows' min accumulators in one zmm (row rr in 256-bit half
+   * rr): one vpmaddwd, cvt, multiply and add per superblock for the two rows */
+  const int J = (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) && RR == 2;
+  __m512 acc[2][NBG], macc2[NBG];
   __m256 macc[2][NBG];
+  for (int b = 0; b < NB; b++) macc2[b] = _mm512_setzero_ps();
   for (int rr = 0; rr < RR; rr++)
     for (int b = 0; b < NB; b++) {
       acc[rr][b] = _mm512_setzero_ps();
@@ -209,6 +217,7 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     __mmask64 NEG[2][4];
     __m256i SCM2 = _mm256_setzero_si256();
     __m128 DDM2 = _mm_setzero_ps();
+    __m512i AUX2 = _mm512_setzero_si512();
     if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
       /* 6-bit scales and mins (ggml get_scale_min_k4) of both weight rows in one ymm (128-bit
        * lane rr = row rr), no scalar work: bytes 0-7 of a lane are sc[0..7], bytes 8-15 m[0..7].
@@ -228,6 +237,7 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
       memcpy(&dd[0], bA, 4);
       memcpy(&dd[1], bB, 4);
       DDM2 = _mm_cvtph_ps(_mm_set_epi32(0, 0, dd[1], dd[0]));
+      if (J) AUX2 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_min2), _mm512_castsi256_si512(SCM2));
     }
 #pragma GCC unroll 2
     for (int rr = 0; rr < RR; rr++) {
@@ -324,7 +334,9 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     DV[rr] = _mm512_set1_ps(d);
     }
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; b++)
+    for (int b = 0; b < NB; b++) {
+    /* J: [d*dx, dmin*dx] of row 0 then row 1 */
+    const __m128 S4 = _mm_mul_ps(DDM2, _mm_set1_ps(((const float *)(xq + b * xs + L->off_d))[k]));
 #pragma GCC unroll 2
     for (int rr = 0; rr < RR; rr++) {
       const __m512i *w = Wd[rr], *sv = SVd[rr];
@@ -361,7 +373,10 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
        * Q4_K/Q5_K: [d*dx, dmin*dx] in one multiply, then broadcast */
       __m512 Sv;
       __m256 Sm;
-      if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
+      if (J) {
+        Sv = rr ? _mm512_permutexvar_ps(_mm512_set1_epi32(2), _mm512_castps128_ps512(S4)) : _mm512_broadcastss_ps(S4);
+        Sm = _mm256_setzero_ps();
+      } else if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
         const __m128 S2 = _mm_mul_ps(ddm, _mm_set1_ps(dx));
         Sv = _mm512_broadcastss_ps(S2);
         Sm = _mm256_permutexvar_ps(_mm256_set1_epi32(1), _mm256_castps128_ps256(S2));
@@ -370,14 +385,25 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
         Sm = _mm512_castps512_ps256(Sv);
       }
       acc[rr][b] = lanes_add(acc[rr][b], Lv, Sv);
-      if (T != FLOE_TYPE_IQ4_XS) {
+      if (T != FLOE_TYPE_IQ4_XS && !J) {
         __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xb + L->off_s) + 16 * k));
         __m256i M = _mm256_madd_epi16(aux, bs);
         if (T == FLOE_TYPE_Q6_K) M = _mm256_slli_epi32(M, 5);
         macc[rr][b] = _mm256_add_ps(macc[rr][b], _mm256_mul_ps(_mm256_cvtepi32_ps(M), Sm));
       }
     }
+    if (J) {
+      const __m512i bs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const int16_t *)(xq + b * xs + L->off_s) + 16 * k)));
+      const __m512 Sm2 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(S4));
+      macc2[b] = _mm512_add_ps(macc2[b], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(AUX2, bs)), Sm2));
+    }
+    }
   }
+  if (J)
+    for (int b = 0; b < NB; b++) {
+      macc[0][b] = _mm512_castps512_ps256(macc2[b]);
+      macc[1][b] = _mm512_extractf32x8_ps(macc2[b], 1);
+    }
   for (int rr = 0; rr < RR; rr++)
     for (int b = 0; b < NB; b++) Y[b * ldy + r + rr] = red16(acc[rr][b]) - red8(macc[rr][b]);
 }
