@@ -154,6 +154,7 @@ static int index_reserve(name_index *ix, name_of_fn name_of, const void *ctx, ui
 
 typedef struct gguf_priv {
   bool owns_map;
+  int fd;            /* the mapped file, kept open to notice it shrinking (-1 for buffers) */
   name_index kv_ix, t_ix;
   gguf_str *strs;    /* arena for all string-array elements */
   gguf_value *items; /* arena for all nested-array elements */
@@ -508,6 +509,7 @@ static int open_common(const uint8_t *map, uint64_t size, bool owns, const char 
   g->map_size = size;
   g->priv = pv;
   pv->owns_map = owns;
+  pv->fd = -1;
   int rc = parse(g, err, errlen);
   if (rc) {
     gguf_close(g);
@@ -538,9 +540,28 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen) {
   }
   void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
   int e = errno;
-  close(fd);
-  if (map == MAP_FAILED) return floe_err(err, errlen, FLOE_E_IO, "%s: mmap failed: %s", path, strerror(e));
-  return open_common(map, (uint64_t)st.st_size, true, path, out, err, errlen);
+  if (map == MAP_FAILED) {
+    close(fd);
+    return floe_err(err, errlen, FLOE_E_IO, "%s: mmap failed: %s", path, strerror(e));
+  }
+  int rc = open_common(map, (uint64_t)st.st_size, true, path, out, err, errlen);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  ((gguf_priv *)(*out)->priv)->fd = fd;
+  return 0;
+}
+
+int gguf_check_unchanged(const gguf_file *g, char *err, size_t errlen) {
+  const gguf_priv *pv = g->priv;
+  if (!pv || pv->fd < 0) return 0;
+  struct stat st;
+  if (fstat(pv->fd, &st) != 0) return floe_err(err, errlen, FLOE_E_IO, "%s: cannot stat: %s", g->path, strerror(errno));
+  if ((uint64_t)st.st_size < g->map_size)
+    return floe_err(err, errlen, FLOE_E_IO, "%s: file shrank after it was loaded (%llu bytes, now %llu)", g->path,
+                    (unsigned long long)g->map_size, (unsigned long long)st.st_size);
+  return 0;
 }
 
 int gguf_open_buffer(const void *buf, size_t size, const char *name, gguf_file **out, char *err, size_t errlen) {
@@ -554,6 +575,7 @@ void gguf_close(gguf_file *g) {
   gguf_priv *pv = g->priv;
   if (pv) {
     if (pv->owns_map && g->map) munmap((void *)g->map, g->map_size);
+    if (pv->fd >= 0) close(pv->fd);
     free(pv->kv_ix.slots);
     free(pv->t_ix.slots);
     free(pv->strs);

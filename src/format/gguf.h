@@ -83,6 +83,10 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen);
 /* Same validation on a caller-owned buffer (used by the fuzzer and tests); buf must outlive g. */
 int gguf_open_buffer(const void *buf, size_t size, const char *name, gguf_file **out, char *err, size_t errlen);
 void gguf_close(gguf_file *g);
+/* A mapped file that shrinks makes reads of its vanished pages fault (SIGBUS). Callers that read
+ * the mapping long after opening (the model, per evaluated batch) call this first: FLOE_E_IO with
+ * "file shrank after it was loaded" when the file is now shorter than the mapping. */
+int gguf_check_unchanged(const gguf_file *g, char *err, size_t errlen);
 
 const gguf_kv *gguf_find_kv(const gguf_file *g, const char *key);
 const gguf_tensor *gguf_find_tensor(const gguf_file *g, const char *name);

@@ -23,6 +23,7 @@ typedef struct st_shard {
   const uint8_t *map;       /* whole file */
   uint64_t size;
   bool mapped;              /* munmap on close (false for caller buffers) */
+  int fd;                   /* the mapped file, kept open to notice it shrinking; -1 if none */
   uint64_t data_start;      /* 8 + header length */
   size_t n_meta;
   char **meta_key, **meta_val;
@@ -152,6 +153,7 @@ void st_model_close(st_model *m) {
   for (int s = 0; s < m->n_shards; s++) {
     st_shard *sh = &m->shards[s];
     if (sh->mapped && sh->map) munmap((void *)sh->map, sh->size);
+    if (sh->fd >= 0) close(sh->fd);
     for (size_t i = 0; i < sh->n_meta; i++) { free(sh->meta_key[i]); free(sh->meta_val[i]); }
     free(sh->meta_key);
     free(sh->meta_val);
@@ -170,6 +172,7 @@ static st_shard *add_shard(st_model *m, const char *path) {
   m->shards = s;
   s = &m->shards[m->n_shards];
   memset(s, 0, sizeof *s);
+  s->fd = -1;
   if (!(s->path = xstrdup(path))) return NULL;
   m->n_shards++;
   return s;
@@ -415,9 +418,25 @@ static int map_shard(st_model *m, const char *path, char *err, size_t errlen) {
     }
     sh->map = p;
     sh->mapped = true;
+    sh->fd = fd;
+  } else {
+    close(fd);
   }
-  close(fd);
   return parse_shard(m, m->n_shards - 1, err, errlen);
+}
+
+int st_model_check_unchanged(const st_model *m, char *err, size_t errlen) {
+  for (int i = 0; i < m->n_shards; i++) {
+    const st_shard *sh = &m->shards[i];
+    if (sh->fd < 0) continue;
+    struct stat st;
+    if (fstat(sh->fd, &st) != 0)
+      return floe_err(err, errlen, FLOE_E_IO, "%s: cannot stat: %s", sh->path, strerror(errno));
+    if ((uint64_t)st.st_size < sh->size)
+      return floe_err(err, errlen, FLOE_E_IO, "%s: file shrank after it was loaded (%llu bytes, now %llu)", sh->path,
+                      (unsigned long long)sh->size, (unsigned long long)st.st_size);
+  }
+  return 0;
 }
 
 int st_model_open_buffer(const void *buf, size_t size, const char *name, st_model **out, char *err, size_t errlen) {

@@ -61,6 +61,9 @@ int st_model_open(const char *dir_or_file, st_model **out, char *err, size_t err
 int st_model_open_buffer(const void *buf, size_t size, const char *name, st_model **out, char *err,
                          size_t errlen);
 void st_model_close(st_model *m);
+/* FLOE_E_IO ("file shrank after it was loaded") when a mapped shard is now shorter than its
+ * mapping: reading its vanished pages would fault. Cheap (one fstat per shard). */
+int st_model_check_unchanged(const st_model *m, char *err, size_t errlen);
 
 const st_tensor *st_find(const st_model *m, const char *name); /* NULL when absent */
 size_t st_count(const st_model *m);

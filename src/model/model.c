@@ -734,6 +734,9 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
     if (tokens[i] < 0 || tokens[i] >= V)
       return floe_err(err, errlen, FLOE_E_INVALID, "eval: token %d out of the vocabulary (%lld)", tokens[i],
                       (long long)V);
+  /* a model file truncated under us would fault on its vanished pages: refuse cleanly instead */
+  if (m->gguf && gguf_check_unchanged(m->gguf, err, errlen)) return FLOE_E_IO;
+  if (m->st && st_model_check_unchanged(m->st, err, errlen)) return FLOE_E_IO;
   const double t_start = floe_time_s();
   double t_phases = 0;
   for (int i = 0; i < MODEL_PH_N; i++) t_phases += s->ph[i];
