@@ -20,7 +20,8 @@
  *    buffer that all nb activation rows then dot with SIMD FMAs. Within 1e-5 * sum|w x| of
  *    quant_dot_ref; not bit-identical across ISAs.
  * Weights are read once per 8 (AVX-512) / 4 (AVX2) activation rows; the AVX-512 quantized path
- * prefetches 4 KiB ahead (FLOE_KPF=bytes overrides, 0 disables). */
+ * takes weight rows in pairs when nb <= 2, and prefetches 4 KiB ahead (FLOE_KPF=bytes overrides,
+ * 0 disables). The AVX-512 ISA needs F/BW/VL/DQ/VNNI/VBMI and GFNI. */
 #ifndef FLOE_KERNELS_H
 #define FLOE_KERNELS_H
 #include <stddef.h>

@@ -1,4 +1,4 @@
-/* AVX-512 (F/BW/VL/DQ/VNNI/VBMI) kernels: the float path and the quantized-activation path.
+/* AVX-512 (F/BW/VL/DQ/VNNI/VBMI + GFNI) kernels: the float path and the quantized-activation path.
  *
  * The quantized path follows the 16-lane model of kernels_internal.h exactly: one zmm of int32
  * lanes per step, (float)lanes * scales added into one zmm accumulator per output, the fixed
@@ -26,23 +26,36 @@
  *   per-row cost falls to the per-row part (~25 ops per Q4_K superblock), i.e. 2-3x per row.
  *
  * ---- Measured (bench/results.tsv) and why ----
- * The predictions above were optimistic by ~2x. With 512-bit ops in flight only ports 0 and 5
- * execute vector uops, and vpmaddubsw / vpdpwssd / vpdpbusd / vcvtdq2ps are port-0 only. Per Q4_K
- * superblock and activation row: 4 vpmaddubsw + 4 vpdpwssd + 2 cvt + vpmaddwd = 11 port-0 uops plus
- * ~7 flexible ones; measured ~17 cycles for that per-row part (nb=8 runs) and ~27 cycles per
- * superblock at nb=1 (2.1 GHz device: ~11 GB/s in cache, ~8 out of cache with prefetch, ~55% of
- * one core's bandwidth; 2 threads ~13 GB/s). What was fixed on the way: a store-forwarding stall in
- * the scalar scale unpack (IQ4_XS 2.7x, Q4_K 10%), scale products built from memory broadcasts
- * instead of scalar->vector moves, and software prefetch 4 KiB ahead (out of cache +50%: the
- * hardware streamer does not keep enough lines in flight for a loop this heavy).
- * K-quants then moved to vpdpbusd per step + vpackssdw pairs + one vpdpwssd per two steps (6
- * port-0 uops instead of 8, the "packed lanes" of the model): +8-10 % in and out of cache.
- * Not yet done, in expected-gain order: (1) two weight rows per iteration to share activation
- * loads and overlap the reductions; (2) the same packing for IQ4_XS (its 4-sums exceed int16:
- * needs 2-sums); (3) the nibble shift with one GF2P8AFFINEQB instead of shift+and.
+ * The predictions above were optimistic by ~2x: the first kernel took ~27-30 cycles per Q4_K
+ * superblock at nb=1. What was fixed on the way: a store-forwarding stall in the scalar scale
+ * unpack (IQ4_XS 2.7x, Q4_K 10%), scale products from memory broadcasts, software prefetch 4 KiB
+ * ahead (out of cache +50%), K-quants via vpdpbusd + vpackssdw + vpdpwssd ("packed lanes").
+ *
+ * ---- Port model, measured on the dev machine (Xeon model 207, 3.07 GHz, bench loop of 12
+ * independent chains, cycles calibrated with an imul chain; 2026-11-29) ----
+ *   2 per cycle (ports 0 and 5), zmm: vpdpbusd, vpdpwssd, vpmaddubsw, vpmaddwd, vcvtdq2ps, vpandd,
+ *     vfmadd/vmulps/vaddps (ymm vpdpbusd: also 2 per cycle, no gain from 256-bit);
+ *   1 per cycle: vpsrlw zmm (port 0), vpermb, vpshufb, vpackssdw, vgf2p8affineqb (port 5).
+ * So, unlike Ice Lake, the multiplies are not port-0 bound: the floor is simply (vector uops) / 2
+ * per cycle, with shifts and shuffles each capped at 1 per cycle. The work was therefore to cut
+ * uops and per-row overhead, not to move work between ports.
+ *
+ * ---- Rework (2026-11-29) and its effect, in cache, 1 thread, cpu us per call 512x2048 / 2048x512 ----
+ *   baseline                                   q4_K 44.5/42.0  q8_0 70/72  iq4_xs 45.9/40.5  mlx4 53.5/56.8
+ *   + vectorised activation quantizer          (act_q8 was ~40% of a 2048-col q4_K call: fmaxf and
+ *     nearbyintf through the PLT) kern_act_q8_avx512, bit-equal to the scalar one (tested)
+ *   + weight rows in pairs for nb <= 2         (two independent chains, shared activation loads;
+ *     each (row, activation row) keeps its own sequence, so results are unchanged)
+ *   + Q4_K/Q5_K: both rows' 6-bit scales unpacked in one ymm, d/dmin of both rows in one
+ *     vcvtph2ps, both rows' mins in one zmm (one vpmaddwd/cvt/mul/add per two rows)
+ *   + high nibbles with one vgf2p8affineqb      -> q4_K 22.7/27.6  q8_0 43.6/47.3  iq4_xs 31.1/35.0
+ *                                                  mlx4 34.5/43.2  (1.3-1.95x)
+ * Q4_K now costs ~17 cycles per superblock (about 32 vector uops / 2 ports): at the floor of this
+ * kernel's form. Next steps, in expected-gain order: (1) one joint reduction for the 2-4 vectors
+ * of a row pair (red16/red8 are ~15% of a 2-superblock row); (2) the same scale-sharing for Q6_K
+ * and IQ4_XS; (3) FMA in the model (acc = fma(L, S, acc): -2 uops per superblock, needs the scalar
+ * and AVX2 versions to use fmaf / vfmadd too).
  */
-/* GFNI (every AVX-512 VBMI CPU has it; kernels.c checks it): the high nibble of a code byte in one
- * vgf2p8affineqb instead of a shift (port 0 only) and a mask */
 #pragma GCC target("gfni")
 #include <immintrin.h>
 #include <stdlib.h>
