@@ -197,26 +197,6 @@ static const char *finish_reason(const chat_proto *p, const floe_gen_result *res
   return res->finish == FLOE_FINISH_LENGTH ? "length" : "stop";
 }
 
-static void error_out(srv_job *j, int rc, const char *err) {
-  srv_error e;
-  if (rc == FLOE_E_CANCELLED) srv_fail(&e, 503, "cancelled", NULL, "the request was cancelled (server stopping)");
-  else if (rc == FLOE_E_CONTEXT) srv_fail(&e, 400, "context_length_exceeded", "messages", "%s", err);
-  else srv_fail(&e, 500, NULL, NULL, "generation failed: %s", err);
-  char *s = srv_error_json(&e);
-  if (j->stream) {
-    sbuf b = {0};
-    sb_printf(&b, "data: %s\n\ndata: [DONE]\n\n", s ? s : "{}");
-    job_emit(j, b.p, b.n);
-    sb_free(&b);
-  } else {
-    pthread_mutex_lock(&j->mu);
-    j->status = e.status;
-    pthread_mutex_unlock(&j->mu);
-    if (s) job_emit(j, s, strlen(s));
-  }
-  free(s);
-}
-
 static cJSON *timings(const floe_gen_result *res) {
   cJSON *t = cJSON_CreateObject();
   cJSON_AddNumberToObject(t, "cache_n", (double)res->n_reused);
@@ -235,7 +215,7 @@ static void chat_on_done(srv_job *j, int rc, const floe_gen_result *res, const c
   chat_proto *p = j->proto;
   bool client_gone = res->finish == FLOE_FINISH_CANCELLED;
   if (rc) {
-    error_out(j, rc, err);
+    job_fail_generation(j, rc, err, "messages");
     return;
   }
   outp_finish(&p->parser);

@@ -113,23 +113,7 @@ static void cmpl_on_token(srv_job *j, const floe_token_event *ev) {
 static void cmpl_on_done(srv_job *j, int rc, const floe_gen_result *res, const char *err) {
   cmpl_proto *p = j->proto;
   if (rc) {
-    srv_error e;
-    if (rc == FLOE_E_CANCELLED) srv_fail(&e, 503, "cancelled", NULL, "the request was cancelled (server stopping)");
-    else if (rc == FLOE_E_CONTEXT) srv_fail(&e, 400, "context_length_exceeded", "prompt", "%s", err);
-    else srv_fail(&e, 500, NULL, NULL, "generation failed: %s", err);
-    char *s = srv_error_json(&e);
-    if (j->stream) {
-      sbuf b = {0};
-      sb_printf(&b, "data: %s\n\ndata: [DONE]\n\n", s ? s : "{}");
-      job_emit(j, b.p, b.n);
-      sb_free(&b);
-    } else {
-      pthread_mutex_lock(&j->mu);
-      j->status = e.status;
-      pthread_mutex_unlock(&j->mu);
-      if (s) job_emit(j, s, strlen(s));
-    }
-    free(s);
+    job_fail_generation(j, rc, err, "prompt");
     return;
   }
   const char *fr = res->finish == FLOE_FINISH_LENGTH ? "length" : "stop";

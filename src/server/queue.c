@@ -114,6 +114,26 @@ void job_emit(srv_job *j, const char *d, size_t n) {
   pthread_mutex_unlock(&j->mu);
 }
 
+void job_fail_generation(srv_job *j, int rc, const char *err, const char *param) {
+  srv_error e;
+  if (rc == FLOE_E_CANCELLED) srv_fail(&e, 503, "cancelled", NULL, "the request was cancelled (server stopping)");
+  else if (rc == FLOE_E_CONTEXT) srv_fail(&e, 400, "context_length_exceeded", param, "%s", err);
+  else srv_fail(&e, 500, NULL, NULL, "generation failed: %s", err);
+  char *s = srv_error_json(&e);
+  if (j->stream) {
+    sbuf b = {0};
+    sb_printf(&b, "data: %s\n\ndata: [DONE]\n\n", s ? s : "{}");
+    job_emit(j, b.p, b.n);
+    sb_free(&b);
+  } else {
+    pthread_mutex_lock(&j->mu);
+    j->status = e.status;
+    pthread_mutex_unlock(&j->mu);
+    if (s) job_emit(j, s, strlen(s));
+  }
+  free(s);
+}
+
 void job_cancel(srv_job *j) {
   pthread_mutex_lock(&j->mu);
   j->cancelled = true;

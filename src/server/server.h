@@ -152,6 +152,9 @@ void job_ref(srv_job *j);
 void job_unref(srv_job *j);
 /* Appends response bytes and wakes the reader. */
 void job_emit(srv_job *j, const char *d, size_t n);
+/* Ends a job whose generation failed with rc: an OpenAI error object (503 cancelled, 400
+ * context_length_exceeded naming `param`, else 500), as an SSE event + [DONE] when streaming. */
+void job_fail_generation(srv_job *j, int rc, const char *err, const char *param);
 /* Marks the job cancelled (client gone); forgets the socket. */
 void job_cancel(srv_job *j);
 /* Waits until the job is done. */
