@@ -100,6 +100,22 @@ static inline float red8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
 }
 
+/* red16(a0) - red8(m.lo256) and red16(a1) - red8(m.hi256), the model's reductions of two rows in
+ * the same order (see kernels_internal.h), done side by side in one register chain: each step of
+ * red16 and red8 is "quarter + quarter" or "lane + lane" on the same positions. */
+static inline void red2(__m512 a0, __m512 a1, __m512 m, float *y0, float *y1) {
+  /* a[i] = v[i] + v[i+8]: [a(row0) | a(row1)] */
+  const __m512 A = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(3, 2, 3, 2)));
+  /* b[i] = a[i] + a[i+4] (red16) and a'[i] = m[i] + m[i+4] (red8): [b0 | b1 | a'0 | a'1] */
+  const __m512 B = _mm512_add_ps(_mm512_shuffle_f32x4(A, m, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(A, m, _MM_SHUFFLE(3, 1, 3, 1)));
+  /* c[i] = b[i] + b[i+2], then c[0] + c[1], in every quarter */
+  const __m512 C = _mm512_add_ps(B, _mm512_permute_ps(B, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 D = _mm512_add_ps(C, _mm512_permute_ps(C, _MM_SHUFFLE(1, 1, 1, 1)));
+  const __m256 Y = _mm256_sub_ps(_mm512_castps512_ps256(D), _mm512_extractf32x8_ps(D, 1));
+  *y0 = _mm256_cvtss_f32(Y);
+  *y1 = _mm_cvtss_f32(_mm256_extractf128_ps(Y, 1));
+}
+
 /* ================= quantized path: A32 types (Q8_0, Q4_0, IQ4_NL, MXFP4) ================= */
 
 /* 32 signed weights of one block, and its scale */
@@ -412,13 +428,13 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     }
     }
   }
-  if (J)
+  if (RR == 2)
     for (int b = 0; b < NB; b++) {
-      macc[0][b] = _mm512_castps512_ps256(macc2[b]);
-      macc[1][b] = _mm512_extractf32x8_ps(macc2[b], 1);
+      const __m512 m = J ? macc2[b] : _mm512_insertf32x8(_mm512_castps256_ps512(macc[0][b]), macc[1][b], 1);
+      red2(acc[0][b], acc[1][b], m, &Y[b * ldy + r], &Y[b * ldy + r + 1]);
     }
-  for (int rr = 0; rr < RR; rr++)
-    for (int b = 0; b < NB; b++) Y[b * ldy + r + rr] = red16(acc[rr][b]) - red8(macc[rr][b]);
+  else
+    for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(acc[0][b]) - red8(macc[0][b]);
 }
 
 #define a256_row(T, NB, W, L, r, xq, xs, Y, ldy) a256_rows(T, NB, 1, W, L, r, xq, xs, Y, ldy)
