@@ -15,6 +15,8 @@ declare -A SEEDS=(
   [fuzz_gguf]="*.gguf"
   [fuzz_safetensors]="*.safetensors"
   [fuzz_hf_config]="*.json"
+  [fuzz_tokenizer_json]="tok_seed_*.json"
+  [fuzz_pack]="*.floepack"
 )
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

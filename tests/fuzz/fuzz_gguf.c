@@ -8,6 +8,9 @@
 
 #include "base/base.h"
 #include "format/gguf.h"
+#include "model/hparams.h"
+#include "model/model_meta.h"
+#include "tok/tokenizer.h"
 
 static volatile uint64_t g_sink;
 
@@ -75,6 +78,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       name[t->name.len] = 0;
       if (gguf_find_tensor(g, name) != t) abort();
     }
+  }
+  /* the readers layered on the metadata: hparams and the tokenizer must refuse or work */
+  floe_hparams hp;
+  err[0] = 0;
+  if (model_hparams_from_gguf(g, &hp, err, sizeof err) != 0 && (!err[0] || strchr(err, '\n'))) abort();
+  tok_vocab *tv = NULL;
+  err[0] = 0;
+  if (tok_load_gguf(g, &tv, err, sizeof err) == 0) {
+    tok_ids ids = {0};
+    size_t n = size < 256 ? size : 256;
+    if (tok_encode(tv, (const char *)data, n, true, &ids, err, sizeof err) == 0) {
+      for (size_t i = 0; i < ids.n; i++) {
+        size_t len;
+        if (!tok_piece(tv, ids.v[i], &len)) abort(); /* every id encode returns has a piece */
+      }
+    }
+    tok_ids_free(&ids);
+    tok_free(tv);
+  } else if (!err[0] || strchr(err, '\n')) {
+    abort();
   }
   gguf_close(g);
   return 0;
