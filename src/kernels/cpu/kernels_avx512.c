@@ -461,6 +461,7 @@ static inline __attribute__((always_inline)) void mlx_rows(const int BITS, const
   const int64_t n = W->cols;
   const int ST = BITS == 4 ? 128 : 64, LW = ST / 16;
   const int ngs = ST / g > 0 ? ST / g : 1; /* groups per step */
+  const int lg = __builtin_ctz((unsigned)g);
   /* lane -> group within the step */
   __m512i gidx = _mm512_srli_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                        _mm512_set1_epi32(LW)),
@@ -469,18 +470,24 @@ static inline __attribute__((always_inline)) void mlx_rows(const int BITS, const
   __m512 acc[2][NBG];
   for (int rr = 0; rr < RR; rr++)
     for (int b = 0; b < NB; b++) acc[rr][b] = _mm512_setzero_ps();
+  const uint8_t *rowp[2], *sclp[2];
+  for (int rr = 0; rr < RR; rr++) {
+    rowp[rr] = kw_row(W, r + rr);
+    sclp[rr] = (const uint8_t *)W->scales + (size_t)(r + rr) * W->sb_row_bytes;
+  }
   for (int64_t c = 0; c < n; c += ST) {
     const int64_t rem = n - c;
     const int full = rem >= ST;
     const int nlanes = full ? 16 : (int)(rem / LW);
-    const int64_t g0 = c / g;
-    const int ng = full ? ngs : (int)((rem + g - 1) / g);
+    /* g is a power of two (quant_mlx_fmt_valid): shifts, not a 64-bit division per chunk */
+    const int64_t g0 = c >> lg;
+    const int ng = full ? ngs : (int)((rem + g - 1) >> lg);
     __m512i LO[2], HI[2];
     __m512 SWL[2];
 #pragma GCC unroll 2
     for (int rr = 0; rr < RR; rr++) {
-    const uint8_t *scl = (const uint8_t *)W->scales + (size_t)(r + rr) * W->sb_row_bytes;
-    const uint8_t *cb = kw_row(W, r + rr) + c * BITS / 8;
+    const uint8_t *scl = sclp[rr];
+    const uint8_t *cb = rowp[rr] + c * BITS / 8;
     if (KPF) _mm_prefetch((const char *)cb + KPF, _MM_HINT_T0);
     __m512i lo, hi = _mm512_setzero_si512();
     if (BITS == 4) {
