@@ -126,6 +126,14 @@ typedef struct floe_session_params {
    * 8 bits (per 32 / 256 values / MLX group) and use VNNI dot products: ~1e-2 relative per matmul,
    * still row-exact (prefill == stepwise, bit for bit). F32/F16/BF16 weights are always exact. */
   bool exact_act;
+  /* Partial prefix reuse on models with GatedDeltaNet layers (qwen3next, qwen35moe), whose state
+   * cannot be rewound: the session keeps exact copies of the recurrent state at chosen positions
+   * (the end of each prompt, the starts of its last two <|im_start|> turns, and every
+   * checkpoint_every tokens inside long prompts), and a prompt that leaves the cached history
+   * resumes from the largest one at or before the divergence. Pure-attention models rewind to
+   * the divergence itself and keep none. With a memory budget their memory is counted. */
+  int n_checkpoints;        /* copies kept (0: default 8; < 0: none, only whole-history reuse) */
+  int64_t checkpoint_every; /* interior copies every this many prompt tokens (0: default 1024; < 0: none) */
 } floe_session_params;
 void floe_session_params_init(floe_session_params *p);
 int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session **out, char *err, size_t errlen);
@@ -138,6 +146,15 @@ void floe_session_reset(floe_session *s);
  * n * n_vocab for every position when all_logits). */
 int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logits, bool all_logits, char *err,
                       size_t errlen);
+
+/* Prompt tokens floe_generate would reuse from this session's cache for `prompt` (what
+ * floe_gen_result.n_reused will say): the common prefix with the history, or, when the prompt
+ * leaves the history, the largest position at or before the divergence (and before the last
+ * prompt token) that the session can restore. */
+int64_t floe_session_reusable(const floe_session *s, const int32_t *prompt, size_t n);
+/* Positions of the recurrent-state checkpoints the session holds, ascending (up to cap of them
+ * written); returns how many it holds (0 for pure-attention models). */
+int floe_session_checkpoints(const floe_session *s, int64_t *pos, int cap);
 
 /* Time spent per phase by the session's evaluations since the last reset (seconds, wall clock).
  * router includes the shared expert's gate/up (same pool run); experts = routed gate/up/down,
@@ -174,6 +191,11 @@ typedef struct floe_gen_params {
   size_t n_stop;
   int n_top_logprobs;         /* 0..20: alternatives reported per token */
   bool logprobs;              /* report the chosen token's log-probability */
+  /* Polled (with floe_generate's user) before each prefill step of at most 256 tokens, so a long
+   * prompt can be abandoned: non-zero stops at once, floe_generate returns 0 with finish =
+   * CANCELLED and n_gen = 0, and the session keeps the prompt tokens evaluated so far (a retry of
+   * the same prompt continues from there). NULL: never asked. */
+  int (*should_stop)(void *user);
 } floe_gen_params;
 void floe_gen_params_init(floe_gen_params *p);
 
@@ -201,8 +223,10 @@ typedef struct floe_gen_result {
   double prefill_s, decode_s;
 } floe_gen_result;
 
-/* Runs prompt (reusing the session's cached prefix when the session holds a prefix of it), then
- * samples until end of generation, a stop string, max_tokens or the callback says stop. */
+/* Runs prompt, then samples until end of generation, a stop string, max_tokens or the callback
+ * says stop. Prefix cache: the session's state is reused up to the common prefix of its history
+ * and the prompt (all of it when the history is a prefix of the prompt; else up to the largest
+ * restorable position, see floe_session_reusable); the result is bit-identical to a cold run. */
 int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
                   floe_token_cb cb, void *user, floe_gen_result *res, char *err, size_t errlen);
 

@@ -26,6 +26,8 @@ static void usage(FILE *f) {
           "  --alias NAME           model id served by /v1/models (default: the file name)\n"
           "  -c, --ctx N            context size per session (default: the model's, capped at 4096)\n"
           "  --slots N              sessions kept for prefix reuse (default 1)\n"
+          "  --checkpoints N        recurrent-state copies per session for partial prefix reuse on hybrid\n"
+          "                         models (default 8; 0: none; counted in --mem-budget)\n"
           "  --queue N              pending requests before 503 (default 64)\n"
           "  --max-body BYTES       request body limit (default 8M; suffixes K M G)\n"
           "  --max-conn N           connection limit (default 256)\n"
@@ -66,6 +68,7 @@ int cmd_serve(int argc, char **argv) {
     else if (!strcmp(a, "--port")) { NEEDINT(0, 65535); o.port = (int)num; }
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDINT(0, 1LL << 40); o.n_ctx = num; }
     else if (!strcmp(a, "--slots")) { NEEDINT(1, 64); o.n_slots = (int)num; }
+    else if (!strcmp(a, "--checkpoints")) { NEEDINT(0, 4096); o.n_checkpoints = num ? (int)num : -1; }
     else if (!strcmp(a, "--queue")) { NEEDINT(1, 1000000); o.queue_max = (int)num; }
     else if (!strcmp(a, "--max-conn")) { NEEDINT(4, 100000); o.max_conn = (int)num; }
     else if (!strcmp(a, "-n")) { NEEDINT(-1, 1LL << 40); o.default_max_tokens = num; }

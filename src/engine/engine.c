@@ -3,6 +3,15 @@
  * An engine owns the model and the tokenizer; a session owns a model_session plus the token
  * history that is in its cache, so a prompt that extends that history only evaluates the new
  * tokens (prefix reuse: exact, because the cached state is the state those tokens produced).
+ * A prompt that leaves the history (agents re-render the last assistant turn: Qwen3 drops its
+ * <think> block, Qwen3.5 its "<think>\n" opening) rewinds the session to the common prefix:
+ * attention layers exactly there, GatedDeltaNet layers to the largest recurrent-state checkpoint
+ * at or before it. Checkpoints are saved while a prompt is evaluated: at its end, at its last two
+ * <|im_start|> tokens (where a re-rendered turn starts) and every checkpoint_every tokens. Every
+ * op is row-exact (model.h), so a resumed run is bit-identical to a cold one.
+ *
+ * The prompt is evaluated in steps of at most PREFILL_STEP tokens, asking should_stop between
+ * them; a stopped prefill leaves history = the tokens evaluated (and their last logits).
  *
  * Text streaming: generated token bytes go through a small pending buffer. Bytes are released to
  * the callback only when they form whole UTF-8 characters and cannot be the start of a stop
@@ -30,6 +39,7 @@ struct floe_engine {
   int n_threads;
   floe_model_info info;
   floe_engine_params p;
+  int32_t im_start; /* "<|im_start|>" (turn starts are checkpointed), -1: none */
   uint64_t budget_used; /* streaming: resident weights + cache + overhead + live sessions */
 };
 
@@ -57,7 +67,13 @@ struct floe_session {
   int32_t *hist; /* tokens in the cache */
   int64_t n_hist;
   float *last_logits; /* logits after hist (valid when n_hist > 0) */
+  int64_t ckpt_every; /* interior checkpoints every this many tokens (0: none) */
+  uint64_t acct_bytes; /* counted in the engine's memory budget: model session + checkpoints */
 };
+
+#define PREFILL_STEP MODEL_MAX_BATCH /* one model_eval chunk: no throughput lost by stepping */
+#define DEFAULT_CHECKPOINTS 8
+#define DEFAULT_CHECKPOINT_EVERY 1024
 
 void floe_engine_params_init(floe_engine_params *p) {
   memset(p, 0, sizeof *p);
@@ -136,6 +152,7 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
     }
     e->info.mem_budget = p->mem_budget;
   }
+  e->im_start = tok_find(e->tok, "<|im_start|>");
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   e->n_threads = p->n_threads > 0 ? p->n_threads : (ncpu > 0 ? (int)ncpu : 1);
   const floe_hparams *hp = &e->m->hp;
@@ -214,7 +231,7 @@ void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, ui
 /* Streaming: the first session sizes the expert cache from what is left of the budget; later
  * sessions must fit in what the cache left. */
 static int session_budget(floe_engine *e, floe_session *s, char *err, size_t errlen) {
-  const uint64_t B = e->p.mem_budget, sb = s->ms->bytes;
+  const uint64_t B = e->p.mem_budget, sb = s->acct_bytes;
   if (e->m->xs) {
     if (e->budget_used + sb > B)
       return floe_err(err, errlen, FLOE_E_NOMEM, "memory budget %s: no room for another session of %s (%s in use)",
@@ -227,7 +244,7 @@ static int session_budget(floe_engine *e, floe_session *s, char *err, size_t err
   if (fixed + K * slot > B)
     return floe_err(err, errlen, FLOE_E_NOMEM,
                     "memory budget %s is too small: needs at least %s (non-expert weights %s, KV and scratch "
-                    "%s, one layer's %llu experts %s)",
+                    "%s with state checkpoints, one layer's %llu experts %s)",
                     hsize(B).s, hsize(fixed + K * slot).s, hsize(e->info.resident_bytes).s, hsize(sb).s,
                     (unsigned long long)K, hsize(K * e->info.expert_slot_bytes).s);
   const uint64_t n_slots = (B - fixed) / slot;
@@ -285,6 +302,15 @@ int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session 
     return rc;
   }
   model_session_set_exact(s->ms, p->exact_act);
+  const int n_ckpt = p->n_checkpoints == 0 ? DEFAULT_CHECKPOINTS : p->n_checkpoints < 0 ? 0 : p->n_checkpoints;
+  s->ckpt_every = p->checkpoint_every == 0 ? DEFAULT_CHECKPOINT_EVERY : p->checkpoint_every < 0 ? 0 : p->checkpoint_every;
+  if ((rc = model_session_set_ckpt_max(s->ms, n_ckpt, err, errlen))) {
+    model_session_free(s->ms);
+    free(s);
+    return rc;
+  }
+  /* checkpoint buffers are allocated on first use but counted now, so a budget holds them all */
+  s->acct_bytes = s->ms->bytes + (uint64_t)s->ms->max_ckpt * model_session_ckpt_bytes(s->ms);
   if (e->p.mem_budget > 0 && (rc = session_budget(e, s, err, errlen))) {
     model_session_free(s->ms);
     free(s);
@@ -304,7 +330,7 @@ int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session 
 
 void floe_session_free(floe_session *s) {
   if (!s) return;
-  if (s->ms && s->e->m->xs && s->e->budget_used >= s->ms->bytes) s->e->budget_used -= s->ms->bytes;
+  if (s->ms && s->e->m->xs && s->e->budget_used >= s->acct_bytes) s->e->budget_used -= s->acct_bytes;
   model_session_free(s->ms);
   free(s->hist);
   free(s->last_logits);
@@ -317,6 +343,32 @@ int64_t floe_session_n_past(const floe_session *s) { return s->n_hist; }
 void floe_session_reset(floe_session *s) {
   model_session_reset(s->ms);
   s->n_hist = 0;
+}
+
+/* Length of the common prefix of the history and prompt[0..n). */
+static int64_t common_prefix(const floe_session *s, const int32_t *prompt, size_t n) {
+  const int64_t lim = s->n_hist < (int64_t)n ? s->n_hist : (int64_t)n;
+  int64_t c = 0;
+  while (c < lim && s->hist[c] == prompt[c]) c++;
+  return c;
+}
+
+/* Where a prompt resumes: the whole history when it is a prefix of the prompt (the last logits
+ * are then the history's), else the largest restorable position <= the common prefix and
+ * < n (the last prompt token's logits must be computed). */
+static int64_t resume_pos(const floe_session *s, int64_t c, size_t n, bool apply) {
+  if (c == s->n_hist) return c;
+  const int64_t want = c < (int64_t)n - 1 ? c : (int64_t)n - 1;
+  return apply ? model_session_rewind(s->ms, want) : model_session_rewind_pos(s->ms, want);
+}
+
+int64_t floe_session_reusable(const floe_session *s, const int32_t *prompt, size_t n) {
+  if (!prompt || n == 0) return 0;
+  return resume_pos(s, common_prefix(s, prompt, n), n, false);
+}
+
+int floe_session_checkpoints(const floe_session *s, int64_t *pos, int cap) {
+  return model_session_ckpt_list(s->ms, pos, cap);
 }
 
 int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logits, bool all_logits, char *err,
@@ -406,6 +458,40 @@ static float logprob_of(const float *logits, int64_t nv, int32_t id, int n_top, 
   return (float)(logits[id] - lse);
 }
 
+/* Evaluates prompt[from..n) (the session holds prompt[0..from)), saving checkpoints: TURN at
+ * the prompt's end and at its last two <|im_start|> tokens (the state before each), INTERIOR at
+ * multiples of ckpt_every. Steps end at those positions and at multiples of PREFILL_STEP. */
+static int prefill(floe_session *s, const int32_t *prompt, int64_t n, int64_t from, const floe_gen_params *p,
+                   void *user, bool *stopped, char *err, size_t errlen) {
+  int64_t turn[3] = { n, -1, -1 }; /* the prompt end and the last two turn starts at or after from */
+  for (int64_t i = n - 1, k = 1; i >= from && k < 3 && s->e->im_start >= 0; i--)
+    if (prompt[i] == s->e->im_start) turn[k++] = i;
+  const bool ckpt = s->ms->max_ckpt > 0;
+  for (int64_t pos = from;;) {
+    if (ckpt && pos > 0) { /* best effort: a checkpoint that cannot be allocated is skipped */
+      if (pos == turn[0] || pos == turn[1] || pos == turn[2]) model_session_checkpoint(s->ms, MODEL_CKPT_TURN);
+      else if (pos > from && s->ckpt_every > 0 && pos % s->ckpt_every == 0)
+        model_session_checkpoint(s->ms, MODEL_CKPT_INTERIOR);
+    }
+    if (pos >= n) return 0;
+    if (p->should_stop && p->should_stop(user)) {
+      *stopped = true;
+      return 0;
+    }
+    int64_t next = (pos / PREFILL_STEP + 1) * PREFILL_STEP;
+    if (next > n) next = n;
+    for (int k = 1; k < 3; k++)
+      if (turn[k] > pos && turn[k] < next) next = turn[k];
+    if (ckpt && s->ckpt_every > 0) {
+      const int64_t b = (pos / s->ckpt_every + 1) * s->ckpt_every;
+      if (b < next) next = b;
+    }
+    int rc = floe_session_eval(s, prompt + pos, (size_t)(next - pos), NULL, false, err, errlen);
+    if (rc) return rc;
+    pos = next;
+  }
+}
+
 int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
                   floe_token_cb cb, void *user, floe_gen_result *res, char *err, size_t errlen) {
   floe_gen_result r = {0};
@@ -434,23 +520,27 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
   int rc = sampler_new(&sp, (int32_t)nv, &smp, err, errlen);
   if (rc) return rc;
 
-  /* prefix reuse: the session's history must be a prefix of the prompt */
+  /* prefix reuse: resume at the common prefix (or the restorable position before it) */
   r.n_prompt = (int64_t)n_prompt;
   double t0 = floe_time_s();
-  int64_t keep = 0;
-  if (s->n_hist > 0 && s->n_hist <= (int64_t)n_prompt && !memcmp(s->hist, prompt, (size_t)s->n_hist * sizeof *prompt))
-    keep = s->n_hist;
-  if (keep == 0 && s->n_hist > 0) floe_session_reset(s);
-  r.n_reused = keep;
-  if ((int64_t)n_prompt > keep) {
-    rc = floe_session_eval(s, prompt + keep, n_prompt - (size_t)keep, NULL, false, err, errlen);
-    if (rc) {
+  for (size_t i = 0; i < n_prompt; i++) /* before touching the session: a bad id must not cost the cache */
+    if (prompt[i] < 0 || prompt[i] >= nv) {
       sampler_free(smp);
-      return rc;
+      return floe_err(err, errlen, FLOE_E_INVALID, "token id %d out of range [0, %lld)", prompt[i], (long long)nv);
     }
-  }
+  const int64_t keep = resume_pos(s, common_prefix(s, prompt, n_prompt), n_prompt, true);
+  s->n_hist = keep;
+  r.n_reused = keep;
+  bool stopped = false;
+  rc = prefill(s, prompt, (int64_t)n_prompt, keep, p, user, &stopped, err, errlen);
   double t1 = floe_time_s();
   r.prefill_s = t1 - t0;
+  if (rc || stopped) {
+    sampler_free(smp);
+    r.finish = FLOE_FINISH_CANCELLED;
+    if (res && !rc) *res = r;
+    return rc;
+  }
 
   textbuf pend = {0};
   int32_t top_ids[20];

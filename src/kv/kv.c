@@ -14,6 +14,9 @@ static void *zalloc(size_t n, size_t *total) {
   return p;
 }
 
+static size_t ssm_bytes(const kv_state *kv) { return (size_t)(kv->ssm_n * kv->ssm_dk * kv->ssm_dv) * 4; }
+static size_t conv_bytes(const kv_state *kv) { return (size_t)((kv->conv_k - 1) * kv->conv_c) * 4; }
+
 int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen) {
   memset(kv, 0, sizeof *kv);
   if (n_ctx < 1 || hp->n_layer < 1 || hp->n_layer > FLOE_MAX_LAYERS || (kv_type != KV_F32 && kv_type != KV_BF16))
@@ -69,10 +72,52 @@ void kv_free(kv_state *kv) {
 
 void kv_reset(kv_state *kv) {
   for (int64_t l = 0; l < kv->n_layer; l++) {
-    if (kv->ssm[l]) memset(kv->ssm[l], 0, (size_t)(kv->ssm_n * kv->ssm_dk * kv->ssm_dv) * 4);
-    if (kv->conv[l]) memset(kv->conv[l], 0, (size_t)((kv->conv_k - 1) * kv->conv_c) * 4);
+    if (kv->ssm[l]) memset(kv->ssm[l], 0, ssm_bytes(kv));
+    if (kv->conv[l]) memset(kv->conv[l], 0, conv_bytes(kv));
   }
   kv->n_past = 0;
+}
+
+size_t kv_ckpt_bytes(const kv_state *kv) {
+  size_t n = 0;
+  for (int64_t l = 0; l < kv->n_layer; l++)
+    if (kv->ssm[l]) n += ssm_bytes(kv) + conv_bytes(kv);
+  return n;
+}
+
+/* Layout of a checkpoint: for each recurrent layer in order, S then the conv window. */
+int kv_ckpt_save(const kv_state *kv, kv_ckpt *c) {
+  const size_t nb = kv_ckpt_bytes(kv);
+  if (!c->data && !(c->data = floe_aligned_alloc(64, nb ? nb : 64))) return FLOE_E_NOMEM;
+  uint8_t *d = (uint8_t *)c->data;
+  for (int64_t l = 0; l < kv->n_layer; l++) {
+    if (!kv->ssm[l]) continue;
+    memcpy(d, kv->ssm[l], ssm_bytes(kv));
+    d += ssm_bytes(kv);
+    memcpy(d, kv->conv[l], conv_bytes(kv));
+    d += conv_bytes(kv);
+  }
+  c->pos = kv->n_past;
+  return 0;
+}
+
+void kv_ckpt_restore(kv_state *kv, const kv_ckpt *c) {
+  FLOE_ASSERT(c->data && c->pos >= 0 && c->pos <= kv->n_past);
+  const uint8_t *d = (const uint8_t *)c->data;
+  for (int64_t l = 0; l < kv->n_layer; l++) {
+    if (!kv->ssm[l]) continue;
+    memcpy(kv->ssm[l], d, ssm_bytes(kv));
+    d += ssm_bytes(kv);
+    memcpy(kv->conv[l], d, conv_bytes(kv));
+    d += conv_bytes(kv);
+  }
+  kv->n_past = c->pos;
+}
+
+void kv_ckpt_free(kv_ckpt *c) {
+  floe_aligned_free(c->data);
+  c->data = NULL;
+  c->pos = -1;
 }
 
 static void put_row(const kv_state *kv, void *base, int64_t pos, const float *x) {

@@ -8,7 +8,13 @@
  * n_past counts the positions already processed. kv_reset() zeroes the recurrent state and
  * n_past; the attention cache needs no clearing (only positions < n_past are read).
  *
- * Memory: kv_state owns every buffer; kv_free() releases them. */
+ * Rewinding: attention rows at positions >= n_past are dead, so moving n_past back is enough for
+ * attention layers. The GDN state cannot be rewound (S mixes every token into one matrix), so a
+ * kv_ckpt keeps an exact copy (memcpy of the F32 buffers) of every recurrent layer's S and conv
+ * window at one position; restoring it and setting n_past to that position gives the state a run
+ * of the same tokens would have had, bit for bit.
+ *
+ * Memory: kv_state owns every buffer; kv_free() releases them. A kv_ckpt owns its data. */
 #ifndef FLOE_KV_H
 #define FLOE_KV_H
 #include <stdbool.h>
@@ -37,6 +43,21 @@ typedef struct kv_state {
 int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen);
 void kv_free(kv_state *kv);
 void kv_reset(kv_state *kv);
+
+/* A copy of the recurrent state (S and conv window of every GDN layer) after `pos` positions. */
+typedef struct kv_ckpt {
+  int64_t pos;   /* positions the copy covers; -1: slot unused */
+  float *data;   /* kv_ckpt_bytes(); allocated by the first save */
+} kv_ckpt;
+/* Bytes one checkpoint holds (0 when the model has no recurrent layer: nothing to save). */
+size_t kv_ckpt_bytes(const kv_state *kv);
+/* Copies the current recurrent state into c (allocating c->data on first use); c->pos = n_past.
+ * 0 or FLOE_E_NOMEM (c unchanged then). */
+int kv_ckpt_save(const kv_state *kv, kv_ckpt *c);
+/* Restores c's recurrent state and sets n_past = c->pos (c->pos <= n_past: attention rows at
+ * positions < c->pos are the same tokens' rows, the caller guarantees it). */
+void kv_ckpt_restore(kv_state *kv, const kv_ckpt *c);
+void kv_ckpt_free(kv_ckpt *c);
 
 /* Store / load one position's K or V row (kv_dim floats) of attention layer l. */
 void kv_put(const kv_state *kv, int64_t l, int64_t pos, const float *krow, const float *vrow);

@@ -713,13 +713,113 @@ void model_session_free(model_session *s) {
   free(s->xs_tmp);
   free(s->xs_ready);
   free(s->ridx);
+  for (int i = 0; i < s->max_ckpt; i++) kv_ckpt_free(&s->ckpt[i].c);
+  free(s->ckpt);
   free(s);
 }
 
 void model_session_set_exact(model_session *s, bool exact) { s->act_q = !exact; }
 
-void model_session_reset(model_session *s) { kv_reset(&s->kv); }
+void model_session_reset(model_session *s) {
+  kv_reset(&s->kv);
+  for (int i = 0; i < s->max_ckpt; i++) s->ckpt[i].c.pos = -1; /* buffers kept for reuse */
+}
 int64_t model_session_pos(const model_session *s) { return s->kv.n_past; }
+
+/* ---- checkpoints ---- */
+int model_session_set_ckpt_max(model_session *s, int max, char *err, size_t errlen) {
+  if (max < 0 || max > 4096) return floe_err(err, errlen, FLOE_E_INVALID, "checkpoint count %d out of [0, 4096]", max);
+  if (kv_ckpt_bytes(&s->kv) == 0) max = 0; /* pure attention: rewinding needs no copy */
+  model_ckpt *c = max ? calloc((size_t)max, sizeof *c) : NULL;
+  if (max && !c) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  for (int i = 0; i < s->max_ckpt; i++) kv_ckpt_free(&s->ckpt[i].c);
+  free(s->ckpt);
+  for (int i = 0; i < max; i++) c[i].c.pos = -1;
+  s->ckpt = c;
+  s->max_ckpt = max;
+  return 0;
+}
+
+size_t model_session_ckpt_bytes(const model_session *s) { return kv_ckpt_bytes(&s->kv); }
+
+int model_session_checkpoint(model_session *s, int kind) {
+  if (s->max_ckpt == 0) return 0;
+  const int64_t pos = s->kv.n_past;
+  model_ckpt *dst = NULL;
+  for (int i = 0; i < s->max_ckpt; i++) {
+    model_ckpt *c = &s->ckpt[i];
+    if (c->c.pos == pos) { /* same tokens (invariant), same state: keep the copy */
+      c->seq = ++s->ckpt_seq;
+      if (kind > c->kind) c->kind = kind;
+      return 0;
+    }
+    if (c->c.pos < 0) {
+      if (!dst || dst->c.pos >= 0) dst = c;
+    } else if (!dst || (dst->c.pos >= 0 && (c->kind < dst->kind || (c->kind == dst->kind && c->seq < dst->seq)))) {
+      dst = c;
+    }
+  }
+  dst->c.pos = -1; /* a failed save leaves the slot unused */
+  int rc = kv_ckpt_save(&s->kv, &dst->c);
+  if (rc) return rc;
+  dst->kind = kind;
+  dst->seq = ++s->ckpt_seq;
+  return 0;
+}
+
+/* The checkpoint rewind(pos) restores (NULL: none, a reset). */
+static model_ckpt *rewind_ckpt(const model_session *s, int64_t pos) {
+  model_ckpt *best = NULL;
+  for (int i = 0; i < s->max_ckpt; i++) {
+    model_ckpt *c = &s->ckpt[i];
+    if (c->c.pos >= 0 && c->c.pos <= pos && (!best || c->c.pos > best->c.pos)) best = c;
+  }
+  return best;
+}
+
+int64_t model_session_rewind_pos(const model_session *s, int64_t pos) {
+  if (pos < 0) pos = 0;
+  if (pos >= s->kv.n_past || kv_ckpt_bytes(&s->kv) == 0) return pos < s->kv.n_past ? pos : s->kv.n_past;
+  const model_ckpt *c = rewind_ckpt(s, pos);
+  return c ? c->c.pos : 0;
+}
+
+int64_t model_session_rewind(model_session *s, int64_t pos) {
+  kv_state *kv = &s->kv;
+  if (pos < 0) pos = 0;
+  if (pos >= kv->n_past) return kv->n_past;
+  if (kv_ckpt_bytes(kv) == 0) {
+    kv->n_past = pos;
+    return pos;
+  }
+  model_ckpt *best = rewind_ckpt(s, pos);
+  const int64_t to = best ? best->c.pos : 0;
+  if (best) {
+    kv_ckpt_restore(kv, &best->c);
+    best->seq = ++s->ckpt_seq;
+  } else {
+    kv_reset(kv);
+  }
+  for (int i = 0; i < s->max_ckpt; i++)
+    if (s->ckpt[i].c.pos > to) s->ckpt[i].c.pos = -1;
+  return to;
+}
+
+int model_session_ckpt_list(const model_session *s, int64_t *pos, int cap) {
+  int n = 0;
+  for (int i = 0; i < s->max_ckpt; i++) {
+    const int64_t p = s->ckpt[i].c.pos;
+    if (p < 0) continue;
+    int k = n < cap ? n : cap; /* insertion into the sorted prefix that fits */
+    while (k > 0 && pos[k - 1] > p) {
+      if (k < cap) pos[k] = pos[k - 1];
+      k--;
+    }
+    if (k < cap) pos[k] = p;
+    n++;
+  }
+  return n;
+}
 
 int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, char *err,
                size_t errlen) {

@@ -133,6 +133,15 @@ struct model {
                               * (set by model_stream_start; NULL: every expert is used in place) */
 };
 
+/* A recurrent-state checkpoint of a session (model_session_checkpoint). TURN checkpoints (prompt
+ * ends, turn starts) are kept in preference to INTERIOR ones (every N tokens of a long prompt). */
+enum model_ckpt_kind { MODEL_CKPT_INTERIOR = 0, MODEL_CKPT_TURN = 1 };
+typedef struct model_ckpt {
+  kv_ckpt c;                 /* c.pos < 0: unused */
+  int kind;                  /* enum model_ckpt_kind */
+  uint64_t seq;              /* when it was last saved or used (larger: more recent) */
+} model_ckpt;
+
 #define MODEL_MAX_BATCH 256  /* tokens per internal chunk of model_eval: large, so each routed expert is read once
                               * for many tokens (MoE prefill is bound by expert bytes / tokens per chunk) */
 
@@ -172,6 +181,11 @@ struct model_session {
   int32_t *ridx;             /* [B*K] routed rows of one wave */
   int xs_err;
   char xs_msg[384];
+  /* checkpoints for rewinding (model_session_checkpoint / _rewind); invariant: each one describes
+   * a prefix of the tokens now in the session (positions <= kv.n_past) */
+  model_ckpt *ckpt;          /* [max_ckpt] */
+  int max_ckpt;
+  uint64_t ckpt_seq;
 };
 
 /* Phases timed by model_eval (model_session.ph). Router includes the shared expert's gate/up,
@@ -196,8 +210,33 @@ void model_free(model *m);
 int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads, model_session **out, char *err,
                       size_t errlen);
 void model_session_free(model_session *s);
+/* Forgets every token (and every checkpoint). */
 void model_session_reset(model_session *s);
 int64_t model_session_pos(const model_session *s);
+
+/* ---- rewinding (partial prefix reuse) ----
+ * Attention layers rewind for free (rows >= pos are dead); GatedDeltaNet layers only to a
+ * checkpoint: an exact copy of every recurrent layer's S and conv window, so a session rewound and
+ * re-fed the same tokens is bit-identical to a cold run. The engine chooses where to checkpoint. */
+/* How many checkpoints the session keeps (0: none; a model without recurrent layers never needs
+ * any). Drops the existing ones; their buffers are allocated on first save. 0 or FLOE_E_*. */
+int model_session_set_ckpt_max(model_session *s, int max, char *err, size_t errlen);
+/* Bytes one checkpoint holds (0: no recurrent layer). */
+size_t model_session_ckpt_bytes(const model_session *s);
+/* Saves the recurrent state at the current position (kind: enum model_ckpt_kind). One that
+ * already exists at this position is only refreshed. When all max are in use, the least useful is
+ * replaced: INTERIOR before TURN, then the least recently saved or used. 0 (also when nothing needs
+ * saving) or FLOE_E_NOMEM (nothing saved, the session is unchanged). */
+int model_session_checkpoint(model_session *s, int kind);
+/* Moves the session back to the largest position <= pos that it can restore exactly: pos itself
+ * without recurrent layers, else the largest checkpoint <= pos (0, a reset, when there is none).
+ * pos >= the current position changes nothing. Checkpoints beyond the result are dropped (the
+ * tokens after it are about to change). Returns the new position. */
+int64_t model_session_rewind(model_session *s, int64_t pos);
+/* The position model_session_rewind(s, pos) would reach, without changing anything. */
+int64_t model_session_rewind_pos(const model_session *s, int64_t pos);
+/* Positions of the checkpoints held, ascending (up to cap); returns how many are held. */
+int model_session_ckpt_list(const model_session *s, int64_t *pos, int cap);
 /* exact = true: activations stay float (the reference path: the HF tests, F32/BF16 weights).
  * Default false: matrices whose type has a quantized-activation kernel (Q8_0, Q4_K, ... see
  * kernels.h) get their input rows quantized to 8 bits once per matmul input (VNNI dot products;

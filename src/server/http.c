@@ -458,6 +458,7 @@ static void *loader_main(void *arg) {
   floe_session_params_init(&sp);
   sp.n_ctx = s->o.n_ctx;
   sp.kv_f32 = s->o.kv_f32;
+  sp.n_checkpoints = s->o.n_checkpoints;
   double t0 = floe_time_s();
   floe_engine *e = NULL;
   int rc = floe_engine_open(&ep, &e, s->load_err, sizeof s->load_err);

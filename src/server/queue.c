@@ -1,10 +1,10 @@
 /* Jobs, the request queue with admission control, and the inference worker.
  *
  * One worker thread owns n_slots sessions and runs queued jobs in FIFO order. For each job it
- * picks the session whose cached history is the longest prefix of the job's prompt (else the
- * least recently used one), so agents that resend the whole conversation reuse the KV and
- * recurrent state (floe_generate reuses a session's history when it is a prefix of the prompt and
- * the result is the same as a cold run).
+ * picks the session that can reuse the most of the job's prompt (floe_session_reusable: the
+ * common prefix, down to a recurrent-state checkpoint on hybrid models), else the least recently
+ * used one, so agents that resend the whole conversation reuse the KV and recurrent state even
+ * when the template re-renders the last reply differently (the result is the same as a cold run).
  *
  * Replay map: the history an agent sends back is re-rendered and re-tokenized, and a re-tokenized
  * reply may not be the token sequence the model sampled (BPE is not unique). The worker remembers
@@ -13,8 +13,9 @@
  * which session holds what, so a request tokenizes the same way whether its prefix is cached or
  * not, and "warm" and "cold" runs of one request see the same tokens.
  *
- * Disconnects: the token callback polls the client socket (POLLRDHUP) and job->cancelled, and
- * returns non-zero to stop floe_generate at once. */
+ * Disconnects: floe_generate asks should_stop between prefill steps (so a long prompt is
+ * abandoned too) and the token callback after each token; both poll the client socket
+ * (POLLRDHUP) and job->cancelled, and a non-zero answer stops the generation at once. */
 #define _GNU_SOURCE /* memmem, POLLRDHUP */
 #include <poll.h>
 #include <stdio.h>
@@ -30,8 +31,6 @@
 
 typedef struct slot {
   floe_session *s;
-  int32_t *hist; /* tokens in the session's cache (mirrors floe_session_n_past) */
-  size_t n_hist, cap;
   uint64_t used;
 } slot;
 
@@ -346,6 +345,20 @@ int queue_tokenize_prompt(srv_queue *q, const floe_engine *e, const char *text, 
 }
 
 /* ---- worker ---- */
+/* True when the client went away (or the server is stopping). */
+static bool job_gone(srv_job *j) {
+  pthread_mutex_lock(&j->mu);
+  if (!j->cancelled && j->fd >= 0) {
+    struct pollfd pf = {.fd = j->fd, .events = POLLRDHUP};
+    if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) j->cancelled = true;
+  }
+  bool gone = j->cancelled;
+  pthread_mutex_unlock(&j->mu);
+  return gone;
+}
+
+static int should_stop_cb(void *user) { return job_gone(user) ? 1 : 0; }
+
 static int on_token_cb(void *user, const floe_token_event *ev) {
   srv_job *j = user;
   if (ev->id >= 0) {
@@ -360,45 +373,25 @@ static int on_token_cb(void *user, const floe_token_event *ev) {
     if (j->n_sampled < j->cap_sampled) j->sampled[j->n_sampled++] = ev->id;
   }
   j->ops->on_token(j, ev);
-  pthread_mutex_lock(&j->mu);
-  if (!j->cancelled && j->fd >= 0) {
-    struct pollfd pf = {.fd = j->fd, .events = POLLRDHUP};
-    if (poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) j->cancelled = true;
-  }
-  bool stop = j->cancelled;
-  pthread_mutex_unlock(&j->mu);
-  return stop ? 1 : 0;
+  return job_gone(j) ? 1 : 0;
 }
 
+/* The session that reuses the most of the prompt; none reuses anything: the least recently used. */
 static slot *pick_slot(srv_queue *q, const int32_t *ids, size_t n) {
   slot *best = NULL;
+  int64_t best_n = 0;
   for (int i = 0; i < q->n_slots; i++) {
-    slot *sl = &q->slots[i];
-    if (sl->n_hist && sl->n_hist <= n && !memcmp(sl->hist, ids, sl->n_hist * sizeof *ids) &&
-        (!best || sl->n_hist > best->n_hist))
-      best = sl;
+    const int64_t r = floe_session_reusable(q->slots[i].s, ids, n);
+    if (r > best_n) {
+      best = &q->slots[i];
+      best_n = r;
+    }
   }
   if (!best)
     for (int i = 0; i < q->n_slots; i++)
       if (!best || q->slots[i].used < best->used) best = &q->slots[i];
   best->used = ++q->tick;
   return best;
-}
-
-/* Mirrors the session's history after a generation: prompt + the sampled tokens it evaluated. */
-static void slot_record(slot *sl, const srv_job *j) {
-  int64_t np = floe_session_n_past(sl->s);
-  sl->n_hist = 0;
-  if (np < (int64_t)j->n_ids || (size_t)np > j->n_ids + j->n_sampled) return; /* reset or unknown */
-  if ((size_t)np > sl->cap) {
-    int32_t *nb = realloc(sl->hist, (size_t)np * sizeof *nb);
-    if (!nb) return;
-    sl->hist = nb;
-    sl->cap = (size_t)np;
-  }
-  memcpy(sl->hist, j->ids, j->n_ids * sizeof *j->ids);
-  memcpy(sl->hist + j->n_ids, j->sampled, ((size_t)np - j->n_ids) * sizeof *j->ids);
-  sl->n_hist = (size_t)np;
 }
 
 static void run_job(srv_queue *q, srv_job *j) {
@@ -414,8 +407,8 @@ static void run_job(srv_queue *q, srv_job *j) {
     snprintf(err, sizeof err, "cancelled");
   } else {
     slot *sl = pick_slot(q, j->ids, j->n_ids);
+    j->gp.should_stop = should_stop_cb;
     rc = floe_generate(sl->s, j->ids, j->n_ids, &j->gp, on_token_cb, j, &res, err, sizeof err);
-    slot_record(sl, j);
     if (rc == 0) {
       size_t n = j->n_sampled;
       while (n && floe_token_is_eog(q->e, j->sampled[n - 1])) n--;
@@ -500,10 +493,7 @@ void queue_stop(srv_queue *q) {
 
 void queue_free(srv_queue *q) {
   if (!q) return;
-  for (int i = 0; i < q->n_slots && q->slots; i++) {
-    floe_session_free(q->slots[i].s);
-    free(q->slots[i].hist);
-  }
+  for (int i = 0; i < q->n_slots && q->slots; i++) floe_session_free(q->slots[i].s);
   free(q->slots);
   for (int k = 0; k < q->n_rep; k++) {
     free(q->rep[k].text);

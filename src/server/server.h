@@ -36,6 +36,7 @@ typedef struct srv_opts {
   int64_t n_ctx;       /* per session, 0: the engine default */
   bool kv_f32;
   int n_slots;         /* sessions kept for prefix reuse (default 1) */
+  int n_checkpoints;   /* floe_session_params.n_checkpoints (0: the engine default, < 0: none) */
   int queue_max;       /* pending requests beyond which new ones get 503 (default 64) */
   size_t max_body;     /* request body limit in bytes (default 8 MiB) */
   uint64_t mem_budget; /* engine memory budget (0: none; experts streamed from disk otherwise) */

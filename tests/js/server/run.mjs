@@ -24,7 +24,9 @@ const servers = [];
 async function main() {
   const random = path.join(dir, 'tiny-qwen3moe.gguf');
   execFileSync(bin, ['synth', '--preset', 'tiny-qwen3moe', '--layers', '2', '--type', 'q8_0', '-t', '2', '-o', random], { stdio: 'ignore' });
-  const models = { randomId: path.basename(random), randomFile: path.basename(random, '.gguf') };
+  const hybrid = path.join(dir, 'tiny-qwen35moe.gguf');
+  execFileSync(bin, ['synth', '--preset', 'tiny-qwen35moe', '--type', 'q8_0', '-t', '2', '-o', hybrid], { stdio: 'ignore' });
+  const models = { randomId: path.basename(random), randomFile: path.basename(random, '.gguf'), hybrid };
   const scripted = {};
   for (const arch of ['qwen3moe', 'qwen35moe']) {
     const out = path.join(dir, `script-${arch}.gguf`);

@@ -125,6 +125,18 @@ export async function toolTests(arch, model, id) {
     eq(dev.choices[0].message.content, 'Hello! How can I help?', 'developer role accepted (as system)');
   });
 
+  await section(`${arch}: prefix cache when the template drops the old <think> block`, async () => {
+    const u = [{ role: 'system', content: 'Be nice.' }, { role: 'user', content: 'Hello there <|quad_start|>' }];
+    const r1 = await oa.chat.completions.create({ model: id, messages: u, max_tokens: 100 });
+    const m = r1.choices[0].message;
+    const hist = [...u, { role: 'assistant', content: m.content, reasoning_content: m.reasoning_content }, { role: 'user', content: 'Again <|quad_start|>' }];
+    const r2 = await oa.chat.completions.create({ model: id, messages: hist, max_tokens: 100 });
+    const c = r2.usage.prompt_tokens_details.cached_tokens, n1 = r1.usage.prompt_tokens;
+    // attention: up to the divergence; hybrid: the checkpoint before "<|im_start|>assistant\n<think>\n"
+    check(c >= n1 - 16 && c <= n1 && (arch !== 'qwen3moe' || c >= n1 - 1), `the previous prompt is reused up to the re-rendered reply (cached ${c}, first prompt ${n1})`);
+    eq([r2.choices[0].message.reasoning_content, r2.choices[0].message.content], ['Let me think.', 'Hello! How can I help?'], 'same scripted reply');
+  });
+
   await section(`${arch}: malformed and parallel calls`, async () => {
     const bad = { role: 'user', content: 'Break it <|vision_start|>' };
     const r = await oa.chat.completions.create({ model: id, messages: [bad], tools: TOOLS, max_tokens: 100 });
