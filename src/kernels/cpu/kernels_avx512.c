@@ -69,6 +69,7 @@
  * 8.1-9.8 at 4 KiB (1 thread); 2 threads 8.2 -> 12.4-17.6. The hardware streamer alone does not keep
  * enough lines in flight for a kernel this compute-heavy. */
 static int KPF = 4096;
+#define KPF_HINT _MM_HINT_T0 /* T1 (L2 only, frees L1 fill buffers) is untested: measure with 2 threads on a quiet machine */
 __attribute__((constructor)) static void kpf_from_env(void) {
   const char *e = getenv("FLOE_KPF");
   if (e) KPF = atoi(e);
@@ -157,8 +158,8 @@ static inline __attribute__((always_inline)) void a32_rows(const int T, const in
     for (int rr = 0; rr < RR; rr++) {
       const uint8_t *row = kw_row(W, r + rr);
       if (KPF) {
-        _mm_prefetch((const char *)row + k * bytes + KPF, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + k * bytes + KPF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + k * bytes + KPF, KPF_HINT);
+        _mm_prefetch((const char *)row + k * bytes + KPF + 64, KPF_HINT);
       }
       float d0, d1 = 0;
       __m256i w0 = a32_dec(T, row + k * bytes, &d0);
@@ -273,9 +274,9 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     for (int rr = 0; rr < RR; rr++) {
     const uint8_t *bk = kw_row(W, r + rr) + k * bytes;
     if (KPF) {
-      _mm_prefetch((const char *)bk + KPF, _MM_HINT_T0);
-      _mm_prefetch((const char *)bk + KPF + 64, _MM_HINT_T0);
-      _mm_prefetch((const char *)bk + KPF + 128, _MM_HINT_T0);
+      _mm_prefetch((const char *)bk + KPF, KPF_HINT);
+      _mm_prefetch((const char *)bk + KPF + 64, KPF_HINT);
+      _mm_prefetch((const char *)bk + KPF + 128, KPF_HINT);
     }
     __m512i w[4], sv[4];
     __m256i aux = _mm256_setzero_si256(); /* mins (Q4_K/Q5_K) or scales (Q6_K) as int16, for bsum */
@@ -488,7 +489,7 @@ static inline __attribute__((always_inline)) void mlx_rows(const int BITS, const
     for (int rr = 0; rr < RR; rr++) {
     const uint8_t *scl = sclp[rr];
     const uint8_t *cb = rowp[rr] + c * BITS / 8;
-    if (KPF) _mm_prefetch((const char *)cb + KPF, _MM_HINT_T0);
+    if (KPF) _mm_prefetch((const char *)cb + KPF, KPF_HINT);
     __m512i lo, hi = _mm512_setzero_si512();
     if (BITS == 4) {
       __m512i q = full ? _mm512_loadu_si512(cb) : _mm512_maskz_loadu_epi8((__mmask64)((1ull << (rem / 2)) - 1), cb);
