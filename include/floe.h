@@ -38,7 +38,9 @@ typedef struct floe_session floe_session;
 
 /* Streaming I/O engines, prefetchers and cache policies (floe_engine_params). */
 enum { FLOE_IO_AUTO = 0, FLOE_IO_URING = 1, FLOE_IO_PREAD = 2 };
-enum { FLOE_PREFETCH_NEXT = 1, FLOE_PREFETCH_PREV = 2 };
+/* FLOE_PREFETCH_RESID (with NEXT): layer L+1's router sees the residual stream after layer L's
+ * attention, normed with layer L+1's own ffn_norm, instead of layer L's normed MoE input. */
+enum { FLOE_PREFETCH_NEXT = 1, FLOE_PREFETCH_PREV = 2, FLOE_PREFETCH_RESID = 4 };
 enum { FLOE_CACHE_LRU = 0, FLOE_CACHE_LFU = 1 };
 
 typedef struct floe_engine_params {
@@ -57,6 +59,8 @@ typedef struct floe_engine_params {
   int io_threads;    /* pread workers (default 16) */
   uint64_t io_chunk; /* read split size (default 512 KiB) */
   bool io_verify;    /* pack layout: check each expert block's checksum */
+  bool io_no_prefault; /* don't populate the expert cache's memory in the background at start
+                        * (then slots fault their pages in on first fill, on the decode's time) */
 } floe_engine_params;
 
 void floe_engine_params_init(floe_engine_params *p);
@@ -168,6 +172,10 @@ typedef struct floe_session_stats {
   uint64_t prefetch_issued, prefetch_used, prefetch_wasted;
   double io_wait_s;                  /* time the forward pass waited for expert reads */
   double prefetch_precision, prefetch_recall; /* predicted experts that were used / used experts predicted; -1: none */
+  /* I/O roofline terms: seconds with a read in flight; compute no read could overlap (per
+   * evaluation: start -> first read queued, plus last read done -> logits; all of it when nothing
+   * was read); seconds the cache arena's background population took (0: running or off). */
+  double disk_busy_s, serial_s, prefault_s;
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
 /* Resets the session's times and the engine's streaming counters. */

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "experts/experts.h"
 #include "floe.h"
 #include "model/model.h"
@@ -96,10 +97,12 @@ static void modes(const char *name, const char *path, const char *pack) {
   for (int lay = 0; lay < 2; lay++)
     for (int io = XIO_URING; io <= XIO_PREAD; io++)
       for (int direct = 0; direct < 2; direct++)
-        for (int pf = 0; pf < 4; pf++)
+        for (int pi = 0; pi < 5; pi++) /* none, next, prev, next+prev, next on the residual stream */
           for (int tiny = 0; tiny < 2; tiny++) {
+            const int pf = pi < 4 ? pi : XS_PF_NEXT | XS_PF_RESID;
             const char *src = lay ? pack : path;
             xs_params p = params(0, io, direct, pf, (pf + tiny) % 2 ? XS_POLICY_LFU : XS_POLICY_LRU);
+            p.no_prefault = pi == 2; /* first-touch arena in some runs, populated in the others */
             /* slot size: from a store of this layout */
             if ((rc = model_load(src, &m, err, sizeof err)) == 0) {
               xs_store *st;
@@ -253,12 +256,21 @@ static void budget(const char *path) {
     floe_engine_info(e, &info);
     const size_t n = (size_t)(NPRE * info.n_vocab);
     float *dst = malloc(n * 4);
+    const double t0 = floe_time_s();
     rc = floe_session_eval(s, toks, NPRE, dst, true, err, sizeof err);
+    const double wall = floe_time_s() - t0;
     CHECK(rc == 0, "eval: %s", err);
     if (pass) {
       b = dst;
       floe_session_stats st;
       floe_session_stats_get(s, &st);
+      CHECK(st.serial_s > 0 && st.serial_s <= wall && st.disk_busy_s > 0,
+            "roofline terms: serial %.6f s, disk busy %.6f s, eval %.6f s", st.serial_s, st.disk_busy_s, wall);
+      for (int k = 0; k < 500 && st.prefault_s <= 0; k++) { /* the background population ends */
+        usleep(10000);
+        floe_session_stats_get(s, &st);
+      }
+      CHECK(st.prefault_s > 0, "cache arena populated in the background (%.6f s)", st.prefault_s);
       CHECK(info.cache_slots > 0 && info.resident_bytes > 0 && st.bytes_read > 0 && st.expert_misses > 0,
             "counters: %lld slots, %llu bytes read, %llu misses", (long long)info.cache_slots,
             (unsigned long long)st.bytes_read, (unsigned long long)st.expert_misses);

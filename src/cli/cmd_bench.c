@@ -1,5 +1,5 @@
 /* floe bench -m MODEL [-p N] [-n N] [-d DEPTH] [-r REPS] [-t N] [-c CTX] [--bw GBPS] [--exact] [--kv-f32]
- *            [--json]
+ *            [--disk-bw GBPS] [--window W] [--json]
  *
  * Speed of one model through the public API only:
  *  - prefill: one call evaluating N prompt tokens (pseudo-random ids, fixed seed) from an empty
@@ -13,6 +13,16 @@
  *  - weight_bytes_per_token: what one decoded token reads (top-k experts, output matrix, every
  *    non-expert matrix); achieved_gbps = that x decode tok/s; roofline_frac = achieved / --bw
  *    (bench/membw measures the bandwidth; null without --bw).
+ *  - streaming (--mem-budget), the I/O roofline of issue 4: roofline time per token = bytes
+ *    actually read per token / the disk's bandwidth (--disk-bw GBPS, measured right before by
+ *    bench/stream_disk) + the compute no read could overlap (serial_ms_per_token: per token, from
+ *    its start to its first read queued, plus from its last read done to its logits);
+ *    io_roofline_frac = that time / the measured time per token (1.0 = at the roofline). What is
+ *    missing is the sum of (disk_busy_ms_per_token - bytes / disk bandwidth): reads slower than
+ *    the disk can go, and (time - disk busy - serial): compute that ran with the disk idle although
+ *    something could have been read (late or wrong predictions, demand misses found late).
+ *  - --window W: every W decoded tokens of the first repetition, one more line (JSON with --json)
+ *    for those W tokens alone: tok/s, hit rate, bytes read per token (cache warm-up curves).
  * Text to stdout, or with --json one JSON object per line. */
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +45,8 @@ static void usage(FILE *f) {
           "  -t N        threads (default: all cores)\n"
           "  -c CTX      context size (default: what the run needs)\n"
           "  --bw GBPS   memory bandwidth, for the roofline fraction (bench/membw)\n"
+          "  --disk-bw GBPS  disk bandwidth, for the I/O roofline of streamed runs (bench/stream_disk)\n"
+          "  --window W  also report every W decoded tokens of the first repetition (warm-up curves)\n"
           "  --exact     exact float activations (default: 8-bit activations for quantized weights)\n"
           "  --kv-f32    F32 KV cache (default BF16)\n"
           "  --json      one JSON object per line\n"
@@ -86,7 +98,8 @@ int cmd_bench(int argc, char **argv) {
   floe_session_params_init(&sp);
   int64_t n_prompt = 512, n_gen = 32, depth = 0, n_ctx = 0;
   int reps = 3;
-  double bw = 0;
+  double bw = 0, disk_bw = 0;
+  int64_t window = 0;
   bool json = false;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -110,6 +123,8 @@ int cmd_bench(int argc, char **argv) {
     else if (isnum && !strcmp(a, "-t") && num >= 1 && num <= 1024) ep.n_threads = (int)num, i++;
     else if (isnum && !strcmp(a, "-c") && num >= 1) n_ctx = (int64_t)num, i++;
     else if (isnum && !strcmp(a, "--bw") && num > 0) bw = num, i++;
+    else if (isnum && !strcmp(a, "--disk-bw") && num > 0) disk_bw = num, i++;
+    else if (isnum && !strcmp(a, "--window") && num >= 1) window = (int64_t)num, i++;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       return 0;
@@ -197,13 +212,36 @@ int cmd_bench(int argc, char **argv) {
       }
       int32_t tok = depth > 0 ? argmax(logits, info.n_vocab) : ids[0];
       floe_session_stats_reset(s);
-      double a = now_s();
+      double a = now_s(), wa = a;
+      floe_session_stats w0;
+      floe_session_stats_get(s, &w0);
       for (int64_t i = 0; i < n_gen; i++) {
         if (floe_session_eval(s, &tok, 1, logits, false, err, sizeof err)) {
           cli_fail("%s", err);
           goto done;
         }
         tok = argmax(logits, info.n_vocab);
+        if (window > 0 && r == 0 && (i + 1) % window == 0) {
+          const double wb = now_s();
+          floe_session_stats w1;
+          floe_session_stats_get(s, &w1);
+          const double h = (double)(w1.expert_hits - w0.expert_hits), mi = (double)(w1.expert_misses - w0.expert_misses);
+          const double tps = (double)window / (wb - wa), bpt = (double)(w1.bytes_read - w0.bytes_read) / (double)window;
+          struct rusage wr;
+          getrusage(RUSAGE_SELF, &wr);
+          if (json)
+            printf("{\"bench\":\"window\",\"tokens\":%lld,\"tok_s\":%.3f,\"expert_hit_rate\":%.4f,"
+                   "\"bytes_read_per_token\":%.0f,\"serial_ms_per_token\":%.2f,\"disk_busy_ms_per_token\":%.2f,"
+                   "\"peak_rss_bytes\":%.0f}\n",
+                   (long long)(i + 1), tps, h + mi > 0 ? h / (h + mi) : 0.0, bpt, (w1.serial_s - w0.serial_s) * 1e3 / (double)window,
+                   (w1.disk_busy_s - w0.disk_busy_s) * 1e3 / (double)window, (double)wr.ru_maxrss * 1024.0);
+          else
+            printf("tokens %lld: %.2f tok/s, hit rate %.3f, %.1f MB read/token (last %lld tokens)\n", (long long)(i + 1),
+                   tps, h + mi > 0 ? h / (h + mi) : 0.0, bpt / 1e6, (long long)window);
+          fflush(stdout);
+          w0 = w1;
+          wa = now_s();
+        }
       }
       dc[r] = now_s() - a;
       floe_session_stats st;
@@ -240,6 +278,18 @@ int cmd_bench(int argc, char **argv) {
     if (bw > 0) printf("\"bw_gbps\":%.2f,\"roofline_frac\":%.4f,", bw, gbps / bw);
     else printf("\"bw_gbps\":null,\"roofline_frac\":null,");
     if (n_gen > 0) cli_stream_stats(stdout, e, &dst[rmed], n_gen, dc[rmed], true);
+    if (n_gen > 0 && ep.mem_budget) {
+      const double ms = dc[rmed] * 1e3 / (double)n_gen, ser = dst[rmed].serial_s * 1e3 / (double)n_gen;
+      const double bpt = (double)dst[rmed].bytes_read / (double)n_gen;
+      if (disk_bw > 0) {
+        const double io = bpt / (disk_bw * 1e9) * 1e3;
+        printf("\"disk_gb_s\":%.3f,\"io_ms_per_token\":%.3f,\"io_roofline_ms_per_token\":%.3f,"
+               "\"io_roofline_frac\":%.4f,",
+               disk_bw, io, io + ser, ms > 0 ? (io + ser) / ms : 0.0);
+      } else {
+        printf("\"disk_gb_s\":null,\"io_ms_per_token\":null,\"io_roofline_ms_per_token\":null,\"io_roofline_frac\":null,");
+      }
+    }
     printf("\"decode_ms_per_token\":{");
     for (int i = 0; i < 6; i++) printf("%s\"%s\":%.3f", i ? "," : "", names[i], p[i] * per);
     printf(",\"total\":%.3f}", p[6] * per);
@@ -266,7 +316,16 @@ int cmd_bench(int argc, char **argv) {
       for (int i = 0; i < 6; i++) printf(" %s %.2f", names[i], p[i] * per);
       printf("\n");
     }
-    if (n_gen > 0 && ep.mem_budget) cli_stream_stats(stdout, e, &dst[rmed], n_gen, dc[rmed], false);
+    if (n_gen > 0 && ep.mem_budget) {
+      cli_stream_stats(stdout, e, &dst[rmed], n_gen, dc[rmed], false);
+      if (disk_bw > 0) {
+        const double ms = dc[rmed] * 1e3 / (double)n_gen, ser = dst[rmed].serial_s * 1e3 / (double)n_gen;
+        const double io = (double)dst[rmed].bytes_read / (double)n_gen / (disk_bw * 1e9) * 1e3;
+        printf("I/O roofline: %.1f ms/token read at %.2f GB/s + %.1f ms serial compute = %.1f ms/token; "
+               "measured %.1f ms/token: %.1f %% of the roofline\n",
+               io, disk_bw, ser, io + ser, ms, ms > 0 ? 100.0 * (io + ser) / ms : 0.0);
+      }
+    }
     printf("peak RSS %.1f MiB\n", rss / 1048576.0);
   }
   rc = 0;

@@ -55,6 +55,7 @@ int cli_stream_option(const char *a, const char *v, floe_engine_params *p) {
   uint64_t sz;
   if (!strcmp(a, "--direct")) return p->io_direct = true, 1;
   if (!strcmp(a, "--verify")) return p->io_verify = true, 1;
+  if (!strcmp(a, "--no-prefault")) return p->io_no_prefault = true, 1;
   if (strcmp(a, "--mem-budget") && strcmp(a, "--io") && strcmp(a, "--prefetch") && strcmp(a, "--cache") &&
       strcmp(a, "--io-depth") && strcmp(a, "--io-threads") && strcmp(a, "--io-chunk"))
     return 0;
@@ -73,6 +74,7 @@ int cli_stream_option(const char *a, const char *v, floe_engine_params *p) {
       snprintf(buf, sizeof buf, "%s", v);
       for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
         if (!strcmp(t, "next")) p->prefetch |= FLOE_PREFETCH_NEXT;
+        else if (!strcmp(t, "next-resid")) p->prefetch |= FLOE_PREFETCH_NEXT | FLOE_PREFETCH_RESID;
         else if (!strcmp(t, "prev")) p->prefetch |= FLOE_PREFETCH_PREV;
         else goto bad;
       }
@@ -98,7 +100,7 @@ bad:
   fprintf(stderr, "floe: option %s needs %s\n", a,
           !strcmp(a, "--mem-budget") ? "a size (2G, 512M, ...)"
           : !strcmp(a, "--io") ? "uring or pread"
-          : !strcmp(a, "--prefetch") ? "none, next, prev or next,prev"
+          : !strcmp(a, "--prefetch") ? "none, next, next-resid, prev or a comma list"
           : !strcmp(a, "--cache") ? "lru or lfu" : "a positive number");
   return -1;
 }
@@ -107,7 +109,9 @@ const char *cli_stream_help(void) {
   return "  --mem-budget SIZE    stream routed experts from disk within SIZE bytes of memory (2G, 512M, ...)\n"
          "  --io uring|pread     expert read engine (default uring, pread if unavailable)\n"
          "  --direct             O_DIRECT expert reads (default buffered, no readahead)\n"
-         "  --prefetch P         none | next (next layer's router) | prev (previous token) | next,prev (default next)\n"
+         "  --prefetch P         none | next (next layer's router) | next-resid (that router on the residual\n"
+         "                       stream) | prev (previous token) | next,prev (default next)\n"
+         "  --no-prefault        don't populate the expert cache in the background at start\n"
          "  --cache lru|lfu      expert cache replacement (default lru)\n"
          "  --io-depth N --io-threads N --io-chunk SIZE   reads in flight, pread workers, split size\n"
          "  --verify             pack layout: check every expert block's checksum\n";
@@ -130,6 +134,8 @@ void cli_stream_stats(FILE *f, const floe_engine *e, const floe_session_stats *s
     else fprintf(f, "\"prefetch_precision\":null,\"prefetch_recall\":null,");
     fprintf(f, "\"prefetch_issued\":%llu,\"prefetch_used\":%llu,\"io_wait_ms_per_token\":%.3f,",
             (unsigned long long)st->prefetch_issued, (unsigned long long)st->prefetch_used, st->io_wait_s * 1e3 * per);
+    fprintf(f, "\"disk_busy_ms_per_token\":%.3f,\"serial_ms_per_token\":%.3f,\"prefault_s\":%.3f,",
+            st->disk_busy_s * 1e3 * per, st->serial_s * 1e3 * per, st->prefault_s);
     return;
   }
   if (!info.mem_budget) {
@@ -145,6 +151,8 @@ void cli_stream_stats(FILE *f, const floe_engine *e, const floe_session_stats *s
           (double)st->bytes_read * per / 1e6, secs > 0 ? (double)st->bytes_read / secs / 1e9 : 0.0,
           look ? (double)st->expert_hits / (double)look : 0.0, (unsigned long long)st->expert_hits,
           (unsigned long long)st->expert_misses, st->io_wait_s * 1e3 * per);
+  fprintf(f, "floe: disk busy %.1f ms/token, serial compute %.1f ms/token%s\n", st->disk_busy_s * 1e3 * per,
+          st->serial_s * 1e3 * per, st->prefault_s > 0 ? "" : " (cache arena still being populated, or off)");
   if (st->prefetch_precision >= 0)
     fprintf(f, "floe: prefetch: precision %.3f recall %.3f, %llu reads issued, %llu used, %llu evicted unused\n",
             st->prefetch_precision, st->prefetch_recall, (unsigned long long)st->prefetch_issued,

@@ -210,6 +210,9 @@ void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
   out->prefetch_used = st.pf_used;
   out->prefetch_wasted = st.pf_wasted;
   out->io_wait_s = st.io_wait_s;
+  out->disk_busy_s = st.disk_busy_s;
+  out->serial_s = st.serial_s;
+  out->prefault_s = st.prefault_s;
   if (st.pred_n[0]) out->prefetch_precision = (double)st.pred_hit[0] / (double)st.pred_n[0];
   if (st.actual_n[0]) out->prefetch_recall = (double)st.pred_hit[0] / (double)st.actual_n[0];
 }
@@ -253,11 +256,13 @@ static int session_budget(floe_engine *e, floe_session *s, char *err, size_t err
   xp.io_kind = e->p.io == FLOE_IO_PREAD ? XIO_PREAD : e->p.io == FLOE_IO_URING ? XIO_URING : XIO_AUTO;
   xp.direct = e->p.io_direct;
   xp.policy = e->p.cache_policy == FLOE_CACHE_LFU ? XS_POLICY_LFU : XS_POLICY_LRU;
-  xp.prefetch = (e->p.prefetch & FLOE_PREFETCH_NEXT ? XS_PF_NEXT : 0) | (e->p.prefetch & FLOE_PREFETCH_PREV ? XS_PF_PREV : 0);
+  xp.prefetch = (e->p.prefetch & FLOE_PREFETCH_NEXT ? XS_PF_NEXT : 0) | (e->p.prefetch & FLOE_PREFETCH_PREV ? XS_PF_PREV : 0) |
+                (e->p.prefetch & FLOE_PREFETCH_RESID ? XS_PF_RESID : 0);
   xp.depth = e->p.io_depth;
   xp.threads = e->p.io_threads;
   xp.chunk = e->p.io_chunk;
   xp.verify = e->p.io_verify;
+  xp.no_prefault = e->p.io_no_prefault;
   int rc = model_stream_start(e->m, &xp, err, errlen);
   if (rc) return rc;
   e->info.cache_bytes = xp.cache_bytes;

@@ -118,12 +118,18 @@ void xio_promote(xio *io, xio_req *r);
 /* Hands completed requests back (at most max); blocks until at least `min` are done (0: never
  * blocks). Returns the count, or a negative FLOE_E_* when the engine itself failed. */
 int xio_poll(xio *io, int min, xio_req **out, int max);
+/* Disk accounting: seconds with at least one chunk in flight since open, and when the last chunk
+ * completed (now while chunks are in flight). */
+void xio_times(xio *io, double *busy_s, double *last_done);
 /* Tests: the nth chunk read from now (1 = the next) fails with EIO; 0 disarms. */
 void xio_test_inject_eio(int64_t nth);
 
 /* ---- stream (cache + io + store) ---- */
 enum { XS_POLICY_LRU = 0, XS_POLICY_LFU = 1 };
 enum { XS_PF_NEXT = 1, XS_PF_PREV = 2 }; /* prefetch kinds (bit mask) */
+/* XS_PF_RESID (with XS_PF_NEXT): layer l+1's router sees the residual stream after layer l's
+ * attention normed with layer l+1's ffn_norm, instead of layer l's normed MoE input. */
+enum { XS_PF_RESID = 4 };
 
 typedef struct xs_params {
   uint64_t cache_bytes;  /* slot arena */
@@ -134,6 +140,8 @@ typedef struct xs_params {
   int depth, threads;
   uint64_t chunk;
   bool verify;           /* pack: check each block's checksum after reading it */
+  bool no_prefault;      /* leave the arena to first-touch faults (default: a background thread
+                          * populates it with MADV_POPULATE_WRITE, see cache.c) */
 } xs_params;
 
 typedef struct xs_layer_stats { uint64_t hits, misses; } xs_layer_stats;
@@ -143,6 +151,13 @@ typedef struct xs_stats {
   uint64_t pf_issued, pf_used, pf_wasted;           /* prefetch reads: issued, then used / evicted unused */
   uint64_t pred_n[3], pred_hit[3], actual_n[3];     /* per kind (1 next, 2 prev; 0 = union of enabled) */
   double io_wait_s;                                 /* evaluating thread blocked on demand reads */
+  /* I/O roofline terms (see cache.c, xs_lock / xs_unlock): */
+  double disk_busy_s;   /* at least one read in flight */
+  double serial_s;      /* per evaluation: start -> first read queued, plus last read done -> end
+                         * (all of it when nothing was read): compute no read could overlap */
+  double eval_s;        /* evaluations, lock to unlock */
+  uint64_t n_eval;
+  double prefault_s;    /* background arena population: seconds it took (0 while running / off) */
 } xs_stats;
 
 typedef struct xstream xstream;
@@ -151,7 +166,8 @@ void xs_close(xstream *x);
 const xs_store *xs_store_of(const xstream *x);
 int64_t xs_n_slots(const xstream *x);
 const xs_params *xs_params_of(const xstream *x);
-/* One evaluation at a time per stream (model_eval holds it). */
+/* One evaluation at a time per stream (model_eval holds it from before layer 0 until its logits
+ * are computed; the interval is also the unit of the serial-time accounting). */
 void xs_lock(xstream *x);
 void xs_unlock(xstream *x);
 

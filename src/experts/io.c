@@ -41,6 +41,8 @@ struct xio {
   xio_req *done_h, *done_t;
   int n_done;
   int inflight;
+  /* disk time accounting (under mu): the engine is busy while a chunk is in flight */
+  double busy_s, busy_t0, last_done;
   /* io_uring */
   struct io_uring ring;
   bool ring_ok;
@@ -96,7 +98,7 @@ static xio_req *take(xio *io, uint64_t *rel, uint64_t *len) {
   *len = r->len - r->next < io->chunk ? r->len - r->next : io->chunk;
   r->next += *len;
   r->inflight++;
-  io->inflight++;
+  if (io->inflight++ == 0) io->busy_t0 = floe_time_s();
   if (r->next >= r->len) q_unlink(io, r);
   return r;
 }
@@ -124,7 +126,10 @@ static bool chunk_result(xio *io, xio_req *r, uint64_t rel, uint64_t len, int64_
     }
   }
   r->inflight--;
-  io->inflight--;
+  if (--io->inflight == 0) {
+    io->last_done = floe_time_s();
+    io->busy_s += io->last_done - io->busy_t0;
+  }
   finish_if_done(io, r);
   return true;
 }
@@ -326,6 +331,14 @@ void xio_close(xio *io) {
 }
 
 int xio_kind(const xio *io) { return io->kind; }
+
+void xio_times(xio *io, double *busy_s, double *last_done) {
+  pthread_mutex_lock(&io->mu);
+  const double t = floe_time_s();
+  *busy_s = io->busy_s + (io->inflight > 0 ? t - io->busy_t0 : 0);
+  *last_done = io->inflight > 0 ? t : io->last_done;
+  pthread_mutex_unlock(&io->mu);
+}
 
 void xio_submit(xio *io, xio_req *r, int prio) {
   r->status = 0;

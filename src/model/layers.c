@@ -522,9 +522,10 @@ static int topk_add(const float *p, int64_t NE, int64_t K, int32_t *set, int n) 
 
 /* Decode only (n <= 2): predicts layer l+1's experts and starts reading them at prefetch priority.
  * XS_PF_NEXT: layer l+1's router on this layer's MoE input h (quantized rows reused when the
- * routers share a layout); XS_PF_PREV: the previous token's experts at l+1. Scratch: s->rlog
+ * routers share a layout), or with XS_PF_RESID on the residual stream xres (after this layer's
+ * attention) normed with layer l+1's ffn_norm; XS_PF_PREV: the previous token's experts at l+1. Scratch: s->rlog
  * (this layer's probabilities are consumed by now) and s->xs_tmp. Never touches the output. */
-static void stream_prefetch(model_session *s, int64_t l, int64_t n, const uint8_t *xq_r, size_t xs_r) {
+static void stream_prefetch(model_session *s, int64_t l, int64_t n, const uint8_t *xq_r, size_t xs_r, const float *xres) {
   const model *m = s->m;
   xstream *x = m->xs;
   const int pf = xs_params_of(x)->prefetch;
@@ -534,6 +535,11 @@ static void stream_prefetch(model_session *s, int64_t l, int64_t n, const uint8_
   int32_t *pred = s->xs_tmp;
   if (pf & XS_PF_NEXT) {
     mm_task rt = task(&N->router, n, s->h, E, &L->router, xq_r, xs_r, s->rlog, NE);
+    if (pf & XS_PF_RESID) { /* the residual stream normed as layer l+1 will norm it; float activations.
+                             * s->eout is free until the shared expert's down projection below */
+      for (int64_t t = 0; t < n; t++) layer_rmsnorm(xres + t * E, N->ffn_norm, E, m->hp.rms_eps, s->eout + t * E);
+      rt = task(&N->router, n, s->eout, E, NULL, NULL, 0, s->rlog, NE);
+    }
     mm_run(s, &rt, 1);
     int np = 0;
     for (int64_t t = 0; t < n; t++) np = topk_add(s->rlog + t * NE, NE, K, pred, np);
@@ -558,7 +564,7 @@ static void stream_prefetch(model_session *s, int64_t l, int64_t n, const uint8_
  * Returns non-zero after storing an I/O error in the session. */
 static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const floe_mat *lay_e, const uint8_t *xq_e,
                       size_t xs_e, const floe_mat *lay_d, bool qd, size_t sr, const glu_job *shared, mm_task *sh_down,
-                      const uint8_t *xq_r, size_t xs_r) {
+                      const uint8_t *xq_r, size_t xs_r, const float *xres) {
   const model *m = s->m;
   xstream *x = m->xs;
   const int64_t NE = m->hp.n_expert, K = m->hp.n_expert_used, E = m->hp.n_embd, I = m->hp.n_ff_exp;
@@ -584,7 +590,7 @@ static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const 
     xs_kick(x);
     if (g0 == 0) {
       if (n == 1) xs_actual_note(x, (int)l, s->sel, (int)K);
-      stream_prefetch(s, l, n, xq_r, xs_r);
+      stream_prefetch(s, l, n, xq_r, xs_r, xres);
       if (shared->nS > 0) { /* the shared expert while the routed experts are read */
         if (mt && shared->nS >= 4) floe_pool_run(s->pool, glu_worker, (void *)shared);
         else glu_worker((void *)shared, 0, 1);
@@ -737,7 +743,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     glu_job sj = gj;
     sj.nA = 0;
     mm_task sd = task(&L->sh_down, n, gs, Is, &L->sh_down, qsd ? gj.qs : NULL, gj.ss, s->eout, E);
-    if (moe_stream(s, l, n, nA, lay_e, xq_e, xs_e, lay_d, qd, gj.sr, &sj, &sd, xq_r, xs_r)) return;
+    if (moe_stream(s, l, n, nA, lay_e, xq_e, xs_e, lay_d, qd, gj.sr, &sj, &sd, xq_r, xs_r, x)) return;
   } else {
     nt = 0;
     for (int64_t e = 0; e < NE; e++) {

@@ -852,9 +852,10 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
     if (m->xs) xs_lock(m->xs);
     s->xs_err = 0;
     for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
-    if (m->xs) xs_unlock(m->xs);
-    if (s->xs_err) /* an expert could not be read: the state is undefined, the caller resets */
+    if (s->xs_err) { /* an expert could not be read: the state is undefined, the caller resets */
+      if (m->xs) xs_unlock(m->xs);
       return floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
+    }
     s->kv.n_past += nb;
     if (logits) {
       const double t0 = floe_time_s();
@@ -864,6 +865,7 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
       if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
       s->ph[MODEL_PH_LMHEAD] += floe_time_s() - t0;
     }
+    if (m->xs) xs_unlock(m->xs); /* held through the logits: the stream times whole evaluations */
   }
   /* "other": whatever the timed phases did not cover (embedding, driver) */
   double t_now = 0;
