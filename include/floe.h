@@ -174,7 +174,8 @@ typedef struct floe_session_stats {
   double prefetch_precision, prefetch_recall; /* predicted experts that were used / used experts predicted; -1: none */
   /* I/O roofline terms: seconds with a read in flight; compute no read could overlap (per
    * evaluation: start -> first read queued, plus last read done -> logits; all of it when nothing
-   * was read); seconds the cache arena's background population took (0: running or off). */
+   * was read); seconds the cache arena's background population took (0: running or off; -1: the
+   * kernel refused MADV_POPULATE_WRITE, slots fault their pages in on first fill). */
   double disk_busy_s, serial_s, prefault_s;
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);

@@ -134,7 +134,7 @@ void cli_stream_stats(FILE *f, const floe_engine *e, const floe_session_stats *s
     else fprintf(f, "\"prefetch_precision\":null,\"prefetch_recall\":null,");
     fprintf(f, "\"prefetch_issued\":%llu,\"prefetch_used\":%llu,\"io_wait_ms_per_token\":%.3f,",
             (unsigned long long)st->prefetch_issued, (unsigned long long)st->prefetch_used, st->io_wait_s * 1e3 * per);
-    fprintf(f, "\"disk_busy_ms_per_token\":%.3f,\"serial_ms_per_token\":%.3f,\"prefault_s\":%.3f,",
+    fprintf(f, "\"disk_busy_ms_per_token\":%.3f,\"serial_ms_per_token\":%.3f,\"prefault_s\":%.4f,",
             st->disk_busy_s * 1e3 * per, st->serial_s * 1e3 * per, st->prefault_s);
     return;
   }

@@ -94,11 +94,15 @@ static void *prefault_main(void *arg) {
   xstream *x = arg;
   const double t0 = floe_time_s();
   const size_t step = (size_t)64 << 20;
+  bool ok = true;
   for (size_t o = 0; o < x->arena_bytes && !__atomic_load_n(&x->pf_stop, __ATOMIC_RELAXED); o += step) {
     const size_t n = x->arena_bytes - o < step ? x->arena_bytes - o : step;
-    if (madvise(x->arena + o, n, MADV_POPULATE_WRITE) && errno != EINTR && errno != EAGAIN) break;
+    if (madvise(x->arena + o, n, MADV_POPULATE_WRITE) && errno != EINTR && errno != EAGAIN) {
+      ok = false;
+      break;
+    }
   }
-  double d = floe_time_s() - t0;
+  double d = ok ? floe_time_s() - t0 + 1e-9 : -1; /* -1: refused (old kernel) */
   __atomic_store(&x->pf_secs, &d, __ATOMIC_RELEASE);
   return NULL;
 }

@@ -157,7 +157,7 @@ typedef struct xs_stats {
                          * (all of it when nothing was read): compute no read could overlap */
   double eval_s;        /* evaluations, lock to unlock */
   uint64_t n_eval;
-  double prefault_s;    /* background arena population: seconds it took (0 while running / off) */
+  double prefault_s;    /* background arena population: seconds it took (0 while running / off, -1 refused) */
 } xs_stats;
 
 typedef struct xstream xstream;
