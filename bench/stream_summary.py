@@ -20,6 +20,7 @@ keys = [('decode_tok_s', 'tok/s', 1, '%.2f'), ('bytes_read_per_token', 'MB/tok',
         ('prefetch_precision', 'prec', 1, '%.2f'), ('io_wait_ms_per_token', 'wait ms', 1, '%.0f'),
         ('serial_ms_per_token', 'serial ms', 1, '%.0f'), ('disk_busy_ms_per_token', 'busy ms', 1, '%.0f'),
         ('disk_gb_s', 'disk GB/s', 1, '%.2f'), ('io_roofline_frac', 'roofline', 1, '%.2f'),
+        ('compute_ms_per_token', 'compute ms', 1, '%.0f'), ('bound_frac', 'bound frac', 1, '%.2f'),
         ('total_ms', 'ms/tok', 1, '%.0f'), ('gap_slow_reads_ms', 'gap:slow-reads ms', 1, '%.0f'),
         ('gap_idle_ms', 'gap:disk-idle ms', 1, '%.0f'), ('peak_rss_bytes', 'RSS GiB', 1 / 2**30, '%.2f')]
 for cfg, runs in rows.items():

@@ -21,6 +21,8 @@
  *    missing is the sum of (disk_busy_ms_per_token - bytes / disk bandwidth): reads slower than
  *    the disk can go, and (time - disk busy - serial): compute that ran with the disk idle although
  *    something could have been read (late or wrong predictions, demand misses found late).
+ *    compute_ms_per_token = time per token - io wait; when it exceeds the I/O roofline the run is
+ *    compute-bound ("bound":"compute") and bound_frac = max(I/O roofline, compute) / time.
  *  - --window W: every W decoded tokens of the first repetition, one more line (JSON with --json)
  *    for those W tokens alone: tok/s, hit rate, bytes read per token (cache warm-up curves).
  * Text to stdout, or with --json one JSON object per line. */
@@ -232,9 +234,10 @@ int cmd_bench(int argc, char **argv) {
           if (json)
             printf("{\"bench\":\"window\",\"tokens\":%lld,\"tok_s\":%.3f,\"expert_hit_rate\":%.4f,"
                    "\"bytes_read_per_token\":%.0f,\"serial_ms_per_token\":%.2f,\"disk_busy_ms_per_token\":%.2f,"
-                   "\"peak_rss_bytes\":%.0f}\n",
+                   "\"io_wait_ms_per_token\":%.2f,\"peak_rss_bytes\":%.0f}\n",
                    (long long)(i + 1), tps, h + mi > 0 ? h / (h + mi) : 0.0, bpt, (w1.serial_s - w0.serial_s) * 1e3 / (double)window,
-                   (w1.disk_busy_s - w0.disk_busy_s) * 1e3 / (double)window, (double)wr.ru_maxrss * 1024.0);
+                   (w1.disk_busy_s - w0.disk_busy_s) * 1e3 / (double)window, (w1.io_wait_s - w0.io_wait_s) * 1e3 / (double)window,
+                   (double)wr.ru_maxrss * 1024.0);
           else
             printf("tokens %lld: %.2f tok/s, hit rate %.3f, %.1f MB read/token (last %lld tokens)\n", (long long)(i + 1),
                    tps, h + mi > 0 ? h / (h + mi) : 0.0, bpt / 1e6, (long long)window);
@@ -283,9 +286,13 @@ int cmd_bench(int argc, char **argv) {
       const double bpt = (double)dst[rmed].bytes_read / (double)n_gen;
       if (disk_bw > 0) {
         const double io = bpt / (disk_bw * 1e9) * 1e3;
+        /* compute: the time the forward pass did not wait for reads; when it exceeds the I/O
+         * roofline the run is compute-bound and bound_frac compares with it instead */
+        const double cmp = ms - dst[rmed].io_wait_s * 1e3 / (double)n_gen, bound = io + ser > cmp ? io + ser : cmp;
         printf("\"disk_gb_s\":%.3f,\"io_ms_per_token\":%.3f,\"io_roofline_ms_per_token\":%.3f,"
-               "\"io_roofline_frac\":%.4f,",
-               disk_bw, io, io + ser, ms > 0 ? (io + ser) / ms : 0.0);
+               "\"io_roofline_frac\":%.4f,\"compute_ms_per_token\":%.3f,\"bound\":\"%s\",\"bound_frac\":%.4f,",
+               disk_bw, io, io + ser, ms > 0 ? (io + ser) / ms : 0.0, cmp, io + ser > cmp ? "io" : "compute",
+               ms > 0 ? bound / ms : 0.0);
       } else {
         printf("\"disk_gb_s\":null,\"io_ms_per_token\":null,\"io_roofline_ms_per_token\":null,\"io_roofline_frac\":null,");
       }
