@@ -49,7 +49,10 @@ typedef struct floe_engine_params {
   /* Memory budget (bytes; 0: none, every weight used in place through the file mapping). With a
    * budget, routed experts are streamed from disk: non-expert weights stay mapped (counted), and
    * experts are read (never through the mapping) into a cache sized so that weights + KV + scratch
-   * + cache fit the budget. Refused with the minimum when one layer's top-k experts do not fit. */
+   * + cache fit the budget. Refused with the minimum when one layer's top-k experts do not fit.
+   * Peak RSS <= budget + slack, the slack being what floe does not count: binary, libc, tokenizer,
+   * thread stacks, allocator overhead; documented as 64 MiB (measured <= 36 MiB on
+   * Qwen3-Next-80B: peak RSS - mapped non-expert weights - expert cache, bench/results.tsv). */
   uint64_t mem_budget;
   int io;            /* FLOE_IO_*: io_uring (default, falls back to pread) or a pread thread pool */
   bool io_direct;    /* O_DIRECT reads (default: buffered, no readahead) */
