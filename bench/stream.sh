@@ -2,7 +2,8 @@
 # Expert streaming benchmarks (issue 4): floe bench --json decode under --mem-budget, page cache
 # dropped before each run (cold) unless WARM=1; DEPTH (default 4) untimed tokens first (non-expert
 # weights paged in). Right before each run the disk is measured (bench/stream_disk: random aligned
-# O_DIRECT reads of XSIZE bytes, default one 80B Q4_K expert, at queue depths 1-64, cold; DISK_N
+# O_DIRECT reads of XSIZE bytes, default one 80B Q4_K expert, at queue depths 1-64, cold: page
+# cache dropped and fresh random offsets (the host of this VM caches recently read blocks); DISK_N
 # reads per depth, default 150; DISK=0 skips it) and the best depth's GB/s is passed to floe bench
 # as --disk-bw, which then reports the I/O roofline terms and io_roofline_frac.
 # REPS (default 1) repeats the whole list of configurations, interleaved (A B C A B C ...), so
@@ -21,7 +22,7 @@ for rep in $(seq 1 "${REPS:-1}"); do
     disk=null; bwarg=""
     if [ "${DISK:-1}" = 1 ] && [ -x "$SD" ]; then
       sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
-      d=$("$SD" "$DATA" "${XSIZE:-1867776}" "${DISK_N:-150}" 1 4 16 64 2>/dev/null)
+      d=$("$SD" "$DATA" "${XSIZE:-1769472}" "${DISK_N:-150}" --seed "$(date +%s%N)" 1 4 16 64 2>/dev/null)
       best=$(echo "$d" | sed -n 's/.*"gb_s":\([0-9.]*\).*/\1/p' | sort -g | tail -1)
       if [ -n "$best" ]; then
         disk="{\"best_gb_s\":$best,\"depths\":[$(echo "$d" | paste -sd, -)]}"
