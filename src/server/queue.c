@@ -402,9 +402,11 @@ static void run_job(srv_queue *q, srv_job *j) {
   bool cancelled = j->cancelled;
   j->state = JOB_RUNNING;
   pthread_mutex_unlock(&j->mu);
-  if (cancelled) {
+  if (cancelled) { /* the client went away while the job was queued: count it like any cancellation */
     rc = FLOE_E_CANCELLED;
     snprintf(err, sizeof err, "cancelled");
+    res.finish = FLOE_FINISH_CANCELLED;
+    metrics_gen(&q->server->metrics, &res, true);
   } else {
     slot *sl = pick_slot(q, j->ids, j->n_ids);
     j->gp.should_stop = should_stop_cb;

@@ -228,7 +228,13 @@ export async function basicTests(model, models) {
     // a non-streaming request whose client goes away is cancelled too
     const ac2 = new AbortController();
     const p = oa.chat.completions.create(longReq, { signal: ac2.signal }).catch(() => null);
-    setTimeout(() => ac2.abort(), 30); // well before 200 tokens are out
+    // abort once the server is generating it (a fixed delay raced the request's arrival)
+    for (let i = 0; i < 500; i++) {
+      const g = await (await fetch(big.url + '/metrics')).text();
+      if (+(/floe_requests_processing (\d+)/.exec(g) || [0, 0])[1] >= 1) break;
+      await new Promise((res) => setTimeout(res, 2));
+    }
+    ac2.abort();
     await p;
     const r2 = await oa.chat.completions.create({ model: models.randomId, messages: msgs, max_tokens: 2 });
     check(r2.choices.length === 1, 'non-streaming: server free again after the abort');
