@@ -62,27 +62,8 @@ static void chat_free(void *pp) {
 }
 
 /* ---- streaming chunks ---- */
-static void emit_event(srv_job *j, cJSON *root) {
-  char *s = cJSON_PrintUnformatted(root);
-  cJSON_Delete(root);
-  if (!s) return;
-  sbuf b = {0};
-  sb_str(&b, "data: ");
-  sb_str(&b, s);
-  sb_str(&b, "\n\n");
-  free(s);
-  if (!b.oom) job_emit(j, b.p, b.n);
-  sb_free(&b);
-}
-
 static cJSON *chunk_root(chat_proto *p) {
-  cJSON *root = cJSON_CreateObject();
-  cJSON_AddStringToObject(root, "id", p->id);
-  cJSON_AddStringToObject(root, "object", "chat.completion.chunk");
-  cJSON_AddNumberToObject(root, "created", (double)p->created);
-  cJSON_AddStringToObject(root, "model", p->model);
-  cJSON_AddStringToObject(root, "system_fingerprint", "floe-" FLOE_VERSION);
-  return root;
+  return json_response_root(p->id, "chat.completion.chunk", p->created, p->model);
 }
 
 /* One chunk with a delta (taken) and an optional finish reason; carries pending logprobs. */
@@ -104,7 +85,7 @@ static void chunk(chat_proto *p, cJSON *delta, const char *finish) {
   if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
   else cJSON_AddNullToObject(ch, "finish_reason");
   if (p->include_usage) cJSON_AddNullToObject(root, "usage");
-  emit_event(p->job, root);
+  job_emit_event(p->job, root);
 }
 
 /* ---- parser sink ---- */
@@ -247,17 +228,12 @@ static void chat_on_done(srv_job *j, int rc, const floe_gen_result *res, const c
       cJSON_AddArrayToObject(root, "choices");
       cJSON_AddItemToObject(root, "usage", json_usage(res, p->n_reasoning));
       cJSON_AddItemToObject(root, "timings", timings(res));
-      emit_event(j, root);
+      job_emit_event(j, root);
     }
     job_emit(j, "data: [DONE]\n\n", 14);
     return;
   }
-  cJSON *root = cJSON_CreateObject();
-  cJSON_AddStringToObject(root, "id", p->id);
-  cJSON_AddStringToObject(root, "object", "chat.completion");
-  cJSON_AddNumberToObject(root, "created", (double)p->created);
-  cJSON_AddStringToObject(root, "model", p->model);
-  cJSON_AddStringToObject(root, "system_fingerprint", "floe-" FLOE_VERSION);
+  cJSON *root = json_response_root(p->id, "chat.completion", p->created, p->model);
   cJSON *choices = cJSON_AddArrayToObject(root, "choices"), *ch = cJSON_CreateObject();
   cJSON_AddItemToArray(choices, ch);
   cJSON_AddNumberToObject(ch, "index", 0);
@@ -291,13 +267,7 @@ static void chat_on_done(srv_job *j, int rc, const floe_gen_result *res, const c
   cJSON_AddStringToObject(ch, "finish_reason", fr);
   cJSON_AddItemToObject(root, "usage", json_usage(res, p->n_reasoning));
   cJSON_AddItemToObject(root, "timings", timings(res));
-  char *s = cJSON_PrintUnformatted(root);
-  cJSON_Delete(root);
-  pthread_mutex_lock(&j->mu);
-  j->status = s ? 200 : 500;
-  pthread_mutex_unlock(&j->mu);
-  if (s) job_emit(j, s, strlen(s));
-  free(s);
+  job_emit_body(j, root);
 }
 
 static const srv_job_ops chat_ops = {chat_on_token, chat_on_done, chat_free};

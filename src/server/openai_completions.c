@@ -55,13 +55,7 @@ static void lp_attach(cmpl_proto *p, cJSON *ch) {
 }
 
 static cJSON *cmpl_root(cmpl_proto *p) {
-  cJSON *root = cJSON_CreateObject();
-  cJSON_AddStringToObject(root, "id", p->id);
-  cJSON_AddStringToObject(root, "object", "text_completion");
-  cJSON_AddNumberToObject(root, "created", (double)p->created);
-  cJSON_AddStringToObject(root, "model", p->model);
-  cJSON_AddStringToObject(root, "system_fingerprint", "floe-" FLOE_VERSION);
-  return root;
+  return json_response_root(p->id, "text_completion", p->created, p->model);
 }
 
 static void emit_chunk(cmpl_proto *p, const char *s, size_t n, const char *finish) {
@@ -74,14 +68,7 @@ static void emit_chunk(cmpl_proto *p, const char *s, size_t n, const char *finis
   if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
   else cJSON_AddNullToObject(ch, "finish_reason");
   if (p->include_usage) cJSON_AddNullToObject(root, "usage");
-  char *js = cJSON_PrintUnformatted(root);
-  cJSON_Delete(root);
-  if (!js) return;
-  sbuf b = {0};
-  sb_printf(&b, "data: %s\n\n", js);
-  free(js);
-  if (!b.oom) job_emit(p->job, b.p, b.n);
-  sb_free(&b);
+  job_emit_event(p->job, root);
 }
 
 static void cmpl_on_token(srv_job *j, const floe_token_event *ev) {
@@ -126,13 +113,7 @@ static void cmpl_on_done(srv_job *j, int rc, const floe_gen_result *res, const c
       cJSON *root = cmpl_root(p);
       cJSON_AddArrayToObject(root, "choices");
       cJSON_AddItemToObject(root, "usage", json_usage(res, 0));
-      char *js = cJSON_PrintUnformatted(root);
-      cJSON_Delete(root);
-      sbuf b = {0};
-      if (js) sb_printf(&b, "data: %s\n\n", js);
-      free(js);
-      if (b.n) job_emit(j, b.p, b.n);
-      sb_free(&b);
+      job_emit_event(j, root);
     }
     job_emit(j, "data: [DONE]\n\n", 14);
     return;
@@ -145,13 +126,7 @@ static void cmpl_on_done(srv_job *j, int rc, const floe_gen_result *res, const c
   lp_attach(p, ch);
   cJSON_AddStringToObject(ch, "finish_reason", fr);
   cJSON_AddItemToObject(root, "usage", json_usage(res, 0));
-  char *s = cJSON_PrintUnformatted(root);
-  cJSON_Delete(root);
-  pthread_mutex_lock(&j->mu);
-  j->status = s ? 200 : 500;
-  pthread_mutex_unlock(&j->mu);
-  if (s) job_emit(j, s, strlen(s));
-  free(s);
+  job_emit_body(j, root);
 }
 
 static const srv_job_ops cmpl_ops = {cmpl_on_token, cmpl_on_done, cmpl_free};

@@ -133,6 +133,27 @@ void job_fail_generation(srv_job *j, int rc, const char *err, const char *param)
   free(s);
 }
 
+void job_emit_event(srv_job *j, cJSON *root) {
+  char *js = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  if (!js) return;
+  sbuf b = {0};
+  sb_printf(&b, "data: %s\n\n", js);
+  free(js);
+  if (!b.oom) job_emit(j, b.p, b.n);
+  sb_free(&b);
+}
+
+void job_emit_body(srv_job *j, cJSON *root) {
+  char *s = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  pthread_mutex_lock(&j->mu);
+  j->status = s ? 200 : 500;
+  pthread_mutex_unlock(&j->mu);
+  if (s) job_emit(j, s, strlen(s));
+  free(s);
+}
+
 void job_cancel(srv_job *j) {
   pthread_mutex_lock(&j->mu);
   j->cancelled = true;

@@ -156,6 +156,11 @@ void job_emit(srv_job *j, const char *d, size_t n);
 /* Ends a job whose generation failed with rc: an OpenAI error object (503 cancelled, 400
  * context_length_exceeded naming `param`, else 500), as an SSE event + [DONE] when streaming. */
 void job_fail_generation(srv_job *j, int rc, const char *err, const char *param);
+/* Emits root (taken) as one SSE event "data: <json>\n\n"; nothing when it cannot be printed. */
+void job_emit_event(srv_job *j, cJSON *root);
+/* Ends a non-streaming job with root (taken) as its body: status 200, or 500 with an empty body
+ * when it cannot be printed. */
+void job_emit_body(srv_job *j, cJSON *root);
 /* Marks the job cancelled (client gone); forgets the socket. */
 void job_cancel(srv_job *j);
 /* Waits until the job is done. */
@@ -233,6 +238,8 @@ int json_opt_bool(const cJSON *o, const char *key, bool *out, srv_error *e);
 cJSON *json_token_bytes(const char *piece, size_t n);
 /* Checks the prompt fits: 0, or fills e with context_length_exceeded. */
 int srv_check_context(srv *s, size_t n_prompt, srv_error *e);
+/* The fields every response object starts with: id, object, created, model, system_fingerprint. */
+cJSON *json_response_root(const char *id, const char *object, int64_t created, const char *model);
 /* Usage object from a result. */
 cJSON *json_usage(const floe_gen_result *res, int64_t reasoning_tokens);
 #endif

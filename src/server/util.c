@@ -287,6 +287,16 @@ int srv_check_context(srv *s, size_t n_prompt, srv_error *e) {
   return 0;
 }
 
+cJSON *json_response_root(const char *id, const char *object, int64_t created, const char *model) {
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "id", id);
+  cJSON_AddStringToObject(root, "object", object);
+  cJSON_AddNumberToObject(root, "created", (double)created);
+  cJSON_AddStringToObject(root, "model", model);
+  cJSON_AddStringToObject(root, "system_fingerprint", "floe-" FLOE_VERSION);
+  return root;
+}
+
 cJSON *json_usage(const floe_gen_result *res, int64_t reasoning_tokens) {
   cJSON *u = cJSON_CreateObject();
   cJSON_AddNumberToObject(u, "prompt_tokens", (double)res->n_prompt);
