@@ -183,6 +183,19 @@ uint16_t floe_f32_to_bf16(float f) {
   return (uint16_t)((v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16);
 }
 
+const char *floe_show_n(char *buf, size_t cap, const char *p, size_t len) {
+  size_t max = cap - 4, k = 0;
+  for (size_t i = 0; i < len && k < max; i++) {
+    unsigned char c = (unsigned char)p[i];
+    buf[k++] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+  }
+  if (len > max) { memcpy(buf + k, "...", 3); k += 3; }
+  buf[k] = 0;
+  return buf;
+}
+
+const char *floe_show(char *buf, size_t cap, const char *s) { return floe_show_n(buf, cap, s, strlen(s)); }
+
 int floe_parse_size(const char *s, uint64_t *out) {
   if (!s || !*s) return FLOE_E_INVALID;
   char *end;

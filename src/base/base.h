@@ -76,6 +76,12 @@ static inline float floe_bf16_to_f32(uint16_t h) {
 }
 uint16_t floe_f32_to_bf16(float f); /* round to nearest even, NaN kept quiet */
 
+/* ---- file-provided strings in one-line messages ---- */
+/* Copies p[0..len) into buf (cap >= 4) with control bytes as '?', cut with "..." when it does not
+ * fit; returns buf. floe_show is the same for a NUL-terminated s. */
+const char *floe_show_n(char *buf, size_t cap, const char *p, size_t len);
+const char *floe_show(char *buf, size_t cap, const char *s);
+
 /* ---- human sizes: "2G", "512M", "1.5GiB", "123" (bytes) ---- */
 int floe_parse_size(const char *s, uint64_t *out);
 #endif

@@ -76,19 +76,6 @@ static uint64_t ld64(const uint8_t *p) { return (uint64_t)ld32(p) | ((uint64_t)l
 
 static bool is_pow2(uint64_t a) { return a && !(a & (a - 1)); }
 
-/* A file-provided name made safe for a one-line message: control bytes become '?', long names
- * are cut with "...". */
-static const char *show(char *buf, size_t cap, const char *p, uint64_t len) {
-  size_t max = cap - 4, k = 0;
-  for (uint64_t i = 0; i < len && k < max; i++) {
-    unsigned char c = (unsigned char)p[i];
-    buf[k++] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
-  }
-  if (len > max) { memcpy(buf + k, "...", 3); k += 3; }
-  buf[k] = 0;
-  return buf;
-}
-
 /* ---- name index: open addressing over (index + 1), names fetched through a callback ---- */
 
 typedef gguf_str (*name_of_fn)(const void *ctx, uint32_t idx);
@@ -193,7 +180,7 @@ static int need(reader *r, uint64_t n, const char *what) {
 
 static void set_ctx(reader *r, const char *kind, gguf_str s) {
   char b[96];
-  snprintf(r->ctx, sizeof r->ctx, "%s '%s'", kind, show(b, sizeof b, s.ptr, s.len));
+  snprintf(r->ctx, sizeof r->ctx, "%s '%s'", kind, floe_show_n(b, sizeof b, s.ptr, s.len));
 }
 
 static int read_string(reader *r, gguf_str *out, const char *what) {
@@ -425,7 +412,7 @@ static int parse(gguf_file *g, char *err, size_t errlen) {
     int64_t d = index_insert(&pv->kv_ix, kv_name, g, (uint32_t)i);
     if (d >= 0)
       return floe_err(err, errlen, FLOE_E_FORMAT, "%s: duplicate key '%s' (kv #%lld and #%llu)", g->path,
-                      show(b, sizeof b, g->kv[i].key.ptr, g->kv[i].key.len), (long long)d, (ull)i);
+                      floe_show_n(b, sizeof b, g->kv[i].key.ptr, g->kv[i].key.len), (long long)d, (ull)i);
   }
 
   g->alignment = GGUF_DEFAULT_ALIGNMENT;
@@ -455,7 +442,7 @@ static int parse(gguf_file *g, char *err, size_t errlen) {
     int64_t d = index_insert(&pv->t_ix, tensor_name, g, (uint32_t)i);
     if (d >= 0)
       return floe_err(err, errlen, FLOE_E_FORMAT, "%s: duplicate tensor name '%s' (tensors #%lld and #%llu)", g->path,
-                      show(b, sizeof b, g->tensors[i].name.ptr, g->tensors[i].name.len), (long long)d, (ull)i);
+                      floe_show_n(b, sizeof b, g->tensors[i].name.ptr, g->tensors[i].name.len), (long long)d, (ull)i);
   }
 
   span *sp = malloc((g->n_tensors ? g->n_tensors : 1) * sizeof *sp);
@@ -463,7 +450,7 @@ static int parse(gguf_file *g, char *err, size_t errlen) {
   rc = 0;
   for (uint64_t i = 0; i < g->n_tensors && !rc; i++) {
     gguf_tensor *t = &g->tensors[i];
-    const char *tn = show(b, sizeof b, t->name.ptr, t->name.len);
+    const char *tn = floe_show_n(b, sizeof b, t->name.ptr, t->name.len);
     uint64_t beg, end;
     if (t->offset % g->alignment)
       rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: tensor '%s': offset %llu is not a multiple of the alignment %llu",
@@ -486,8 +473,8 @@ static int parse(gguf_file *g, char *err, size_t errlen) {
       if (sp[k].beg < sp[k - 1].end) {
         const gguf_tensor *x = &g->tensors[sp[k - 1].idx], *y = &g->tensors[sp[k].idx];
         rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: tensor '%s': data [%llu, %llu) overlaps tensor '%s' [%llu, %llu)",
-                      g->path, show(b, sizeof b, y->name.ptr, y->name.len), (ull)sp[k].beg, (ull)sp[k].end,
-                      show(b2, sizeof b2, x->name.ptr, x->name.len), (ull)sp[k - 1].beg, (ull)sp[k - 1].end);
+                      g->path, floe_show_n(b, sizeof b, y->name.ptr, y->name.len), (ull)sp[k].beg, (ull)sp[k].end,
+                      floe_show_n(b2, sizeof b2, x->name.ptr, x->name.len), (ull)sp[k - 1].beg, (ull)sp[k - 1].end);
       }
   }
   free(sp);

@@ -24,17 +24,6 @@ typedef struct pctx {
   size_t errlen;
 } pctx;
 
-static const char *clean(const char *s, char *buf, size_t n) {
-  size_t j = 0;
-  for (size_t i = 0; s[i] && j + 4 < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    buf[j++] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
-  }
-  if (j + 4 >= n) { memcpy(buf + j, "...", 3); j += 3; }
-  buf[j] = 0;
-  return buf;
-}
-
 static const cJSON *item(const cJSON *o, const char *key) {
   const cJSON *it = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
   return it && !cJSON_IsNull(it) ? it : NULL; /* null means "use the default", as in HF */
@@ -103,7 +92,7 @@ static int qmode_from(pctx *p, const cJSON *it, int def, int *out) {
     if (strcmp(it->valuestring, hf_qmode_name(m)) == 0) { *out = m; return 0; }
   char cb[64];
   return floe_err(p->err, p->errlen, FLOE_E_UNSUPPORTED, "%s: unknown quantization mode '%s'", p->name,
-                  clean(it->valuestring, cb, sizeof cb));
+                  floe_show(cb, sizeof cb, it->valuestring));
 }
 
 static int cmp_over(const void *a, const void *b) {
@@ -120,7 +109,7 @@ static int parse_quant(pctx *p, const cJSON *qj, hf_quant *q) {
     /* An HF-side quantizer (fp8, gptq, awq, modelopt...): MLX never writes quant_method. */
     return floe_err(p->err, p->errlen, FLOE_E_UNSUPPORTED,
                     "%s: quantization_config quant_method '%s' is not supported (floe reads BF16/F16/F32 and MLX affine)",
-                    p->name, cJSON_IsString(qm) && qm->valuestring ? clean(qm->valuestring, cb, sizeof cb) : "?");
+                    p->name, cJSON_IsString(qm) && qm->valuestring ? floe_show(cb, sizeof cb, qm->valuestring) : "?");
   }
   int64_t v;
   int rc;
@@ -150,7 +139,7 @@ static int parse_quant(pctx *p, const cJSON *qj, hf_quant *q) {
     if (cJSON_IsObject(e)) {
       pctx op = *p;
       char pre[300];
-      snprintf(pre, sizeof pre, "quantization['%s'].", clean(e->string, cb, sizeof cb));
+      snprintf(pre, sizeof pre, "quantization['%s'].", floe_show(cb, sizeof cb, e->string));
       op.pre = pre;
       if ((rc = qmode_from(&op, item(e, "mode"), q->mode, &o->mode))) return rc;
       if ((rc = get_int(&op, e, "group_size", q->group_size, 1, 4096, &v))) return rc;
@@ -163,7 +152,7 @@ static int parse_quant(pctx *p, const cJSON *qj, hf_quant *q) {
   for (size_t i = 1; i < q->n_over; i++)
     if (strcmp(q->over[i - 1].module, q->over[i].module) == 0)
       return floe_err(p->err, p->errlen, FLOE_E_FORMAT, "%s: quantization lists module '%s' twice", p->name,
-                      clean(q->over[i].module, cb, sizeof cb));
+                      floe_show(cb, sizeof cb, q->over[i].module));
   return 0;
 }
 
@@ -226,7 +215,7 @@ static int check_rope_type(pctx *p, const cJSON *o) {
     /* "mrope" is the Qwen2-VL spelling of the default rope with sections, a no-op for text */
     if (strcmp(t->valuestring, "default") && strcmp(t->valuestring, "mrope"))
       return floe_err(p->err, p->errlen, FLOE_E_UNSUPPORTED, "%s: rope type '%s' is not supported (only default RoPE)",
-                      p->name, clean(t->valuestring, cb, sizeof cb));
+                      p->name, floe_show(cb, sizeof cb, t->valuestring));
   }
   return 0;
 }
@@ -365,7 +354,7 @@ static int parse_text(pctx *p, const cJSON *tc, const cJSON *root, int arch, hf_
       else if (s && (!strcmp(s, "full_attention") || !strcmp(s, "attention"))) h->recurrent[i] = false;
       else
         return floe_err(p->err, p->errlen, FLOE_E_UNSUPPORTED, "%s: layer_types[%d] is '%s'; %s", p->name, i,
-                        s ? clean(s, cb, sizeof cb) : "(not a string)",
+                        s ? floe_show(cb, sizeof cb, s) : "(not a string)",
                         hybrid ? "floe runs linear_attention and full_attention layers" : "qwen3_moe layers are all full_attention");
     }
   }
@@ -441,7 +430,7 @@ int hf_config_parse(const char *json, size_t len, const char *name, hf_config *c
     rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: no \"model_type\" string", p.name);
     goto done;
   }
-  clean(mt->valuestring, cb, sizeof cb);
+  floe_show(cb, sizeof cb, mt->valuestring);
   memcpy(c->model_type, cb, sizeof c->model_type - 1); /* cb is NUL-padded up to its length */
   c->model_type[sizeof c->model_type - 1] = 0;
   const char *t = mt->valuestring;
@@ -462,7 +451,7 @@ int hf_config_parse(const char *json, size_t len, const char *name, hf_config *c
     }
     if (tmt && (!cJSON_IsString(tmt) || strcmp(tmt->valuestring, "qwen3_5_moe_text"))) {
       rc = floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: text_config.model_type is '%s', expected qwen3_5_moe_text", p.name,
-                    cJSON_IsString(tmt) ? clean(tmt->valuestring, cb, sizeof cb) : "?");
+                    cJSON_IsString(tmt) ? floe_show(cb, sizeof cb, tmt->valuestring) : "?");
       goto done;
     }
     p.pre = "text_config.";

@@ -66,19 +66,6 @@ bool st_dtype_supported(int dtype) {
 
 /* ---- small helpers ---- */
 
-/* A file-controlled string made safe for a one-line message: control bytes become '?', and long
- * strings are cut with "...". */
-static const char *clean(const char *s, char *buf, size_t n) {
-  size_t j = 0;
-  for (size_t i = 0; s[i] && j + 4 < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    buf[j++] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
-  }
-  if (j + 4 >= n) { memcpy(buf + j, "...", 3); j += 3; }
-  buf[j] = 0;
-  return buf;
-}
-
 static uint64_t rd_le64(const uint8_t *p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
@@ -199,7 +186,7 @@ static int parse_metadata(st_shard *sh, const cJSON *meta, char *err, size_t err
   for (const cJSON *kv = meta->child; kv; kv = kv->next) {
     if (!cJSON_IsString(kv) || !kv->valuestring)
       return floe_err(err, errlen, FLOE_E_FORMAT, "%s: __metadata__ value of '%s' is not a string", sh->path,
-                      clean(kv->string, cb, sizeof cb));
+                      floe_show(cb, sizeof cb, kv->string));
     size_t i = sh->n_meta;
     sh->meta_key[i] = xstrdup(kv->string);
     sh->meta_val[i] = xstrdup(kv->valuestring);
@@ -213,7 +200,7 @@ static int parse_metadata(st_shard *sh, const cJSON *meta, char *err, size_t err
 static int parse_tensor(st_model *m, int si, const cJSON *e, uint64_t data_size, char *err, size_t errlen) {
   const st_shard *sh = &m->shards[si];
   char cb[256], shp[256];
-  const char *nm = clean(e->string, cb, sizeof cb);
+  const char *nm = floe_show(cb, sizeof cb, e->string);
   if (!cJSON_IsObject(e))
     return floe_err(err, errlen, FLOE_E_FORMAT, "%s: tensor '%s': entry is not an object", sh->path, nm);
   const cJSON *jd = cJSON_GetObjectItemCaseSensitive(e, "dtype");
@@ -230,7 +217,7 @@ static int parse_tensor(st_model *m, int si, const cJSON *e, uint64_t data_size,
   if (t.dtype < 0) {
     char db[64];
     return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: tensor '%s': unknown dtype '%s'", sh->path, nm,
-                    clean(jd->valuestring, db, sizeof db));
+                    floe_show(db, sizeof db, jd->valuestring));
   }
   if (!cJSON_IsArray(js))
     return floe_err(err, errlen, FLOE_E_FORMAT, "%s: tensor '%s': shape is not an array", sh->path, nm);
@@ -328,8 +315,8 @@ static int check_overlap(st_model *m, size_t t0, size_t t1, char *err, size_t er
     if (b->offset < a->offset + a->nbytes) {
       char ca[256], cb2[256];
       rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu) overlap tensor '%s' [%llu, %llu)",
-                    m->shards[b->shard].path, clean(b->name, cb2, sizeof cb2), (unsigned long long)b->offset,
-                    (unsigned long long)(b->offset + b->nbytes), clean(a->name, ca, sizeof ca),
+                    m->shards[b->shard].path, floe_show(cb2, sizeof cb2, b->name), (unsigned long long)b->offset,
+                    (unsigned long long)(b->offset + b->nbytes), floe_show(ca, sizeof ca, a->name),
                     (unsigned long long)a->offset, (unsigned long long)(a->offset + a->nbytes));
     }
   }
@@ -479,11 +466,11 @@ int st_index_parse(const char *json, size_t len, const char *name, st_index_fn f
   for (const cJSON *e = wm && rc == 0 ? wm->child : NULL; e && rc == 0; e = e->next) {
     if (!cJSON_IsString(e) || !e->valuestring)
       rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: weight_map['%s'] is not a string", name,
-                    clean(e->string, cb, sizeof cb));
+                    floe_show(cb, sizeof cb, e->string));
     else if (!shard_name_ok(e->valuestring))
       rc = floe_err(err, errlen, FLOE_E_FORMAT,
                     "%s: weight_map['%s'] names shard '%s', which is not a plain file name (path traversal?)", name,
-                    clean(e->string, cb, sizeof cb), clean(e->valuestring, cs, sizeof cs));
+                    floe_show(cb, sizeof cb, e->string), floe_show(cs, sizeof cs, e->valuestring));
     else
       rc = fn(e->string, e->valuestring, ctx);
   }
@@ -582,10 +569,10 @@ static int open_index(st_model *m, const char *index_path, char *err, size_t err
     char cb[256];
     if (!t)
       rc = floe_err(err, errlen, FLOE_E_NOTFOUND, "%s: tensor '%s' is listed in weight_map but missing from %s",
-                    index_path, clean(c.ents[i].tensor, cb, sizeof cb), m->shards[c.ents[i].shard].path);
+                    index_path, floe_show(cb, sizeof cb, c.ents[i].tensor), m->shards[c.ents[i].shard].path);
     else if (t->shard != c.ents[i].shard)
       rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: tensor '%s' is listed in weight_map for %s but lives in %s",
-                    index_path, clean(c.ents[i].tensor, cb, sizeof cb), m->shards[c.ents[i].shard].path,
+                    index_path, floe_show(cb, sizeof cb, c.ents[i].tensor), m->shards[c.ents[i].shard].path,
                     m->shards[t->shard].path);
   }
   for (size_t i = 0; i < c.n; i++) free(c.ents[i].tensor);
