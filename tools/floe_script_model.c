@@ -107,22 +107,6 @@ static int add_token(synth_vocab *v, char *s) {
   return 0;
 }
 
-static char *read_text(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-    free(b);
-    b = NULL;
-  }
-  if (b) b[n] = 0;
-  fclose(f);
-  return b;
-}
-
 typedef struct script {
   int64_t trigger;
   int64_t *toks; /* piece tokens, then <|im_end|> */
@@ -151,8 +135,8 @@ int main(int argc, char **argv) {
   synth_vocab v = {0};
   if (synth_vocab_generate(1024, &v, err, sizeof err)) return fail("%s", err);
   if (tmpl_path) {
-    char *t = read_text(tmpl_path);
-    if (!t) return fail("cannot read %s", tmpl_path);
+    char *t;
+    if (floe_read_file(tmpl_path, (size_t)16 << 20, &t, NULL, err, sizeof err)) return fail("%s", err);
     free(v.chat_template);
     v.chat_template = t;
   }

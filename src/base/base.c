@@ -4,6 +4,7 @@
 
 #include <cpuid.h>
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -195,6 +196,40 @@ const char *floe_show_n(char *buf, size_t cap, const char *p, size_t len) {
 }
 
 const char *floe_show(char *buf, size_t cap, const char *s) { return floe_show_n(buf, cap, s, strlen(s)); }
+
+int floe_read_file(const char *path, size_t max, char **out, size_t *len, char *err, size_t errlen) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    int e = errno;
+    return floe_err(err, errlen, e == ENOENT ? FLOE_E_NOTFOUND : FLOE_E_IO, "%s: cannot open: %s", path, strerror(e));
+  }
+  if (max > SIZE_MAX / 4) max = SIZE_MAX / 4; /* so that max + 2 cannot wrap */
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0;
+  for (;;) {
+    if (n == cap) { /* full: grow (one byte more than cap for the terminator), up to max + 1 to see EOF */
+      if (cap > max) { rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: larger than %zu bytes", path, max); break; }
+      size_t nc = cap ? cap * 2 : (size_t)1 << 16;
+      if (nc > max + 1) nc = max + 1;
+      char *nb = realloc(buf, nc + 1);
+      if (!nb) { rc = floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", path); break; }
+      buf = nb;
+      cap = nc;
+    }
+    size_t k = fread(buf + n, 1, cap - n, f);
+    n += k;
+    if (k == 0) break;
+  }
+  if (rc == 0 && ferror(f)) rc = floe_err(err, errlen, FLOE_E_IO, "%s: read error: %s", path, strerror(errno));
+  fclose(f);
+  if (rc) { free(buf); return rc; }
+  buf[n] = 0;
+  *out = buf;
+  if (len) *len = n;
+  return 0;
+}
 
 int floe_parse_size(const char *s, uint64_t *out) {
   if (!s || !*s) return FLOE_E_INVALID;

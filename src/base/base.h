@@ -82,6 +82,12 @@ uint16_t floe_f32_to_bf16(float f); /* round to nearest even, NaN kept quiet */
 const char *floe_show_n(char *buf, size_t cap, const char *p, size_t len);
 const char *floe_show(char *buf, size_t cap, const char *s);
 
+/* ---- whole small files (JSON configs, tokenizers, templates) ---- */
+/* Reads all of path (at most max bytes) into *out, malloc'ed and NUL-terminated; *len = bytes read
+ * (len may be NULL). Errors name the path: FLOE_E_NOTFOUND (no such file), FLOE_E_IO (cannot
+ * open or read), FLOE_E_FORMAT (larger than max), FLOE_E_NOMEM. *out is NULL on error. */
+int floe_read_file(const char *path, size_t max, char **out, size_t *len, char *err, size_t errlen);
+
 /* ---- human sizes: "2G", "512M", "1.5GiB", "123" (bytes) ---- */
 int floe_parse_size(const char *s, uint64_t *out);
 #endif

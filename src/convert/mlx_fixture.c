@@ -160,22 +160,6 @@ static int put_experts(fx *f, const char *pfx, const char *proj, const hf_config
   return rc;
 }
 
-static char *read_text(const char *path) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return NULL;
-  fseek(fp, 0, SEEK_END);
-  long n = ftell(fp);
-  fseek(fp, 0, SEEK_SET);
-  char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-  if (b && fread(b, 1, (size_t)n, fp) != (size_t)n) {
-    free(b);
-    b = NULL;
-  }
-  if (b) b[n] = 0;
-  fclose(fp);
-  return b;
-}
-
 int convert_make_mlx_fixture(const char *hf_dir, const char *out_dir, char *err, size_t errlen) {
   hf_config cfg;
   int rc = hf_config_load(hf_dir, &cfg, err, errlen);
@@ -189,10 +173,10 @@ int convert_make_mlx_fixture(const char *hf_dir, const char *out_dir, char *err,
   if ((rc = st_model_open(hf_dir, &st, err, errlen))) goto done;
   f.st = st;
   snprintf(cpath, sizeof cpath, "%s/config.json", hf_dir);
-  json = read_text(cpath);
-  root = json ? cJSON_Parse(json) : NULL;
+  if ((rc = floe_read_file(cpath, (size_t)64 << 20, &json, NULL, err, errlen))) goto done;
+  root = cJSON_Parse(json);
   if (!root) {
-    rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: cannot read", cpath);
+    rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: not valid JSON", cpath);
     goto done;
   }
   f.quant = cJSON_CreateObject();

@@ -9,7 +9,6 @@
 #include "format/hf_config.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -474,31 +473,10 @@ int hf_config_load(const char *path, hf_config *c, char *err, size_t errlen) {
   char *fp = malloc(pl + 16);
   if (!fp) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   snprintf(fp, pl + 16, is_json ? "%s" : "%s/config.json", path);
-  FILE *f = fopen(fp, "rb");
-  if (!f) {
-    int e = errno;
-    int rc = floe_err(err, errlen, e == ENOENT ? FLOE_E_NOTFOUND : FLOE_E_IO, "%s: cannot open: %s", fp, strerror(e));
-    free(fp);
-    return rc;
-  }
   /* config.json files are a few KB (MLX ones with per-module overrides up to ~1 MB) */
-  size_t cap = 1 << 16, n = 0, lim = 64u << 20;
-  char *buf = malloc(cap);
-  int rc = 0;
-  while (buf) {
-    size_t k = fread(buf + n, 1, cap - n, f);
-    n += k;
-    if (k == 0) break;
-    if (n == cap) {
-      char *nb = cap >= lim ? NULL : realloc(buf, cap * 2);
-      if (!nb) { free(buf); buf = NULL; break; }
-      buf = nb;
-      cap *= 2;
-    }
-  }
-  if (!buf) rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: too large or out of memory", fp);
-  else if (ferror(f)) rc = floe_err(err, errlen, FLOE_E_IO, "%s: read error", fp);
-  fclose(f);
+  char *buf;
+  size_t n = 0;
+  int rc = floe_read_file(fp, (size_t)64 << 20, &buf, &n, err, errlen);
   if (rc == 0) rc = hf_config_parse(buf, n, fp, c, err, errlen);
   free(buf);
   free(fp);

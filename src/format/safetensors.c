@@ -513,38 +513,10 @@ static int idx_add(const char *tensor, const char *shard, void *vctx) {
   return 0;
 }
 
-static int read_small_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
-  *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return floe_err(err, errlen, FLOE_E_IO, "%s: cannot open: %s", path, strerror(errno));
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  int rc = 0;
-  while (buf) {
-    size_t k = fread(buf + n, 1, cap - n, f);
-    n += k;
-    if (k == 0) break;
-    if (n == cap) {
-      if (cap >= ST_MAX_HEADER) { rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: larger than %u bytes", path, ST_MAX_HEADER); break; }
-      char *nb = realloc(buf, cap * 2);
-      if (!nb) { free(buf); buf = NULL; break; }
-      buf = nb;
-      cap *= 2;
-    }
-  }
-  if (!buf) rc = floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", path);
-  else if (rc == 0 && ferror(f)) rc = floe_err(err, errlen, FLOE_E_IO, "%s: read error", path);
-  fclose(f);
-  if (rc != 0) { free(buf); return rc; }
-  *out = buf;
-  *len = n;
-  return 0;
-}
-
 static int open_index(st_model *m, const char *index_path, char *err, size_t errlen) {
   char *json = NULL;
   size_t len = 0;
-  int rc = read_small_file(index_path, &json, &len, err, errlen);
+  int rc = floe_read_file(index_path, ST_MAX_HEADER, &json, &len, err, errlen);
   if (rc != 0) return rc;
   idx_ctx c = {.last = -1};
   rc = st_index_parse(json, len, index_path, idx_add, &c, err, errlen);

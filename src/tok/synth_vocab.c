@@ -2,7 +2,6 @@
 #include "tok/synth_vocab.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -305,38 +304,6 @@ oom:
 
 /* ---- tokenizer.json ---- */
 
-static char *read_file(const char *path, size_t max, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  char *buf = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n == cap) {
-      if (cap >= max) {
-        free(buf);
-        fclose(f);
-        errno = EFBIG;
-        return NULL;
-      }
-      cap = cap ? cap * 2 : 1 << 16;
-      char *nb = realloc(buf, cap + 1);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        return NULL;
-      }
-      buf = nb;
-    }
-    size_t r = fread(buf + n, 1, cap - n, f);
-    n += r;
-    if (r == 0) break;
-  }
-  fclose(f);
-  buf[n] = 0;
-  if (len) *len = n;
-  return buf;
-}
-
 /* A sibling file of path (same directory). */
 static void sibling(char *out, size_t n, const char *path, const char *name) {
   const char *slash = strrchr(path, '/');
@@ -380,13 +347,13 @@ int synth_vocab_from_tokenizer_json(const char *path, int64_t n_vocab, synth_voc
   memset(v, 0, sizeof *v);
   if (n_vocab < 1 || n_vocab > ((int64_t)1 << 24))
     return floe_err(err, errlen, FLOE_E_INVALID, "vocab size %lld out of range", (long long)n_vocab);
-  size_t len;
-  char *text = read_file(path, (size_t)1 << 30, &len);
-  if (!text) return floe_err(err, errlen, FLOE_E_IO, "%s: %s", path, strerror(errno));
+  size_t len = 0;
+  char *text;
+  int rc = floe_read_file(path, (size_t)1 << 30, &text, &len, err, errlen);
+  if (rc) return rc == FLOE_E_NOTFOUND ? FLOE_E_IO : rc; /* kept: test_model_meta expects FLOE_E_IO for a missing file */
   cJSON *root = cJSON_ParseWithLength(text, len);
   free(text);
   if (!root) return floe_err(err, errlen, FLOE_E_FORMAT, "%s: not valid JSON", path);
-  int rc = 0;
   vbuild b;
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
   const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
@@ -463,9 +430,10 @@ int synth_vocab_from_tokenizer_json(const char *path, int64_t n_vocab, synth_voc
   }
   /* Special ids and the chat template from tokenizer_config.json / chat_template.jinja. */
   {
-    char p[4096];
+    char p[4096], ignored[256]; /* both files are optional: a missing or unreadable one is skipped */
     sibling(p, sizeof p, path, "tokenizer_config.json");
-    char *cfg_text = read_file(p, (size_t)64 << 20, &len);
+    char *cfg_text;
+    floe_read_file(p, (size_t)64 << 20, &cfg_text, &len, ignored, sizeof ignored);
     cJSON *cfg = cfg_text ? cJSON_ParseWithLength(cfg_text, len) : NULL;
     free(cfg_text);
     const char *eos = cfg ? special_text(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token")) : NULL;
@@ -481,7 +449,7 @@ int synth_vocab_from_tokenizer_json(const char *path, int64_t n_vocab, synth_voc
     cJSON_Delete(cfg);
     if (!v->chat_template) {
       sibling(p, sizeof p, path, "chat_template.jinja");
-      v->chat_template = read_file(p, (size_t)16 << 20, NULL);
+      floe_read_file(p, (size_t)16 << 20, &v->chat_template, NULL, ignored, sizeof ignored);
     }
     if (!v->chat_template) v->chat_template = strdup(default_chat_template);
     if (!v->chat_template) rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");

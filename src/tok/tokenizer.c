@@ -663,26 +663,11 @@ done:
 
 int tok_load_json(const char *path, tok_vocab **out, char *err, size_t errlen) {
   *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return floe_err(err, errlen, FLOE_E_IO, "%s: cannot open", path);
-  char *buf = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n == cap) {
-      size_t nc = cap ? cap * 2 : (1u << 20);
-      char *p = realloc(buf, nc);
-      if (!p) { free(buf); fclose(f); return floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", path); }
-      buf = p;
-      cap = nc;
-    }
-    size_t r = fread(buf + n, 1, cap - n, f);
-    n += r;
-    if (r == 0) break;
-  }
-  bool bad = ferror(f);
-  fclose(f);
-  if (bad) { free(buf); return floe_err(err, errlen, FLOE_E_IO, "%s: read error", path); }
-  int rc = tok_load_json_buffer(buf, n, path, out, err, errlen);
+  char *buf;
+  size_t n = 0;
+  int rc = floe_read_file(path, (size_t)1 << 30, &buf, &n, err, errlen); /* Qwen's is ~11 MB */
+  if (rc) return rc;
+  rc = tok_load_json_buffer(buf, n, path, out, err, errlen);
   free(buf);
   return rc;
 }
