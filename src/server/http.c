@@ -298,13 +298,13 @@ static enum MHD_Result ep_detokenize(struct MHD_Connection *c, srv *s, const cha
   else {
     e.status = 0;
     cJSON_ArrayForEach(t, toks) {
-      if (!cJSON_IsNumber(t) || t->valuedouble != (double)(int64_t)t->valuedouble || t->valuedouble < 0 ||
-          t->valuedouble >= (double)mi.n_vocab) {
+      int32_t id;
+      if (!json_token_id(t, mi.n_vocab, &id)) {
         srv_fail(&e, 400, "invalid_value", "tokens", "token ids must be integers in [0, %lld)", (long long)mi.n_vocab);
         break;
       }
       size_t pl;
-      const char *pc = floe_token_piece(s->engine, (int32_t)t->valuedouble, &pl);
+      const char *pc = floe_token_piece(s->engine, id, &pl);
       if (pc) sb_add(&out, pc, pl);
     }
   }

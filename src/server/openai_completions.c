@@ -150,11 +150,10 @@ static int prompt_ids(srv *s, const cJSON *pr, int32_t **ids, size_t *n, srv_err
   const cJSON *t;
   size_t i = 0;
   cJSON_ArrayForEach(t, pr) {
-    if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
-        t->valuedouble >= (double)mi.n_vocab)
+    if (!json_token_id(t, mi.n_vocab, &(*ids)[i]))
       return srv_fail(e, 400, "invalid_value", "prompt",
                       "'prompt' must be a string, one string, or token ids in [0, %lld)", (long long)mi.n_vocab);
-    (*ids)[i++] = (int32_t)t->valuedouble;
+    i++;
   }
   *n = i;
   return 0;

@@ -236,6 +236,9 @@ int json_opt_num(const cJSON *o, const char *key, double lo, double hi, double *
 int json_opt_bool(const cJSON *o, const char *key, bool *out, srv_error *e);
 /* Token text for logprobs: the piece as a (U+FFFD-repaired) string and its raw bytes. */
 cJSON *json_token_bytes(const char *piece, size_t n);
+/* A JSON token id: an integer number in [0, n_vocab). The range is tested before any cast, so a
+ * huge or fractional number from a request is refused without undefined behaviour. */
+bool json_token_id(const cJSON *t, int64_t n_vocab, int32_t *id);
 /* Checks the prompt fits: 0, or fills e with context_length_exceeded. */
 int srv_check_context(srv *s, size_t n_prompt, srv_error *e);
 /* The fields every response object starts with: id, object, created, model, system_fingerprint. */

@@ -278,6 +278,14 @@ int srv_parse_gen(srv *s, const cJSON *req, srv_job *j, srv_error *e) {
   return 0;
 }
 
+bool json_token_id(const cJSON *t, int64_t n_vocab, int32_t *id) {
+  if (!cJSON_IsNumber(t)) return false;
+  double d = t->valuedouble;
+  if (!(d >= 0 && d < (double)n_vocab) || d != floor(d)) return false;
+  *id = (int32_t)d;
+  return true;
+}
+
 int srv_check_context(srv *s, size_t n_prompt, srv_error *e) {
   if (n_prompt == 0) return srv_fail(e, 400, "invalid_value", "messages", "the prompt is empty");
   if ((int64_t)n_prompt >= s->n_ctx)
