@@ -37,6 +37,7 @@
 #include "model/model_meta.h"
 #include "quant/quant.h"
 #include "tok/synth_vocab.h"
+#include "tok/tokenizer.h"
 
 #define MAX_SCRIPTS 5
 #define D_ONE 0
@@ -50,29 +51,6 @@ static int fail(const char *fmt, const char *a) {
   fprintf(stderr, fmt, a);
   fputc('\n', stderr);
   return 1;
-}
-
-/* GPT-2 bytes_to_unicode spelling of raw bytes (UTF-8, malloc'ed). */
-static char *byte_level(const char *s, size_t n) {
-  uint32_t cp[256];
-  int k = 0;
-  for (int b = 0; b < 256; b++) {
-    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    cp[b] = printable ? (uint32_t)b : 256u + (uint32_t)k++;
-  }
-  char *out = malloc(2 * n + 1);
-  if (!out) return NULL;
-  size_t o = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t c = cp[(unsigned char)s[i]];
-    if (c < 0x80) out[o++] = (char)c;
-    else {
-      out[o++] = (char)(0xc0 | (c >> 6));
-      out[o++] = (char)(0x80 | (c & 0x3f));
-    }
-  }
-  out[o] = 0;
-  return out;
 }
 
 static char *unescape(const char *s) {
@@ -164,7 +142,7 @@ int main(int argc, char **argv) {
       for (;; len++) {
         if (pos + len > tl) len = tl - pos;
         free(enc);
-        enc = byte_level(text + pos, len);
+        enc = tok_bytelevel_encode(text + pos, len);
         if (find_token(&v, enc) < 0) break;
         if (pos + len == tl) {
           /* the tail is an existing token: merge it into the previous pieces until unique */
@@ -174,7 +152,7 @@ int main(int argc, char **argv) {
             free(v.tokens[--v.n]);
             pos = starts[--sc[s].n];
             len = tl - pos;
-            enc = byte_level(text + pos, len);
+            enc = tok_bytelevel_encode(text + pos, len);
           }
           break;
         }

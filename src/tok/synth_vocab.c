@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "tok/tokenizer.h"
 
 /* Qwen2/3 special tokens in id order (151643..151668 in Qwen3's vocab); `control` = the
  * tokenizer's "special": true, which llama.cpp's converter maps to CONTROL, else USER_DEFINED. */
@@ -60,42 +61,13 @@ static const char *const seed_words[] = {
 
 /* ---- GPT-2 byte <-> unicode ---- */
 
-/* bytes_to_unicode(): printable bytes map to themselves, the others to U+0100 + k in byte
- * order. Token id i (< 256) is the i-th entry of that order: 33..126, 161..172, 174..255, then
- * the remapped bytes. */
-static void byte_order(uint8_t order[256], uint32_t cp[256]) {
-  int n = 0, k = 0;
-  for (int b = 0; b < 256; b++) {
-    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-    if (printable) {
-      order[n++] = (uint8_t)b;
-      cp[b] = (uint32_t)b;
-    }
-  }
-  for (int b = 0; b < 256; b++) {
-    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-    if (!printable) {
-      order[n++] = (uint8_t)b;
-      cp[b] = 256u + (uint32_t)k++;
-    }
-  }
-}
-
-/* UTF-8 of the byte-level spelling of raw bytes; malloc'ed. All code points are < 0x800. */
-static char *encode_bytes(const uint32_t cp[256], const uint8_t *s, size_t n) {
-  char *out = malloc(2 * n + 1);
-  if (!out) return NULL;
-  size_t o = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t c = cp[s[i]];
-    if (c < 0x80) out[o++] = (char)c;
-    else {
-      out[o++] = (char)(0xC0 | (c >> 6));
-      out[o++] = (char)(0x80 | (c & 0x3F));
-    }
-  }
-  out[o] = 0;
-  return out;
+/* Token id i (< 256) is the i-th byte in bytes_to_unicode() order: the bytes that spell
+ * themselves (33..126, 161..172, 174..255), then the remapped ones (code point >= 256). */
+static void byte_order(uint8_t order[256]) {
+  int n = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int b = 0; b < 256; b++)
+      if ((tok_byte_codepoint((uint8_t)b) >= 256) == (pass == 1)) order[n++] = (uint8_t)b;
 }
 
 /* ---- string -> id hash (open addressing, FNV-1a) ---- */
@@ -223,10 +195,9 @@ int synth_vocab_generate(int64_t n_vocab, synth_vocab *v, char *err, size_t errl
   int rc = vbuild_init(&b, v, (uint64_t)n_vocab, n_merges);
   if (rc) goto oom;
   uint8_t order[256];
-  uint32_t cp[256];
-  byte_order(order, cp);
+  byte_order(order);
   for (int i = 0; i < 256; i++)
-    if (push_token(&b, encode_bytes(cp, &order[i], 1), SYNTH_TOK_NORMAL) < 0) goto oom;
+    if (push_token(&b, tok_bytelevel_encode((const char *)&order[i], 1), SYNTH_TOK_NORMAL) < 0) goto oom;
   int64_t byte_id[256];
   for (int i = 0; i < 256; i++) byte_id[order[i]] = i;
 
@@ -246,7 +217,7 @@ int synth_vocab_generate(int64_t n_vocab, synth_vocab *v, char *err, size_t errl
     for (size_t i = 1; i < len && v->n_merges < n_merges; i++) {
       int r = try_merge(&b, cur, byte_id[buf[i]]);
       if (r < 0) goto oom;
-      char *enc = encode_bytes(cp, buf, i + 1);
+      char *enc = tok_bytelevel_encode((const char *)buf, i + 1);
       if (!enc) goto oom;
       cur = lookup(&b, enc);
       free(enc);

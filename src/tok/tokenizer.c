@@ -107,6 +107,29 @@ static void byte_map_init(void) {
   __atomic_store_n(&map_ready, 1, __ATOMIC_RELEASE);
 }
 
+uint32_t tok_byte_codepoint(uint8_t b) {
+  byte_map_init();
+  return b2u[b];
+}
+
+char *tok_bytelevel_encode(const char *s, size_t n) {
+  byte_map_init();
+  if (n > (SIZE_MAX - 1) / 2) return NULL;
+  char *out = malloc(2 * n + 1);
+  if (!out) return NULL;
+  size_t o = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t c = b2u[(uint8_t)s[i]];
+    if (c < 0x80) out[o++] = (char)c;
+    else {
+      out[o++] = (char)(0xC0 | (c >> 6));
+      out[o++] = (char)(0x80 | (c & 0x3F));
+    }
+  }
+  out[o] = 0;
+  return out;
+}
+
 /* Decodes one UTF-8 code point; returns its length or 0 when invalid. */
 static int utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
   if (n == 0) return 0;

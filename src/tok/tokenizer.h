@@ -50,6 +50,13 @@ typedef struct tok_buf { char *p; size_t n, cap; } tok_buf;
 void tok_buf_free(tok_buf *b);
 int tok_buf_append(tok_buf *b, const void *data, size_t n);
 
+/* GPT-2 bytes_to_unicode(): the code point that spells byte b in a byte-level vocabulary
+ * (printable Latin-1 bytes themselves, the other 68 U+0100.. in increasing byte order). */
+uint32_t tok_byte_codepoint(uint8_t b);
+/* The byte-level spelling of raw bytes s[0..n): UTF-8, NUL-terminated, malloc'ed (every code
+ * point is < 0x800, so at most 2n + 1 bytes); NULL when out of memory. */
+char *tok_bytelevel_encode(const char *s, size_t n);
+
 /* ---- loading ---- */
 int tok_load_gguf(const gguf_file *g, tok_vocab **out, char *err, size_t errlen);
 int tok_load_json(const char *path, tok_vocab **out, char *err, size_t errlen);
