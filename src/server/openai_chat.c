@@ -559,7 +559,7 @@ void openai_chat(srv *s, const char *body, size_t len, int fd, srv_reply *r) {
     srv_fail(&e, 500, NULL, NULL, "tokenizer: %s", err);
     goto fail;
   }
-  if (srv_check_context(s, j->n_ids, &e)) goto fail;
+  if (srv_check_context(s, j->n_ids, "messages", &e)) goto fail;
 
   srv_rand_id(p->id, sizeof p->id, "chatcmpl-", 24);
   p->created = (int64_t)time(NULL);

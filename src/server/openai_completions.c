@@ -203,10 +203,7 @@ void openai_completions(srv *s, const char *body, size_t len, int fd, srv_reply 
   j->gp.logprobs = logprobs >= 0;
   j->gp.n_top_logprobs = logprobs > 0 ? logprobs : 0;
   if (prompt_ids(s, pr, &j->ids, &j->n_ids, &e)) goto fail;
-  if (srv_check_context(s, j->n_ids, &e)) {
-    snprintf(e.param, sizeof e.param, "prompt");
-    goto fail;
-  }
+  if (srv_check_context(s, j->n_ids, "prompt", &e)) goto fail;
   srv_rand_id(p->id, sizeof p->id, "cmpl-", 24);
   p->created = (int64_t)time(NULL);
   snprintf(p->model, sizeof p->model, "%s", s->model_id);

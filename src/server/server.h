@@ -239,8 +239,9 @@ cJSON *json_token_bytes(const char *piece, size_t n);
 /* A JSON token id: an integer number in [0, n_vocab). The range is tested before any cast, so a
  * huge or fractional number from a request is refused without undefined behaviour. */
 bool json_token_id(const cJSON *t, int64_t n_vocab, int32_t *id);
-/* Checks the prompt fits: 0, or fills e with context_length_exceeded. */
-int srv_check_context(srv *s, size_t n_prompt, srv_error *e);
+/* Checks the prompt is not empty and fits: 0, or fills e (invalid_value / context_length_exceeded)
+ * naming `param` ("messages" or "prompt"). */
+int srv_check_context(srv *s, size_t n_prompt, const char *param, srv_error *e);
 /* The fields every response object starts with: id, object, created, model, system_fingerprint. */
 cJSON *json_response_root(const char *id, const char *object, int64_t created, const char *model);
 /* Usage object from a result. */

@@ -286,10 +286,10 @@ bool json_token_id(const cJSON *t, int64_t n_vocab, int32_t *id) {
   return true;
 }
 
-int srv_check_context(srv *s, size_t n_prompt, srv_error *e) {
-  if (n_prompt == 0) return srv_fail(e, 400, "invalid_value", "messages", "the prompt is empty");
+int srv_check_context(srv *s, size_t n_prompt, const char *param, srv_error *e) {
+  if (n_prompt == 0) return srv_fail(e, 400, "invalid_value", param, "the prompt is empty");
   if ((int64_t)n_prompt >= s->n_ctx)
-    return srv_fail(e, 400, "context_length_exceeded", "messages",
+    return srv_fail(e, 400, "context_length_exceeded", param,
                     "This model's maximum context length is %lld tokens. However, your messages resulted in %zu tokens.",
                     (long long)s->n_ctx, n_prompt);
   return 0;
