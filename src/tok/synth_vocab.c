@@ -298,13 +298,14 @@ static int64_t json_id(const cJSON *j) {
 }
 
 static int set_token(vbuild *b, int64_t id, const char *text, int32_t type, const char *path, char *err, size_t errlen) {
+  char s1[64], s2[64]; /* token texts come from the file: shown cut and without control bytes */
   if (id < 0 || (uint64_t)id >= b->cap)
     return floe_err(err, errlen, FLOE_E_INVALID, "%s: token '%s' has id %lld, outside the model's vocabulary of %llu",
-                    path, text, (long long)id, (unsigned long long)b->cap);
+                    path, floe_show(s1, sizeof s1, text), (long long)id, (unsigned long long)b->cap);
   if (b->v->tokens[id]) {
     if (strcmp(b->v->tokens[id], text))
       return floe_err(err, errlen, FLOE_E_FORMAT, "%s: id %lld used by both '%s' and '%s'", path, (long long)id,
-                      b->v->tokens[id], text);
+                      floe_show(s1, sizeof s1, b->v->tokens[id]), floe_show(s2, sizeof s2, text));
     b->v->types[id] = type; /* an added token that is also in model.vocab */
     return 0;
   }
@@ -393,8 +394,9 @@ int synth_vocab_from_tokenizer_json(const char *path, int64_t n_vocab, synth_voc
   for (uint64_t i = 0; i < v->n; i++) {
     int64_t prev = lookup(&b, v->tokens[i]);
     if (prev >= 0) {
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: token '%s' appears twice (ids %lld and %llu)", path, v->tokens[i],
-                    (long long)prev, (unsigned long long)i);
+      char s1[64];
+      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: token '%s' appears twice (ids %lld and %llu)", path,
+                    floe_show(s1, sizeof s1, v->tokens[i]), (long long)prev, (unsigned long long)i);
       goto done;
     }
     hash_insert(&b, (int64_t)i);

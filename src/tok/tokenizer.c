@@ -323,10 +323,12 @@ static int build_pieces(tok_vocab *t, const raw_tok *toks, const uint8_t *types,
     if (toks[i].n > UINT32_MAX) return floe_err(err, errlen, FLOE_E_FORMAT, "%s: token %d too long", name, (int)i);
     if (is_bytelevel_type(ty)) {
       int64_t l = bytelevel_decode(toks[i].s, toks[i].n, t->pool + o);
-      if (l < 0)
+      if (l < 0) { /* toks[i].s may be a GGUF string: not NUL-terminated, only n bytes are its own */
+        char s1[48];
         return floe_err(err, errlen, FLOE_E_FORMAT,
-                        "%s: token %d '%.40s' is not byte-level text (a character outside the GPT-2 byte map)",
-                        name, (int)i, toks[i].s);
+                        "%s: token %d '%s' is not byte-level text (a character outside the GPT-2 byte map)", name,
+                        (int)i, floe_show_n(s1, sizeof s1, toks[i].s, toks[i].n));
+      }
       t->len[i] = (uint32_t)l;
     } else {
       if (toks[i].n) memcpy(t->pool + o, toks[i].s, toks[i].n);
@@ -578,7 +580,9 @@ int tok_load_json_buffer(const char *json, size_t len, const char *name, tok_voc
   int64_t n = 0;
   for (const cJSON *e = vocab->child; e; e = e->next) {
     if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= TOK_MAX_VOCAB || e->valuedouble != (double)(int64_t)e->valuedouble) {
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: vocab entry '%.40s' has a bad id", name, e->string ? e->string : "?");
+      char s1[48];
+      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: vocab entry '%s' has a bad id", name,
+                    e->string ? floe_show(s1, sizeof s1, e->string) : "?");
       goto done;
     }
     if ((int64_t)e->valuedouble + 1 > n) n = (int64_t)e->valuedouble + 1;
@@ -653,7 +657,9 @@ int tok_load_json_buffer(const char *json, size_t len, const char *name, tok_voc
     if (cJSON_IsString(m)) {
       const char *s = m->valuestring, *sp = strchr(s, ' ');
       if (!sp || sp == s || !sp[1] || strchr(sp + 1, ' ')) {
-        rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%.40s' is not of the form 'a b'", name, (int)rank, s);
+        char s1[48];
+        rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%s' is not of the form 'a b'", name, (int)rank,
+                      floe_show(s1, sizeof s1, s));
         goto done;
       }
       a = s; na = (size_t)(sp - s); b = sp + 1; nb = strlen(b);
