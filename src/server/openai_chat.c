@@ -32,7 +32,6 @@ typedef struct chat_proto {
   const floe_engine *e;
   srv_job *job;
   bool stream, include_usage, logprobs;
-  int top_n;
   cJSON *tools; /* owned copy of the request's tools (schemas for typing) */
   outp parser;
   sbuf content, reasoning;
@@ -40,7 +39,6 @@ typedef struct chat_proto {
   int n_calls, cap_calls;
   cJSON *lp;       /* logprob entries: all of them (non-streaming) or those not yet sent (streaming) */
   int64_t n_reasoning;
-  double t0;
   bool verbose;
   bool think_open; /* the prompt opened a <think> block */
   srv_queue *queue;
@@ -163,7 +161,7 @@ static void chat_on_token(srv_job *j, const floe_token_event *ev) {
   if (p->logprobs && ev->id >= 0 && !floe_token_is_eog(p->e, ev->id)) {
     cJSON *t = lp_entry(p->e, ev->id, ev->logprob);
     cJSON *tops = cJSON_AddArrayToObject(t, "top_logprobs");
-    for (int k = 0; k < ev->n_top && k < p->top_n; k++)
+    for (int k = 0; k < ev->n_top && k < j->gp.n_top_logprobs; k++)
       if (ev->top_ids[k] >= 0) cJSON_AddItemToArray(tops, lp_entry(p->e, ev->top_ids[k], ev->top_logprobs[k]));
     cJSON_AddItemToArray(p->lp, t);
   }
@@ -569,7 +567,6 @@ void openai_chat(srv *s, const char *body, size_t len, int fd, srv_reply *r) {
   p->stream = stream;
   p->include_usage = stream && include_usage;
   p->logprobs = logprobs;
-  p->top_n = j->gp.n_top_logprobs;
   p->tools = tools;
   tools = NULL;
   p->lp = cJSON_CreateArray();
