@@ -54,7 +54,7 @@ typedef struct floe_engine_params {
    * thread stacks, allocator overhead; documented as 64 MiB (measured <= 36 MiB on
    * Qwen3-Next-80B: peak RSS - mapped non-expert weights - expert cache, bench/results.tsv). */
   uint64_t mem_budget;
-  int io;            /* FLOE_IO_*: io_uring (default, falls back to pread) or a pread thread pool */
+  int io;            /* FLOE_IO_*: a pread thread pool (AUTO, the default: measured faster) or io_uring */
   bool io_direct;    /* O_DIRECT reads (default: buffered, no readahead) */
   int prefetch;      /* FLOE_PREFETCH_* mask (default FLOE_PREFETCH_NEXT) */
   int cache_policy;  /* FLOE_CACHE_* (default LRU) */
