@@ -18,6 +18,8 @@ int cmd_pack(int argc, char **argv);
 int cli_stream_option(const char *a, const char *v, floe_engine_params *p);
 const char *cli_stream_help(void);
 void cli_stream_stats(FILE *f, const floe_engine *e, const floe_session_stats *st, int64_t n_tok, double secs, bool json);
+/* A whole decimal integer in [lo, hi] (no sign-only, empty, trailing or out-of-range text). */
+bool cli_parse_int(const char *s, long long lo, long long hi, long long *out);
 /* Prints "floe: <msg>" to stderr and returns 1. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #endif

@@ -63,12 +63,12 @@ int cmd_convert(int argc, char **argv) {
     case 'T': if (parse_type(optarg, "--type", &o.type)) return 2; break;
     case 'E': if (parse_type(optarg, "--expert-type", &o.expert_type)) return 2; break;
     case 't': {
-      char *e;
-      nt = strtol(optarg, &e, 10);
-      if (*e || nt < 1 || nt > 256) {
+      long long v;
+      if (!cli_parse_int(optarg, 1, 256, &v)) {
         fprintf(stderr, "floe: -t: expected a thread count 1..256, got '%s'\n", optarg);
         return 2;
       }
+      nt = (long)v;
       break;
     }
     case 'N': o.name = optarg; break;

@@ -38,14 +38,6 @@ static void usage(FILE *f) {
           "  -v, --verbose          log each request\n");
 }
 
-static bool parse_int(const char *s, long long lo, long long hi, long long *out) {
-  char *end;
-  long long v = strtoll(s, &end, 10);
-  if (end == s || *end || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
 int cmd_serve(int argc, char **argv) {
   srv_opts o;
   srv_opts_init(&o);
@@ -55,7 +47,7 @@ int cmd_serve(int argc, char **argv) {
     long long num;
 #define NEEDINT(lo, hi)                                                                    \
   do {                                                                                     \
-    if (!v || !parse_int(v, lo, hi, &num)) {                                               \
+    if (!v || !cli_parse_int(v, lo, hi, &num)) {                                           \
       fprintf(stderr, "floe serve: option %s needs an integer in [%lld, %lld]\n", a, (long long)(lo), (long long)(hi)); \
       return 2;                                                                            \
     }                                                                                      \

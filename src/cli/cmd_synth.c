@@ -18,6 +18,7 @@
  * GGUF writer (double buffering). The writer writes to a temp name and renames when complete. */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -202,9 +203,8 @@ static int set_hparam(floe_hparams *hp, const char *kv) {
       {"n_mtp", offsetof(floe_hparams, n_mtp)},
   };
   const char *eq = strchr(kv, '=');
-  char *end;
-  long long v = eq ? strtoll(eq + 1, &end, 10) : 0;
-  if (!eq || !eq[1] || *end || v < 0) return cli_fail("--set: expected NAME=INTEGER, got '%s'", kv), 2;
+  long long v;
+  if (!eq || !cli_parse_int(eq + 1, 0, LLONG_MAX, &v)) return cli_fail("--set: expected NAME=INTEGER, got '%s'", kv), 2;
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     if (strlen(fields[i].name) != (size_t)(eq - kv) || strncmp(fields[i].name, kv, (size_t)(eq - kv))) continue;
     *(int64_t *)((char *)hp + fields[i].off) = v;
@@ -249,20 +249,18 @@ int cmd_synth(int argc, char **argv) {
     case O_PRESET: preset_name = optarg; break;
     case 'o': out = optarg; break;
     case O_LAYERS:
-      n_layers = strtoll(optarg, &end, 10);
-      if (*end || n_layers < 1) { cli_fail("--layers: expected a positive integer, got '%s'", optarg); return 2; }
+      if (!cli_parse_int(optarg, 1, LLONG_MAX, &n_layers)) { cli_fail("--layers: expected a positive integer, got '%s'", optarg); return 2; }
       break;
     case O_TYPE: type_s = optarg; break;
     case O_ETYPE: etype_s = optarg; break;
     case O_SEED:
       errno = 0;
       seed = strtoull(optarg, &end, 0);
-      if (*end || errno) { cli_fail("--seed: expected an integer, got '%s'", optarg); return 2; }
+      if (end == optarg || *end || errno) { cli_fail("--seed: expected an integer, got '%s'", optarg); return 2; }
       break;
     case O_TOK: tok_path = optarg; break;
     case 't':
-      n_threads = strtoll(optarg, &end, 10);
-      if (*end || n_threads < 1 || n_threads > 1024) { cli_fail("--threads: expected 1..1024, got '%s'", optarg); return 2; }
+      if (!cli_parse_int(optarg, 1, 1024, &n_threads)) { cli_fail("--threads: expected 1..1024, got '%s'", optarg); return 2; }
       break;
     case O_SET:
       if (n_sets == (int)(sizeof sets / sizeof sets[0])) { cli_fail("--set: too many"); return 2; }

@@ -1,10 +1,21 @@
 /* floe: command-line entry point. Dispatches to the subcommands in src/cli/cmd_*.c. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "floe.h"
+
+bool cli_parse_int(const char *s, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (end == s || *end || errno == ERANGE || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
 
 int cli_fail(const char *fmt, ...) {
   va_list ap;
