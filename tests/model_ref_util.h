@@ -36,27 +36,11 @@
 #include "format/st_writer.h"
 #include "model/model.h"
 #include "quant/quant.h"
-
-static inline char *ru_read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-    free(b);
-    b = NULL;
-  }
-  fclose(f);
-  if (b) b[n] = 0;
-  if (len) *len = (size_t)n;
-  return b;
-}
+#include "test.h"
 
 static inline int ru_copy_file(const char *from, const char *to) {
   size_t n;
-  char *b = ru_read_all(from, &n);
+  char *b = test_read_all(from, &n);
   if (!b) return -1;
   FILE *f = fopen(to, "wb");
   int rc = f && fwrite(b, 1, n, f) == n ? 0 : -1;
@@ -267,10 +251,10 @@ static inline void ru_compare(const model *m, const char *ref_dir, int kv, bool 
   char path[1200], err[256];
   memset(res, 0, sizeof *res);
   snprintf(path, sizeof path, "%s/meta.json", ref_dir);
-  char *js = ru_read_all(path, NULL);
+  char *js = test_read_all(path, NULL);
   snprintf(path, sizeof path, "%s/logits.bin", ref_dir);
   size_t lbytes = 0;
-  float *ref = (float *)ru_read_all(path, &lbytes);
+  float *ref = (float *)test_read_all(path, &lbytes);
   cJSON *meta = js ? cJSON_Parse(js) : NULL;
   res->rc = -1;
   if (!meta || !ref) goto done;

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
+
 static int test_passed, test_failed;
 
 #define CHECK(cond, ...)                                                             \
@@ -35,6 +37,14 @@ static inline const char *test_fixture(const char *name) {
   char *b = buf[k++ & 3];
   snprintf(b, sizeof buf[0], "%s/%s", dir ? dir : "tests/fixtures", name);
   return b;
+}
+
+/* Whole file, malloc'ed and NUL-terminated (floe_read_file, up to 1 GiB); NULL when it cannot be
+ * read. len may be NULL. */
+static inline char *test_read_all(const char *path, size_t *len) {
+  char *buf = NULL, err[256];
+  if (floe_read_file(path, (size_t)1 << 30, &buf, len, err, sizeof err) != 0) return NULL;
+  return buf;
 }
 
 /* A scratch path under $FLOE_TMP (or /tmp). */

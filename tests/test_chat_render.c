@@ -7,19 +7,6 @@
 #include "test.h"
 #include "tok/chat.h"
 
-static char *read_all(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long sz = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)sz + 1);
-  if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
-  fclose(f);
-  if (b) { b[sz] = 0; *n = (size_t)sz; }
-  return b;
-}
-
 static const char *jstr(const cJSON *o, const char *k) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
   return cJSON_IsString(v) ? v->valuestring : NULL;
@@ -28,7 +15,7 @@ static const char *jstr(const cJSON *o, const char *k) {
 /* Renders conversation `idx` of the file to stdout. */
 static int render_one(const char *path, int idx) {
   size_t n;
-  char *buf = read_all(path, &n);
+  char *buf = test_read_all(path, &n);
   if (!buf) { fprintf(stderr, "cannot read %s\n", path); return 2; }
   cJSON *root = cJSON_ParseWithLength(buf, n);
   cJSON *conv = cJSON_GetArrayItem(root, idx);
@@ -171,7 +158,7 @@ int main(int argc, char **argv) {
     chat_format want[] = { CHAT_QWEN3, CHAT_QWEN35, CHAT_QWEN36 };
     for (int i = 0; i < 3; i++) {
       size_t n;
-      char *t = read_all(test_fixture(files[i]), &n);
+      char *t = test_read_all(test_fixture(files[i]), &n);
       chat_format f = (chat_format)-1;
       CHECK(t && chat_format_detect(t, &f) == 0 && f == want[i], "detect %s", files[i]);
       free(t);

@@ -352,7 +352,7 @@ int main(int argc, char **argv) {
 
   SECTION("greedy continuations vs the golden references (golden.json \"source\" says which)");
   size_t jl = 0;
-  char *js = ru_read_all(test_fixture("default_model/golden.json"), &jl);
+  char *js = test_read_all(test_fixture("default_model/golden.json"), &jl);
   cJSON *g = js ? cJSON_Parse(js) : NULL;
   CHECK(g != NULL, "golden.json readable");
   const cJSON *prompts = g ? cJSON_GetObjectItem(g, "prompts") : NULL;

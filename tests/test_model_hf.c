@@ -30,23 +30,6 @@
 
 #define ABS_TOL 2e-4f
 
-static char *read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-    free(b);
-    b = NULL;
-  }
-  fclose(f);
-  if (b) b[n] = 0;
-  if (len) *len = (size_t)n;
-  return b;
-}
-
 static int argmax(const float *x, int64_t n) {
   int64_t b = 0;
   for (int64_t i = 1; i < n; i++)
@@ -85,10 +68,10 @@ static void test_model(const char *name) {
   CHECK(rc == 0, "%s: load: %s", name, rc ? err : "ok");
   if (rc) return;
   snprintf(path, sizeof path, "models/%s/meta.json", name);
-  char *js = read_all(test_fixture(path), NULL);
+  char *js = test_read_all(test_fixture(path), NULL);
   snprintf(path, sizeof path, "models/%s/logits.bin", name);
   size_t lbytes = 0;
-  float *ref = (float *)read_all(test_fixture(path), &lbytes);
+  float *ref = (float *)test_read_all(test_fixture(path), &lbytes);
   cJSON *meta = js ? cJSON_Parse(js) : NULL;
   CHECK(meta && ref, "%s: fixture files readable", name);
   if (!meta || !ref) goto done;

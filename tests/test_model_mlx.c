@@ -166,7 +166,7 @@ static void test_bad_config(void) {
   snprintf(dir, sizeof dir, "%s", test_tmp("mlx_bad_bits"));
   mkdir(dir, 0755);
   snprintf(path, sizeof path, "%s/config.json", src);
-  char *js = ru_read_all(path, NULL);
+  char *js = test_read_all(path, NULL);
   cJSON *c = js ? cJSON_Parse(js) : NULL;
   if (!c) {
     CHECK(0, "read %s", path);

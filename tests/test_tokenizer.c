@@ -11,19 +11,6 @@
 
 #include <cjson/cJSON.h>
 
-static char *read_all(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long sz = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)sz + 1);
-  if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
-  fclose(f);
-  if (b) { b[sz] = 0; *n = (size_t)sz; }
-  return b;
-}
-
 static const char *SEP = "\n__ggml_vocab_test__\n";
 
 /* Splits the .inp file into cases (pointers into buf, NUL-terminated in place). */
@@ -108,7 +95,7 @@ static void check_case(const tok_vocab *t, const char *label, int idx, const cha
 
 static void run_json_vectors(const tok_vocab *t, const char *file, const char *label) {
   size_t n;
-  char *buf = read_all(test_fixture(file), &n);
+  char *buf = test_read_all(test_fixture(file), &n);
   CHECK(buf != NULL, "read %s", file);
   if (!buf) return;
   cJSON *root = cJSON_ParseWithLength(buf, n);
@@ -129,8 +116,8 @@ static void run_json_vectors(const tok_vocab *t, const char *file, const char *l
 
 static void run_llama_vectors(const tok_vocab *t, const char *label) {
   size_t n1, n2;
-  char *inp = read_all(test_fixture("vocab/ggml-vocab-qwen2.gguf.inp"), &n1);
-  char *out = read_all(test_fixture("vocab/ggml-vocab-qwen2.gguf.out"), &n2);
+  char *inp = test_read_all(test_fixture("vocab/ggml-vocab-qwen2.gguf.inp"), &n1);
+  char *out = test_read_all(test_fixture("vocab/ggml-vocab-qwen2.gguf.out"), &n2);
   CHECK(inp && out, "read qwen2 .inp/.out");
   if (!inp || !out) { free(inp); free(out); return; }
   char *cases[128];
@@ -194,7 +181,7 @@ static int write_gguf(const tok_vocab *t, const char *json_path, const char *pat
     else { toks[i] = malloc(l + 1); memcpy(toks[i], p, l); toks[i][l] = 0; }
   }
   size_t jn;
-  char *js = read_all(json_path, &jn);
+  char *js = test_read_all(json_path, &jn);
   cJSON *root = cJSON_ParseWithLength(js, jn);
   const cJSON *merges = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "model"), "merges");
   int nm = cJSON_GetArraySize(merges);
@@ -376,7 +363,7 @@ int main(void) {
   SECTION("qwen35 regex (combining marks) on the Qwen3 vocabulary");
   {
     size_t n;
-    char *js = read_all(json_path, &n);
+    char *js = test_read_all(json_path, &n);
     /* the regex as it appears JSON-escaped in the file */
     const char *q2 = "[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+";
     const char *q35 = "[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?[\\\\p{L}\\\\p{M}]+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{M}\\\\p{N}]+";
@@ -391,7 +378,7 @@ int main(void) {
       run_json_vectors(t35, "tokenizer/tok-vectors-qwen35re.json", "js-qwen35re");
       /* the difference itself: with \p{M} in the letter classes a combining mark stays in its word */
       size_t nv;
-      char *vb = read_all(test_fixture("tokenizer/tok-vectors-qwen35re.json"), &nv);
+      char *vb = test_read_all(test_fixture("tokenizer/tok-vectors-qwen35re.json"), &nv);
       cJSON *vr = vb ? cJSON_ParseWithLength(vb, nv) : NULL;
       int differ = 0, marks = 0;
       for (const cJSON *c = cJSON_GetObjectItemCaseSensitive(vr, "cases") ? cJSON_GetObjectItemCaseSensitive(vr, "cases")->child : NULL; c; c = c->next) {
@@ -464,7 +451,7 @@ int main(void) {
       CHECK(rc < 0 && !tb, "rejects hostile json %zu: %s", k, err);
     }
     size_t n;
-    char *js = read_all(json_path, &n);
+    char *js = test_read_all(json_path, &n);
     /* a merge whose parts exist but whose result does not / an id far out of range */
     char *m1 = replace_once(js, "[\"\xc4\xa0\",\"\xc4\xa0\"]", "[\"\xc4\xa0\",\"\\u0001\"]");
     char *m2 = replace_once(js, "\"id\":151645", "\"id\":99999999999");
@@ -485,7 +472,7 @@ int main(void) {
   SECTION("speed: a ~100k-token prompt");
   {
     size_t n1;
-    char *inp = read_all(test_fixture("vocab/ggml-vocab-qwen2.gguf.inp"), &n1);
+    char *inp = test_read_all(test_fixture("vocab/ggml-vocab-qwen2.gguf.inp"), &n1);
     tok_buf big = {0};
     while (big.n < 420000) tok_buf_append(&big, inp, n1);
     /* plus one pathological pre-token: 20k letters without a break */
