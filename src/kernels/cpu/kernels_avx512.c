@@ -75,6 +75,16 @@ __attribute__((constructor)) static void kpf_from_env(void) {
   if (e) KPF = atoi(e);
 }
 
+/* Prefetch address for byte y of a row of rb bytes. Rows are read in pairs (r, r+1), two streams
+ * in lock-step. Plain "row + y + KPF" breaks when rb > KPF - rb/2: row r's prefetches land in row
+ * r+1 right where the other stream is reading (useless), and row r+1 is never fetched ahead
+ * (Q8_0 2048x4096, rb = 4352 > 4096: 75 % of bandwidth). Skipping the partner row (+ rb once the
+ * target leaves the own row) keeps every stream KPF bytes ahead in rows r+2, r+3. */
+static inline const char *pf_at(const uint8_t *row, int64_t y, size_t rb, int RR) {
+  const int64_t t = y + KPF;
+  return (const char *)row + t + (RR == 2 && t >= (int64_t)rb ? (int64_t)rb : 0);
+}
+
 static inline float red16(__m512 v) {
   __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -158,8 +168,9 @@ static inline __attribute__((always_inline)) void a32_rows(const int T, const in
     for (int rr = 0; rr < RR; rr++) {
       const uint8_t *row = kw_row(W, r + rr);
       if (KPF) {
-        _mm_prefetch((const char *)row + k * bytes + KPF, KPF_HINT);
-        _mm_prefetch((const char *)row + k * bytes + KPF + 64, KPF_HINT);
+        const char *pf = pf_at(row, k * bytes, W->row_bytes, RR);
+        _mm_prefetch(pf, KPF_HINT);
+        _mm_prefetch(pf + 64, KPF_HINT);
       }
       float d0, d1 = 0;
       __m256i w0 = a32_dec(T, row + k * bytes, &d0);
@@ -274,9 +285,10 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     for (int rr = 0; rr < RR; rr++) {
     const uint8_t *bk = kw_row(W, r + rr) + k * bytes;
     if (KPF) {
-      _mm_prefetch((const char *)bk + KPF, KPF_HINT);
-      _mm_prefetch((const char *)bk + KPF + 64, KPF_HINT);
-      _mm_prefetch((const char *)bk + KPF + 128, KPF_HINT);
+      const char *pf = pf_at(kw_row(W, r + rr), k * bytes, W->row_bytes, RR);
+      _mm_prefetch(pf, KPF_HINT);
+      _mm_prefetch(pf + 64, KPF_HINT);
+      _mm_prefetch(pf + 128, KPF_HINT);
     }
     __m512i w[4], sv[4];
     __m256i aux = _mm256_setzero_si256(); /* mins (Q4_K/Q5_K) or scales (Q6_K) as int16, for bsum */
@@ -489,7 +501,7 @@ static inline __attribute__((always_inline)) void mlx_rows(const int BITS, const
     for (int rr = 0; rr < RR; rr++) {
     const uint8_t *scl = sclp[rr];
     const uint8_t *cb = rowp[rr] + c * BITS / 8;
-    if (KPF) _mm_prefetch((const char *)cb + KPF, KPF_HINT);
+    if (KPF) _mm_prefetch(pf_at(rowp[rr], c * BITS / 8, W->row_bytes, RR), KPF_HINT);
     __m512i lo, hi = _mm512_setzero_si512();
     if (BITS == 4) {
       __m512i q = full ? _mm512_loadu_si512(cb) : _mm512_maskz_loadu_epi8((__mmask64)((1ull << (rem / 2)) - 1), cb);
