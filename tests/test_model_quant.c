@@ -17,10 +17,14 @@
  *    agreement as low as 1/64). A loose check by nature; the exact path above is the oracle.
  *  - The fixtures' rows are 16..128 wide, so `--type q4_k` falls back as llama-quantize does
  *    (q4_K needs rows of 256): Q5_0 for rows of 32/64/96/128, F16 for the 16-wide expert down_proj.
- *    Q4_K itself is exercised on model shapes by test_synth / the kernel tests, not here.
+ *    Q4_K itself is checked against HF by the fixture qwen35moe_k: a 2-layer Qwen3.5-MoE (one
+ *    GatedDeltaNet, one gated attention; 8 experts top-2) whose every matrix row is 256 wide, made by
+ *    tools/reference/make_random_hf.py (seeded, pure Python) and shipped only as its `floe convert
+ *    --type q4_K` GGUF (every matrix Q4_K, 2.4 MiB) plus HF's logits on its dequantized weights.
  *
  * `test_model_quant --make-refs DIR` writes the dequantized HF directories DIR/<name>_<q> that
- * tools/reference/make_fixtures.py --from-dir turns into the references (see the README there). */
+ * tools/reference/make_fixtures.py --from-dir turns into the references (see the README there);
+ * `test_model_quant --make-refs-k HF_DIR DIR` does the same for make_random_hf.py's model (Q4_K). */
 #include "model_ref_util.h"
 #include "test.h"
 
@@ -54,6 +58,70 @@ static int make_refs(const char *out) {
     printf("wrote %s\n", dst);
   }
   return 0;
+}
+
+/* The shipped Q4_K GGUF of qwen35moe_k (no fallback tensors: every matrix is Q4_K). */
+static void test_k(void) {
+  char path[1024], ref[1024], err[256];
+  SECTION("qwen35moe_k: Q4_K on every matrix vs HF on the dequantized weights");
+  snprintf(path, sizeof path, "%s", test_fixture("models/qwen35moe_k/model-q4_k.gguf"));
+  snprintf(ref, sizeof ref, "%s", test_fixture("models/qwen35moe_k/ref_q4_k"));
+  model *m = NULL;
+  int rc = model_load(path, &m, err, sizeof err);
+  CHECK(rc == 0, "qwen35moe_k: load: %s", rc ? err : "ok");
+  if (rc) return;
+  int64_t nq = 0, nmat = 0;
+  for (int64_t l = 0; l < m->hp.n_layer; l++) {
+    const model_layer *L = &m->layers[l];
+    const floe_mat *mats[] = { &L->exp_gate[0], &L->exp_down[0], &L->sh_down, L->wo.data ? &L->wo : &L->ssm_out };
+    for (size_t i = 0; i < sizeof mats / sizeof *mats; i++, nmat++) nq += mats[i]->type == FLOE_TYPE_Q4_K;
+  }
+  nq += m->output.type == FLOE_TYPE_Q4_K;
+  nmat++;
+  CHECK(nq == nmat, "experts, shared expert, attention / GatedDeltaNet output and lm_head are Q4_K (%lld/%lld)",
+        (long long)nq, (long long)nmat);
+  ru_result r;
+  ru_compare(m, ref, KV_F32, true, &r);
+  printf("  qwen35moe_k q4_k: max|logit - HF(deq)| = %.3g over %lld positions; argmax equal %lld/%lld; greedy %lld/%lld\n",
+         r.max_abs, (long long)r.n_pos, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match,
+         (long long)r.greedy_n);
+  CHECK(r.rc == 0 && r.n_pos > 0, "qwen35moe_k: reference %s readable", ref);
+  CHECK(r.max_abs <= ABS_TOL, "qwen35moe_k: exact float path within %.0e of HF (got %.3g)", ABS_TOL, r.max_abs);
+  CHECK(r.argmax_same == r.n_pos, "qwen35moe_k: argmax equal at every position (%lld/%lld)", (long long)r.argmax_same,
+        (long long)r.n_pos);
+  CHECK(r.greedy_match == r.greedy_n || r.margin_at_div < MARGIN,
+        "qwen35moe_k: greedy tokens equal to HF's (%lld/%lld; HF margin at the first difference %.3g)",
+        (long long)r.greedy_match, (long long)r.greedy_n, r.margin_at_div);
+  ru_compare(m, ref, KV_F32, false, &r);
+  printf("  qwen35moe_k q4_k quantized activations (VNNI): max %.3g, mean %.3g; argmax equal %lld/%lld; greedy %lld/%lld\n",
+         r.max_abs, r.mean_abs, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match,
+         (long long)r.greedy_n);
+  CHECK(r.rc == 0 && r.mean_abs <= ACT_MEAN_TOL, "qwen35moe_k: quantized-activation path mean |d| %.3g <= %.2g",
+        r.mean_abs, ACT_MEAN_TOL);
+  /* row-exact on Q4_K in the speed mode (VNNI kernels, BF16 KV, 2 threads): one batch of 80 tokens
+   * = the same tokens one at a time, bit for bit */
+  enum { NT = 80 };
+  const int64_t V = m->hp.n_vocab;
+  int32_t toks[NT];
+  for (int i = 0; i < NT; i++) toks[i] = (int32_t)((i * 197 + 31) % V);
+  float *lb = malloc((size_t)NT * V * sizeof(float)), *ls = malloc((size_t)NT * V * sizeof(float));
+  model_session *s1 = NULL, *s2 = NULL;
+  rc = model_session_new(m, 256, KV_BF16, 2, &s1, err, sizeof err) || model_session_new(m, 256, KV_BF16, 1, &s2, err, sizeof err);
+  CHECK(rc == 0 && lb && ls, "qwen35moe_k: sessions: %s", rc ? err : "ok");
+  if (rc == 0 && lb && ls) {
+    model_session_set_exact(s1, false);
+    model_session_set_exact(s2, false);
+    rc = model_eval(s1, toks, NT, lb, true, err, sizeof err);
+    for (int i = 0; i < NT && rc == 0; i++) rc = model_eval(s2, &toks[i], 1, ls + (size_t)i * V, false, err, sizeof err);
+    CHECK(rc == 0, "qwen35moe_k: eval: %s", rc ? err : "ok");
+    CHECK(rc == 0 && !memcmp(lb, ls, (size_t)NT * V * sizeof(float)),
+          "qwen35moe_k: Q4_K VNNI path, 80-token batch (2 threads) bit-identical to 80 single steps (1 thread)");
+  }
+  model_session_free(s1);
+  model_session_free(s2);
+  free(lb);
+  free(ls);
+  model_free(m);
 }
 
 static void test_one(const char *name, const char *q, int type) {
@@ -101,7 +169,14 @@ static void test_one(const char *name, const char *q, int type) {
 
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--make-refs")) return make_refs(argv[2]);
+  if (argc == 4 && !strcmp(argv[1], "--make-refs-k")) {
+    char dst[1024];
+    mkdir(argv[3], 0755);
+    snprintf(dst, sizeof dst, "%s/qwen35moe_k_q4_k", argv[3]);
+    return ru_make_gguf_deq(argv[2], dst, FLOE_TYPE_Q4_K) ? 1 : 0;
+  }
   for (size_t i = 0; i < 3; i++)
     for (size_t k = 0; k < 2; k++) test_one(MODELS[i], QT[k].q, QT[k].type);
+  test_k();
   return TEST_DONE();
 }
