@@ -86,8 +86,9 @@ static void print_tokenizer(const gguf_file *g) {
   gguf_get_str(g, "tokenizer.ggml.pre", &pre);
   gguf_get_arr(g, "tokenizer.ggml.tokens", &at, &n_tok);
   gguf_get_arr(g, "tokenizer.ggml.merges", &at, &n_merges);
-  printf("tokenizer              %.*s, pre %.*s, %llu tokens, %llu merges", (int)model.len, model.ptr,
-         pre.len ? (int)pre.len : 1, pre.len ? pre.ptr : "-", (unsigned long long)n_tok,
+  char sm[64], sp[64];
+  printf("tokenizer              %s, pre %s, %llu tokens, %llu merges", floe_show_n(sm, sizeof sm, model.ptr, model.len),
+         pre.len ? floe_show_n(sp, sizeof sp, pre.ptr, pre.len) : "-", (unsigned long long)n_tok,
          (unsigned long long)n_merges);
   uint32_t id;
   if (gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &id) == 0) printf(", eos %u", id);
@@ -210,14 +211,16 @@ int cmd_info(int argc, char **argv) {
   printf("format                 GGUF v%u, %llu metadata keys, %llu tensors, alignment %llu\n", g->version,
          (unsigned long long)g->n_kv, (unsigned long long)g->n_tensors, (unsigned long long)g->alignment);
   gguf_str name;
-  if (gguf_get_str(g, "general.name", &name) == 0) printf("name                   %.*s\n", (int)name.len, name.ptr);
+  char shown[128];
+  if (gguf_get_str(g, "general.name", &name) == 0)
+    printf("name                   %s\n", floe_show_n(shown, sizeof shown, name.ptr, name.len));
 
   floe_hparams hp;
   gguf_str arch;
   if (gguf_get_str(g, "general.architecture", &arch) != 0) {
     printf("architecture           (none: not a model file)\n");
   } else if (model_hparams_from_gguf(g, &hp, err, sizeof err) != 0) {
-    printf("architecture           %.*s (%s)\n", (int)arch.len, arch.ptr, err);
+    printf("architecture           %s (%s)\n", floe_show_n(shown, sizeof shown, arch.ptr, arch.len), err);
   } else {
     print_hparams(&hp);
   }
@@ -236,7 +239,7 @@ int cmd_info(int argc, char **argv) {
       n_by_type[t->type]++;
     }
     char nm[256];
-    snprintf(nm, sizeof nm, "%.*s", (int)(t->name.len < 255 ? t->name.len : 255), t->name.ptr);
+    floe_show_n(nm, sizeof nm, t->name.ptr, t->name.len);
     if (strstr(nm, "_exps.")) experts += t->size;
     if (mtp_prefix[0] && !strncmp(nm, mtp_prefix, strlen(mtp_prefix))) mtp += t->size;
   }

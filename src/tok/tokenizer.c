@@ -380,19 +380,20 @@ static int build_pieces(tok_vocab *t, const raw_tok *toks, const uint8_t *types,
 /* Stage 2: merges. a/b are byte-level texts. */
 static int add_merge(tok_vocab *t, int32_t rank, const char *a, size_t na, const char *b, size_t nb, char *scratch,
                      const char *name, char *err, size_t errlen) {
+  char sa[48], sb[48];
   int64_t la = bytelevel_decode(a, na, scratch);
   int64_t lb = la < 0 ? -1 : bytelevel_decode(b, nb, scratch + la);
   if (la < 0 || lb < 0)
-    return floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%.*s %.*s' is not byte-level text", name, (int)rank,
-                    (int)(na > 40 ? 40 : na), a, (int)(nb > 40 ? 40 : nb), b);
+    return floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%s %s' is not byte-level text", name, (int)rank,
+                    floe_show_n(sa, sizeof sa, a, na), floe_show_n(sb, sizeof sb, b, nb));
   int32_t ia = norm_find(t, scratch, (size_t)la), ib = norm_find(t, scratch + la, (size_t)lb);
   if (ia < 0 || ib < 0)
-    return floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%.*s %.*s' references a token not in the vocabulary",
-                    name, (int)rank, (int)(na > 40 ? 40 : na), a, (int)(nb > 40 ? 40 : nb), b);
+    return floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%s %s' references a token not in the vocabulary", name, (int)rank,
+                    floe_show_n(sa, sizeof sa, a, na), floe_show_n(sb, sizeof sb, b, nb));
   int32_t r = norm_find(t, scratch, (size_t)(la + lb));
   if (r < 0)
-    return floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%.*s %.*s' makes a token not in the vocabulary", name,
-                    (int)rank, (int)(na > 40 ? 40 : na), a, (int)(nb > 40 ? 40 : nb), b);
+    return floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%s %s' makes a token not in the vocabulary", name, (int)rank,
+                    floe_show_n(sa, sizeof sa, a, na), floe_show_n(sb, sizeof sb, b, nb));
   merge_insert(t, ia, ib, rank, r);
   return 0;
 }
@@ -438,16 +439,21 @@ int tok_load_gguf(const gguf_file *g, tok_vocab **out, char *err, size_t errlen)
   if (gguf_get_str(g, "tokenizer.ggml.model", &model))
     return floe_err(err, errlen, FLOE_E_NOTFOUND, "%s: no tokenizer (tokenizer.ggml.model missing)", name);
   if (!gguf_str_eq(model, "gpt2"))
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: tokenizer model '%.*s' is not supported (only gpt2 byte-level BPE)",
-                    name, (int)(model.len > 40 ? 40 : model.len), model.ptr);
+  {
+    char sm[48];
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: tokenizer model '%s' is not supported (only gpt2 byte-level BPE)",
+                    name, floe_show_n(sm, sizeof sm, model.ptr, model.len));
+  }
   int pre = TOK_PRE_QWEN2;
   gguf_str ps;
   if (gguf_get_str(g, "tokenizer.ggml.pre", &ps) == 0) {
     if (gguf_str_eq(ps, "qwen2")) pre = TOK_PRE_QWEN2;
     else if (gguf_str_eq(ps, "qwen35")) pre = TOK_PRE_QWEN35;
-    else
-      return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: pre-tokenizer '%.*s' is not supported (qwen2, qwen35)", name,
-                      (int)(ps.len > 40 ? 40 : ps.len), ps.ptr);
+    else {
+      char sp[48];
+      return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (qwen2, qwen35)", name,
+                      floe_show_n(sp, sizeof sp, ps.ptr, ps.len));
+    }
   }
   uint32_t at;
   uint64_t n;
@@ -491,8 +497,9 @@ int tok_load_gguf(const gguf_file *g, tok_vocab **out, char *err, size_t errlen)
     gguf_str m = mv->strs[i];
     const char *sp = memchr(m.ptr, ' ', m.len);
     if (!sp || sp == m.ptr || sp + 1 == m.ptr + m.len || memchr(sp + 1, ' ', (size_t)(m.ptr + m.len - sp - 1))) {
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %llu '%.*s' is not of the form 'a b'", name, (unsigned long long)i,
-                    (int)(m.len > 40 ? 40 : m.len), m.ptr);
+      char sm[48];
+      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %llu '%s' is not of the form 'a b'", name, (unsigned long long)i,
+                    floe_show_n(sm, sizeof sm, m.ptr, m.len));
       goto fail;
     }
     size_t na = (size_t)(sp - m.ptr), nb = (size_t)(m.len - na - 1);
