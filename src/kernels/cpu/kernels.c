@@ -156,6 +156,10 @@ void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
       break;
     }
     case KACT_MLX: {
+      if (act_q8 == kern_act_q8_avx512) {
+        kern_act_mlx_avx512(W, x, xq);
+        break;
+      }
       const int g = W->mlx.group;
       float *s = (float *)(xq + L.off_s);
       int8_t *nat = malloc((size_t)L.nq);

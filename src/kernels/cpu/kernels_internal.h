@@ -235,6 +235,8 @@ void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, co
 
 /* kernels.c act_q8 (n % 16 == 0), bit-identical, AVX-512 */
 float kern_act_q8_avx512(const float *x, int n, int8_t *q);
+/* kernels.c kern_act_quantize for MLX 4/8-bit weights, bit-identical, AVX-512 */
+void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq);
 
 /* Pointers of a weight row and its MLX scales/biases. */
 static inline const uint8_t *kw_row(const floe_mat *W, int64_t r) {
