@@ -20,6 +20,7 @@
  * Decode floors (35B-A3B shape, Q4_K, 8 layers, 2 threads): see bench/results.tsv and
  * layer_decode_bytes(); the weights read per token are ~0.56 GB, half of them the output matrix. */
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,97 @@
 #else
 #define VEC_FN
 #endif
+
+/* ---- dispatch of parallel regions ----
+ * A decoded token has ~60 parallel regions separated by short serial steps (norms, top-k, the
+ * residual adds). The pool's workers spin ~25 us before sleeping, and a sleeping worker takes tens
+ * of microseconds to wake (more in a VM), so every serial step longer than the spin cost one late
+ * start. layer_spin_eval therefore holds the workers inside one pool run for a whole evaluation:
+ * they spin on a generation counter for the regions the caller publishes with layer_run (and yield
+ * the CPU after a while, so an oversubscribed machine still progresses). Only the scheduling
+ * changes: every region calls fn(ctx, ith, nth) exactly as floe_pool_run would. */
+typedef struct layer_spin {
+  _Alignas(64) uint64_t gen;  /* incremented per region */
+  int quit;                   /* the evaluation is over */
+  int active;
+  floe_pool_fn fn;
+  void *ctx;
+  _Alignas(64) int pending;   /* workers still running the current region */
+  _Alignas(64) void (*body)(void *);
+  void *arg;
+  model_session *s;
+} layer_spin;
+
+#define SPIN_YIELD 20000 /* pauses (~13 ns each here) before each wait starts yielding the CPU */
+
+static void spin_wait_step(long *i) {
+  if (++*i < SPIN_YIELD) __builtin_ia32_pause();
+  else sched_yield();
+}
+
+static void spin_main(void *ctx, int ith, int nth) {
+  layer_spin *sp = ctx;
+  if (ith == 0) {
+    sp->body(sp->arg);
+    __atomic_store_n(&sp->quit, 1, __ATOMIC_RELEASE);
+    return;
+  }
+  uint64_t seen = 0;
+  for (long i = 0;;) {
+    const uint64_t g = __atomic_load_n(&sp->gen, __ATOMIC_ACQUIRE);
+    if (g != seen) {
+      seen = g;
+      sp->fn(sp->ctx, ith, nth);
+      __atomic_sub_fetch(&sp->pending, 1, __ATOMIC_ACQ_REL);
+      i = 0;
+    } else if (__atomic_load_n(&sp->quit, __ATOMIC_ACQUIRE)) {
+      return;
+    } else {
+      spin_wait_step(&i);
+    }
+  }
+}
+
+/* floe_pool_run(s->pool, fn, ctx), through the spinning workers when an evaluation holds them. */
+static void layer_run(model_session *s, floe_pool_fn fn, void *ctx) {
+  layer_spin *sp = s->spin;
+  if (!sp || !sp->active) {
+    floe_pool_run(s->pool, fn, ctx);
+    return;
+  }
+  const int nth = floe_pool_size(s->pool);
+  sp->fn = fn;
+  sp->ctx = ctx;
+  __atomic_store_n(&sp->pending, nth - 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&sp->gen, 1, __ATOMIC_ACQ_REL);
+  fn(ctx, 0, nth);
+  for (long i = 0; __atomic_load_n(&sp->pending, __ATOMIC_ACQUIRE);) spin_wait_step(&i);
+}
+
+int layer_spin_eval(model_session *s, void (*body)(void *arg), void *arg) {
+  if (!s->pool || floe_pool_size(s->pool) < 2) {
+    body(arg);
+    return 0;
+  }
+  if (!s->spin && !(s->spin = floe_aligned_alloc(64, sizeof(layer_spin)))) {
+    body(arg);
+    return FLOE_E_NOMEM;
+  }
+  layer_spin *sp = s->spin;
+  memset(sp, 0, sizeof *sp);
+  sp->body = body;
+  sp->arg = arg;
+  sp->s = s;
+  sp->active = 1;
+  floe_pool_run(s->pool, spin_main, sp); /* publishes the reset fields to the workers */
+  sp->active = 0;
+  return 0;
+}
+
+void layer_spin_free(model_session *s) {
+  floe_aligned_free(s->spin);
+  s->spin = NULL;
+}
 
 /* ---- matmul tasks ---- */
 typedef struct mm_task {
@@ -99,7 +191,7 @@ static void mm_run(model_session *s, const mm_task *t, int n) {
       rows += t[i].W->rows;
     }
   if (L.total == 0) return;
-  if (s->pool && floe_pool_size(s->pool) > 1 && rows >= 64) floe_pool_run(s->pool, mm_list_worker, &L);
+  if (s->pool && floe_pool_size(s->pool) > 1 && rows >= 64) layer_run(s, mm_list_worker, &L);
   else
     for (int i = 0; i < n; i++)
       if (t[i].nb > 0) task_rows(&t[i], 0, t[i].W->rows);
@@ -139,7 +231,7 @@ static const uint8_t *act_prep(model_session *s, uint8_t *buf, const floe_mat *W
   if (!ab || ab > s->xq_row) return NULL;
   *stride = ab;
   aq_job j = { W, X, ldx, buf, ab, nb };
-  if (s->pool && floe_pool_size(s->pool) > 1 && nb >= 4) floe_pool_run(s->pool, aq_worker, &j);
+  if (s->pool && floe_pool_size(s->pool) > 1 && nb >= 4) layer_run(s, aq_worker, &j);
   else aq_worker(&j, 0, 1);
   return buf;
 }
@@ -167,8 +259,31 @@ void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *
 }
 
 /* ---- elementwise ---- */
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float siluf(float x) { return x / (1.0f + expf(-x)); }
+/* exp(x) in plain float arithmetic, so that loops over it vectorize (libm's expf is a call per
+ * element): 2^n * P(r), n = round(x / ln2), r = x - n*ln2 in two parts (n*LN2_HI is exact), P the
+ * Cephes degree-6 polynomial; within 1 ulp of libm expf on [-87, 88] (checked over every float).
+ * Below -87.3 it is 0, above 88 it is exp(88) (2^n stays a normal float); NaN stays NaN. Every clone of a VEC_FN loop and every
+ * caller (decode or prefill) computes the same bits: only +, -, *, a magic-constant rounding and
+ * integer exponent bits, with FMA contraction off. Used by the attention softmax and every
+ * sigmoid / SiLU; the router's softmax keeps libm (256 values per token). */
+static inline __attribute__((always_inline)) float vexpf(float x) {
+  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * (r * r) + r) + 1.0f;
+  const int32_t e = ((int32_t)n + 127) << 23;
+  float sc;
+  memcpy(&sc, &e, 4);
+  return x != x ? x : x < -87.3f ? 0.0f : p * sc;
+}
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + vexpf(-x)); }
+static inline float siluf(float x) { return x / (1.0f + vexpf(-x)); }
 static inline float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch threshold 20 */
 
 /* HF: x * rsqrt(mean(x^2) + eps), then times the weight (1+w folded in for zero-centred norms). */
@@ -218,57 +333,100 @@ static float *tscratch(model_session *s, int ith) { return s->tscr + (size_t)ith
 /* ---- full attention ---- */
 typedef struct attn_job {
   model_session *s;
-  int64_t l, n, pos0, qdim, kvd, grp, hd, nkv;
+  int64_t l, n, pos0, qdim, kvd, grp, hd, nkv, hsplit;
   bool gated;
   float scale;
 } attn_job;
 
-/* One (token t, kv head kh): the grp query heads that share kh read each cache row once. */
-static inline __attribute__((always_inline)) void attn_one(const attn_job *j, int64_t t, int64_t kh, float *scr) {
+/* One (token t, kv head kh, query heads [h0, h1) of its group): those heads read each cache row
+ * once. BF16 rows are widened inline (a shift), scores use dot16's fixed reduction, the softmax
+ * uses vexpf and a 16-lane sum, and each output element accumulates w_p * v_p in position order:
+ * the arithmetic of a head does not depend on which other heads share its unit, so the split of
+ * the group over threads (layer_attention) never changes a value. */
+static inline __attribute__((always_inline)) void attn_one(const attn_job *j, int64_t t, int64_t kh, int64_t h0,
+                                                           int64_t h1, float *scr) {
   model_session *s = j->s;
-  const int64_t hd = j->hd, grp = j->grp, np = j->pos0 + t + 1, nctx = s->kv.n_ctx;
-  const int64_t qstride = hd * (j->gated ? 2 : 1);
-  float *row = scr + grp * nctx, *mx = row + hd, *sum = mx + grp;
-  const float *q0 = s->q + t * j->qdim + kh * grp * qstride;
-  for (int64_t h = 0; h < grp; h++) mx[h] = -INFINITY;
+  const kv_state *kv = &s->kv;
+  const int64_t hd = j->hd, np = j->pos0 + t + 1, nctx = kv->n_ctx, ldkv = kv->kv_dim;
+  const int64_t qstride = hd * (j->gated ? 2 : 1), nh = h1 - h0;
+  const bool bf = kv->kv_type == KV_BF16;
+  float *row = scr + nh * nctx, *mx = row + hd;
+  const float *q0 = s->q + t * j->qdim + (kh * j->grp + h0) * qstride;
+  float *o0 = s->att + t * s->m->hp.n_head * hd + (kh * j->grp + h0) * hd;
+  for (int64_t h = 0; h < nh; h++) mx[h] = -INFINITY;
   for (int64_t p = 0; p < np; p++) {
-    const float *kr = kv_k_head(&s->kv, j->l, p, kh, hd, row);
-    for (int64_t h = 0; h < grp; h++) {
+    const float *kr;
+    if (bf) {
+      const uint16_t *src = (const uint16_t *)kv->k[j->l] + p * ldkv + kh * hd;
+      for (int64_t i = 0; i < hd; i++) {
+        const uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&row[i], &u, 4);
+      }
+      kr = row;
+    } else {
+      kr = (const float *)kv->k[j->l] + p * ldkv + kh * hd;
+    }
+    for (int64_t h = 0; h < nh; h++) {
       const float d = dotn(q0 + h * qstride, kr, hd) * j->scale;
       scr[h * nctx + p] = d;
-      if (d > mx[h]) mx[h] = d;
+      mx[h] = d > mx[h] ? d : mx[h];
     }
   }
-  for (int64_t h = 0; h < grp; h++) {
-    float *sc = scr + h * nctx, sm = 0.0f;
-    for (int64_t p = 0; p < np; p++) {
-      sc[p] = expf(sc[p] - mx[h]);
+  for (int64_t h = 0; h < nh; h++) {
+    float *sc = scr + h * nctx, acc[16] = { 0 };
+    const float m0 = mx[h];
+    const int64_t n16 = np / 16 * 16;
+    for (int64_t p = 0; p < n16; p += 16)
+      for (int i = 0; i < 16; i++) {
+        sc[p + i] = vexpf(sc[p + i] - m0);
+        acc[i] += sc[p + i];
+      }
+    float sm = 0.0f;
+    for (int i = 0; i < 16; i++) sm += acc[i];
+    for (int64_t p = n16; p < np; p++) {
+      sc[p] = vexpf(sc[p] - m0);
       sm += sc[p];
     }
-    sum[h] = sm;
-    memset(s->att + t * s->m->hp.n_head * hd + (kh * grp + h) * hd, 0, (size_t)hd * sizeof(float));
+    for (int64_t p = 0; p < np; p++) sc[p] = sc[p] / sm;
+    memset(o0 + h * hd, 0, (size_t)hd * sizeof(float));
   }
   for (int64_t p = 0; p < np; p++) {
-    const float *vr = kv_v_head(&s->kv, j->l, p, kh, hd, row);
-    for (int64_t h = 0; h < grp; h++) {
-      const float w = scr[h * nctx + p] / sum[h];
-      float *oh = s->att + t * s->m->hp.n_head * hd + (kh * grp + h) * hd;
+    const float *vr;
+    if (bf) {
+      const uint16_t *src = (const uint16_t *)kv->v[j->l] + p * ldkv + kh * hd;
+      for (int64_t i = 0; i < hd; i++) {
+        const uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&row[i], &u, 4);
+      }
+      vr = row;
+    } else {
+      vr = (const float *)kv->v[j->l] + p * ldkv + kh * hd;
+    }
+    for (int64_t h = 0; h < nh; h++) {
+      const float w = scr[h * nctx + p];
+      float *oh = o0 + h * hd;
       for (int64_t i = 0; i < hd; i++) oh[i] += w * vr[i];
     }
   }
   if (j->gated)
-    for (int64_t h = 0; h < grp; h++) {
+    for (int64_t h = 0; h < nh; h++) {
       const float *g = q0 + h * qstride + hd;
-      float *oh = s->att + t * s->m->hp.n_head * hd + (kh * grp + h) * hd;
+      float *oh = o0 + h * hd;
       for (int64_t i = 0; i < hd; i++) oh[i] *= sigmoidf(g[i]);
     }
 }
 
+/* Units are (token, kv head, part of its query-head group); hsplit parts per group. */
 VEC_FN static void attn_worker(void *ctx, int ith, int nth) {
   const attn_job *j = ctx;
+  const int64_t hs = j->hsplit, per = (j->grp + hs - 1) / hs;
   int64_t a0, a1;
-  floe_split_range(j->n * j->nkv, 1, ith, nth, &a0, &a1);
-  for (int64_t a = a0; a < a1; a++) attn_one(j, a / j->nkv, a % j->nkv, tscratch(j->s, ith));
+  floe_split_range(j->n * j->nkv * hs, 1, ith, nth, &a0, &a1);
+  for (int64_t a = a0; a < a1; a++) {
+    const int64_t t = a / (j->nkv * hs), kh = a / hs % j->nkv, h0 = a % hs * per;
+    const int64_t h1 = h0 + per < j->grp ? h0 + per : j->grp;
+    if (h1 > h0) attn_one(j, t, kh, h0, h1, tscratch(j->s, ith));
+  }
 }
 
 void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
@@ -302,8 +460,12 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
     kv_put(&s->kv, l, pos0 + t, k, s->v + t * kvd);
   }
 
-  attn_job aj = { s, l, n, pos0, qdim, kvd, nh / nkv, hd, nkv, gated, scale };
-  if (s->pool && floe_pool_size(s->pool) > 1 && n * nkv > 1) floe_pool_run(s->pool, attn_worker, &aj);
+  /* fewer (token, kv head) pairs than threads (decode with few kv heads): split the query heads */
+  const int nth = s->pool ? floe_pool_size(s->pool) : 1;
+  int64_t hsplit = 1;
+  while (n * nkv * hsplit < nth && hsplit < nh / nkv) hsplit++;
+  attn_job aj = { s, l, n, pos0, qdim, kvd, nh / nkv, hd, nkv, hsplit, gated, scale };
+  if (nth > 1 && n * nkv * hsplit > 1) layer_run(s, attn_worker, &aj);
   else attn_worker(&aj, 0, 1);
 
   layer_matmul(s, &L->wo, n, s->att, nh * hd, s->out, E);
@@ -451,7 +613,7 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
 
   gdn_job j = { s, L, l, n, C, K, Nk, Nv, dk, dv, r };
   const bool mt = s->pool && floe_pool_size(s->pool) > 1;
-  if (mt) floe_pool_run(s->pool, gdn_conv_worker, &j);
+  if (mt) layer_run(s, gdn_conv_worker, &j);
   else gdn_conv_worker(&j, 0, 1);
   for (int64_t t = 0; t < n; t++) { /* L2 norm (eps 1e-6), q scaled by dk^-0.5 */
     float *q = s->raw + t * C, *k = q + kd;
@@ -466,7 +628,7 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
       }
     }
   }
-  if (mt) floe_pool_run(s->pool, gdn_heads_worker, &j);
+  if (mt) layer_run(s, gdn_heads_worker, &j);
   else gdn_heads_worker(&j, 0, 1);
 
   layer_matmul(s, &L->ssm_out, n, s->o, vd, s->out, E);
@@ -592,7 +754,7 @@ static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const 
       if (n == 1) xs_actual_note(x, (int)l, s->sel, (int)K);
       stream_prefetch(s, l, n, xq_r, xs_r, xres);
       if (shared->nS > 0) { /* the shared expert while the routed experts are read */
-        if (mt && shared->nS >= 4) floe_pool_run(s->pool, glu_worker, (void *)shared);
+        if (mt && shared->nS >= 4) layer_run(s, glu_worker, (void *)shared);
         else glu_worker((void *)shared, 0, 1);
         mm_run(s, sh_down, 1);
       }
@@ -624,7 +786,7 @@ static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const 
       gj.nS = 0;
       gj.ridx = s->ridx;
       gj.dr = qd ? lay_d : NULL;
-      if (mt && nr >= 4) floe_pool_run(s->pool, glu_worker, &gj);
+      if (mt && nr >= 4) layer_run(s, glu_worker, &gj);
       else glu_worker(&gj, 0, 1);
       nt = 0;
       for (int i = 0; i < nG; i++) {
@@ -755,7 +917,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     mm_run(s, tk, nt);
 
     /* SiLU-GLU and the quantization of the down inputs (routed rows, then shared rows) */
-    if (mt && nA + gj.nS >= 4) floe_pool_run(s->pool, glu_worker, &gj);
+    if (mt && nA + gj.nS >= 4) layer_run(s, glu_worker, &gj);
     else glu_worker(&gj, 0, 1);
 
     nt = 0;

@@ -698,6 +698,7 @@ void model_session_free(model_session *s) {
   if (!s) return;
   kv_free(&s->kv);
   if (s->pool) floe_pool_free(s->pool);
+  layer_spin_free(s);
   floe_aligned_free(s->buf);
   free(s->sel);
   floe_aligned_free(s->xq_h);
@@ -821,11 +822,56 @@ int model_session_ckpt_list(const model_session *s, int64_t *pos, int cap) {
   return n;
 }
 
+typedef struct eval_job {
+  model_session *s;
+  const int32_t *tokens;
+  int64_t n;
+  float *logits;
+  bool all_logits;
+  char *err;
+  size_t errlen;
+  int rc;
+} eval_job;
+
+/* The layers and the logits of model_eval's validated tokens, chunk by chunk. */
+static void eval_chunks(void *arg) {
+  eval_job *j = arg;
+  model_session *s = j->s;
+  const model *m = s->m;
+  const floe_hparams *hp = &m->hp;
+  const int64_t E = hp->n_embd, V = hp->n_vocab, n = j->n;
+  const int32_t *tokens = j->tokens;
+  float *logits = j->logits, *x = s->x;
+  const bool all_logits = j->all_logits;
+  for (int64_t c0 = 0; c0 < n; c0 += MODEL_MAX_BATCH) {
+    const int64_t nb = n - c0 < MODEL_MAX_BATCH ? n - c0 : MODEL_MAX_BATCH;
+    const int64_t pos0 = s->kv.n_past;
+    for (int64_t t = 0; t < nb; t++) model_embed_row(m, tokens[c0 + t], x + t * E); /* any type, MLX included */
+    if (m->xs) xs_lock(m->xs);
+    s->xs_err = 0;
+    for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
+    if (s->xs_err) { /* an expert could not be read: the state is undefined, the caller resets */
+      if (m->xs) xs_unlock(m->xs);
+      j->rc = floe_err(j->err, j->errlen, s->xs_err, "%s", s->xs_msg);
+      return;
+    }
+    s->kv.n_past += nb;
+    if (logits) {
+      const double t0 = floe_time_s();
+      int64_t first = all_logits ? 0 : (c0 + nb == n ? nb - 1 : nb);
+      for (int64_t t = first; t < nb; t++) layer_rmsnorm(x + t * E, m->output_norm, E, hp->rms_eps, s->h + t * E);
+      float *dst = all_logits ? logits + c0 * V : logits;
+      if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
+      s->ph[MODEL_PH_LMHEAD] += floe_time_s() - t0;
+    }
+    if (m->xs) xs_unlock(m->xs); /* held through the logits: the stream times whole evaluations */
+  }
+}
+
 int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, char *err,
                size_t errlen) {
   const model *m = s->m;
-  const floe_hparams *hp = &m->hp;
-  const int64_t E = hp->n_embd, V = hp->n_vocab;
+  const int64_t V = m->hp.n_vocab;
   if (n < 1) return floe_err(err, errlen, FLOE_E_INVALID, "eval: no tokens");
   if (n > s->kv.n_ctx - s->kv.n_past)
     return floe_err(err, errlen, FLOE_E_INVALID, "eval: %lld tokens at position %lld do not fit the context of %lld",
@@ -840,33 +886,12 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
   const double t_start = floe_time_s();
   double t_phases = 0;
   for (int i = 0; i < MODEL_PH_N; i++) t_phases += s->ph[i];
-  float *x = s->x;
-  const floe_type_traits *ti = floe_type_info(m->tok_embd.type);
-  for (int64_t c0 = 0; c0 < n; c0 += MODEL_MAX_BATCH) {
-    const int64_t nb = n - c0 < MODEL_MAX_BATCH ? n - c0 : MODEL_MAX_BATCH;
-    const int64_t pos0 = s->kv.n_past;
-    for (int64_t t = 0; t < nb; t++) {
-      (void)ti;
-      model_embed_row(m, tokens[c0 + t], x + t * E); /* any type, MLX included */
-    }
-    if (m->xs) xs_lock(m->xs);
-    s->xs_err = 0;
-    for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
-    if (s->xs_err) { /* an expert could not be read: the state is undefined, the caller resets */
-      if (m->xs) xs_unlock(m->xs);
-      return floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
-    }
-    s->kv.n_past += nb;
-    if (logits) {
-      const double t0 = floe_time_s();
-      int64_t first = all_logits ? 0 : (c0 + nb == n ? nb - 1 : nb);
-      for (int64_t t = first; t < nb; t++) layer_rmsnorm(x + t * E, m->output_norm, E, hp->rms_eps, s->h + t * E);
-      float *dst = all_logits ? logits + c0 * V : logits;
-      if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
-      s->ph[MODEL_PH_LMHEAD] += floe_time_s() - t0;
-    }
-    if (m->xs) xs_unlock(m->xs); /* held through the logits: the stream times whole evaluations */
-  }
+  eval_job j = { s, tokens, n, logits, all_logits, err, errlen, 0 };
+  /* resident experts: the workers spin between the parallel regions of the whole evaluation;
+   * streaming waits on I/O inside layers, where spinning workers would only burn CPU */
+  if (!m->xs) layer_spin_eval(s, eval_chunks, &j);
+  else eval_chunks(&j);
+  if (j.rc) return j.rc;
   /* "other": whatever the timed phases did not cover (embedding, driver) */
   double t_now = 0;
   for (int i = 0; i < MODEL_PH_N; i++) t_now += s->ph[i];

@@ -149,6 +149,7 @@ struct model_session {
   const model *m;
   kv_state kv;
   floe_pool *pool;           /* NULL: single thread */
+  void *spin;                /* layers.c: the spinning dispatch of layer_spin_eval (own cache lines) */
   float *buf;                /* one arena for all scratch below */
   float *h, *out, *y;        /* [B][n_embd] */
   float *q, *k, *v, *att;    /* [B][...] attention */
@@ -297,4 +298,9 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
 void layer_gdn(model_session *s, int64_t l, float *x, int64_t n);
 /* MoE block (routed experts, plus the sigmoid-gated shared expert when present). x += moe(norm(x)). */
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n);
+/* Runs body(arg) on the calling thread while the session's other threads wait for its parallel
+ * regions by spinning instead of sleeping in the pool between them (see layers.c). 0 or
+ * FLOE_E_NOMEM (then body ran through the plain pool). */
+int layer_spin_eval(model_session *s, void (*body)(void *arg), void *arg);
+void layer_spin_free(model_session *s);
 #endif
