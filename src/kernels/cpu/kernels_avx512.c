@@ -52,10 +52,45 @@
  *                                                  mlx4 34.5/43.2  (1.3-1.95x)
  * Q4_K now costs ~17 cycles per superblock (about 32 vector uops / 2 ports): at the floor of this
  * kernel's form. + red2 (both rows of a pair reduced side by side): q4_K 2048x512 27.6 -> 26.9,
- * iq4_xs 35.0 -> 33.8. Next steps, in expected-gain order: (1) the same joint reduction for A32
- * and MLX pairs (MLX: red16(acc) + red16(bias) per row, ~25 of ~75 uops of a 512-col row);
- * (2) the scale sharing of Q4_K pairs for Q6_K and IQ4_XS; (3) FMA in the model
- * (acc = fma(L, S, acc): -2 uops per superblock; scalar and AVX2 must then use fmaf / vfmadd).
+ * iq4_xs 35.0 -> 33.8.
+ *
+ * ---- nb = 1 bandwidth goal (issue 2), 2026-11-29: >= 80 % of membw out of cache, 1 and 2 threads ----
+ * Floors, written before the changes (membw quiet: 16.2 GB/s 1 thread, 31.1 two; 80 % = 13.0 and
+ * 24.9 GB/s; 3.07 GHz; "uops" = zmm uops on ports 0/5 at 2 per cycle):
+ *   Q8_0   34 B / 32 values: memory 2.6 ns = 8.0 cycles per block-row at 13 GB/s; compute measured
+ *          4.2 cycles (44.5 us in L2 for 512x2048). Memory-bound by 2x, so the 2048x4096 miss
+ *          (75 %) could not be compute: it was the prefetch. Rows of 4352 B > KPF put row r's
+ *          prefetches into row r+1 where its partner stream reads; row r+1 was never fetched
+ *          ahead. pf_at() skips the partner row. Predicted ~85 %; measured 1 thread 70-74 ->
+ *          84-93 % (loaded machine, alternating with the base build), 2 threads 34-68 -> 83-87 %.
+ *   MLX4 g64: 72 B per step-row (128 values: 64 code bytes + 2 groups x (bf16 scale + bias)):
+ *          memory 5.5 ns = 17 cycles at 13 GB/s; 2 threads: 17.7 cycles per core. The old kernel
+ *          took ~13 cycles per step-row in L2 (34.6 us, 512x2048) + 2.8 us of scalar activation
+ *          quantization, serial before the threads start (12 % of a 2-thread call): tight at 1
+ *          thread, over budget at 2. Its loop kept the accumulators on the stack (the `full`
+ *          select) and redid per step what is per group: load, convert and expand the scales,
+ *          multiply by dlane. New mlx_pair: per 16-group window each row forms S16 = scale*d
+ *          (the same products) and the bias terms once; a step is and, gf2p8affine, 2 vpdpbusd,
+ *          vpermps, cvt, mul, add = 8 uops (4 cycles) per row; red4 reduces both rows' acc and
+ *          bias together. Predicted ~5-6 cycles per step-row; measured in L2, 1 thread:
+ *          512x2048 34.6 -> 20.6 us (~7 cycles per step-row incl. the quantizer), 2048x512 41.3 ->
+ *          32.0 us (4 steps per row: the per-row window setup + reduction, ~40 cycles per row, is
+ *          now the larger part). kern_act_mlx_avx512: 2.84 -> 0.87 us at 2048 values.
+ *          Out of cache, 1 thread (loaded): 512x2048 74 -> 86 %, 2048x512 75.5 -> 81 %,
+ *          2048x4096 78 -> 86 %.
+ *   IQ4_XS 136 B / 256: memory 10.5 ns = 32 cycles per superblock-row (1 thread), 33.6 per core
+ *          (2 threads); compute 21.5 cycles in L2 (28.7 us, 512x2048) + 0.9 us activation
+ *          quantization serial: 2 threads need ~65-75 % of each core's time as compute, so the
+ *          2-thread misses (75-80 %) are overlap, not a hard floor. Not changed beyond pf_at.
+ *   Q4_K   met before (80-89 %); unchanged beyond pf_at.
+ * 2-thread figures above could not be re-measured: load 2.1-3.0 during the whole session (membw
+ * 2 threads read 14-15 GB/s, the same as 1 thread), so the 2-thread %s of that run are
+ * meaningless (>100 % against the loaded membw). Left, in expected-gain order: (1) 2 threads on a
+ * quiet machine: IQ4_XS and MLX expert shapes; candidates: the row split of small matrices in
+ * kern_matmul_mt (interleaved 16-row blocks instead of halves), KPF_HINT T1, a 2-thread
+ * activation quantization; (2) IQ4_XS pairs: both rows' scales in one pdep/cvt/vpermw, as Q4_K;
+ * (3) MLX per-row window setup for short rows (2048x512); (4) FMA in the model (acc = fma(L, S,
+ * acc): -2 uops per step; scalar and AVX2 must then use fmaf / vfmadd).
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
