@@ -481,26 +481,39 @@ typedef struct gdn_job {
 } gdn_job;
 
 /* Causal depthwise conv over [state_0 .. state_{K-2}, mix_t], oldest first, then SiLU, for the
- * channels [c0, c1) and every token in order; output into raw [n][C]. */
+ * channels [c0, c1) and every token in order; output into raw [n][C]. Channels are split in whole
+ * key heads (dk), so each thread also applies the L2 norm (eps 1e-6) of the q / k heads it owns,
+ * q scaled by dk^-0.5, right after their conv. Per channel the taps are summed oldest first, as
+ * before; the weights are read channel-major (conv_wt) so the loop vectorizes over channels. */
 VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
   const gdn_job *j = ctx;
   model_session *s = j->s;
-  const int64_t C = j->C, K = j->K;
+  const int64_t C = j->C, K = j->K, dk = j->dk, kd = j->Nk * dk;
+  const float qscale = (float)(1.0 / sqrt((double)dk));
+  const float *wt = j->L->conv_wt;
   float *conv = s->kv.conv[j->l];
   int64_t c0, c1;
-  floe_split_range(C, 16, ith, nth, &c0, &c1);
+  floe_split_range(C, dk, ith, nth, &c0, &c1);
   for (int64_t t = 0; t < j->n; t++) {
     const float *mix = s->mix + t * C;
     float *c = s->raw + t * C;
     for (int64_t ch = c0; ch < c1; ch++) {
-      const float *w = j->L->conv_w + ch * K;
       float acc = 0.0f;
-      for (int64_t q = 0; q < K - 1; q++) acc += w[q] * conv[q * C + ch];
-      acc += w[K - 1] * mix[ch];
+      for (int64_t q = 0; q < K - 1; q++) acc += wt[q * C + ch] * conv[q * C + ch];
+      acc += wt[(K - 1) * C + ch] * mix[ch];
       c[ch] = siluf(acc);
     }
     for (int64_t q = 0; q + 1 < K - 1; q++) memcpy(conv + q * C + c0, conv + (q + 1) * C + c0, (size_t)(c1 - c0) * 4);
     memcpy(conv + (K - 2) * C + c0, mix + c0, (size_t)(c1 - c0) * 4);
+    for (int64_t h0 = c0; h0 < c1 && h0 < 2 * kd; h0 += dk) { /* q heads, then k heads */
+      float *v = c + h0, ss = 0.0f;
+      for (int64_t i = 0; i < dk; i++) ss += v[i] * v[i];
+      const float rn = 1.0f / sqrtf(ss + 1e-6f);
+      if (h0 < kd)
+        for (int64_t i = 0; i < dk; i++) v[i] = (v[i] * rn) * qscale;
+      else
+        for (int64_t i = 0; i < dk; i++) v[i] = v[i] * rn;
+    }
   }
 }
 
@@ -566,7 +579,7 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   const int64_t E = hp->n_embd, Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state;
   const int64_t dv = hp->ssm_d_inner / Nv, r = Nv / Nk, K = hp->ssm_conv_kernel;
   const int64_t kd = Nk * dk, vd = Nv * dv, C = 2 * kd + vd;
-  const float eps = hp->rms_eps, qscale = (float)(1.0 / sqrt((double)dk));
+  const float eps = hp->rms_eps;
 
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->attn_norm, E, eps, s->h + t * E);
   const int64_t gq = 2 * dk + 2 * r * dv, gb = 2 * r;
@@ -615,19 +628,6 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   const bool mt = s->pool && floe_pool_size(s->pool) > 1;
   if (mt) layer_run(s, gdn_conv_worker, &j);
   else gdn_conv_worker(&j, 0, 1);
-  for (int64_t t = 0; t < n; t++) { /* L2 norm (eps 1e-6), q scaled by dk^-0.5 */
-    float *q = s->raw + t * C, *k = q + kd;
-    for (int64_t g = 0; g < Nk; g++) {
-      float sq = 0.0f, sk = 0.0f;
-      for (int64_t i = 0; i < dk; i++) sq += q[g * dk + i] * q[g * dk + i];
-      for (int64_t i = 0; i < dk; i++) sk += k[g * dk + i] * k[g * dk + i];
-      float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
-      for (int64_t i = 0; i < dk; i++) {
-        q[g * dk + i] = (q[g * dk + i] * rq) * qscale;
-        k[g * dk + i] = k[g * dk + i] * rk;
-      }
-    }
-  }
   if (mt) layer_run(s, gdn_heads_worker, &j);
   else gdn_heads_worker(&j, 0, 1);
 
@@ -850,15 +850,20 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     for (int64_t e = 0; e < NE; e++) p[e] /= sum;
     int32_t *sel = s->sel + t * K;
     float *w = s->selw + t * K;
-    for (int64_t jj = 0; jj < K; jj++) { /* jj-th largest; ties go to the lower index */
-      int64_t best = -1;
-      for (int64_t e = 0; e < NE; e++) {
-        bool taken = false;
-        for (int64_t u = 0; u < jj; u++) taken |= sel[u] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    /* the K largest, by descending probability, ties to the lower index: one pass keeping them
+     * sorted; a later expert enters only when strictly larger than the K-th, and goes after
+     * every kept one that is not smaller (the same picks, in the same order, as K argmax passes) */
+    int64_t nk = 0;
+    for (int64_t e = 0; e < NE; e++) {
+      const float pe = p[e];
+      if (nk == K && !(pe > w[K - 1])) continue;
+      int64_t u = nk < K ? nk++ : K - 1;
+      for (; u > 0 && pe > w[u - 1]; u--) {
+        w[u] = w[u - 1];
+        sel[u] = sel[u - 1];
       }
-      sel[jj] = (int32_t)best;
-      w[jj] = p[best];
+      w[u] = pe;
+      sel[u] = (int32_t)e;
     }
     if (hp->norm_topk) {
       float ws = 0.0f;

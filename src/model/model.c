@@ -602,6 +602,17 @@ static int model_load_src(const char *path, model **out, char *err, size_t errle
     goto fail;
   }
   if ((rc = m->arch->bind(m, &src, err, errlen))) goto fail;
+  for (int64_t l = 0; l < hp->n_layer; l++) { /* the conv weights channel-major, after any reorder */
+    model_layer *L = &m->layers[l];
+    if (!hp->recurrent[l] || !L->conv_w) continue;
+    const int64_t C = 2 * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner, K = hp->ssm_conv_kernel;
+    if (!(L->conv_wt = model_own(m, (size_t)(C * K) * sizeof(float)))) {
+      rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+      goto fail;
+    }
+    for (int64_t ch = 0; ch < C; ch++)
+      for (int64_t q = 0; q < K; q++) L->conv_wt[q * C + ch] = L->conv_w[ch * K + q];
+  }
   hf_config_free(&cfg);
   *out = m;
   return 0;

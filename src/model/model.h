@@ -63,6 +63,7 @@ typedef struct model_layer {
   floe_mat ssm_z;            /* separate: [Nv*dv][n_embd] */
   floe_mat ssm_b, ssm_alpha; /* separate: [Nv][n_embd] */
   float *conv_w;             /* [C][K] */
+  float *conv_wt;            /* [K][C]: conv_w transposed (model_load), so the conv vectorizes over channels */
   float *dt_bias;            /* [Nv] */
   float *ssm_a;              /* [Nv] = -exp(A_log) */
   float *ssm_norm;           /* [dv] gated RMSNorm weight (plain) */
