@@ -444,7 +444,8 @@ void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const v
   if (r1 <= r0) return;
   switch (kern_isa_get()) {
     case FLOE_ISA_AVX512:
-      if (xq) kern_mm_q_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
+      if (xq && nb >= KGEMM_MIN_NB && kern_gemm_avx512_supports(W)) kern_gemm_q_avx512(W, nb, xq, xq_stride, Y, ldy, r0, r1);
+      else if (xq) kern_mm_q_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
       else kern_mm_float_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
       return;
     case FLOE_ISA_AVX2:

@@ -233,6 +233,14 @@ void kern_mm_float_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx
 void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
                       size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
 
+/* kernels_gemm_avx512.c: Q4_K/Q5_K with many activation rows (nb >= KGEMM_MIN_NB), same results as
+ * kern_mm_q_avx512 bit for bit; kern_gemm_avx512_supports(W) says whether W's type/shape is handled
+ * (and FLOE_GEMM=0 is not set). */
+#define KGEMM_MIN_NB 4
+int kern_gemm_avx512_supports(const floe_mat *W);
+void kern_gemm_q_avx512(const floe_mat *W, int nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy, int64_t r0,
+                        int64_t r1);
+
 /* kernels.c act_q8 (n % 16 == 0), bit-identical, AVX-512 */
 float kern_act_q8_avx512(const float *x, int n, int8_t *q);
 /* kernels.c kern_act_quantize for MLX 4/8-bit weights, bit-identical, AVX-512 */

@@ -1,0 +1,156 @@
+/* The batched AVX-512 kernel (kernels_gemm_avx512.c) against the scalar reference, bit for bit.
+ *
+ * For each type it implements (Q4_K, Q5_K): random weights (quant_fill_random) and activations
+ * (normal, with outliers), awkward shapes (rows 1, 2, 3, 17, 37, 70; columns 256..4352, the last
+ * taking the multi-chunk path), every nb from 1 to 16, sub-ranges [r0, r1) with odd r0, ldy > rows,
+ * several seeds; then saturated inputs (all codes and scales at their maximum, activations at
+ * +-127) that push the per-lane sums to the int16 bound the kernel relies on. The scalar result of
+ * one activation row alone (nb = 1) is the oracle, so this also checks row-exactness. Finally
+ * kern_matmul's dispatch (nb >= KGEMM_MIN_NB goes to this kernel) against the nb = 1 AVX-512 path. */
+#include <math.h>
+
+#include "kernels/cpu/kernels_internal.h"
+#include "test.h"
+
+static floe_rng rng;
+
+typedef struct tcase {
+  floe_mat W;
+  void *data;
+  float *X;
+  uint8_t *xq;
+  size_t ab;
+} tcase;
+
+/* extreme: activation rows of all +1, all -1 (every q = +-127, lane sums at the bound), random signs */
+static void fill_x(float *x, int64_t n, int64_t cols, int extreme) {
+  for (int64_t i = 0; i < n; i++) {
+    if (extreme) {
+      const int64_t kind = i / cols % 3;
+      x[i] = kind == 0 ? 1.0f : kind == 1 ? -1.0f : floe_rng_uniform(&rng) < 0.5f ? -1.0f : 1.0f;
+      continue;
+    }
+    x[i] = floe_rng_normal(&rng);
+    if (floe_rng_uniform(&rng) < 1.0f / 64) x[i] = (floe_rng_uniform(&rng) < 0.5f ? -1 : 1) * (6 + 18 * floe_rng_uniform(&rng));
+  }
+}
+
+static tcase make(uint32_t type, int64_t rows, int64_t cols, int nb, int extreme) {
+  tcase c = {0};
+  const floe_type_traits *tt = floe_type_info(type);
+  c.W.type = type;
+  c.W.rows = rows;
+  c.W.cols = cols;
+  c.W.row_bytes = floe_row_bytes(type, cols);
+  c.data = malloc(c.W.row_bytes * (size_t)rows + 64);
+  quant_fill_random(type, &rng, c.data, rows * (cols / tt->blck), 1.0f);
+  if (extreme) {
+    /* every code and 6-bit scale/min at its maximum, d and dmin kept (finite) */
+    for (int64_t blk = 0; blk < rows * (cols / 256); blk++) {
+      uint8_t *b = (uint8_t *)c.data + (size_t)blk * tt->bytes;
+      memset(b + 4, 0xFF, (size_t)tt->bytes - 4);
+    }
+  }
+  c.W.data = c.data;
+  c.X = malloc(sizeof(float) * (size_t)(nb * cols));
+  fill_x(c.X, nb * cols, cols, extreme);
+  c.ab = kern_act_bytes(&c.W);
+  c.xq = floe_aligned_alloc(64, c.ab * (size_t)nb);
+  kern_act_quantize_rows(&c.W, nb, c.X, cols, c.xq, c.ab);
+  return c;
+}
+
+static void drop(tcase *c) {
+  free(c->data);
+  free(c->X);
+  floe_aligned_free(c->xq);
+}
+
+/* Compares kern_gemm_q_avx512 on rows [r0, r1) with the scalar reference run one activation row
+ * at a time; returns the number of differing outputs (bits), untouched outputs included. */
+static int64_t compare(tcase *c, int nb, int64_t r0, int64_t r1) {
+  const int64_t ldy = c->W.rows + 3;
+  float *Yg = malloc(sizeof(float) * (size_t)(nb * ldy)), *Yr = malloc(sizeof(float) * (size_t)(nb * ldy));
+  for (int64_t i = 0; i < nb * ldy; i++) Yg[i] = Yr[i] = -7.0f; /* sentinel outside [r0, r1) */
+  kern_gemm_q_avx512(&c->W, nb, c->xq, c->ab, Yg, ldy, r0, r1);
+  int prev = kern_isa_set(FLOE_ISA_SCALAR);
+  for (int b = 0; b < nb; b++) kern_matmul(&c->W, 1, NULL, 0, c->xq + (size_t)b * c->ab, c->ab, Yr + b * ldy, ldy, r0, r1);
+  kern_isa_set(prev);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < nb * ldy; i++) bad += memcmp(&Yg[i], &Yr[i], 4) != 0;
+  free(Yg);
+  free(Yr);
+  return bad;
+}
+
+int main(void) {
+  if (kern_isa_set(FLOE_ISA_AVX512) < 0) {
+    printf("no AVX-512 (VNNI/VBMI/GFNI): kernel not built for this CPU, nothing to test\n");
+    return TEST_DONE();
+  }
+  const uint32_t types[] = {FLOE_TYPE_Q4_K, FLOE_TYPE_Q5_K};
+  const char *tname[] = {"q4_K", "q5_K"};
+
+  for (int ti = 0; ti < 2; ti++) {
+    SECTION("%s: random inputs, every nb 1..16, awkward shapes, 3 seeds", tname[ti]);
+    const int64_t shapes[][2] = {{1, 256}, {2, 512}, {3, 768}, {17, 2048}, {37, 1280}, {70, 512}, {5, 4352}};
+    for (int seed = 0; seed < 3; seed++) {
+      floe_rng_seed(&rng, 1000 + 17 * (uint64_t)seed + (uint64_t)ti);
+      for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t rows = shapes[si][0], cols = shapes[si][1];
+        int64_t bad = 0;
+        for (int nb = 1; nb <= 16; nb++) {
+          tcase c = make(types[ti], rows, cols, nb, 0);
+          bad += compare(&c, nb, 0, rows);
+          drop(&c);
+        }
+        CHECK(bad == 0, "%s %lldx%lld seed %d nb 1..16: %lld outputs differ from the scalar reference", tname[ti],
+              (long long)rows, (long long)cols, seed, (long long)bad);
+      }
+    }
+
+    SECTION("%s: sub-ranges [r0, r1)", tname[ti]);
+    floe_rng_seed(&rng, 77 + (uint64_t)ti);
+    {
+      tcase c = make(types[ti], 53, 1024, 11, 0);
+      const int64_t ranges[][2] = {{1, 52}, {3, 4}, {16, 33}, {0, 53}, {52, 53}, {7, 7}};
+      for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        int64_t bad = compare(&c, 11, ranges[i][0], ranges[i][1]);
+        CHECK(bad == 0, "%s rows [%lld, %lld) nb 11: %lld outputs differ (or written outside the range)", tname[ti],
+              (long long)ranges[i][0], (long long)ranges[i][1], (long long)bad);
+      }
+      drop(&c);
+    }
+
+    SECTION("%s: saturated codes, scales and activations (int16 bound of the 8-product lane sums)", tname[ti]);
+    floe_rng_seed(&rng, 5 + (uint64_t)ti);
+    for (int nb = 3; nb <= 16; nb += 13) {
+      tcase c = make(types[ti], 19, 512, nb, 1);
+      int64_t bad = compare(&c, nb, 0, 19);
+      float y;
+      int prev = kern_isa_set(FLOE_ISA_SCALAR);
+      kern_matmul(&c.W, 1, NULL, 0, c.xq, c.ab, &y, 1, 0, 1);
+      kern_isa_set(prev);
+      CHECK(bad == 0 && isfinite(y), "%s saturated nb %d: %lld outputs differ (y0 %g)", tname[ti], nb, (long long)bad, y);
+      drop(&c);
+    }
+  }
+
+  SECTION("kern_matmul dispatch (nb >= %d to the batched kernel) vs nb = 1, AVX-512", KGEMM_MIN_NB);
+  floe_rng_seed(&rng, 99);
+  for (int ti = 0; ti < 2; ti++) {
+    tcase c = make(types[ti], 45, 2048, 16, 0);
+    float *Y = malloc(sizeof(float) * 16 * 45), *Y1 = malloc(sizeof(float) * 16 * 45);
+    int64_t bad = 0;
+    for (int nb = 1; nb <= 16; nb++) {
+      kern_matmul(&c.W, nb, NULL, 0, c.xq, c.ab, Y, 45, 0, 45);
+      for (int b = 0; b < nb; b++) kern_matmul(&c.W, 1, NULL, 0, c.xq + (size_t)b * c.ab, c.ab, Y1 + b * 45, 45, 0, 45);
+      bad += memcmp(Y, Y1, sizeof(float) * (size_t)(nb * 45)) != 0;
+    }
+    CHECK(bad == 0, "%s: %lld of 16 batch sizes not row-exact through kern_matmul", tname[ti], (long long)bad);
+    free(Y);
+    free(Y1);
+    drop(&c);
+  }
+  return TEST_DONE();
+}
