@@ -161,13 +161,13 @@ typedef struct mm_list {
   const mm_task *t;
   int n;
   int64_t total;
+  int64_t split;  /* cost [0, split) is cut statically, [split, total) taken in chunks */
+  int64_t chunk;
+  int64_t next;   /* the next chunk's starting cost (atomic) */
 } mm_list;
 
-/* Thread ith takes the units whose starting cost lies in [total*ith/nth, total*(ith+1)/nth). */
-static void mm_list_worker(void *ctx, int ith, int nth) {
-  const mm_list *L = ctx;
-  const int64_t lo = L->total / nth * ith + L->total % nth * ith / nth;
-  const int64_t hi = ith == nth - 1 ? L->total : L->total / nth * (ith + 1) + L->total % nth * (ith + 1) / nth;
+/* Runs the units whose starting cost lies in [lo, hi). Adjacent ranges tile the units exactly. */
+static void mm_range(const mm_list *L, int64_t lo, int64_t hi) {
   int64_t c0 = 0;
   for (int i = 0; i < L->n && c0 < hi; i++) {
     const mm_task *t = &L->t[i];
@@ -182,8 +182,25 @@ static void mm_list_worker(void *ctx, int ith, int nth) {
   }
 }
 
+/* Thread ith first takes the units whose starting cost lies in its share of [0, split), then
+ * chunks of the rest from a shared counter until none is left: a thread slowed by the OS or by
+ * slower rows (float weights read fewer bytes per second than Q4_K) no longer holds the others at
+ * the barrier. Which thread computes a row never changes its value. */
+static void mm_list_worker(void *ctx, int ith, int nth) {
+  mm_list *L = ctx;
+  const int64_t S = L->split;
+  const int64_t lo = S / nth * ith + S % nth * ith / nth;
+  const int64_t hi = ith == nth - 1 ? S : S / nth * (ith + 1) + S % nth * (ith + 1) / nth;
+  mm_range(L, lo, hi);
+  for (;;) {
+    const int64_t c = __atomic_fetch_add(&L->next, L->chunk, __ATOMIC_RELAXED);
+    if (c >= L->total) break;
+    mm_range(L, c, c + L->chunk < L->total ? c + L->chunk : L->total);
+  }
+}
+
 static void mm_run(model_session *s, const mm_task *t, int n) {
-  mm_list L = { t, n, 0 };
+  mm_list L = { t, n, 0, 0, 0, 0 };
   int64_t rows = 0;
   for (int i = 0; i < n; i++)
     if (t[i].nb > 0) {
@@ -191,7 +208,11 @@ static void mm_run(model_session *s, const mm_task *t, int n) {
       rows += t[i].W->rows;
     }
   if (L.total == 0) return;
-  if (s->pool && floe_pool_size(s->pool) > 1 && rows >= 64) layer_run(s, mm_list_worker, &L);
+  const int nth = s->pool ? floe_pool_size(s->pool) : 1;
+  L.split = L.total - L.total / 5; /* the last fifth in about 2*nth chunks */
+  L.chunk = (L.total - L.split) / (2 * nth) + 1;
+  L.next = L.split;
+  if (nth > 1 && rows >= 64) layer_run(s, mm_list_worker, &L);
   else
     for (int i = 0; i < n; i++)
       if (t[i].nb > 0) task_rows(&t[i], 0, t[i].W->rows);
@@ -314,14 +335,23 @@ static inline __attribute__((always_inline)) float dotn(const float *a, const fl
 }
 
 /* NeoX rotation of dims [0, n_rot) of one head: pairs (j, j + n_rot/2). HF computes
- * inv_freq = 1/theta^(2i/R) and cos/sin of pos*inv_freq in float32. */
-static void rope_head(float *x, int64_t n_rot, float theta, int64_t pos) {
-  int64_t h = n_rot / 2;
+ * inv_freq = 1/theta^(2i/R) and cos/sin of pos*inv_freq in float32; rope_table computes them once
+ * per position for all heads (cs: [n_rot/2] cos, then [n_rot/2] sin). */
+static void rope_table(float *cs, int64_t n_rot, float theta, int64_t pos) {
+  const int64_t h = n_rot / 2;
   for (int64_t j = 0; j < h; j++) {
-    float inv = 1.0f / powf(theta, (float)(2 * j) / (float)n_rot);
-    float ang = (float)pos * inv;
-    float c = cosf(ang), sn = sinf(ang);
-    float a = x[j], b = x[j + h];
+    const float inv = 1.0f / powf(theta, (float)(2 * j) / (float)n_rot);
+    const float ang = (float)pos * inv;
+    cs[j] = cosf(ang);
+    cs[h + j] = sinf(ang);
+  }
+}
+
+static void rope_head(float *x, int64_t n_rot, const float *cs) {
+  const int64_t h = n_rot / 2;
+  for (int64_t j = 0; j < h; j++) {
+    const float c = cs[j], sn = cs[h + j];
+    const float a = x[j], b = x[j + h];
     x[j] = a * c - b * sn;
     x[j + h] = b * c + a * sn;
   }
@@ -446,16 +476,18 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
                     task(&L->wv, n, s->h, E, &L->wq, xq, xs, s->v, kvd) };
   mm_run(s, tk, 3);
 
+  float *cs = s->kvtmp; /* [n_rot] (kvtmp holds 2*kvd >= n_rot floats) */
   for (int64_t t = 0; t < n; t++) {
     float *q = s->q + t * qdim, *k = s->k + t * kvd;
+    rope_table(cs, hp->n_rot, hp->rope_theta, pos0 + t);
     for (int64_t hh = 0; hh < nh; hh++) {
       float *qh = q + hh * hd * (gated ? 2 : 1);
       layer_rmsnorm(qh, L->q_norm, hd, eps, qh);
-      rope_head(qh, hp->n_rot, hp->rope_theta, pos0 + t);
+      rope_head(qh, hp->n_rot, cs);
     }
     for (int64_t hh = 0; hh < nkv; hh++) {
       layer_rmsnorm(k + hh * hd, L->k_norm, hd, eps, k + hh * hd);
-      rope_head(k + hh * hd, hp->n_rot, hp->rope_theta, pos0 + t);
+      rope_head(k + hh * hd, hp->n_rot, cs);
     }
     kv_put(&s->kv, l, pos0 + t, k, s->v + t * kvd);
   }
