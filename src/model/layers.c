@@ -20,7 +20,7 @@
  * Decode floors (35B-A3B shape, Q4_K, 8 layers, 2 threads): see bench/results.tsv and
  * layer_decode_bytes(); the weights read per token are ~0.56 GB, half of them the output matrix. */
 #include <math.h>
-#include <sched.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -41,9 +41,11 @@
  * residual adds). The pool's workers spin ~25 us before sleeping, and a sleeping worker takes tens
  * of microseconds to wake (more in a VM), so every serial step longer than the spin cost one late
  * start. layer_spin_eval therefore holds the workers inside one pool run for a whole evaluation:
- * they spin on a generation counter for the regions the caller publishes with layer_run (and yield
- * the CPU after a while, so an oversubscribed machine still progresses). Only the scheduling
- * changes: every region calls fn(ctx, ith, nth) exactly as floe_pool_run would. */
+ * they wait on a generation counter for the regions the caller publishes with layer_run, spinning
+ * SPIN_WAIT pauses (~100 us, longer than any serial step of a token) before sleeping on a condition
+ * variable; the caller waits for the region's end the same way. Sleeping, not yielding, matters on
+ * an oversubscribed machine: a spinning thread would hold its core while its partner waits for one.
+ * Only the scheduling changes: every region calls fn(ctx, ith, nth) exactly as floe_pool_run would. */
 typedef struct layer_spin {
   _Alignas(64) uint64_t gen;  /* incremented per region */
   int quit;                   /* the evaluation is over */
@@ -51,42 +53,62 @@ typedef struct layer_spin {
   floe_pool_fn fn;
   void *ctx;
   _Alignas(64) int pending;   /* workers still running the current region */
-  _Alignas(64) void (*body)(void *);
+  _Alignas(64) int sleepers;  /* threads blocked (or about to block) on cv */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  void (*body)(void *);
   void *arg;
-  model_session *s;
 } layer_spin;
 
-#define SPIN_YIELD 20000 /* pauses (~13 ns each here) before each wait starts yielding the CPU */
+#define SPIN_WAIT 8000 /* pauses (~13 ns each here) before a wait blocks */
 
-static void spin_wait_step(long *i) {
-  if (++*i < SPIN_YIELD) __builtin_ia32_pause();
-  else sched_yield();
+/* Waits until *word != val (want_ne) or *word == 0 (!want_ne), or quit. Lost wake-ups are ruled
+ * out by the sequentially consistent pair (sleepers++, re-check) here / (store, sleepers?) in
+ * spin_wake, and by re-checking under the mutex. */
+static void spin_wait(layer_spin *sp, const void *word, uint64_t val, bool want_ne) {
+#define SPIN_DONE() (want_ne ? (__atomic_load_n((const uint64_t *)word, __ATOMIC_SEQ_CST) != val || \
+                                __atomic_load_n(&sp->quit, __ATOMIC_SEQ_CST)) \
+                             : __atomic_load_n((const int *)word, __ATOMIC_SEQ_CST) == 0)
+  for (int i = 0; i < SPIN_WAIT; i++) {
+    if (SPIN_DONE()) return;
+    __builtin_ia32_pause();
+  }
+  pthread_mutex_lock(&sp->mu);
+  __atomic_add_fetch(&sp->sleepers, 1, __ATOMIC_SEQ_CST);
+  while (!SPIN_DONE()) pthread_cond_wait(&sp->cv, &sp->mu);
+  __atomic_sub_fetch(&sp->sleepers, 1, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&sp->mu);
+#undef SPIN_DONE
+}
+
+/* After a store another thread may be waiting for (seq_cst store before this call). */
+static void spin_wake(layer_spin *sp) {
+  if (__atomic_load_n(&sp->sleepers, __ATOMIC_SEQ_CST) == 0) return;
+  pthread_mutex_lock(&sp->mu);
+  pthread_cond_broadcast(&sp->cv);
+  pthread_mutex_unlock(&sp->mu);
 }
 
 static void spin_main(void *ctx, int ith, int nth) {
   layer_spin *sp = ctx;
   if (ith == 0) {
     sp->body(sp->arg);
-    __atomic_store_n(&sp->quit, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&sp->quit, 1, __ATOMIC_SEQ_CST);
+    spin_wake(sp);
     return;
   }
   uint64_t seen = 0;
-  for (long i = 0;;) {
-    const uint64_t g = __atomic_load_n(&sp->gen, __ATOMIC_ACQUIRE);
-    if (g != seen) {
-      seen = g;
-      sp->fn(sp->ctx, ith, nth);
-      __atomic_sub_fetch(&sp->pending, 1, __ATOMIC_ACQ_REL);
-      i = 0;
-    } else if (__atomic_load_n(&sp->quit, __ATOMIC_ACQUIRE)) {
-      return;
-    } else {
-      spin_wait_step(&i);
-    }
+  for (;;) {
+    spin_wait(sp, &sp->gen, seen, true);
+    const uint64_t g = __atomic_load_n(&sp->gen, __ATOMIC_SEQ_CST);
+    if (g == seen) return; /* quit, and no region left (the caller publishes none after quit) */
+    seen = g;
+    sp->fn(sp->ctx, ith, nth);
+    if (__atomic_sub_fetch(&sp->pending, 1, __ATOMIC_SEQ_CST) == 0) spin_wake(sp);
   }
 }
 
-/* floe_pool_run(s->pool, fn, ctx), through the spinning workers when an evaluation holds them. */
+/* floe_pool_run(s->pool, fn, ctx), through the waiting workers when an evaluation holds them. */
 static void layer_run(model_session *s, floe_pool_fn fn, void *ctx) {
   layer_spin *sp = s->spin;
   if (!sp || !sp->active) {
@@ -96,10 +118,11 @@ static void layer_run(model_session *s, floe_pool_fn fn, void *ctx) {
   const int nth = floe_pool_size(s->pool);
   sp->fn = fn;
   sp->ctx = ctx;
-  __atomic_store_n(&sp->pending, nth - 1, __ATOMIC_RELAXED);
-  __atomic_add_fetch(&sp->gen, 1, __ATOMIC_ACQ_REL);
+  __atomic_store_n(&sp->pending, nth - 1, __ATOMIC_SEQ_CST);
+  __atomic_add_fetch(&sp->gen, 1, __ATOMIC_SEQ_CST);
+  spin_wake(sp);
   fn(ctx, 0, nth);
-  for (long i = 0; __atomic_load_n(&sp->pending, __ATOMIC_ACQUIRE);) spin_wait_step(&i);
+  spin_wait(sp, &sp->pending, 0, false);
 }
 
 int layer_spin_eval(model_session *s, void (*body)(void *arg), void *arg) {
@@ -113,12 +136,15 @@ int layer_spin_eval(model_session *s, void (*body)(void *arg), void *arg) {
   }
   layer_spin *sp = s->spin;
   memset(sp, 0, sizeof *sp);
+  pthread_mutex_init(&sp->mu, NULL);
+  pthread_cond_init(&sp->cv, NULL);
   sp->body = body;
   sp->arg = arg;
-  sp->s = s;
   sp->active = 1;
   floe_pool_run(s->pool, spin_main, sp); /* publishes the reset fields to the workers */
   sp->active = 0;
+  pthread_cond_destroy(&sp->cv);
+  pthread_mutex_destroy(&sp->mu);
   return 0;
 }
 
