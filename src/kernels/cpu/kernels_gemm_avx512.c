@@ -23,7 +23,7 @@
  * then acc = acc + (float)L * S, as in the model.
  *
  * Floors and measurements are in the header of bench/bench_gemm.c and in the commit log. */
-#pragma GCC target("gfni")
+#pragma GCC target("gfni,tune=sapphirerapids")
 #include <immintrin.h>
 #include <stdlib.h>
 
