@@ -9,7 +9,8 @@
  *  - row-exactness: row b of a call with nb in {2,3,7,16} is bit-identical to the nb = 1 call, for
  *    every ISA and path;
  *  - threads: kern_matmul_mt / kern_matmul_q_mt with a 2-thread pool equal the 1-thread call bit
- *    for bit.
+ *    for bit; kern_matmul_q_mt with 1-4 threads and nb 1-3 (the activation quantized in parts by
+ *    the threads) writes the same quantized rows as kern_act_quantize and the same Y.
  * Weights come from quant_fill_random (ggml types) or quant_mlx_quantize_row (MLX); x is standard
  * normal with ~1/64 outliers of magnitude 6..24. */
 #include <math.h>
@@ -292,6 +293,60 @@ int main(void) {
         tmat_free(&m);
         report(name, &st);
       }
+
+  SECTION("kern_matmul_q_mt: 1-4 threads, nb 1-3, quantization split across threads");
+  {
+    /* the activation row is quantized in parts by the pool's threads (kernels.c mt_quant_matmul):
+     * the quantized bytes must equal kern_act_quantize's and Y the 1-thread kern_matmul, for row
+     * counts that split unevenly (odd, below 16, not a multiple of 16) and rows with few units
+     * (1 superblock, 13 A32 blocks, a partial last MLX step) */
+    floe_pool *pools[4];
+    for (int t = 0; t < 4; t++) pools[t] = floe_pool_create(t + 1);
+    int nok = 0;
+    for (int mi = 0; mi < 9; mi++) {
+      static const int64_t rws[] = {1, 3, 17, 33, 47, 130};
+      const int64_t rows = rws[mi % 6];
+      tmat m = mi == 0   ? make_ggml(FLOE_TYPE_Q8_0, rows, 13 * 32)
+               : mi == 1 ? make_ggml(FLOE_TYPE_Q8_0, rows, 2048)
+               : mi == 2 ? make_ggml(FLOE_TYPE_Q4_K, rows, 256)
+               : mi == 3 ? make_ggml(FLOE_TYPE_Q4_K, rows, 1280)
+               : mi == 4 ? make_ggml(FLOE_TYPE_IQ4_XS, rows, 2048)
+               : mi == 5 ? make_mlx(4, 64, FLOE_TYPE_BF16, rows, 2048)
+               : mi == 6 ? make_mlx(4, 128, FLOE_TYPE_F16, rows, 13 * 128)
+               : mi == 7 ? make_mlx(8, 32, FLOE_TYPE_BF16, rows, 1312) /* 41 groups: padding past n in two units */
+                         : make_mlx(4, 32, FLOE_TYPE_F32, rows, 1344);
+      const int64_t cols = m.W.cols;
+      const size_t ab = kern_act_bytes(&m.W);
+      float *X = malloc(sizeof(float) * (size_t)(3 * cols));
+      for (int b = 0; b < 3; b++) fill_x(X + b * cols, cols);
+      uint8_t *xr = floe_aligned_alloc(64, 3 * ab), *xt = floe_aligned_alloc(64, 3 * ab);
+      float *Yr = malloc(sizeof(float) * (size_t)(3 * rows)), *Yt = malloc(sizeof(float) * (size_t)(3 * rows));
+      for (int ii = 0; ii < n_isa; ii++) {
+        kern_isa_set(isas[ii]);
+        memset(xr, 0x5A, 3 * ab);
+        kern_act_quantize_rows(&m.W, 3, X, cols, xr, ab);
+        for (int nb = 1; nb <= 3; nb++) {
+          kern_matmul(&m.W, nb, X, cols, xr, ab, Yr, rows, 0, rows);
+          for (int t = 0; t < 4; t++) {
+            memset(xt, 0x5A, 3 * ab);
+            memset(Yt, 0, sizeof(float) * (size_t)(3 * rows));
+            kern_matmul_q_mt(pools[t], &m.W, nb, X, cols, xt, Yt, rows);
+            CHECK(memcmp(xt, xr, (size_t)nb * ab) == 0, "type %u cols=%lld %s nb=%d %d threads: quantized rows differ", m.W.type,
+                  (long long)cols, kern_isa_name(isas[ii]), nb, t + 1);
+            CHECK(memcmp(Yt, Yr, sizeof(float) * (size_t)(nb * rows)) == 0, "type %u rows=%lld cols=%lld %s nb=%d %d threads: Y differs",
+                  m.W.type, (long long)rows, (long long)cols, kern_isa_name(isas[ii]), nb, t + 1);
+            nok++;
+          }
+        }
+      }
+      kern_isa_set(isas[n_isa - 1]);
+      floe_aligned_free(xr), floe_aligned_free(xt);
+      free(X), free(Yr), free(Yt);
+      tmat_free(&m);
+    }
+    for (int t = 0; t < 4; t++) floe_pool_free(pools[t]);
+    printf("  threaded calls equal to 1 thread (quantized rows and Y): %d\n", nok);
+  }
 
   SECTION("activation quantization is the same for every ISA");
   {

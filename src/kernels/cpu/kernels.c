@@ -6,6 +6,7 @@
  * (tests/test_kernels.c checks this). The scalar float path dequantizes each block with the
  * quant reference and accumulates in element order, so it equals quant_dot_ref exactly. */
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,8 +126,23 @@ static float (*act_q8_fn(void))(const float *, int, int8_t *) {
 
 size_t kern_act_bytes(const floe_mat *W) { return kact_layout_of(W).bytes; }
 
-void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
-  kact_layout L = kact_layout_of(W);
+/* Units a row's quantization splits into without changing a byte: A32 blocks of 32, A256
+ * superblocks, MLX runs of max(group, step) values (whole groups and whole steps, so a step's
+ * lane d values come from the same unit). kern_act_quantize = act_quantize_range over all units. */
+static int64_t act_units(const floe_mat *W, const kact_layout *L, int64_t *unit_vals) {
+  if (L->kind != KACT_MLX) {
+    *unit_vals = L->kind == KACT_A32 ? 32 : 256;
+    return L->nblk;
+  }
+  const int64_t st = W->mlx.bits == 4 ? 128 : 64, u = W->mlx.group > st ? W->mlx.group : st;
+  *unit_vals = u;
+  return (L->nq + u - 1) / u;
+}
+
+/* Units [u0, u1) of one activation row (see act_units). Each unit writes only its own q, d,
+ * dexp / bsum / s, negcorr and dlane entries, so disjoint ranges can run on different threads. */
+static void act_quantize_range(const floe_mat *W, const kact_layout *Lp, const float *x, void *xq_, int64_t u0, int64_t u1) {
+  const kact_layout L = *Lp;
   float (*const act_q8)(const float *, int, int8_t *) = act_q8_fn();
   uint8_t *xq = xq_;
   int8_t *q = (int8_t *)xq;
@@ -134,7 +150,7 @@ void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
   switch (L.kind) {
     case KACT_A32: {
       float *dexp = (float *)(xq + L.off_s);
-      for (int64_t k = 0; k < L.nblk; k++) {
+      for (int64_t k = u0; k < u1; k++) {
         d[k] = act_q8(x + 32 * k, 32, q + 32 * k);
         for (int i = 0; i < 8; i++) dexp[8 * k + i] = d[k];
       }
@@ -142,7 +158,7 @@ void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
     }
     case KACT_A256: {
       int16_t *bs = (int16_t *)(xq + L.off_s);
-      for (int64_t k = 0; k < L.nblk; k++) {
+      for (int64_t k = u0; k < u1; k++) {
         int8_t nat[256];
         d[k] = act_q8(x + 256 * k, 256, nat);
         /* the permutations move runs of 16: copy by runs */
@@ -156,49 +172,55 @@ void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
       break;
     }
     case KACT_MLX: {
+      int64_t uv;
+      act_units(W, &L, &uv);
+      /* values [c0, c1) of the padded row; groups [c0/g, min(c1, n)/g) */
+      const int64_t c0 = u0 * uv, c1 = u1 * uv < L.nq ? u1 * uv : L.nq;
       if (act_q8 == kern_act_q8_avx512) {
-        kern_act_mlx_avx512(W, x, xq);
+        kern_act_mlx_avx512(W, x, xq, c0, c1);
         break;
       }
       const int g = W->mlx.group;
+      const int64_t n = W->cols, e1 = c1 < n ? c1 : n;
       float *s = (float *)(xq + L.off_s);
-      int8_t *nat = malloc((size_t)L.nq);
+      int8_t *nat = malloc((size_t)(c1 - c0)); /* natural order, index - c0 */
       if (!nat) FLOE_ASSERT(!"out of memory");
-      memset(nat, 0, (size_t)L.nq);
-      for (int64_t k = 0; k < L.nblk; k++) {
-        d[k] = act_q8(x + g * k, g, nat + g * k);
+      memset(nat, 0, (size_t)(c1 - c0));
+      for (int64_t k = c0 / g; k < e1 / g; k++) {
+        int8_t *nk = nat + (g * k - c0);
+        d[k] = act_q8(x + g * k, g, nk);
         /* the bias multiplies the sum of the *quantized* x, so the result is exactly
          * sum_j w_j * xhat_j (rounding aside) and its error scales with |w|, not with |bias| */
         int32_t isum = 0;
-        for (int i = 0; i < g; i++) isum += nat[g * k + i];
+        for (int i = 0; i < g; i++) isum += nk[i];
         s[k] = d[k] * (float)isum;
       }
       int32_t *nc = (int32_t *)(xq + L.off_c);
       if (W->mlx.bits == 4) {
-        for (int64_t c = 0; c < L.nq; c += 128)
+        for (int64_t c = c0; c < c1; c += 128)
           for (int i = 0; i < 64; i++) {
-            q[c + i] = nat[c + 2 * i];
-            q[c + 64 + i] = nat[c + 2 * i + 1];
+            q[c + i] = nat[c - c0 + 2 * i];
+            q[c + 64 + i] = nat[c - c0 + 2 * i + 1];
           }
-        for (int64_t c = 0; c < L.nq; c += 128)
+        for (int64_t c = c0; c < c1; c += 128)
           for (int i = 0; i < 16; i++) {
             int32_t t = 0;
-            for (int k = 0; k < 8; k++) t += nat[c + 8 * i + k];
+            for (int k = 0; k < 8; k++) t += nat[c - c0 + 8 * i + k];
             nc[c / 128 * 16 + i] = -8 * t;
           }
       } else {
-        memcpy(q, nat, (size_t)L.nq);
-        for (int64_t c = 0; c < L.nq; c += 64)
+        memcpy(q + c0, nat, (size_t)(c1 - c0));
+        for (int64_t c = c0; c < c1; c += 64)
           for (int i = 0; i < 16; i++) {
             int32_t t = 0;
-            for (int k = 0; k < 4; k++) t += nat[c + 4 * i + k];
+            for (int k = 0; k < 4; k++) t += nat[c - c0 + 4 * i + k];
             nc[c / 64 * 16 + i] = -128 * t;
           }
       }
       free(nat);
       const int step = W->mlx.bits == 4 ? 128 : 64;
       float *dl = (float *)(xq + L.off_e);
-      for (int64_t c = 0; c < L.nq; c += step)
+      for (int64_t c = c0; c < c1; c += step)
         for (int i = 0; i < 16; i++) {
           int64_t e0 = c + (int64_t)i * (step / 16);
           dl[c / step * 16 + i] = e0 < W->cols ? d[e0 / g] : 0.0f;
@@ -208,6 +230,12 @@ void kern_act_quantize(const floe_mat *W, const float *x, void *xq_) {
     default:
       break;
   }
+}
+
+void kern_act_quantize(const floe_mat *W, const float *x, void *xq) {
+  const kact_layout L = kact_layout_of(W);
+  int64_t uv;
+  act_quantize_range(W, &L, x, xq, 0, act_units(W, &L, &uv));
 }
 
 void kern_act_quantize_rows(const floe_mat *W, int nb, const float *X, int64_t ldx, void *xq, size_t xq_stride) {
@@ -470,12 +498,14 @@ typedef struct mt_ctx {
   float *Y;
   int64_t ldy;
   void *qbuf;     /* kern_matmul_q_mt: where to quantize */
-  int quantize;
+  int arrived;    /* kern_matmul_q_mt: threads done quantizing (the barrier) */
 } mt_ctx;
 
 static void mt_matmul(void *ctx_, int ith, int nth) {
   mt_ctx *c = ctx_;
   int64_t r0, r1;
+  /* contiguous halves in 16-row units: 512 rows -> 256 + 256, row pairs never cut, and Y is
+   * written in whole 64-byte lines per thread (16 floats) */
   floe_split_range(c->W->rows, 16, ith, nth, &r0, &r1);
   kern_matmul(c->W, c->nb, c->X, c->ldx, c->xq, c->xq_stride, c->Y, c->ldy, r0, r1);
 }
@@ -486,12 +516,37 @@ void kern_matmul_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X, 
   floe_pool_run(pool, mt_matmul, &c);
 }
 
-static void mt_quantize(void *ctx_, int ith, int nth) {
+/* Quantize then multiply in one parallel region. The activation rows are cut into nb * P parts
+ * (P = ceil(nth / nb) parts per row, in act_units: 16 A32 blocks / 1 superblock / one MLX unit at
+ * least) and the parts dealt out to the threads, so with nb = 1 each of 2 threads quantizes half
+ * of the row instead of thread 0 quantizing all of it before the others start; then a spin barrier
+ * (every thread needs the whole row), then each thread's rows. The bytes are those of
+ * kern_act_quantize (the units are independent), so the result is the 1-thread result. */
+static void mt_quant_matmul(void *ctx_, int ith, int nth) {
   mt_ctx *c = ctx_;
-  int64_t b0, b1;
-  floe_split_range(c->nb, 1, ith, nth, &b0, &b1);
-  for (int64_t b = b0; b < b1; b++)
-    kern_act_quantize(c->W, c->X + b * c->ldx, (uint8_t *)c->qbuf + (size_t)b * c->xq_stride);
+  const kact_layout L = kact_layout_of(c->W);
+  int64_t uv;
+  const int64_t nu = act_units(c->W, &L, &uv);
+  const int P = nth > c->nb ? (nth + c->nb - 1) / c->nb : 1;
+  const int64_t align = L.kind == KACT_A32 ? 16 : 1; /* A32: 16 blocks = whole 64-byte lines of d */
+  int64_t i0, i1;
+  floe_split_range((int64_t)c->nb * P, 1, ith, nth, &i0, &i1);
+  for (int64_t i = i0; i < i1; i++) {
+    const int64_t b = i / P;
+    int64_t u0, u1;
+    floe_split_range(nu, align, (int)(i % P), P, &u0, &u1);
+    if (u1 > u0) act_quantize_range(c->W, &L, c->X + b * c->ldx, (uint8_t *)c->qbuf + (size_t)b * c->xq_stride, u0, u1);
+  }
+  if (nth > 1) {
+    /* release: this thread's bytes; acquire: everyone's. Spin with pause; yield when the other
+     * threads are not running (an oversubscribed machine) rather than burn the time slice. */
+    __atomic_add_fetch(&c->arrived, 1, __ATOMIC_ACQ_REL);
+    for (int spins = 0; __atomic_load_n(&c->arrived, __ATOMIC_ACQUIRE) < nth; spins++) {
+      if (spins < 1024) __builtin_ia32_pause();
+      else sched_yield();
+    }
+  }
+  mt_matmul(c, ith, nth);
 }
 
 void kern_matmul_q_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X, int64_t ldx, void *xq_buf,
@@ -501,10 +556,6 @@ void kern_matmul_q_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X
     kern_matmul_mt(pool, W, nb, X, ldx, NULL, 0, Y, ldy);
     return;
   }
-  mt_ctx c = {W, nb, X, ldx, xq_buf, ab, Y, ldy, xq_buf, 1};
-  /* one row per thread at most: a single activation row is quantized by one thread (it is
-   * O(cols), tiny next to the matmul), so nothing is ever quantized twice. */
-  if (nb > 1) floe_pool_run(pool, mt_quantize, &c);
-  else kern_act_quantize(W, X, xq_buf);
-  floe_pool_run(pool, mt_matmul, &c);
+  mt_ctx c = {W, nb, X, ldx, xq_buf, ab, Y, ldy, xq_buf, 0};
+  floe_pool_run(pool, mt_quant_matmul, &c);
 }

@@ -724,7 +724,7 @@ float kern_act_q8_avx512(const float *x, int n, int8_t *q) {
  * negcorr from 4-sums (vpdpbusd with ones; 8-sums by adding even/odd dwords), dlane by a masked
  * gather. The scalar version (byte loops, a malloc, a 64-bit division per lane) took 2.8 us for
  * 2048 values, 12 % of a 2-thread 512x2048 MLX4 matvec. */
-void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq_) {
+void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq_, int64_t c0, int64_t c1) {
   const kact_layout L = kact_layout_of(W);
   uint8_t *xq = xq_;
   int8_t *q = (int8_t *)xq;
@@ -734,13 +734,15 @@ void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq_) {
   const int g = W->mlx.group, lg = __builtin_ctz((unsigned)g), bits = W->mlx.bits;
   const int64_t n = W->cols;
   const __m512i ones = _mm512_set1_epi8(1);
-  for (int64_t k = 0; k < L.nblk; k++) {
+  const int64_t e1 = c1 < n ? c1 : n;
+  for (int64_t k = c0 >> lg; k < e1 >> lg; k++) {
     d[k] = kern_act_q8_avx512(x + g * k, g, q + g * k);
     __m512i t = _mm512_setzero_si512();
     for (int i = 0; i < g; i += 32) t = _mm512_dpbusd_epi32(t, ones, _mm512_maskz_loadu_epi8(0xFFFFFFFFull, q + g * k + i));
     s[k] = d[k] * (float)_mm512_reduce_add_epi32(t);
   }
-  memset(q + n, 0, (size_t)(L.nq - n));
+  const int64_t z0 = c0 > n ? c0 : n; /* padding past the last value, this range's part */
+  if (c1 > z0) memset(q + z0, 0, (size_t)(c1 - z0));
   const int ST = bits == 4 ? 128 : 64, LW = ST / 16;
   const __m512i lanev = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(LW));
   uint8_t ev[64], od[64];
@@ -749,7 +751,7 @@ void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq_) {
   for (int i = 0; i < 16; i++) e32[i] = (uint32_t)(2 * i), o32[i] = (uint32_t)(2 * i + 1);
   const __m512i iev = _mm512_loadu_si512(ev), iod = _mm512_loadu_si512(od);
   const __m512i jev = _mm512_loadu_si512(e32), jod = _mm512_loadu_si512(o32);
-  for (int64_t c = 0; c < L.nq; c += ST) {
+  for (int64_t c = c0; c < c1; c += ST) {
     const int64_t st = c / ST;
     const __m512i A = _mm512_loadu_si512(q + c);
     __m512i S4A = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, A), neg;

@@ -243,8 +243,9 @@ void kern_gemm_q_avx512(const floe_mat *W, int nb, const void *xq, size_t xq_str
 
 /* kernels.c act_q8 (n % 16 == 0), bit-identical, AVX-512 */
 float kern_act_q8_avx512(const float *x, int n, int8_t *q);
-/* kernels.c kern_act_quantize for MLX 4/8-bit weights, bit-identical, AVX-512 */
-void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq);
+/* kernels.c kern_act_quantize for MLX 4/8-bit weights, bit-identical, AVX-512: values [c0, c1) of
+ * the padded row, c0 and c1 multiples of max(group, step) (or c1 = nq) */
+void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq, int64_t c0, int64_t c1);
 
 /* Pointers of a weight row and its MLX scales/biases. */
 static inline const uint8_t *kw_row(const floe_mat *W, int64_t r) {
