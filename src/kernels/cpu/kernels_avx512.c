@@ -270,6 +270,22 @@ static const uint16_t kidx_q6k[2][32] __attribute__((aligned(64))) = {
 };
 
 
+/* IQ4_XS |kvalues_iq4nl| as 64-entry vpermb tables: by the code byte (low nibble = i & 15) and by
+ * the code word >> 2 (high nibble = i >> 2) */
+#define KABS16 127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113
+static const uint8_t kabs_lo[64] __attribute__((aligned(64))) = {KABS16, KABS16, KABS16, KABS16};
+static const uint8_t kabs_hi[64] __attribute__((aligned(64))) = {
+  127, 127, 127, 127, 104, 104, 104, 104, 83, 83, 83, 83, 65, 65, 65, 65, 49, 49, 49, 49, 35, 35, 35, 35, 22, 22, 22, 22, 10, 10, 10, 10,
+  1, 1, 1, 1, 13, 13, 13, 13, 25, 25, 25, 25, 38, 38, 38, 38, 53, 53, 53, 53, 69, 69, 69, 69, 89, 89, 89, 89, 113, 113, 113, 113};
+#undef KABS16
+#define KSIG16 -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+static const int8_t ksig_lo[64] __attribute__((aligned(64))) = {KSIG16, KSIG16, KSIG16, KSIG16};
+static const int8_t ksig_hi[64] __attribute__((aligned(64))) = {
+  -127, -127, -127, -127, -104, -104, -104, -104, -83, -83, -83, -83, -65, -65, -65, -65, -49, -49, -49, -49, -35, -35, -35, -35,
+  -22, -22, -22, -22, -10, -10, -10, -10, 1, 1, 1, 1, 13, 13, 13, 13, 25, 25, 25, 25, 38, 38, 38, 38, 53, 53, 53, 53, 69, 69, 69, 69,
+  89, 89, 89, 89, 113, 113, 113, 113};
+#undef KSIG16
+
 static inline __attribute__((always_inline)) void a256_rows(const int T, const int NB, const int RR,
                                                             const floe_mat *W, const kact_layout *L, int64_t r,
                                                             const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
@@ -278,6 +294,9 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
   /* J: Q4_K/Q5_K row pairs keep both rows' min accumulators in one zmm (row rr in 256-bit half
    * rr): one vpmaddwd, cvt, multiply and add per superblock for the two rows */
   const int J = (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) && RR == 2;
+  /* SW: IQ4_XS row pairs with one activation row put x's sign on the (signed) weights instead of
+   * the weights' sign on x: no sign masks from the weights, no copies of x */
+  const int SW = T == FLOE_TYPE_IQ4_XS && RR == 2 && NB == 1;
   __m512 acc[2][NBG], macc2[NBG];
   __m256 macc[2][NBG];
   for (int b = 0; b < NB; b++) macc2[b] = _mm512_setzero_ps();
@@ -316,6 +335,17 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
       DDM2 = _mm_cvtph_ps(_mm_set_epi32(0, 0, dd[1], dd[0]));
       if (J) AUX2 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_min2), _mm512_castsi256_si512(SCM2));
     }
+    __m512i L16 = _mm512_setzero_si512();
+    if (T == FLOE_TYPE_IQ4_XS) {
+      /* both rows' 8 scales (ls - 32) as int16 words (0-7 row A, 8-15 row B) in one vpmovsxbw, and
+       * [dA, dB] in one conversion (S4 below); row B = row A when RR = 1 */
+      const uint8_t *bA = kw_row(W, r) + k * bytes, *bB = kw_row(W, r + RR - 1) + k * bytes;
+      L16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_set_epi64x((long long)kq_scales_iq4xs_u64(bB), (long long)kq_scales_iq4xs_u64(bA))));
+      uint16_t hA, hB;
+      memcpy(&hA, bA, 2);
+      memcpy(&hB, bB, 2);
+      DDM2 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)hB << 16 | hA)));
+    }
 #pragma GCC unroll 2
     for (int rr = 0; rr < RR; rr++) {
     const uint8_t *bk = kw_row(W, r + rr) + k * bytes;
@@ -325,7 +355,7 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
       _mm_prefetch(pf + 64, KPF_HINT);
       _mm_prefetch(pf + 128, KPF_HINT);
     }
-    __m512i w[4], sv[4];
+    __m512i w[4], sv[4], q[2];
     __m256i aux = _mm256_setzero_si256(); /* mins (Q4_K/Q5_K) or scales (Q6_K) as int16, for bsum */
     float d, dm = 0;
     __m128 ddm = _mm_setzero_ps();
@@ -376,28 +406,36 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
         w[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), hh);
       }
     } else { /* IQ4_XS */
-      d = f16s(bk);
-      __m512i l16 = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi64_si128((long long)kq_scales_iq4xs_u64(bk))));
-      __m512i wi = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                                      15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
-      sv[0] = sv[1] = _mm512_permutexvar_epi16(wi, l16);
-      sv[2] = sv[3] = _mm512_permutexvar_epi16(_mm512_add_epi16(wi, _mm512_set1_epi16(4)), l16);
+      d = 0;
+      /* this row's scale words of L16: steps 0-1 sub-blocks 0-3, steps 2-3 sub-blocks 4-7 */
+      const __m512i wi = _mm512_add_epi16(_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                                             15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3),
+                                          _mm512_set1_epi16((short)(8 * rr)));
+      sv[0] = sv[1] = _mm512_permutexvar_epi16(wi, L16);
+      sv[2] = sv[3] = _mm512_permutexvar_epi16(_mm512_add_epi16(wi, _mm512_set1_epi16(4)), L16);
+      /* |kvalue| by vpermb, which reads index bits 0-5 only: low nibbles straight from the code
+       * bytes (table kabs[i & 15]), high nibbles from the words >> 2 (bits 2-7 of each byte land
+       * in bits 0-5; table kabs[i >> 2]): no and, no gf2p8affine */
       const uint8_t *qs = bk + 8;
-      __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-      w[0] = _mm512_and_si512(q0, m4);
-      w[1] = hi_nib(q0);
-      w[2] = _mm512_and_si512(q1, m4);
-      w[3] = hi_nib(q1);
+      const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+      const __m512i tlo = _mm512_load_si512(SW ? (const void *)ksig_lo : kabs_lo),
+                    thi = _mm512_load_si512(SW ? (const void *)ksig_hi : kabs_hi);
+      w[0] = _mm512_permutexvar_epi8(q0, tlo);
+      w[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q0, 2), thi);
+      w[2] = _mm512_permutexvar_epi8(q1, tlo);
+      w[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q1, 2), thi);
+      q[0] = q0, q[1] = q1;
     }
     __mmask64 neg[4];
-    if (T == FLOE_TYPE_IQ4_XS) {
-      static const int8_t kabs[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
-      const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kabs));
-#pragma GCC unroll 4
-      for (int s = 0; s < 4; s++) {
-        neg[s] = _mm512_testn_epi8_mask(w[s], _mm512_set1_epi8(8));
-        w[s] = _mm512_shuffle_epi8(tab, w[s]);
-      }
+    if (T == FLOE_TYPE_IQ4_XS && !SW) {
+      /* kvalue < 0 <=> code < 8 (bit 3 clear). Low nibbles: vptestnmb; high nibbles: the code
+       * byte's bit 7 is the nibble's bit 3, one vpmovb2m (port 0), but it marks the *positive*
+       * weights: steps 1 and 3 negate x where w > 0, i.e. sum -w*x exactly, and their chain is
+       * subtracted (Lv = La - Lb below) */
+      neg[0] = _mm512_testn_epi8_mask(q[0], _mm512_set1_epi8(8));
+      neg[1] = _mm512_movepi8_mask(q[0]);
+      neg[2] = _mm512_testn_epi8_mask(q[1], _mm512_set1_epi8(8));
+      neg[3] = _mm512_movepi8_mask(q[1]);
     }
     (void)dm;
 #pragma GCC unroll 4
@@ -405,7 +443,7 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     SVd[rr][0] = sv[0], SVd[rr][1] = sv[1];
     if (T == FLOE_TYPE_IQ4_XS) {
       SVd[rr][2] = sv[2], SVd[rr][3] = sv[3];
-      for (int s = 0; s < 4; s++) NEG[rr][s] = neg[s];
+      for (int s = 0; s < 4; s++) NEG[rr][s] = SW ? 0 : neg[s];
     }
     AUX[rr] = _mm512_castsi256_si512(aux);
     DDM[rr] = ddm;
@@ -426,17 +464,34 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
       const int8_t *x = (const int8_t *)xb + 256 * k;
       const float dx = ((const float *)(xb + L->off_d))[k];
       __m512i Lv;
-      if (T == FLOE_TYPE_IQ4_XS) {
-        /* |kvalue| * x 4-sums exceed int16: pairs (vpmaddubsw) times the scale, two chains */
-        __m512i La = _mm512_setzero_si512(), Lb = _mm512_setzero_si512();
+      if (T == FLOE_TYPE_IQ4_XS && SW) {
+        /* kvalue * x pair sums exceed nothing but the 4-sums exceed int16: pairs (vpmaddubsw)
+         * times the scale (vpmaddwd, then vpdpwssd: one chain, no zeroed accumulator). The
+         * unsigned operand is |x| (shared by both rows: vpabsb, vpmovb2m once per step), the
+         * signed one the weight with x's sign moved onto it (one masked vpsubb in place: the
+         * decoded weights are dead after this use when NB = 1). |x| * (+-w) = x * w exactly. */
+        __m512i P[4];
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+          const __m512i xv = _mm512_loadu_si512(x + 64 * s);
+          const __m512i ws = _mm512_mask_sub_epi8(w[s], _mm512_movepi8_mask(xv), _mm512_setzero_si512(), w[s]);
+          P[s] = _mm512_maddubs_epi16(_mm512_abs_epi8(xv), ws);
+        }
+        Lv = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_madd_epi16(P[0], sv[0]), P[1], sv[1]), P[2], sv[2]), P[3], sv[3]);
+      } else if (T == FLOE_TYPE_IQ4_XS) {
+        /* |kvalue| * x 4-sums exceed int16: pairs (vpmaddubsw) times the scale, two chains: steps 0, 2 (La) and 1, 3 (Lb, negated) */
+        __m512i La, Lb;
 #pragma GCC unroll 4
         for (int s = 0; s < 4; s++) {
           __m512i xv = _mm512_loadu_si512(x + 64 * s);
           xv = _mm512_mask_sub_epi8(xv, neg[s], _mm512_setzero_si512(), xv);
-          if (s < 2) La = _mm512_dpwssd_epi32(La, _mm512_maddubs_epi16(w[s], xv), sv[s]);
-          else Lb = _mm512_dpwssd_epi32(Lb, _mm512_maddubs_epi16(w[s], xv), sv[s]);
+          const __m512i p = _mm512_maddubs_epi16(w[s], xv);
+          if (s == 0) La = _mm512_madd_epi16(p, sv[s]);
+          else if (s == 1) Lb = _mm512_madd_epi16(p, sv[s]);
+          else if (s % 2 == 0) La = _mm512_dpwssd_epi32(La, p, sv[s]);
+          else Lb = _mm512_dpwssd_epi32(Lb, p, sv[s]);
         }
-        Lv = _mm512_add_epi32(La, Lb);
+        Lv = _mm512_sub_epi32(La, Lb); /* Lb holds -(steps 1, 3), see neg[] */
       } else {
         /* K-quants: unscaled 4-sums per step (vpdpbusd, < 2^15), two steps packed to int16
          * (vpackssdw, exact), then one vpdpwssd per two steps applies the scales: 6 port-0
@@ -453,6 +508,10 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
       __m256 Sm;
       if (J) {
         Sv = rr ? _mm512_permutexvar_ps(_mm512_set1_epi32(2), _mm512_castps128_ps512(S4)) : _mm512_broadcastss_ps(S4);
+        Sm = _mm256_setzero_ps();
+      } else if (T == FLOE_TYPE_IQ4_XS) {
+        /* S4 = [dA*dx, dB*dx] */
+        Sv = rr ? _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(S4)) : _mm512_broadcastss_ps(S4);
         Sm = _mm256_setzero_ps();
       } else if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
         const __m128 S2 = _mm_mul_ps(ddm, _mm_set1_ps(dx));
