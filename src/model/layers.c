@@ -606,12 +606,10 @@ VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
   for (int64_t t = 0; t < j->n; t++) {
     const float *mix = s->mix + t * C;
     float *c = s->raw + t * C;
-    for (int64_t ch = c0; ch < c1; ch++) {
-      float acc = 0.0f;
-      for (int64_t q = 0; q < K - 1; q++) acc += wt[q * C + ch] * conv[q * C + ch];
-      acc += wt[(K - 1) * C + ch] * mix[ch];
-      c[ch] = siluf(acc);
-    }
+    for (int64_t ch = c0; ch < c1; ch++) c[ch] = 0.0f; /* one tap at a time: each pass vectorizes */
+    for (int64_t q = 0; q < K - 1; q++)
+      for (int64_t ch = c0; ch < c1; ch++) c[ch] += wt[q * C + ch] * conv[q * C + ch];
+    for (int64_t ch = c0; ch < c1; ch++) c[ch] = siluf(c[ch] + wt[(K - 1) * C + ch] * mix[ch]);
     for (int64_t q = 0; q + 1 < K - 1; q++) memcpy(conv + q * C + c0, conv + (q + 1) * C + c0, (size_t)(c1 - c0) * 4);
     memcpy(conv + (K - 2) * C + c0, mix + c0, (size_t)(c1 - c0) * 4);
     for (int64_t h0 = c0; h0 < c1 && h0 < 2 * kd; h0 += dk) { /* q heads, then k heads */
