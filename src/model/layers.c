@@ -235,8 +235,11 @@ static void mm_run(model_session *s, const mm_task *t, int n) {
     }
   if (L.total == 0) return;
   const int nth = s->pool ? floe_pool_size(s->pool) : 1;
-  L.split = L.total - L.total / 5; /* the last fifth in about 2*nth chunks */
-  L.chunk = (L.total - L.split) / (2 * nth) + 1;
+  /* the last fifth in about 8*nth chunks, each at least ~64 KB of weights at one row (a chunk
+   * is the most one thread can still wait for at the end) */
+  L.split = L.total - L.total / 5;
+  L.chunk = (L.total - L.split) / (8 * nth) + 1;
+  if (L.chunk < 65536) L.chunk = 65536;
   L.next = L.split;
   if (nth > 1 && rows >= 64) layer_run(s, mm_list_worker, &L);
   else
