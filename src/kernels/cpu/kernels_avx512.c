@@ -83,14 +83,41 @@
  *          quantization serial: 2 threads need ~65-75 % of each core's time as compute, so the
  *          2-thread misses (75-80 %) are overlap, not a hard floor. Not changed beyond pf_at.
  *   Q4_K   met before (80-89 %); unchanged beyond pf_at.
- * 2-thread figures above could not be re-measured: load 2.1-3.0 during the whole session (membw
- * 2 threads read 14-15 GB/s, the same as 1 thread), so the 2-thread %s of that run are
- * meaningless (>100 % against the loaded membw). Left, in expected-gain order: (1) 2 threads on a
- * quiet machine: IQ4_XS and MLX expert shapes; candidates: the row split of small matrices in
- * kern_matmul_mt (interleaved 16-row blocks instead of halves), KPF_HINT T1, a 2-thread
- * activation quantization; (2) IQ4_XS pairs: both rows' scales in one pdep/cvt/vpermw, as Q4_K;
- * (3) MLX per-row window setup for short rows (2048x512); (4) FMA in the model (acc = fma(L, S,
- * acc): -2 uops per step; scalar and AVX2 must then use fmaf / vfmadd).
+ * 2-thread figures above could not be re-measured on the dev machine (load 2-3 all session).
+ *
+ * ---- 2 threads and IQ4_XS pairs, 2026-11-29 (second pass) ----
+ * Floors written first: IQ4_XS nb=1 pair, counted from the compiled loop: 146 instructions per
+ * pair-superblock, ~83 zmm uops on ports 0/5 (incl. 8 register copies: x copied before each masked
+ * vpsubb, zeroed accumulators copied before vpdpwssd) = 41.5 cycles per pair = 20.8 per
+ * superblock-row: that IS the measured 21.5, so the kernel is port-0/5 bound and only fewer uops
+ * help; memory floor 32 (1 thread) / 33.6 per core (2 threads). kern_matmul_q_mt: the serial
+ * activation quantization (0.9 us IQ4_XS, 0.87 us MLX4 at 2048 values) is ~4-5 % of a 2-thread
+ * expert call (~18-25 us); splitting it over the threads saves ~half of it minus a barrier
+ * (~0.1-0.2 us): predicted +2 % on the 2-thread expert shapes, nothing on 1 thread.
+ * Done: (1) kernels.c mt_quant_matmul: one parallel region, each thread quantizes its units of
+ * the row (bit-identical, tested with 1-4 threads), spin barrier, then its rows. The row split was
+ * already right: 512 rows -> 256 + 256, 16-row units (whole Y lines, row pairs never cut).
+ * (2) IQ4_XS pairs: both rows' scales in one vpmovsxbw and d in one vcvtph2ps; |kvalue| / kvalue
+ * by vpermb from 64-entry tables (low nibbles straight from the code bytes, high nibbles from
+ * words >> 2: no and / gf2p8affine); for NB = 1 the sign goes onto the signed weights (vpabsb,
+ * vpmovb2m of x once per step for both rows, one in-place masked vpsubb per row) instead of masks
+ * from the weights plus copies of x; vpmaddwd starts the chain. 146 -> 124 instructions, ~83 ->
+ * ~65 port-0/5 uops: predicted 20.8 -> ~16 cycles. Measured in L2 (cpu us per call, 1 thread,
+ * A/B alternating x3, load 2.0-2.6): 512x2048 28.4 -> 26.9 us (21.3 -> 20.2 cycles), 2048x512
+ * 29.8 -> 29.2: the uop model overestimates the gain ~4x here, so something else (scheduler /
+ * latency of the 9-deep per-iteration chain, loads) also binds; no hardware counters in this VM.
+ * Out of cache on the device machine (16-core Xeon, same family, pinned to 2 cores, membw 16.5 /
+ * 32.3 GB/s at start; neighbours make it drift, 15.2 / 26.6 at the end of the second run; best of
+ * 2 runs, base cafce70 -> this): 2 threads iq4_xs 512x2048 79.1 -> 79.4 %, 2048x512 81.8 -> 79.7,
+ * 2048x4096 82.8 -> 86.2, 8192x2048 84.4 -> 86.8; mlx4 83.4 -> 83.3, 86.9 -> 85.4, 96.8 -> 97.5,
+ * 95.3 -> 94.4; q4_K 79.7 -> 75.8, 74.9 -> 80.8; q8_0 84.5 -> 82.6, 85.1 -> 81.0 (expert shapes).
+ * Run-to-run spread there is +-5-10 points, larger than any of these changes: the expert shapes
+ * sit at ~75-87 % with 2 threads either way. KPF_HINT T1 (3 runs A/B vs T0): Q4_K better in both
+ * sessions (2 threads 512x2048 median 69 -> 80 %), IQ4_XS and MLX4 equal or worse: not adopted.
+ * Left: (1) 2-thread expert shapes are ~80 % and noisy; the next candidates are a per-type prefetch
+ * hint (T1 for Q4_K), the pool's per-call mutex/condvar (src/base/pool.c), and IQ4_XS's remaining
+ * ~20 cycles in L2 (find the real limit with counters); (2) MLX per-row window setup for short
+ * rows; (3) FMA in the model.
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
