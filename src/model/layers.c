@@ -1005,6 +1005,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
       const int32_t e = s->sel[t * K + jj];
       const int32_t a = off[e] + cnt[e]++;
       aidx[t * K + jj] = a;
+      if (n == 1 && !m->xs) continue; /* one token: every expert reads row 0 of h in place */
       memcpy(s->ein + a * E, s->h + t * E, (size_t)E * 4);
       if (xq_e) memcpy(s->xq_g + (size_t)a * xs_e, xq_e + (size_t)t * xs_e, xs_e);
     }
@@ -1025,9 +1026,11 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     nt = 0;
     for (int64_t e = 0; e < NE; e++) {
       if (!cnt[e]) continue;
-      const uint8_t *xg = xq_e ? s->xq_g + (size_t)off[e] * xs_e : NULL;
-      tk[nt++] = task(&L->exp_gate[e], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eg + off[e] * I, I);
-      tk[nt++] = task(&L->exp_up[e], cnt[e], s->ein + off[e] * E, E, lay_e, xg, xs_e, s->eu + off[e] * I, I);
+      const bool one = n == 1; /* decode: the gathered row would be a copy of h (and of its quantized row) */
+      const uint8_t *xg = xq_e ? (one ? xq_e : s->xq_g + (size_t)off[e] * xs_e) : NULL;
+      const float *xin = one ? s->h : s->ein + off[e] * E;
+      tk[nt++] = task(&L->exp_gate[e], cnt[e], xin, E, lay_e, xg, xs_e, s->eg + off[e] * I, I);
+      tk[nt++] = task(&L->exp_up[e], cnt[e], xin, E, lay_e, xg, xs_e, s->eu + off[e] * I, I);
     }
     mm_run(s, tk, nt);
 
