@@ -6,7 +6,15 @@
  * times per token and a futex wake costs more than most matvecs. The spin is short (POOL_SPIN
  * pauses, ~0.1-0.3 ms): long enough to bridge the gaps between the parallel regions of one token,
  * short enough that an oversubscribed machine (more runnable threads than cores, e.g. tests run in
- * parallel) does not burn whole time slices waiting for a descheduled thread. */
+ * parallel) does not burn whole time slices waiting for a descheduled thread.
+ *
+ * Fast path: (fn, ctx) are written before the generation is bumped (release) and read after it is
+ * seen (acquire), so a spinning worker starts without touching the mutex, and the caller takes the
+ * mutex to broadcast only when some worker is asleep (n_sleep); completion likewise signals only a
+ * sleeping caller. Each side announces that it goes to sleep (seq_cst store) before re-checking the
+ * other's counter (seq_cst load) under the mutex, so a wake-up cannot be lost. A mutex on every run
+ * cost 0.68 us per empty run with 2 threads, and a worker that saw the new generation while the
+ * caller still held the mutex slept in the kernel. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -23,6 +31,8 @@ struct floe_pool {
   uint64_t gen;   /* incremented per run; workers wait for a new value */
   int pending;    /* workers still running the current generation */
   int quit;
+  int n_sleep;    /* workers blocked (or about to block) on cv_work */
+  int caller_sleep; /* the caller is blocked (or about to block) on cv_done */
 };
 
 #define POOL_SPIN 2000
@@ -41,20 +51,21 @@ static void *worker_main(void *arg_) {
       if (__atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) != seen || __atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) break;
       __builtin_ia32_pause();
     }
-    pthread_mutex_lock(&p->mu);
-    while (p->gen == seen && !p->quit) pthread_cond_wait(&p->cv_work, &p->mu);
-    if (p->quit) {
+    if (__atomic_load_n(&p->gen, __ATOMIC_SEQ_CST) == seen && !__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) {
+      pthread_mutex_lock(&p->mu);
+      __atomic_add_fetch(&p->n_sleep, 1, __ATOMIC_SEQ_CST);
+      while (__atomic_load_n(&p->gen, __ATOMIC_SEQ_CST) == seen && !p->quit) pthread_cond_wait(&p->cv_work, &p->mu);
+      __atomic_sub_fetch(&p->n_sleep, 1, __ATOMIC_SEQ_CST);
       pthread_mutex_unlock(&p->mu);
-      return NULL;
     }
-    seen = p->gen;
+    if (__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) return NULL;
+    seen = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE);
     floe_pool_fn fn = p->fn;
     void *ctx = p->ctx;
-    pthread_mutex_unlock(&p->mu);
 
     fn(ctx, ith, p->n);
 
-    if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_ACQ_REL) == 0) {
+    if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_SEQ_CST) == 0 && __atomic_load_n(&p->caller_sleep, __ATOMIC_SEQ_CST)) {
       pthread_mutex_lock(&p->mu);
       pthread_cond_signal(&p->cv_done);
       pthread_mutex_unlock(&p->mu);
@@ -115,20 +126,26 @@ void floe_pool_run(floe_pool *p, floe_pool_fn fn, void *ctx) {
     fn(ctx, 0, 1);
     return;
   }
-  pthread_mutex_lock(&p->mu);
   p->fn = fn;
   p->ctx = ctx;
   __atomic_store_n(&p->pending, p->n - 1, __ATOMIC_RELEASE);
-  __atomic_add_fetch(&p->gen, 1, __ATOMIC_ACQ_REL);
-  pthread_cond_broadcast(&p->cv_work);
-  pthread_mutex_unlock(&p->mu);
+  __atomic_add_fetch(&p->gen, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&p->n_sleep, __ATOMIC_SEQ_CST)) {
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->cv_work);
+    pthread_mutex_unlock(&p->mu);
+  }
 
   fn(ctx, 0, p->n);
 
   for (int i = 0; i < POOL_SPIN && __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE); i++) __builtin_ia32_pause();
-  pthread_mutex_lock(&p->mu);
-  while (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE)) pthread_cond_wait(&p->cv_done, &p->mu);
-  pthread_mutex_unlock(&p->mu);
+  if (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE)) {
+    pthread_mutex_lock(&p->mu);
+    __atomic_store_n(&p->caller_sleep, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&p->pending, __ATOMIC_SEQ_CST)) pthread_cond_wait(&p->cv_done, &p->mu);
+    __atomic_store_n(&p->caller_sleep, 0, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&p->mu);
+  }
 }
 
 void floe_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1) {
