@@ -148,6 +148,9 @@ int cmd_bench(int argc, char **argv) {
   }
   const int64_t need = n_prompt > depth + n_gen ? n_prompt : depth + n_gen;
   sp.n_ctx = n_ctx > 0 ? n_ctx : need;
+  /* one sequence per repetition, no later prompt to resume: no recurrent-state checkpoints (with a
+   * memory budget their ~8 state copies would be counted against it for nothing) */
+  sp.n_checkpoints = -1;
   char err[512];
   floe_engine *e = NULL;
   floe_session *s = NULL;

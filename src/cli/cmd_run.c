@@ -89,6 +89,7 @@ int cmd_run(int argc, char **argv) {
   floe_engine_params_init(&ep);
   floe_session_params spar;
   floe_session_params_init(&spar);
+  spar.n_checkpoints = -1; /* one generation, no later prompt to resume: no recurrent-state checkpoints */
   floe_gen_params gp;
   floe_gen_params_init(&gp);
   gp.max_tokens = 128;
