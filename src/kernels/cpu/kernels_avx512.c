@@ -131,7 +131,8 @@
  * 8.1-9.8 at 4 KiB (1 thread); 2 threads 8.2 -> 12.4-17.6. The hardware streamer alone does not keep
  * enough lines in flight for a kernel this compute-heavy. */
 static int KPF = 4096;
-#define KPF_HINT _MM_HINT_T0 /* T1 (L2 only, frees L1 fill buffers) is untested: measure with 2 threads on a quiet machine */
+#define KPF_HINT _MM_HINT_T0 /* Q4_K uses T1 (a256_rows): on the dev machine, 3 alternated rounds, Q4_K nb=1 rose from
+                                 * 80-83 to 84-89 % (1 thread) and 72-80 to 79-87 % (2 threads); Q8_0, IQ4_XS, MLX4 did not gain */
 __attribute__((constructor)) static void kpf_from_env(void) {
   const char *e = getenv("FLOE_KPF");
   if (e) KPF = atoi(e);
@@ -378,9 +379,15 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     const uint8_t *bk = kw_row(W, r + rr) + k * bytes;
     if (KPF) {
       const char *pf = pf_at(kw_row(W, r + rr), k * bytes, W->row_bytes, RR);
-      _mm_prefetch(pf, KPF_HINT);
-      _mm_prefetch(pf + 64, KPF_HINT);
-      _mm_prefetch(pf + 128, KPF_HINT);
+      if (T == FLOE_TYPE_Q4_K) { /* T1 (to L2): measured better for Q4_K, worse or equal for the others */
+        _mm_prefetch(pf, _MM_HINT_T1);
+        _mm_prefetch(pf + 64, _MM_HINT_T1);
+        _mm_prefetch(pf + 128, _MM_HINT_T1);
+      } else {
+        _mm_prefetch(pf, KPF_HINT);
+        _mm_prefetch(pf + 64, KPF_HINT);
+        _mm_prefetch(pf + 128, KPF_HINT);
+      }
     }
     __m512i w[4], sv[4], q[2];
     __m256i aux = _mm256_setzero_si256(); /* mins (Q4_K/Q5_K) or scales (Q6_K) as int16, for bsum */
