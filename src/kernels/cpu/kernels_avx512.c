@@ -112,12 +112,40 @@
  * 2048x4096 82.8 -> 86.2, 8192x2048 84.4 -> 86.8; mlx4 83.4 -> 83.3, 86.9 -> 85.4, 96.8 -> 97.5,
  * 95.3 -> 94.4; q4_K 79.7 -> 75.8, 74.9 -> 80.8; q8_0 84.5 -> 82.6, 85.1 -> 81.0 (expert shapes).
  * Run-to-run spread there is +-5-10 points, larger than any of these changes: the expert shapes
- * sit at ~75-87 % with 2 threads either way. KPF_HINT T1 (3 runs A/B vs T0): Q4_K better in both
+ * sit at ~75-87 % with 2 threads either way. Prefetch hint T1 (3 runs A/B vs T0): Q4_K better in both
  * sessions (2 threads 512x2048 median 69 -> 80 %), IQ4_XS and MLX4 equal or worse: not adopted.
  * Left: (1) 2-thread expert shapes are ~80 % and noisy; the next candidates are a per-type prefetch
  * hint (T1 for Q4_K), the pool's per-call mutex/condvar (src/base/pool.c), and IQ4_XS's remaining
  * ~20 cycles in L2 (find the real limit with counters); (2) MLX per-row window setup for short
  * rows; (3) FMA in the model.
+ *
+ * ---- 2-thread expert shapes, third pass (2026-11-29, dev machine, bench_matvec --shapes expert
+ * --nb 1, A/B alternated with the base build 3f9e3df, load 0.9-1.5 = the bench itself) ----
+ * Floor: 2 threads need 80 % of 32.2 GB/s = 12.9 GB/s per core, i.e. each core must stream at 78 %
+ * of the 16.6 GB/s one core gets alone, under the higher loaded latency; compute in L2 is at most
+ * ~50 % of the out-of-cache time for all four types, so the gap is lines in flight, not uops.
+ * Prediction: the limit is the L1 fill buffers (prefetcht0 and demand misses share them);
+ * prefetching far ahead into L2 only, plus a short T0 prefetch to move the lines into L1, should
+ * lift every type by a few points with 2 threads.
+ *   (1) per-type hint, prefetcht1 everywhere (one distance, 4 KiB; 3 rounds): Q8_0 +1, IQ4_XS
+ *       +2.6 / -1.8, MLX4 +1 / 0 points with 2 threads: within noise, not adopted alone.
+ *   (2) dynamic tail in kern_matmul_q_mt (last 25 % / 50 % of the rows in >= 16 KiB chunks from an
+ *       atomic counter): 2 threads -7 / -15 points on every type (3 rounds). Each chunk restarts
+ *       the prefetch stream (its first KPF bytes are demand misses) and the prefetches past a
+ *       chunk's end fetch the other core's next chunk into the wrong L2. Reverted: contiguous
+ *       halves are right for these kernels.
+ *   (3) two levels, far T1 + near T0 (pf_row): experiment build (near target = far target - KPF +
+ *       KPF_NEAR, runtime hint switches), 3 rounds each: far 4 KiB T1 +
+ *       near 1 KiB T0 vs one T0: 2 threads Q4_K +3.5 / +2.2, Q8_0 +2.5 / +2.3, IQ4_XS +4.7 / +4.4,
+ *       MLX4 +2.6 / +2.3; far 8 KiB >= 4 KiB, near 1 KiB > 0.5 and 2 KiB; far T0 + near T0 gains
+ *       nothing (so it is the L2 target that matters). Final code, 6 rounds against the base:
+ *       2 threads Q4_K 79.0 -> 81.9 / 78.0 -> 78.4, IQ4_XS 70.7 -> 73.8 / 71.3 -> 72.0, MLX4
+ *       74.8 -> 78.2 / 74.1 -> 77.7 (512x2048 / 2048x512, means; the machine drifted 5 points
+ *       down during these rounds: base Q8_0 1 thread 82 -> 76 %); 1 thread +1-4 for the three.
+ *       Q8_0 with the two levels measured -1.5 to -3 in the clean build (and +2 in the experiment
+ *       build): not a clear win, so A32 keeps one T0 at 4 KiB.
+ * Left: the 2-thread expert shapes are still ~72-82 % on this drifting machine; Q8_0 2 threads
+ * unchanged.
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
@@ -126,26 +154,54 @@
 #include "kernels/cpu/kernels_internal.h"
 
 #define NBG 8 /* activation rows sharing one weight decode */
-/* Software prefetch distance in bytes (FLOE_KPF overrides; 0 = off). Measured on the device
- * machine (16-core Xeon, same family): Q4_K 512x2048 out of cache 5.7 GB/s without, 8.3 at 2 KiB,
- * 8.1-9.8 at 4 KiB (1 thread); 2 threads 8.2 -> 12.4-17.6. The hardware streamer alone does not keep
- * enough lines in flight for a kernel this compute-heavy. */
-static int KPF = 4096;
-#define KPF_HINT _MM_HINT_T0 /* Q4_K uses T1 (a256_rows): on the dev machine, 3 alternated rounds, Q4_K nb=1 rose from
-                                 * 80-83 to 84-89 % (1 thread) and 72-80 to 79-87 % (2 threads); Q8_0, IQ4_XS, MLX4 did not gain */
+/* Software prefetch of the weights (FLOE_KPF, FLOE_KPF_NEAR, FLOE_KPF_ONE override; 0 = off).
+ * K-quants, IQ4_XS and MLX: two levels, far = KPF bytes ahead into L2 (prefetcht1), near =
+ * KPF_NEAR bytes ahead into L1 (prefetcht0). One prefetcht0 distance (4 KiB) left the 2-thread
+ * small-matrix calls at 74-80 % of the bandwidth; prefetcht1 alone helped Q4_K only (it leaves the
+ * L1 fill buffers to the demand loads, which then wait on L2). Far T1 keeps more lines in flight
+ * (the L2 queue is deeper than the L1 fill buffers), near T0 has each line in L1 before its use.
+ * Measured 2026-11-29 (dev machine, alternated A/B, see the header): 2 threads +1-6 points for
+ * Q4_K, IQ4_XS, MLX4 on the expert shapes; far 8 KiB >= 4 KiB, near 1 KiB > 0.5 or 2 KiB.
+ * A32 types (Q8_0): the same two levels measured -1.5 to -3 points with 2 threads, so they keep
+ * one prefetcht0 KPF_ONE bytes ahead. History: one T0 distance, Q4_K 512x2048 out of cache
+ * 5.7 GB/s without, 8.1-9.8 at 4 KiB (device machine, 1 thread): the hardware streamer alone does
+ * not keep enough lines in flight. */
+static int KPF = 8192, KPF_NEAR = 1024, KPF_ONE = 4096;
 __attribute__((constructor)) static void kpf_from_env(void) {
   const char *e = getenv("FLOE_KPF");
   if (e) KPF = atoi(e);
+  e = getenv("FLOE_KPF_NEAR");
+  if (e) KPF_NEAR = atoi(e);
+  e = getenv("FLOE_KPF_ONE");
+  if (e) KPF_ONE = atoi(e);
 }
 
-/* Prefetch address for byte y of a row of rb bytes. Rows are read in pairs (r, r+1), two streams
- * in lock-step. Plain "row + y + KPF" breaks when rb > KPF - rb/2: row r's prefetches land in row
- * r+1 right where the other stream is reading (useless), and row r+1 is never fetched ahead
- * (Q8_0 2048x4096, rb = 4352 > 4096: 75 % of bandwidth). Skipping the partner row (+ rb once the
- * target leaves the own row) keeps every stream KPF bytes ahead in rows r+2, r+3. */
-static inline const char *pf_at(const uint8_t *row, int64_t y, size_t rb, int RR) {
-  const int64_t t = y + KPF;
+/* Prefetch address for byte y of a row of rb bytes, dist bytes ahead. Rows are read in pairs
+ * (r, r+1), two streams in lock-step. Plain "row + y + dist" breaks when rb > dist - rb/2: row r's
+ * prefetches land in row r+1 right where the other stream is reading (useless), and row r+1 is
+ * never fetched ahead (Q8_0 2048x4096, rb = 4352 > 4096: 75 % of bandwidth). Skipping the partner
+ * row (+ rb once the target leaves the own row) keeps every stream dist bytes ahead in rows r+2, r+3. */
+static inline const char *pf_at(const uint8_t *row, int64_t y, size_t rb, int RR, int64_t dist) {
+  const int64_t t = y + dist;
   return (const char *)row + t + (RR == 2 && t >= (int64_t)rb ? (int64_t)rb : 0);
+}
+
+/* prefetch for byte y of a row, `lines` cache lines: two levels (far T1 + near T0), or one T0 */
+static inline __attribute__((always_inline)) void pf_row(const uint8_t *row, int64_t y, size_t rb, int RR, int lines, int two) {
+  if (!two) {
+    if (!KPF_ONE) return;
+    const char *p = pf_at(row, y, rb, RR, KPF_ONE);
+    for (int i = 0; i < lines; i++) _mm_prefetch(p + 64 * i, _MM_HINT_T0);
+    return;
+  }
+  if (KPF) {
+    const char *far = pf_at(row, y, rb, RR, KPF);
+    for (int i = 0; i < lines; i++) _mm_prefetch(far + 64 * i, _MM_HINT_T1);
+  }
+  if (KPF_NEAR) {
+    const char *near = pf_at(row, y, rb, RR, KPF_NEAR);
+    for (int i = 0; i < lines; i++) _mm_prefetch(near + 64 * i, _MM_HINT_T0);
+  }
 }
 
 static inline float red16(__m512 v) {
@@ -230,11 +286,7 @@ static inline __attribute__((always_inline)) void a32_rows(const int T, const in
 #pragma GCC unroll 2
     for (int rr = 0; rr < RR; rr++) {
       const uint8_t *row = kw_row(W, r + rr);
-      if (KPF) {
-        const char *pf = pf_at(row, k * bytes, W->row_bytes, RR);
-        _mm_prefetch(pf, KPF_HINT);
-        _mm_prefetch(pf + 64, KPF_HINT);
-      }
+      pf_row(row, k * bytes, W->row_bytes, RR, 2, 0);
       float d0, d1 = 0;
       __m256i w0 = a32_dec(T, row + k * bytes, &d0);
       __m256i w1 = two ? a32_dec(T, row + (k + 1) * bytes, &d1) : _mm256_setzero_si256();
@@ -377,18 +429,7 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
 #pragma GCC unroll 2
     for (int rr = 0; rr < RR; rr++) {
     const uint8_t *bk = kw_row(W, r + rr) + k * bytes;
-    if (KPF) {
-      const char *pf = pf_at(kw_row(W, r + rr), k * bytes, W->row_bytes, RR);
-      if (T == FLOE_TYPE_Q4_K) { /* T1 (to L2): measured better for Q4_K, worse or equal for the others */
-        _mm_prefetch(pf, _MM_HINT_T1);
-        _mm_prefetch(pf + 64, _MM_HINT_T1);
-        _mm_prefetch(pf + 128, _MM_HINT_T1);
-      } else {
-        _mm_prefetch(pf, KPF_HINT);
-        _mm_prefetch(pf + 64, KPF_HINT);
-        _mm_prefetch(pf + 128, KPF_HINT);
-      }
-    }
+    pf_row(kw_row(W, r + rr), k * bytes, W->row_bytes, RR, 3, 1);
     __m512i w[4], sv[4], q[2];
     __m256i aux = _mm256_setzero_si256(); /* mins (Q4_K/Q5_K) or scales (Q6_K) as int16, for bsum */
     float d, dm = 0;
@@ -620,7 +661,7 @@ static inline __attribute__((always_inline)) void mlx_step(const int BITS, const
 #pragma GCC unroll 2
   for (int rr = 0; rr < 2; rr++) {
     const uint8_t *cb = rowp[rr] + c * BITS / 8;
-    if (KPF) _mm_prefetch(pf_at(rowp[rr], c * BITS / 8, W->row_bytes, 2), KPF_HINT);
+    pf_row(rowp[rr], c * BITS / 8, W->row_bytes, 2, 1, 1);
     const __m512i q = full ? _mm512_loadu_si512(cb) : _mm512_maskz_loadu_epi8((__mmask64)((1ull << (rem * BITS / 8)) - 1), cb);
     LO[rr] = BITS == 4 ? _mm512_and_si512(q, _mm512_set1_epi8(15)) : q;
     HI[rr] = BITS == 4 ? hi_nib(q) : q;
@@ -737,7 +778,7 @@ static inline __attribute__((always_inline)) void mlx_rows(const int BITS, const
     for (int rr = 0; rr < RR; rr++) {
     const uint8_t *scl = sclp[rr];
     const uint8_t *cb = rowp[rr] + c * BITS / 8;
-    if (KPF) _mm_prefetch(pf_at(rowp[rr], c * BITS / 8, W->row_bytes, RR), KPF_HINT);
+    pf_row(rowp[rr], c * BITS / 8, W->row_bytes, RR, 1, 1);
     __m512i lo, hi = _mm512_setzero_si512();
     if (BITS == 4) {
       __m512i q = full ? _mm512_loadu_si512(cb) : _mm512_maskz_loadu_epi8((__mmask64)((1ull << (rem / 2)) - 1), cb);
