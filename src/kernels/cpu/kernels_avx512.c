@@ -144,8 +144,17 @@
  *       down during these rounds: base Q8_0 1 thread 82 -> 76 %); 1 thread +1-4 for the three.
  *       Q8_0 with the two levels measured -1.5 to -3 in the clean build (and +2 in the experiment
  *       build): not a clear win, so A32 keeps one T0 at 4 KiB.
- * Left: the 2-thread expert shapes are still ~72-82 % on this drifting machine; Q8_0 2 threads
- * unchanged.
+ *       All shapes, 4 more rounds (bench --bw2 32.22, so % = GB/s / 32.22): 2 threads Q4_K
+ *       78.7/77.7/85.2/85.0 -> 83.0/80.8/90.2/88.2, IQ4_XS 72.4/73.2/77.3/75.9 -> 76.1/73.8/81.0/78.9,
+ *       MLX4 74.0/74.1/82.5/84.5 -> 78.8/77.1/87.1/87.5 (512x2048, 2048x512, 8192x2048, 2048x4096),
+ *       every round better; Q8_0 (same code) equal.
+ *   (4) after the commit, 3 rounds each: Q8_0 two levels with far 4 / 8 KiB, near 0.5 / 1 KiB:
+ *       2 threads within +-0.5 of one T0 (76.6 / 77.1): Q8_0 is not limited by the L1 fill buffers;
+ *       far 16 KiB or near 1.5 KiB for the others: equal or worse than 8 / 1 KiB.
+ * kernels.sh at the end (load 0.94, membw 16.19 / 31.19), 1 / 2 threads % (512x2048, 2048x512):
+ *   Q4_K 93.5/84.4, 89.7/83.3; Q8_0 83.3/79.2, 83.5/80.4; IQ4_XS 83.0/78.8, 82.3/77.1; MLX4 88.7/81.2,
+ *   83.5/80.6; the attn shapes 82-96 % both. Left: 2 threads IQ4_XS (both expert shapes) and Q8_0
+ *   512x2048 below 80 %; Q8_0 needs something other than prefetch (split 34-byte block loads?).
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
