@@ -6,7 +6,7 @@
  * activation row, superblock of 256 weights) and the fraction of the int8 VNNI peak that is
  * (256 MACs per superblock; peak = 2 vpdpbusd zmm per cycle = 128 MACs/cycle, so the floor is 2
  * cycles). Core clock: measured with a dependent imul chain (3 cycles per imul).
- * Usage: bench_gemm [--shapes 512x2048,2048x512] [--nb 1,4,8,16] [--mats N] [--secs S] [--type q4_K|q5_K]
+ * Usage: bench_gemm [--shapes 512x2048,2048x512] [--nb 1,4,8,16,64 (<= 512; > 16: batched kernel only)] [--mats N] [--secs S] [--type q4_K|q5_K]
  * --mats N cycles through N distinct weight matrices (N large = weights from DRAM). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,8 @@
 #include <time.h>
 
 #include "kernels/cpu/kernels_internal.h"
+
+#define NBMAX 512 /* the batched kernel takes any nb; kern_mm_q_avx512 at most 16 */
 
 /* CPU time of this thread: other processes share the 2 cores, and time spent descheduled is not
  * the kernel's (this VM shows no steal time, so thread CPU time is core time) */
@@ -75,14 +77,14 @@ int main(int argc, char **argv) {
     const size_t mb = W.row_bytes * (size_t)rows;
     uint8_t *data = floe_aligned_alloc(64, mb * (size_t)nmats);
     quant_fill_random(type, &rng, data, (int64_t)nmats * rows * cols / 256, 1.0f);
-    float *X = malloc(sizeof(float) * 16 * (size_t)cols), *Y = malloc(sizeof(float) * 16 * (size_t)rows);
-    for (int64_t i = 0; i < 16 * cols; i++) X[i] = floe_rng_normal(&rng);
+    float *X = malloc(sizeof(float) * NBMAX * (size_t)cols), *Y = malloc(sizeof(float) * NBMAX * (size_t)rows);
+    for (int64_t i = 0; i < NBMAX * cols; i++) X[i] = floe_rng_normal(&rng);
     const size_t ab = kern_act_bytes(&W);
-    uint8_t *xq = floe_aligned_alloc(64, ab * 16);
-    kern_act_quantize_rows(&W, 16, X, cols, xq, ab);
+    uint8_t *xq = floe_aligned_alloc(64, ab * NBMAX);
+    kern_act_quantize_rows(&W, NBMAX, X, cols, xq, ab);
     for (const char *np = nbs; *np;) {
       const int nb = atoi(np);
-      for (int kern = 0; kern < 2 && nb >= 1 && nb <= 16; kern++) {
+      for (int kern = nb > 16; kern < 2 && nb >= 1 && nb <= NBMAX; kern++) {
         double best = 1e30;
         int64_t m = 0;
         for (int trial = 0; trial < 5; trial++) {

@@ -6,7 +6,9 @@
  * several seeds; then saturated inputs (all codes and scales at their maximum, activations at
  * +-127) that push the per-lane sums to the int16 bound the kernel relies on. The scalar result of
  * one activation row alone (nb = 1) is the oracle, so this also checks row-exactness. Finally
- * kern_matmul's dispatch (nb >= KGEMM_MIN_NB goes to this kernel) against the nb = 1 AVX-512 path. */
+ * kern_matmul's dispatch (nb >= KGEMM_MIN_NB goes to this kernel) against the nb = 1 AVX-512 path,
+ * and kern_matmul_batch with nb > 16 (Q4_K/Q5_K through this kernel, Q6_K/Q8_0 through the
+ * blocked kern_matmul loop) against nb = 1. */
 #include <math.h>
 
 #include "kernels/cpu/kernels_internal.h"
@@ -151,6 +153,32 @@ int main(void) {
     free(Y);
     free(Y1);
     drop(&c);
+  }
+
+  SECTION("kern_matmul_batch: nb > 16 (one transpose per 16 weight rows for every activation row), vs nb = 1");
+  floe_rng_seed(&rng, 123);
+  {
+    /* Q4_K/Q5_K go to the batched kernel (4352 columns: more superblocks than one chunk); Q6_K
+     * and Q8_0 take the blocked kern_matmul loop */
+    const uint32_t bt[] = {FLOE_TYPE_Q4_K, FLOE_TYPE_Q5_K, FLOE_TYPE_Q6_K, FLOE_TYPE_Q8_0};
+    const int64_t bshape[][3] = {{37, 2048, 70}, {19, 4352, 33}, {130, 512, 17}};
+    for (int ti = 0; ti < 4; ti++)
+      for (int si = 0; si < 3; si++) {
+        const int64_t rows = bshape[si][0], cols = bshape[si][1], nb = bshape[si][2];
+        tcase c = make(bt[ti], rows, cols, (int)nb, 0);
+        const int64_t ldy = rows + 5;
+        float *Y = malloc(sizeof(float) * (size_t)(nb * ldy)), *Y1 = malloc(sizeof(float) * (size_t)(nb * ldy));
+        for (int64_t i = 0; i < nb * ldy; i++) Y[i] = Y1[i] = -7.0f;
+        kern_matmul_batch(&c.W, nb, c.X, cols, c.xq, c.ab, Y, ldy, 1, rows);
+        for (int64_t b = 0; b < nb; b++) kern_matmul(&c.W, 1, c.X + b * cols, cols, c.xq + (size_t)b * c.ab, c.ab, Y1 + b * ldy, ldy, 1, rows);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < nb * ldy; i++) bad += memcmp(&Y[i], &Y1[i], 4) != 0;
+        CHECK(bad == 0, "type %u %lldx%lld nb %lld rows [1, %lld): %lld outputs differ from nb = 1", bt[ti], (long long)rows,
+              (long long)cols, (long long)nb, (long long)rows, (long long)bad);
+        free(Y);
+        free(Y1);
+        drop(&c);
+      }
   }
   return TEST_DONE();
 }

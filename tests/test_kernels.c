@@ -1,6 +1,7 @@
 /* CPU kernels against the quant reference, for every type x every ISA this CPU has x both paths.
  *
- * For each type and shape (awkward column counts: 1 block, 2, 7, 13 blocks; rows 1, 3, 17, 33):
+ * For each type and shape (awkward column counts: 1 block, 2, 7, 13 blocks, and 18 for the
+ * 256-blocks; rows 1, 3, 17, 33):
  *  - float path: |y - quant_dot_ref| <= 1e-5 * S (S = sum |w_j x_j|), every ISA;
  *  - quantized path (types that have one): |y - ref| <= 1e-2 * S on standard-normal x (the
  *    README's guidance for 8-bit activations); on every x (incl. outliers, where 8-bit blocks
@@ -251,8 +252,9 @@ int main(void) {
     const floe_type_traits *tt = floe_type_info(types[t]);
     tstats st = {0};
     /* block counts 1, 2, 7, 13 (plain types: 1, 7, 33, 100, 1000 columns) */
-    const int64_t blk_plain[] = {1, 7, 33, 100, 1000}, blk_q[] = {1, 2, 7, 13};
-    const int nshape = tt->blck == 1 ? 5 : 4;
+    const int64_t blk_plain[] = {1, 7, 33, 100, 1000}, blk_q[] = {1, 2, 7, 13, 18};
+    /* 18 superblocks: the Q4_K/Q5_K slot wrap (k % 16), a partial group of 4 */
+    const int nshape = tt->blck == 1 ? 5 : tt->blck == 256 ? 5 : 4;
     for (int s = 0; s < nshape; s++) {
       int64_t cols = tt->blck == 1 ? blk_plain[s] : blk_q[s] * tt->blck;
       int64_t rows = rowsv[s % 4];

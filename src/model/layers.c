@@ -165,18 +165,8 @@ typedef struct mm_task {
   int64_t ldy;
 } mm_task;
 
-#define MM_RBLK 64 /* rows per block when nb > 16: the block stays in L2 while each 16-row group passes */
-
 static void task_rows(const mm_task *t, int64_t r0, int64_t r1) {
-  const int64_t blk = t->nb > 16 ? MM_RBLK : r1 - r0;
-  for (int64_t rb = r0; rb < r1; rb += blk) {
-    const int64_t re = rb + blk < r1 ? rb + blk : r1;
-    for (int64_t b = 0; b < t->nb; b += 16) {
-      const int nb = (int)(t->nb - b < 16 ? t->nb - b : 16);
-      kern_matmul(t->W, nb, t->X + b * t->ldx, t->ldx, t->xq ? t->xq + (size_t)b * t->xqs : NULL, t->xqs,
-                  t->Y + b * t->ldy, t->ldy, rb, re);
-    }
-  }
+  kern_matmul_batch(t->W, t->nb, t->X, t->ldx, t->xq, t->xqs, t->Y, t->ldy, r0, r1);
 }
 
 /* Estimated cost of one 16-row unit: the weight bytes, plus the per-row integer work that grows

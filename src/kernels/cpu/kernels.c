@@ -368,6 +368,23 @@ static float dot_a256_scalar(const floe_mat *W, const uint8_t *row, const uint8_
   const float *dx = (const float *)(xq + L->off_d);
   const int16_t *bs = (const int16_t *)(xq + L->off_s);
   float acc[16] = {0}, macc[8] = {0};
+  if (W->type == FLOE_TYPE_Q4_K || W->type == FLOE_TYPE_Q5_K) {
+    /* the superblock model (kernels_internal.h) */
+    for (int64_t k = 0; k < L->nblk; k++) {
+      const uint8_t *b = row + (size_t)k * (size_t)tt->bytes;
+      const int8_t *x = q + 256 * k;
+      const int16_t *bsk = bs + 16 * k;
+      int8_t w[256];
+      int32_t lsc[64], S1 = 0, S2 = 0;
+      uint8_t sc[8], m[8];
+      dec_a256(W->type, b, w, lsc);
+      for (int p = 0; p < 256; p++) S1 += w[p] * x[p] * lsc[p / 4];
+      kq_scales_k4(b + 4, sc, m);
+      for (int j = 0; j < 8; j++) S2 += m[j] * (bsk[2 * j] + bsk[2 * j + 1]);
+      acc[k % 16] = acc[k % 16] + kq4_term(S1, S2, kq_f16(b), kq_f16(b + 2), dx[k]);
+    }
+    return kred16(acc);
+  }
   for (int64_t k = 0; k < L->nblk; k++) {
     const uint8_t *b = row + (size_t)k * (size_t)tt->bytes;
     const int8_t *x = q + 256 * k;
@@ -394,12 +411,7 @@ static float dot_a256_scalar(const floe_mat *W, const uint8_t *row, const uint8_
     float s = d * dx[k];
     for (int i = 0; i < 16; i++) S[i] = s;
     lanes_add(acc, Lv, S, 0, 16);
-    if (W->type == FLOE_TYPE_Q4_K || W->type == FLOE_TYPE_Q5_K) {
-      uint8_t sc[8], m[8];
-      kq_scales_k4(b + 4, sc, m);
-      float sm = kq_f16(b + 2) * dx[k];
-      for (int j = 0; j < 8; j++) macc[j] = macc[j] + (float)(m[j] * bsk[2 * j] + m[j] * bsk[2 * j + 1]) * sm;
-    } else if (W->type == FLOE_TYPE_Q6_K) {
+    if (W->type == FLOE_TYPE_Q6_K) {
       const int8_t *sc = (const int8_t *)(b + 192);
       for (int j = 0; j < 8; j++) macc[j] = macc[j] + (float)(32 * (sc[2 * j] * bsk[2 * j] + sc[2 * j + 1] * bsk[2 * j + 1])) * s;
     }
@@ -483,6 +495,27 @@ void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const v
     default:
       if (xq) mm_q_scalar(W, nb, xq, xq_stride, Y, ldy, r0, r1);
       else mm_float_scalar(W, nb, X, ldx, Y, ldy, r0, r1);
+  }
+}
+
+#define KB_RBLK 64 /* rows per block when nb > 16: the block stays in L2 while each 16-row group passes */
+
+void kern_matmul_batch(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                       float *Y, int64_t ldy, int64_t r0, int64_t r1) {
+  FLOE_ASSERT(nb >= 1);
+  if (r1 <= r0) return;
+  if (kern_isa_get() == FLOE_ISA_AVX512 && xq && nb >= KGEMM_MIN_NB && kern_gemm_avx512_supports(W)) {
+    kern_gemm_q_avx512(W, nb, xq, xq_stride, Y, ldy, r0, r1);
+    return;
+  }
+  const int64_t blk = nb > 16 ? KB_RBLK : r1 - r0;
+  for (int64_t rb = r0; rb < r1; rb += blk) {
+    const int64_t re = rb + blk < r1 ? rb + blk : r1;
+    for (int64_t b = 0; b < nb; b += 16) {
+      const int n = (int)(nb - b < 16 ? nb - b : 16);
+      kern_matmul(W, n, X ? X + b * ldx : NULL, ldx, xq ? (const uint8_t *)xq + (size_t)b * xq_stride : NULL, xq_stride,
+                  Y + b * ldy, ldy, rb, re);
+    }
   }
 }
 

@@ -66,6 +66,13 @@ void kern_act_quantize_rows(const floe_mat *W, int nb, const float *X, int64_t l
 void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                  float *Y, int64_t ldy, int64_t r0, int64_t r1);
 
+/* kern_matmul for any number of activation rows nb >= 1 (prefill): the same values, bit for bit,
+ * as kern_matmul on groups of at most 16 rows; the AVX-512 Q4_K/Q5_K kernel prepares each block of
+ * 16 weight rows once for all nb rows, other paths run the rows in blocks of 64 (kept in L2) while
+ * the activation rows pass in groups of 16. */
+void kern_matmul_batch(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                       float *Y, int64_t ldy, int64_t r0, int64_t r1);
+
 /* kern_matmul over all W->rows rows, split across the pool's threads (rows aligned to 16).
  * Bit-identical to the single-threaded call. pool may be NULL (one thread). */
 void kern_matmul_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,

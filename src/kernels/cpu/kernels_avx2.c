@@ -1,6 +1,8 @@
 /* AVX2 (+FMA, F16C) kernels: the float path and the quantized-activation path.
  *
- * The quantized path follows the 16-lane model of kernels_internal.h exactly: the 16 lanes are a
+ * The quantized path follows the models of kernels_internal.h exactly (Q4_K/Q5_K: the superblock
+ * model, exact S1/S2 by the vector code then one scalar term per superblock; the other types: the
+ * 16-lane model): the 16 lanes are a
  * pair of ymm registers (lanes 0-7, 8-15), so a 64-byte step of the model is two 32-byte halves.
  * Integer dot products: vpmaddubsw (u8 x s8 pairs, never saturating for the value ranges used
  * here) then vpmaddwd with ones (4 products per dword) or with an int16 scale (pairs times the
@@ -35,6 +37,13 @@ static inline float red8(__m256 v) {
   __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
   return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+
+static inline int32_t hsum_i32(__m256i v) {
+  __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, _MM_SHUFFLE(1, 0, 3, 2)));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(a);
 }
 
 /* sum of 4 products u8 w * s8 x per dword (pairs must not saturate) */
@@ -103,7 +112,11 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
   const uint8_t *row = kw_row(W, r);
   const __m256i m4 = _mm256_set1_epi8(15);
   __m256 alo[NBG], ahi[NBG], macc[NBG];
-  for (int b = 0; b < NB; b++) alo[b] = ahi[b] = macc[b] = _mm256_setzero_ps();
+  float kacc[NBG][16]; /* Q4_K/Q5_K */
+  for (int b = 0; b < NB; b++) {
+    alo[b] = ahi[b] = macc[b] = _mm256_setzero_ps();
+    for (int i = 0; i < 16; i++) kacc[b][i] = 0.0f;
+  }
   for (int64_t k = 0; k < L->nblk; k++) {
     const uint8_t *bk = row + k * bytes;
     __m256i w[4][2], sv[4][2], sx[4][2]; /* weights (u8 or |w|), int16 scales, signs (IQ4_XS) */
@@ -198,6 +211,13 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
         Llo = _mm256_add_epi32(_mm256_hadd_epi32(X[0][0], X[1][0]), _mm256_hadd_epi32(X[2][0], X[3][0]));
         Lhi = _mm256_add_epi32(_mm256_hadd_epi32(X[0][1], X[1][1]), _mm256_hadd_epi32(X[2][1], X[3][1]));
       }
+      if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
+        /* the superblock model: exact S1 and S2, then one scalar term per superblock */
+        __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xb + L->off_s) + 16 * k));
+        const int32_t S1 = hsum_i32(_mm256_add_epi32(Llo, Lhi)), S2 = hsum_i32(_mm256_madd_epi16(aux, bs));
+        kacc[b][k % 16] = kacc[b][k % 16] + kq4_term(S1, S2, d, dm, dx);
+        continue;
+      }
       const float S = d * dx;
       const __m256 Sv = _mm256_set1_ps(S);
       alo[b] = lanes_add(alo[b], Llo, Sv);
@@ -210,7 +230,10 @@ static inline __attribute__((always_inline)) void a256_row(const int T, const in
       }
     }
   }
-  for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(alo[b], ahi[b]) - red8(macc[b]);
+  if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K)
+    for (int b = 0; b < NB; b++) Y[b * ldy + r] = kred16(kacc[b]);
+  else
+    for (int b = 0; b < NB; b++) Y[b * ldy + r] = red16(alo[b], ahi[b]) - red8(macc[b]);
 }
 
 /* ================= MLX 4-bit / 8-bit ================= */

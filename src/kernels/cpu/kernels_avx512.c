@@ -631,6 +631,126 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
 
 #define a256_row(T, NB, W, L, r, xq, xs, Y, ldy) a256_rows(T, NB, 1, W, L, r, xq, xs, Y, ldy)
 
+/* ================= quantized path: Q4_K / Q5_K, the superblock model ================= */
+
+/* One activation row xb against RR = 2 weight rows (r, r+1) or RR = 1 (kernels_internal.h, the
+ * superblock model). Per superblock the integer work is that of the 16-lane kernel above: each
+ * row's packed lanes (4 vpdpbusd, 2 vpackssdw, 2 vpdpwssd; their lane sum is S1) and both rows'
+ * mins in one vpmaddwd (lanes 0-7 row A, 8-15 row B; lane sums S2). Instead of a float multiply-add
+ * per superblock and row, the lanes are reduced transposed: two add steps per superblock turn
+ * [row A lanes, row B lanes, mins] into one vector of four 4-lane quarters [S1 A, S1 B, S2 A, S2 B]
+ * and two more per 4 superblocks fold the 4 vectors into one whose quarter lanes are the 4
+ * superblocks in order. Then, per 4 superblocks and both rows, one cvt, one multiply by
+ * [dd A, dd B, dm A, dm B], one subtraction and one add into the slot accumulators (slot k % 16 =
+ * lane k % 4 of acc4[(k / 4) % 4], row A lanes 0-3, row B lanes 4-7). */
+static const int32_t kk4_sidx[16] __attribute__((aligned(64))) = {0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3};
+
+static inline __attribute__((always_inline)) __m512i k4_sb(const int T, const int RR, const floe_mat *W, const uint8_t *bA,
+                                                            const uint8_t *bB, const int8_t *x, const int16_t *bs, float dx,
+                                                            int i, const uint8_t *rowA, int64_t yoff, __m512 *scv) {
+  const __m512i m4 = _mm512_set1_epi8(15);
+  /* 6-bit scales and mins of both rows in one ymm (128-bit lane rr = row rr; bytes 0-7 sc, 8-15 m),
+   * as in a256_rows */
+  const __m256i raw = _mm256_loadu2_m128i((const __m128i *)(bB + 4), (const __m128i *)(bA + 4));
+  const __m256i P = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+  const __m256i H = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+  const __m256i lowA = _mm256_and_si256(P, _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
+  const __m256i lowB = _mm256_and_si256(_mm256_srli_epi16(P, 4), _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+  const __m256i SCM2 = _mm256_or_si256(_mm256_or_si256(lowA, lowB), _mm256_and_si256(_mm256_srli_epi16(H, 2), _mm256_set1_epi8(0x30)));
+  int32_t dd[2];
+  memcpy(&dd[0], bA, 4);
+  memcpy(&dd[1], bB, 4);
+  /* [dA, dminA, dB, dminB] * dx = [ddA, dmA, ddB, dmB] into lane i of each quarter of scv */
+  const __m128 S4 = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, dd[1], dd[0])), _mm_set1_ps(dx));
+  *scv = _mm512_mask_permutexvar_ps(*scv, (__mmask16)(0x1111u << i), _mm512_load_si512(kk4_sidx), _mm512_castps128_ps512(S4));
+  const __m512i scz = _mm512_castsi256_si512(SCM2);
+  const __m512i AUX2 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_min2), scz);
+  __m512i Lr[2];
+  Lr[1] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+  for (int rr = 0; rr < RR; rr++) {
+    const uint8_t *bk = rr ? bB : bA;
+    pf_row(rowA + rr * W->row_bytes, yoff, W->row_bytes, RR, T == FLOE_TYPE_Q4_K ? 3 : 3, 1);
+    const __m512i lane = _mm512_set1_epi8((char)(16 * rr));
+    const __m512i sv0 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[0]), lane), scz);
+    const __m512i sv1 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[1]), lane), scz);
+    const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
+    const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+    __m512i w[4];
+    w[0] = _mm512_and_si512(q0, m4);
+    w[1] = hi_nib(q0);
+    w[2] = _mm512_and_si512(q1, m4);
+    w[3] = hi_nib(q1);
+    if (T == FLOE_TYPE_Q5_K) {
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bk + 16)));
+      const __m512i b16 = _mm512_set1_epi8(16);
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; s++) {
+        const int lo = 4 * (s / 2) + s % 2, hi = lo + 2;
+        const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << hi)), 1);
+        w[s] = _mm512_mask_add_epi8(w[s], _mm512_test_epi8_mask(qh, bits), w[s], b16);
+      }
+    }
+    __m512i D[4];
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) D[s] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[s], _mm512_loadu_si512(x + 64 * s));
+    Lr[rr] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), sv0),
+                                 _mm512_packs_epi32(D[2], D[3]), sv1);
+  }
+  const __m512i M = _mm512_madd_epi16(AUX2, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)bs)));
+  /* [A lanes i + i+8 | B lanes i + i+8], then [S1 A | S1 B | S2 A | S2 B] partial sums, 4 lanes each */
+  const __m512i u = _mm512_add_epi32(_mm512_shuffle_i64x2(Lr[0], Lr[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_i64x2(Lr[0], Lr[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static inline __attribute__((always_inline)) void k4_rows(const int T, const int RR, const floe_mat *W, const kact_layout *L,
+                                                          int64_t r, const uint8_t *xb, float *y0, float *y1) {
+  const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
+  const int64_t nsb = L->nblk;
+  const int8_t *xq = (const int8_t *)xb;
+  const float *dxv = (const float *)(xb + L->off_d);
+  const int16_t *bsv = (const int16_t *)(xb + L->off_s);
+  const uint8_t *rowA = kw_row(W, r), *rowB = kw_row(W, r + RR - 1);
+  __m256 acc4[4];
+  for (int j = 0; j < 4; j++) acc4[j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < nsb; g += 4) {
+    __m512i q[4];
+    __m512 scv = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+      const int64_t k = g + i;
+      if (k < nsb)
+        q[i] = k4_sb(T, RR, W, rowA + k * bytes, rowB + k * bytes, xq + 256 * k, bsv + 16 * k, dxv[k], i, rowA, k * bytes, &scv);
+      else
+        q[i] = _mm512_setzero_si512(); /* padding: t = 0 * 0 - 0 * 0 = +0 */
+    }
+    const __m512i r01 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[0], q[1]), _mm512_unpackhi_epi64(q[0], q[1]));
+    const __m512i r23 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2], q[3]), _mm512_unpackhi_epi64(q[2], q[3]));
+    const __m512 f01 = _mm512_castsi512_ps(r01), f23 = _mm512_castsi512_ps(r23);
+    const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0))),
+                                       _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))));
+    const __m512 Pr = _mm512_mul_ps(_mm512_cvtepi32_ps(Z), scv);
+    const __m256 t = _mm256_sub_ps(_mm512_castps512_ps256(Pr), _mm512_extractf32x8_ps(Pr, 1));
+    acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], t);
+  }
+  /* reduce16 of both rows: a = slots 0-7 + 8-15, b = a[0-3] + a[4-7], c[i] = b[i] + b[i+2], c0 + c1 */
+  const __m256 b = _mm256_add_ps(_mm256_add_ps(acc4[0], acc4[2]), _mm256_add_ps(acc4[1], acc4[3]));
+  const __m256 c = _mm256_add_ps(b, _mm256_permute_ps(b, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 e = _mm256_add_ps(c, _mm256_permute_ps(c, _MM_SHUFFLE(1, 1, 1, 1)));
+  *y0 = _mm256_cvtss_f32(e);
+  if (RR == 2) *y1 = _mm_cvtss_f32(_mm256_extractf128_ps(e, 1));
+}
+
+#define DEF_RUN_K4(name, T)                                                                        \
+  static void name(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, \
+                   float *Y, int64_t ldy, int64_t r0, int64_t r1) {                                 \
+    for (; r0 + 1 < r1; r0 += 2)                                                                   \
+      for (int b = 0; b < nb; b++) k4_rows(T, 2, W, L, r0, xq + (size_t)b * xs, &Y[b * ldy + r0], &Y[b * ldy + r0 + 1]); \
+    if (r0 < r1)                                                                                   \
+      for (int b = 0; b < nb; b++) k4_rows(T, 1, W, L, r0, xq + (size_t)b * xs, &Y[b * ldy + r0], NULL); \
+  }
+
 /* ================= quantized path: MLX 4-bit / 8-bit ================= */
 
 /* n (<= 16) scale or bias values of sb_type as floats, the rest 0 */
@@ -952,8 +1072,8 @@ DEF_RUN(run_q8_0, a32_row, FLOE_TYPE_Q8_0)
 DEF_RUN(run_q4_0, a32_row, FLOE_TYPE_Q4_0)
 DEF_RUN(run_iq4_nl, a32_row, FLOE_TYPE_IQ4_NL)
 DEF_RUN(run_mxfp4, a32_row, FLOE_TYPE_MXFP4)
-DEF_RUN(run_q4_k, a256_row, FLOE_TYPE_Q4_K)
-DEF_RUN(run_q5_k, a256_row, FLOE_TYPE_Q5_K)
+DEF_RUN_K4(run_q4_k, FLOE_TYPE_Q4_K)
+DEF_RUN_K4(run_q5_k, FLOE_TYPE_Q5_K)
 DEF_RUN(run_q6_k, a256_row, FLOE_TYPE_Q6_K)
 DEF_RUN(run_iq4_xs, a256_row, FLOE_TYPE_IQ4_XS)
 DEF_RUN(run_mlx4, mlx_row, 4)

@@ -40,18 +40,27 @@
  *     lanes 8-15 = block 2k+1; L = sum of the 4 products w*x with w the signed decoded value
  *     (Q8_0 qs, Q4_0 nib-8, IQ4_NL kvalues, MXFP4 kvalues_mxfp4); S = dw*dx of the lane's block
  *     (MXFP4 dw = 2^(e-128)). extra = 0.
- *   Q4_K/Q5_K: a superblock is one step. Activation order per 128: natural 32-runs 0,2,1,3.
- *     xq position p (0..255): 32-run t = p/32 holds natural sub-block kperm_q4k[t]. D[s][i] =
- *     the 4-sum at positions 64s+4i..64s+4i+3 (u8 weights 0..15 / 0..31), sc(s,i) the 6-bit scale
- *     of that position's sub-block. Packed lanes (the vpackssdw + vpdpwssd order): lane 4j+t =
- *     sum over p = 0,1 of sc(a,i0) * (D[a][i0] + D[a][i0+1]), a = 2p + (t >= 2), i0 = 4j + 2(t%2).
- *     S = d*dx.
- *     Mins: 8 more lanes M[j] = m[j]*bsum[2j] + m[j]*bsum[2j+1] (j < 8), macc[j] = macc[j] +
- *     (float)M[j] * (dmin*dx); extra = -reduce8(macc) (reduce8: a[i]=v[i]+v[i+4], b[i]=a[i]+a[i+2],
- *     b[0]+b[1]), i.e. y = reduce16(acc) - reduce8(macc).
- *   Q6_K: natural order, packed lanes as Q4_K with sc(s,i) = sc[4s+i/4], q = 0..63
- *     (the -32 is taken out): M[j] = 32*(sc[2j]*bsum[2j] + sc[2j+1]*bsum[2j+1]), macc as above
- *     with the scale S.
+ *   Q4_K/Q5_K ("superblock model", replaces the 16-lane model for these two types): per output
+ *     float acc[16] = 0; for each superblock k, two exact integers
+ *       S1 = sum over the 256 positions of w*x*sc (u8 codes 0..15 / 0..31, int8 x, the 6-bit scale
+ *            of the position's sub-block; |S1| < 2^26),
+ *       S2 = sum_j m[j]*(bsum[2j] + bsum[2j+1]),
+ *     then dd = d*dx, dm = dmin*dx (one float multiply each), t = (float)S1*dd - (float)S2*dm
+ *     (two multiplies then a subtraction), acc[k % 16] = acc[k % 16] + t; y = reduce16(acc).
+ *     A vector kernel may add t = +0 for padding superblocks: a slot starts at +0 and a sum is -0
+ *     only when both addends are, so a slot is never -0 and slot + 0 = slot exactly. Any SIMD
+ *     grouping gives the same S1, S2, so the batched kernel can put weight rows in the lanes (one
+ *     output per lane, no reduction across lanes) and the one-row kernel can reduce 4
+ *     superblocks at once (kq4_term below). Why: the 16-lane model cost every output a 16-lane
+ *     cvt + multiply + add per superblock, which capped the batched kernel at ~35 % of VNNI peak.
+ *     Activation order per 128: natural 32-runs 0,2,1,3 (xq position p: 32-run t = p/32 holds
+ *     natural sub-block kperm_q4k[t]); the order does not change S1.
+ *   Q6_K: natural order, D[s][i] = the 4-sum at positions 64s+4i..64s+4i+3, sc(s,i) =
+ *     sc[4s+i/4], q = 0..63 (the -32 is taken out). Packed lanes (the vpackssdw + vpdpwssd order):
+ *     lane 4j+t = sum over p = 0,1 of sc(a,i0) * (D[a][i0] + D[a][i0+1]), a = 2p + (t >= 2),
+ *     i0 = 4j + 2(t%2); S = d*dx. Mins: 8 more lanes M[j] = 32*(sc[2j]*bsum[2j] +
+ *     sc[2j+1]*bsum[2j+1]), macc[j] = macc[j] + (float)M[j] * S; extra = -reduce8(macc)
+ *     (reduce8: a[i]=v[i]+v[i+4], b[i]=a[i]+a[i+2], b[0]+b[1]).
  *   IQ4_XS: activation order per 128: the first 16 of sub-blocks 0..3, then their last 16.
  *     Lane i, step s: positions 64s+4i..; sub-block 4*(s/2) + i/4; L[i] = sum_s (ls-32)*sum4(kv*x).
  *     S = d*dx, extra = 0.
@@ -155,6 +164,12 @@ static inline void kq_scales_k4(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
   }
 }
 
+/* Q4_K/Q5_K superblock model: one superblock's term. */
+static inline float kq4_term(int32_t S1, int32_t S2, float d, float dmin, float dx) {
+  const float dd = d * dx, dm = dmin * dx;
+  return (float)S1 * dd - (float)S2 * dm;
+}
+
 /* IQ4_XS signed sub-block scales ls - 32. */
 static inline void kq_scales_iq4xs(const uint8_t *b, int8_t ls[8]) {
   uint16_t sh;
@@ -233,12 +248,12 @@ void kern_mm_float_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx
 void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
                       size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
 
-/* kernels_gemm_avx512.c: Q4_K/Q5_K with many activation rows (nb >= KGEMM_MIN_NB), same results as
- * kern_mm_q_avx512 bit for bit; kern_gemm_avx512_supports(W) says whether W's type/shape is handled
- * (and FLOE_GEMM=0 is not set). */
+/* kernels_gemm_avx512.c: Q4_K/Q5_K with several activation rows (any nb >= 1; kern_matmul sends
+ * nb >= KGEMM_MIN_NB, kern_matmul_batch every nb), same results as kern_mm_q_avx512 bit for bit;
+ * kern_gemm_avx512_supports(W) says whether W's type/shape is handled (and FLOE_GEMM=0 is not set). */
 #define KGEMM_MIN_NB 4
 int kern_gemm_avx512_supports(const floe_mat *W);
-void kern_gemm_q_avx512(const floe_mat *W, int nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy, int64_t r0,
+void kern_gemm_q_avx512(const floe_mat *W, int64_t nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy, int64_t r0,
                         int64_t r1);
 
 /* kernels.c act_q8 (n % 16 == 0), bit-identical, AVX-512 */
