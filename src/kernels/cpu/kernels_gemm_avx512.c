@@ -239,6 +239,23 @@ static inline __attribute__((always_inline)) void tok_sb(const int T, const int 
   }
 }
 
+/* One out-of-line function per (type, rows per pass): register allocation inside one big
+ * function (all variants inlined into gemm_t) spilled ~1 vector per vpdpbusd. */
+#define DEF_TOK(name, T, NT)                                                                                      \
+  static __attribute__((noinline)) void name(const k4_blk *B, const uint8_t *xq, size_t xs, const kact_layout *L, \
+                                             const uint32_t *bsp, int64_t k, int b0, __m512 (*acc)[16]) {        \
+    tok_sb(T, NT, B, xq, xs, L, bsp, k, b0, acc);                                                                  \
+  }
+DEF_TOK(tok_q4_8, FLOE_TYPE_Q4_K, NTMAX)
+DEF_TOK(tok_q4_4, FLOE_TYPE_Q4_K, 4)
+DEF_TOK(tok_q4_2, FLOE_TYPE_Q4_K, 2)
+DEF_TOK(tok_q4_1, FLOE_TYPE_Q4_K, 1)
+DEF_TOK(tok_q5_8, FLOE_TYPE_Q5_K, NTMAX)
+DEF_TOK(tok_q5_4, FLOE_TYPE_Q5_K, 4)
+DEF_TOK(tok_q5_2, FLOE_TYPE_Q5_K, 2)
+DEF_TOK(tok_q5_1, FLOE_TYPE_Q5_K, 1)
+#undef DEF_TOK
+
 static inline __attribute__((always_inline)) void gemm_t(const int T, const floe_mat *W, int64_t nb, const uint8_t *xq, size_t xs,
                                                          float *Y, int64_t ldy, int64_t r0, int64_t r1) {
   const kact_layout L = kact_layout_of(W);
@@ -274,10 +291,10 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
           for (int kk = 0; kk < nk; kk++) {
             const k4_blk *B = &blk[once ? k0 + kk : kk];
             const uint32_t *bp = bsp + (size_t)kk * 64;
-            if (nt == NTMAX) tok_sb(T, NTMAX, B, xg, xs, &L, bp, k0 + kk, b0, acc);
-            else if (nt == 4) tok_sb(T, 4, B, xg, xs, &L, bp, k0 + kk, b0, acc);
-            else if (nt == 2) tok_sb(T, 2, B, xg, xs, &L, bp, k0 + kk, b0, acc);
-            else tok_sb(T, 1, B, xg, xs, &L, bp, k0 + kk, b0, acc);
+            if (T == FLOE_TYPE_Q4_K)
+              (nt == NTMAX ? tok_q4_8 : nt == 4 ? tok_q4_4 : nt == 2 ? tok_q4_2 : tok_q4_1)(B, xg, xs, &L, bp, k0 + kk, b0, acc);
+            else
+              (nt == NTMAX ? tok_q5_8 : nt == 4 ? tok_q5_4 : nt == 2 ? tok_q5_2 : tok_q5_1)(B, xg, xs, &L, bp, k0 + kk, b0, acc);
           }
           b0 += nt;
         }
