@@ -143,8 +143,10 @@ typedef struct model_ckpt {
   uint64_t seq;              /* when it was last saved or used (larger: more recent) */
 } model_ckpt;
 
-#define MODEL_MAX_BATCH 256  /* tokens per internal chunk of model_eval: large, so each routed expert is read once
+#ifndef MODEL_MAX_BATCH
+#define MODEL_MAX_BATCH 512  /* tokens per internal chunk of model_eval: large, so each routed expert is read once
                               * for many tokens (MoE prefill is bound by expert bytes / tokens per chunk) */
+#endif
 
 struct model_session {
   const model *m;

@@ -251,7 +251,7 @@ void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, co
 /* kernels_gemm_avx512.c: Q4_K/Q5_K with several activation rows (any nb >= 1; kern_matmul sends
  * nb >= KGEMM_MIN_NB, kern_matmul_batch every nb), same results as kern_mm_q_avx512 bit for bit;
  * kern_gemm_avx512_supports(W) says whether W's type/shape is handled (and FLOE_GEMM=0 is not set). */
-#define KGEMM_MIN_NB 4
+#define KGEMM_MIN_NB 3 /* bench_gemm: the batched kernel wins from 3 rows (2 is a tie) */
 int kern_gemm_avx512_supports(const floe_mat *W);
 void kern_gemm_q_avx512(const floe_mat *W, int64_t nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy, int64_t r0,
                         int64_t r1);
