@@ -704,35 +704,48 @@ static inline __attribute__((always_inline)) __m512i k4_sb(const int T, const in
   return _mm512_add_epi32(_mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-static inline __attribute__((always_inline)) void k4_rows(const int T, const int RR, const floe_mat *W, const kact_layout *L,
-                                                          int64_t r, const uint8_t *xb, float *y0, float *y1) {
+/* Superblocks g .. g+NI-1 (NI <= 4, a compile-time constant: no per-superblock bounds test) into
+ * the slot accumulators. */
+static inline __attribute__((always_inline)) void k4_grp(const int T, const int RR, const int NI, const floe_mat *W,
+                                                         const kact_layout *L, const uint8_t *xb, const uint8_t *rowA,
+                                                         const uint8_t *rowB, int64_t g, __m256 *acc4) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
-  const int64_t nsb = L->nblk;
   const int8_t *xq = (const int8_t *)xb;
   const float *dxv = (const float *)(xb + L->off_d);
   const int16_t *bsv = (const int16_t *)(xb + L->off_s);
+  __m512i q[4];
+  __m512 scv = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    const int64_t k = g + i;
+    if (i < NI)
+      q[i] = k4_sb(T, RR, W, rowA + k * bytes, rowB + k * bytes, xq + 256 * k, bsv + 16 * k, dxv[k], i, rowA, k * bytes, &scv);
+    else
+      q[i] = _mm512_setzero_si512(); /* padding: t = 0 * 0 - 0 * 0 = +0 */
+  }
+  const __m512i r01 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[0], q[1]), _mm512_unpackhi_epi64(q[0], q[1]));
+  const __m512i r23 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2], q[3]), _mm512_unpackhi_epi64(q[2], q[3]));
+  const __m512 f01 = _mm512_castsi512_ps(r01), f23 = _mm512_castsi512_ps(r23);
+  const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0))),
+                                     _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))));
+  const __m512 Pr = _mm512_mul_ps(_mm512_cvtepi32_ps(Z), scv);
+  const __m256 t = _mm256_sub_ps(_mm512_castps512_ps256(Pr), _mm512_extractf32x8_ps(Pr, 1));
+  acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], t);
+}
+
+static inline __attribute__((always_inline)) void k4_rows(const int T, const int RR, const floe_mat *W, const kact_layout *L,
+                                                          int64_t r, const uint8_t *xb, float *y0, float *y1) {
+  const int64_t nsb = L->nblk;
   const uint8_t *rowA = kw_row(W, r), *rowB = kw_row(W, r + RR - 1);
   __m256 acc4[4];
   for (int j = 0; j < 4; j++) acc4[j] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < nsb; g += 4) {
-    __m512i q[4];
-    __m512 scv = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-      const int64_t k = g + i;
-      if (k < nsb)
-        q[i] = k4_sb(T, RR, W, rowA + k * bytes, rowB + k * bytes, xq + 256 * k, bsv + 16 * k, dxv[k], i, rowA, k * bytes, &scv);
-      else
-        q[i] = _mm512_setzero_si512(); /* padding: t = 0 * 0 - 0 * 0 = +0 */
-    }
-    const __m512i r01 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[0], q[1]), _mm512_unpackhi_epi64(q[0], q[1]));
-    const __m512i r23 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2], q[3]), _mm512_unpackhi_epi64(q[2], q[3]));
-    const __m512 f01 = _mm512_castsi512_ps(r01), f23 = _mm512_castsi512_ps(r23);
-    const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0))),
-                                       _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))));
-    const __m512 Pr = _mm512_mul_ps(_mm512_cvtepi32_ps(Z), scv);
-    const __m256 t = _mm256_sub_ps(_mm512_castps512_ps256(Pr), _mm512_extractf32x8_ps(Pr, 1));
-    acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], t);
+  int64_t g = 0;
+  for (; g + 4 <= nsb; g += 4) k4_grp(T, RR, 4, W, L, xb, rowA, rowB, g, acc4);
+  switch (nsb - g) {
+    case 1: k4_grp(T, RR, 1, W, L, xb, rowA, rowB, g, acc4); break;
+    case 2: k4_grp(T, RR, 2, W, L, xb, rowA, rowB, g, acc4); break;
+    case 3: k4_grp(T, RR, 3, W, L, xb, rowA, rowB, g, acc4); break;
+    default: break;
   }
   /* reduce16 of both rows: a = slots 0-7 + 8-15, b = a[0-3] + a[4-7], c[i] = b[i] + b[i+2], c0 + c1 */
   const __m256 b = _mm256_add_ps(_mm256_add_ps(acc4[0], acc4[2]), _mm256_add_ps(acc4[1], acc4[3]));
