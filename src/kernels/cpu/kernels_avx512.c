@@ -1140,7 +1140,15 @@ void kern_mm_float_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx
     for (int64_t j0 = 0; j0 < W->cols; j0 += KERN_CHUNK) {
       int64_t n = W->cols - j0 < KERN_CHUNK ? W->cols - j0 : KERN_CHUNK;
       if (plain) {
+        /* the two-level prefetch of the quantized kernels (pf_row), per 64-byte line; rows are
+         * contiguous, so it runs on into the next row */
+        const int es = W->type == FLOE_TYPE_F32 ? 4 : 2;
         for (int64_t j = 0; j < n; j += 16) {
+          if (((j0 + j) * es) % 64 == 0) {
+            const char *p = (const char *)row + (j0 + j) * es;
+            if (KPF) _mm_prefetch(p + KPF, _MM_HINT_T1);
+            if (KPF_NEAR) _mm_prefetch(p + KPF_NEAR, _MM_HINT_T0);
+          }
           __mmask16 m = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
           _mm512_store_ps(buf + j, plain_load(W->type, row, j0 + j, m));
         }
