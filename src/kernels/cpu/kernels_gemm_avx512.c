@@ -9,20 +9,30 @@
  * the transposed qh) are the 4 weights of activation quad qlo(c') of every row, its high nibbles
  * those of quad qhi(c'). The scales are transposed too: int32 sc of activation group t per row,
  * (m[2p], m[2p+1]) word pairs per row, d and dmin per row as floats.
- * Per activation row b (GT rows per pass, all in registers) and superblock:
- *   P = sum over the 8 quads of a group of vpdpbusd(codes u8, x quad s8 broadcast from xq) -- no
- *       activation repacking at all, the broadcast is an embedded {1to16} load;
- *   S1 = sum over the 8 groups of P * sc (vpmulld), S2 = 4 vpdpwssd of the (m, m) pairs with the
- *       broadcast (BS[2p], BS[2p+1]) of row b (BS[j] = bsum[2j] + bsum[2j+1], made once per call);
- *   t = cvt(S1) * (d * dx) - cvt(S2) * (dmin * dx), slot k % 16 += t; y = reduce16 of the slots as
- *       15 vector adds, one masked store of 16 outputs.
- * No reduction across lanes, no float work per weight lane: per output and superblock 4 vpdpbusd,
- * 1/2 vpmulld (2 uops), 1/2 add, 1/4 vpdpwssd and ~10/16 float/slot uops, plus the unpacking of
- * the codes (3 uops per code vector, shared by the GT rows of a pass) and the block transposes
- * (~250 uops per 16 rows and superblock, shared by all nb activation rows).
+ * Per activation row b (passes of 8, 4, 2, 1 rows, all in registers) and superblock:
+ *   P = sum over 4 (Q4_K) or 8 (Q5_K) quads of a group of vpdpbusd(codes u8, x quad s8 broadcast
+ *       from xq) -- no activation repacking at all;
+ *   S1 = sum of P * sc: Q4_K one vpdpwssd with the scale as the word pair (sc, 0) (16 products
+ *       < 2^15), Q5_K vpmulld + vpaddd; S2 = 4 vpdpwssd of the (m, m) pairs with the broadcast
+ *       (BS[2p], BS[2p+1]) of row b (BS[j] = bsum[2j] + bsum[2j+1]);
+ *   t = cvt(S1) * (d * dx) - cvt(S2) * (dmin * dx), slot k % 16 += t (the first touch adds t to a
+ *       zero register); y = reduce16 of the slots as 15 vector adds, one masked store of 16 outputs.
+ * kern_matmul_batch hands over every activation row of a matrix at once, so each block of 16 rows
+ * is transposed once (K <= 4096) for all of them.
+ * Count per output and superblock (Q4_K, 8-row pass; tok_q4_8 has 512 vpdpbusd, 160 vpdpwssd, 64
+ * unpack and ~60 float / move uops per 128 outputs): 4 vpdpbusd + ~2.8 other ALU uops = 3.4
+ * cycles at 2 vector uops per cycle, plus the transposes (~470 cycles per 16 rows and superblock,
+ * measured: 2.2 cycles per output at nb = 16, 0.1 at nb = 256).
  * Floors (1 thread, 3.07 GHz): VNNI peak 2 vpdpbusd zmm per cycle = 128 MACs, so one output and
- * superblock (256 MACs) is 2 cycles; the previous 16-lane-model kernel measured 7.8 / 9.6 cycles
- * (512x2048 / 2048x512, nb = 16). */
+ * superblock (256 MACs) is 2 cycles (1.66 vpdpbusd per cycle measured with 12 independent chains,
+ * 1.39 with a broadcast load per vpdpbusd).
+ * Measured (bench_gemm, in cache, cycles per output and superblock, 512x2048 / 2048x512):
+ *   16-lane-model kernel (before the superblock model): nb 8: 8.3 / 10.4, nb 16: 7.7 / 9.6.
+ *   this kernel: nb 3: 14.3 / 13.5, nb 8: 7.5 / 7.2, nb 16: 5.8 / 6.0, nb 64: 4.4 / 5.1,
+ *   nb 256: 4.4 / 4.9 (45 % of the VNNI peak at 256). GCC register allocation matters: with all
+ *   passes inlined into gemm_t it spilled ~1 vector per vpdpbusd (nb 256: 4.96); passes of at most
+ *   4 or 6 rows: 6.0 / 5.5 at nb 256 (the unpacking and code loads are shared by fewer rows).
+ */
 #pragma GCC target("gfni,tune=sapphirerapids")
 #include <immintrin.h>
 #include <stdlib.h>
