@@ -155,6 +155,38 @@
  *   Q4_K 93.5/84.4, 89.7/83.3; Q8_0 83.3/79.2, 83.5/80.4; IQ4_XS 83.0/78.8, 82.3/77.1; MLX4 88.7/81.2,
  *   83.5/80.6; the attn shapes 82-96 % both. Left: 2 threads IQ4_XS (both expert shapes) and Q8_0
  *   512x2048 below 80 %; Q8_0 needs something other than prefetch (split 34-byte block loads?).
+ *
+ * ---- 2-thread expert shapes, fourth pass (2026-11-30, branch bw, dev machine; A/B rounds by
+ * bench/ab_rounds.sh, which reruns a timing that other processes shared; base 1ba7ace) ----
+ * Where the time goes (rdtsc trace build, not committed; medians, IQ4_XS 512x2048, 2 threads,
+ * call = 23.1 us): caller enters its part 0.19 us after the call, the worker 0.32; each quantizes
+ * half the row (0.5-0.6 us), barrier left at ~1.05 us; kernel 21.3 (thread 0) / 21.8 (thread 1)
+ * us; call returns 0.25 us after the last thread. Fixed cost ~1.5 us = ~6 points; the kernel
+ * phase alone streams at ~81 % of membw. Q8_0 with 4x the rows keeps the same GB/s (fixed cost
+ * negligible there: ~2 %); IQ4_XS gains ~2 GB/s at 4x the rows.
+ *   (1) start-of-range prefetch (T1, each thread's first KPF bytes per stream) issued in
+ *       mt_quant_matmul before quantizing: the 256 prefetches stall the quantizer (fill
+ *       buffers full), enter moves 0.19 -> 0.9 us, the kernel phase shrinks by about as much:
+ *       0 net (6 rounds, 0.5-2 KiB per stream too). Issued after the barrier arrival instead:
+ *       the barrier spin waits behind the prefetches, same result. Reverted.
+ *   (2) IQ4_XS in cache takes ~40 cycles per pair-superblock; the loop had ~230 instructions
+ *       (prefetch address arithmetic of pf_row/pf_at with spilled operands: ~40 scalar ops and
+ *       vmovq xmm<->gpr moves on ports 0/5; scales by 2 pdep + ~20 scalar ops + 3 GPR->xmm moves).
+ *       Splitting the vpmaddwd/vpdpwssd chain (20 -> 11 cycles latency): in cache equal or
+ *       worse, not kept. iq4xs_pairs (nb = 1 pairs): pf_ptr prefetch pointers, scales of both
+ *       rows by 2 vpmultishiftqb + ternlog/and/sub on one xmm, d by one vcvtph2ps of the same
+ *       xmm: ~100 instructions per pair-superblock. In cache: equal (512x2048), -3 % (2048x512:
+ *       2 superblocks per row, more per-pair setup); out of cache (4 rounds each, every round
+ *       better): 1 thread 86.5 -> 91.0 / 82.9 -> 87.4 %, 2 threads 79.0 -> 82.4 / 76.8 -> 78.7 %
+ *       (512x2048 / 2048x512). So out of cache the instruction count matters even where the
+ *       in-cache time does not move: fewer uops in the window leave room for the misses.
+ *       a256_rows' SW branch (IQ4_XS, NB = 1, RR = 2) is no longer reached.
+ *   (3) Q8_0 with the same pf_ptr prefetch in a32_rows: in cache equal, out of cache -0.6..+0.8
+ *       (1 thread), -1.3 / -1.9 (2 threads): not kept.
+ * Left: Q8_0 2 threads (~80-82 %) and IQ4_XS 2048x512 2 threads (~79 %); the ~1 us before the
+ * kernels start (pool wake ~0.15 us, quantization 0.5 us per half row: the A256/A32 quantizers
+ * are scalar per block, a vectorized one would save ~0.3-0.4 us = 1.5 points) and the 0.25 us
+ * completion signal are the next candidates.
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
@@ -254,6 +286,20 @@ static inline void red2(__m512 a0, __m512 a1, __m512 m, float *y0, float *y1) {
   const __m256 Y = _mm256_sub_ps(_mm512_castps512_ps256(D), _mm512_extractf32x8_ps(D, 1));
   *y0 = _mm256_cvtss_f32(Y);
   *y1 = _mm_cvtss_f32(_mm256_extractf128_ps(Y, 1));
+}
+
+/* pf_at() as a pointer moved along with the step: step k's target is row + k*step + dist, plus rb
+ * from step kc on (the first whose target leaves the own row; kc = -1: from the start), so a row
+ * pair's loop pays one add per level and stream and one compare per level per step, instead of
+ * the per-prefetch compare/select and the spilled operands of pf_at in a256_rows. Used by
+ * iq4xs_pairs; tried for Q8_0's a32_rows too (2026-11-30): no gain (see the header). */
+typedef struct { const char *p; int64_t kc; } pf_ptr;
+static inline pf_ptr pf_ptr_init(const uint8_t *row, size_t rb_, int64_t step, int64_t dist) {
+  const int64_t rb = (int64_t)rb_;
+  pf_ptr q;
+  q.kc = dist >= rb ? -1 : (rb - dist + step - 1) / step;
+  q.p = (const char *)row + dist + (q.kc < 0 ? rb : 0);
+  return q;
 }
 
 /* ================= quantized path: A32 types (Q8_0, Q4_0, IQ4_NL, MXFP4) ================= */
@@ -631,6 +677,85 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
 
 #define a256_row(T, NB, W, L, r, xq, xs, Y, ldy) a256_rows(T, NB, 1, W, L, r, xq, xs, Y, ldy)
 
+/* IQ4_XS, one activation row, rows [r0, r1) in pairs (an odd last row is left to a256_rows): the
+ * SW form of a256_rows (x's sign on the signed weights, one vpmaddwd + 3 vpdpwssd chain) with the
+ * per-superblock scalar work cut:
+ *   scales: both rows' first 8 bytes (d, scales_h, scales_l) in one xmm; ls = (scales_l nibble j)
+ *     | (scales_h bits 2j, 2j+1) << 4 by two vpmultishiftqb (byte j of a qword from bit 32 + 4j and
+ *     from bit 12 + 2j), one vpternlog, and, sub 32 (kq_scales_iq4xs_u64 did it with 2 pdep and ~10
+ *     scalar ops per row, then 3 GPR->xmm moves);
+ *   d: one vcvtph2ps of the same xmm (lane 0 = dA, lane 4 = dB);
+ *   prefetch: pf_ptr (see above) instead of pf_row's address arithmetic.
+ * The integer lanes, S = d*dx and the accumulation order are those of a256_rows: bit-identical. */
+static void iq4xs_pairs(const floe_mat *W, const kact_layout *L, int64_t r0, int64_t r1, const uint8_t *xq, float *Y) {
+  const int64_t B = 136, rb = (int64_t)W->row_bytes, nsb = L->nblk;
+  const pf_ptr fa0 = pf_ptr_init(kw_row(W, r0), W->row_bytes, B, KPF), na0 = pf_ptr_init(kw_row(W, r0), W->row_bytes, B, KPF_NEAR);
+  const __m128i ctl_lo = _mm_set1_epi64x(0x3C3834302C282420ll), ctl_hi = _mm_set1_epi64x(0x1A18161412100E0Cll);
+  const __m128i c0f = _mm_set1_epi8(0x0F), c3f = _mm_set1_epi8(0x3F), c32 = _mm_set1_epi8(32);
+  const __m512i wi = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+  const __m512i wiA2 = _mm512_add_epi16(wi, _mm512_set1_epi16(4)), wiB = _mm512_add_epi16(wi, _mm512_set1_epi16(8)),
+                wiB2 = _mm512_add_epi16(wi, _mm512_set1_epi16(12));
+  const __m512i tlo = _mm512_load_si512(ksig_lo), thi = _mm512_load_si512(ksig_hi);
+  const float *dxs = (const float *)(xq + L->off_d);
+  for (int64_t r = r0; r + 1 < r1; r += 2) {
+  const uint8_t *rowA = kw_row(W, r);
+  const int64_t dr = (r - r0) * rb;
+  pf_ptr fa = {fa0.p + dr, fa0.kc}, na = {na0.p + dr, na0.kc};
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (int64_t k = 0; k < nsb; k++) {
+    if (k == fa.kc) fa.p += rb;
+    if (k == na.kc) na.p += rb;
+#pragma GCC unroll 3
+    for (int i = 0; i < 3; i++) {
+      _mm_prefetch(fa.p + 64 * i, _MM_HINT_T1);
+      _mm_prefetch(fa.p + rb + 64 * i, _MM_HINT_T1);
+      _mm_prefetch(na.p + 64 * i, _MM_HINT_T0);
+      _mm_prefetch(na.p + rb + 64 * i, _MM_HINT_T0);
+    }
+    fa.p += B, na.p += B;
+    const uint8_t *bA = rowA + k * B, *bB = bA + rb;
+    int64_t hb;
+    memcpy(&hb, bB, 8);
+    const __m128i h = _mm_insert_epi64(_mm_loadl_epi64((const __m128i *)bA), hb, 1);
+    const __m128i lo = _mm_multishift_epi64_epi8(ctl_lo, h), hi = _mm_multishift_epi64_epi8(ctl_hi, h);
+    /* (lo & 0x0F) | (hi & 0xF0), then the 6 bits, minus 32 */
+    const __m128i ls = _mm_sub_epi8(_mm_and_si128(_mm_ternarylogic_epi64(lo, hi, c0f, 0xE4), c3f), c32);
+    const __m512i L16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(ls));
+    const __m256 S8 = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(dxs[k]));
+    const __m512 SvA = _mm512_broadcastss_ps(_mm256_castps256_ps128(S8));
+    const __m512 SvB = _mm512_permutexvar_ps(_mm512_set1_epi32(4), _mm512_castps256_ps512(S8));
+    const __m512i svA0 = _mm512_permutexvar_epi16(wi, L16), svA2 = _mm512_permutexvar_epi16(wiA2, L16);
+    const __m512i svB0 = _mm512_permutexvar_epi16(wiB, L16), svB2 = _mm512_permutexvar_epi16(wiB2, L16);
+    __m512i wA[4], wB[4];
+    {
+      const __m512i q0 = _mm512_loadu_si512(bA + 8), q1 = _mm512_loadu_si512(bA + 72);
+      wA[0] = _mm512_permutexvar_epi8(q0, tlo), wA[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q0, 2), thi);
+      wA[2] = _mm512_permutexvar_epi8(q1, tlo), wA[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q1, 2), thi);
+    }
+    {
+      const __m512i q0 = _mm512_loadu_si512(bB + 8), q1 = _mm512_loadu_si512(bB + 72);
+      wB[0] = _mm512_permutexvar_epi8(q0, tlo), wB[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q0, 2), thi);
+      wB[2] = _mm512_permutexvar_epi8(q1, tlo), wB[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q1, 2), thi);
+    }
+    const int8_t *x = (const int8_t *)xq + 256 * k;
+    __m512i PA[4], PB[4];
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+      const __m512i xv = _mm512_loadu_si512(x + 64 * s), ax = _mm512_abs_epi8(xv);
+      const __mmask64 m = _mm512_movepi8_mask(xv);
+      PA[s] = _mm512_maddubs_epi16(ax, _mm512_mask_sub_epi8(wA[s], m, _mm512_setzero_si512(), wA[s]));
+      PB[s] = _mm512_maddubs_epi16(ax, _mm512_mask_sub_epi8(wB[s], m, _mm512_setzero_si512(), wB[s]));
+    }
+    const __m512i LA = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_madd_epi16(PA[0], svA0), PA[1], svA0), PA[2], svA2), PA[3], svA2);
+    const __m512i LB = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_madd_epi16(PB[0], svB0), PB[1], svB0), PB[2], svB2), PB[3], svB2);
+    acc0 = lanes_add(acc0, LA, SvA);
+    acc1 = lanes_add(acc1, LB, SvB);
+  }
+  red2(acc0, acc1, _mm512_setzero_ps(), &Y[r], &Y[r + 1]);
+  }
+}
+
 /* ================= quantized path: MLX 4-bit / 8-bit ================= */
 
 /* n (<= 16) scale or bias values of sb_type as floats, the rest 0 */
@@ -955,7 +1080,16 @@ DEF_RUN(run_mxfp4, a32_row, FLOE_TYPE_MXFP4)
 DEF_RUN(run_q4_k, a256_row, FLOE_TYPE_Q4_K)
 DEF_RUN(run_q5_k, a256_row, FLOE_TYPE_Q5_K)
 DEF_RUN(run_q6_k, a256_row, FLOE_TYPE_Q6_K)
-DEF_RUN(run_iq4_xs, a256_row, FLOE_TYPE_IQ4_XS)
+DEF_RUN(run_iq4_xs_rows, a256_row, FLOE_TYPE_IQ4_XS)
+/* IQ4_XS: one activation row in row pairs by iq4xs_pair, the rest (nb > 1, an odd last row) by a256_rows */
+static void run_iq4_xs(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, float *Y,
+                       int64_t ldy, int64_t r0, int64_t r1) {
+  if (nb == 1) {
+    iq4xs_pairs(W, L, r0, r1, xq, Y);
+    r0 += (r1 - r0) & ~(int64_t)1;
+  }
+  run_iq4_xs_rows(W, L, nb, xq, xs, Y, ldy, r0, r1);
+}
 DEF_RUN(run_mlx4, mlx_row, 4)
 DEF_RUN(run_mlx8, mlx_row, 8)
 
