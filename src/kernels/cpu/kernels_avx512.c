@@ -156,7 +156,7 @@
  *   83.5/80.6; the attn shapes 82-96 % both. Left: 2 threads IQ4_XS (both expert shapes) and Q8_0
  *   512x2048 below 80 %; Q8_0 needs something other than prefetch (split 34-byte block loads?).
  *
- * ---- 2-thread expert shapes, fourth pass (2026-11-30, branch bw, dev machine; A/B rounds by
+ * ---- 2-thread expert shapes, fourth pass (2026-11-29, branch bw, dev machine; A/B rounds by
  * bench/ab_rounds.sh, which reruns a timing that other processes shared; base 1ba7ace) ----
  * Where the time goes (rdtsc trace build, not committed; medians, IQ4_XS 512x2048, 2 threads,
  * call = 23.1 us): caller enters its part 0.19 us after the call, the worker 0.32; each quantizes
@@ -292,7 +292,7 @@ static inline void red2(__m512 a0, __m512 a1, __m512 m, float *y0, float *y1) {
  * from step kc on (the first whose target leaves the own row; kc = -1: from the start), so a row
  * pair's loop pays one add per level and stream and one compare per level per step, instead of
  * the per-prefetch compare/select and the spilled operands of pf_at in a256_rows. Used by
- * iq4xs_pairs; tried for Q8_0's a32_rows too (2026-11-30): no gain (see the header). */
+ * iq4xs_pairs; tried for Q8_0's a32_rows too (2026-11-29): no gain (see the header). */
 typedef struct { const char *p; int64_t kc; } pf_ptr;
 static inline pf_ptr pf_ptr_init(const uint8_t *row, size_t rb_, int64_t step, int64_t dist) {
   const int64_t rb = (int64_t)rb_;
