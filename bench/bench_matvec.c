@@ -8,8 +8,11 @@
  *   {"bench":"matvec","type":"q4_K","shape":"expert_gate","rows":512,"cols":2048,"threads":1,
  *    "nb":1,"path":"quant","isa":"avx512","gbps":..,"pct_bw":..,"us_per_call":..,"row_speedup":..}
  * row_speedup (nb > 1) = time per activation row at nb=1 / time per activation row at nb.
- * Usage: bench_matvec [--bw1 GBPS] [--bw2 GBPS] [--types q4_K,q8_0,...] [--shapes expert|all]
- *                     [--nb 1,8,16] [--secs 0.4] [--float] [--total 2304M]
+ * Usage: bench_matvec [--bw1 GBPS] [--bw2 GBPS] [--types q4_K,q8_0,...] [--shapes expert|all|RxC,RxC..]
+ *                     [--nb 1,8,16] [--threads 1,2] [--secs 0.4] [--float] [--total 2304M]
+ * --threads 1|2|1,2: thread counts to run (default both).
+ * --shapes RxC,...: custom shapes (rows x cols), e.g. 512x2048,2048x2048 to separate the fixed
+ * per-call cost from the per-byte cost. 
  * --float: exact float path; --total: weight buffer size (small = in-cache compute ceiling). */
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +27,23 @@ static const shape shapes_all[] = {
     {"expert_gate", 512, 2048}, {"expert_down", 2048, 512}, {"attn_q", 8192, 2048}, {"attn_o", 2048, 4096}};
 
 static double bw[3];
+#define MAX_CUSTOM 16
+static shape custom[MAX_CUSTOM];
+static int n_custom;
+
+/* "RxC,RxC,..." -> custom[]; 0 on success */
+static int parse_shapes(const char *s) {
+  while (*s && n_custom < MAX_CUSTOM) {
+    char *e;
+    long long r = strtoll(s, &e, 10);
+    if (*e != 'x' || r < 2) return -1;
+    long long c = strtoll(e + 1, &e, 10);
+    if (c < 256 || c % 256 || (*e && *e != ',')) return -1;
+    custom[n_custom++] = (shape){"custom", r, c};
+    s = *e ? e + 1 : e;
+  }
+  return *s ? -1 : 0;
+}
 
 /* CPU seconds of the whole process (all threads): with other processes on the machine, wall time
  * per call is noisy while CPU time per call stays close to the in-isolation compute cost. */
@@ -97,21 +117,33 @@ static int in_list(const char *list, const char *name) {
 
 int main(int argc, char **argv) {
   const char *types = NULL, *nbs = "1,8,16";
-  int all_shapes = 1;
+  int all_shapes = 1, th_lo = 1, th_hi = 2;
   uint64_t total = 2304ull << 20;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bw1") && i + 1 < argc) bw[1] = atof(argv[++i]);
     else if (!strcmp(argv[i], "--bw2") && i + 1 < argc) bw[2] = atof(argv[++i]);
     else if (!strcmp(argv[i], "--types") && i + 1 < argc) types = argv[++i];
-    else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) all_shapes = strcmp(argv[++i], "expert") != 0;
+    else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
+      const char *v = argv[++i];
+      if (!strcmp(v, "expert")) all_shapes = 0;
+      else if (strcmp(v, "all") && parse_shapes(v) != 0) {
+        fprintf(stderr, "bench_matvec: bad --shapes %s (expert, all or RxC,... with C a multiple of 256)\n", v);
+        return 2;
+      }
+    }
     else if (!strcmp(argv[i], "--nb") && i + 1 < argc) nbs = argv[++i];
     else if (!strcmp(argv[i], "--secs") && i + 1 < argc) secs = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+      const char *v = argv[++i];
+      th_lo = v[0] == '2' ? 2 : 1;
+      th_hi = strchr(v, '2') ? 2 : 1;
+    }
     else if (!strcmp(argv[i], "--float")) force_float = 1;
     else if (!strcmp(argv[i], "--total") && i + 1 < argc) {
       if (floe_parse_size(argv[++i], &total) != 0) return 2;
     }
     else {
-      fprintf(stderr, "usage: bench_matvec [--bw1 G] [--bw2 G] [--types a,b] [--shapes expert|all] [--nb 1,8,16] [--secs S] [--float] [--total SIZE]\n");
+      fprintf(stderr, "usage: bench_matvec [--bw1 G] [--bw2 G] [--types a,b] [--shapes expert|all|RxC,..] [--nb 1,8,16] [--threads 1,2] [--secs S] [--float] [--total SIZE]\n");
       return 2;
     }
   }
@@ -149,9 +181,10 @@ int main(int argc, char **argv) {
       const floe_type_traits *tt = floe_type_info(type);
       quant_fill_random(type, &rng, buf, (int64_t)(total / (uint64_t)tt->bytes), 1.0f);
     }
-    for (size_t si = 0; si < sizeof shapes_all / sizeof shapes_all[0]; si++) {
-      if (!all_shapes && si >= 2) break;
-      const shape *sh = &shapes_all[si];
+    const size_t nshapes = n_custom ? (size_t)n_custom : sizeof shapes_all / sizeof shapes_all[0];
+    for (size_t si = 0; si < nshapes; si++) {
+      if (!n_custom && !all_shapes && si >= 2) break;
+      const shape *sh = n_custom ? &custom[si] : &shapes_all[si];
       floe_mat W = {0};
       W.type = type;
       W.rows = sh->rows;
@@ -179,7 +212,7 @@ int main(int argc, char **argv) {
           mats[k].biases = sbbuf + (size_t)k * 2 * sb_mat + sb_mat;
         }
       }
-      for (int nth = 1; nth <= 2; nth++) {
+      for (int nth = th_lo; nth <= th_hi; nth++) {
         double t1 = 0;
         for (const char *p = nbs; *p;) {
           int nb = atoi(p);

@@ -155,6 +155,38 @@
  *   Q4_K 93.5/84.4, 89.7/83.3; Q8_0 83.3/79.2, 83.5/80.4; IQ4_XS 83.0/78.8, 82.3/77.1; MLX4 88.7/81.2,
  *   83.5/80.6; the attn shapes 82-96 % both. Left: 2 threads IQ4_XS (both expert shapes) and Q8_0
  *   512x2048 below 80 %; Q8_0 needs something other than prefetch (split 34-byte block loads?).
+ *
+ * ---- 2-thread expert shapes, fourth pass (2026-11-29, branch bw, dev machine; A/B rounds by
+ * bench/ab_rounds.sh, which reruns a timing that other processes shared; base 1ba7ace) ----
+ * Where the time goes (rdtsc trace build, not committed; medians, IQ4_XS 512x2048, 2 threads,
+ * call = 23.1 us): caller enters its part 0.19 us after the call, the worker 0.32; each quantizes
+ * half the row (0.5-0.6 us), barrier left at ~1.05 us; kernel 21.3 (thread 0) / 21.8 (thread 1)
+ * us; call returns 0.25 us after the last thread. Fixed cost ~1.5 us = ~6 points; the kernel
+ * phase alone streams at ~81 % of membw. Q8_0 with 4x the rows keeps the same GB/s (fixed cost
+ * negligible there: ~2 %); IQ4_XS gains ~2 GB/s at 4x the rows.
+ *   (1) start-of-range prefetch (T1, each thread's first KPF bytes per stream) issued in
+ *       mt_quant_matmul before quantizing: the 256 prefetches stall the quantizer (fill
+ *       buffers full), enter moves 0.19 -> 0.9 us, the kernel phase shrinks by about as much:
+ *       0 net (6 rounds, 0.5-2 KiB per stream too). Issued after the barrier arrival instead:
+ *       the barrier spin waits behind the prefetches, same result. Reverted.
+ *   (2) IQ4_XS in cache takes ~40 cycles per pair-superblock; the loop had ~230 instructions
+ *       (prefetch address arithmetic of pf_row/pf_at with spilled operands: ~40 scalar ops and
+ *       vmovq xmm<->gpr moves on ports 0/5; scales by 2 pdep + ~20 scalar ops + 3 GPR->xmm moves).
+ *       Splitting the vpmaddwd/vpdpwssd chain (20 -> 11 cycles latency): in cache equal or
+ *       worse, not kept. iq4xs_pairs (nb = 1 pairs): pf_ptr prefetch pointers, scales of both
+ *       rows by 2 vpmultishiftqb + ternlog/and/sub on one xmm, d by one vcvtph2ps of the same
+ *       xmm: ~100 instructions per pair-superblock. In cache: equal (512x2048), -3 % (2048x512:
+ *       2 superblocks per row, more per-pair setup); out of cache (4 rounds each, every round
+ *       better): 1 thread 86.5 -> 91.0 / 82.9 -> 87.4 %, 2 threads 79.0 -> 82.4 / 76.8 -> 78.7 %
+ *       (512x2048 / 2048x512). So out of cache the instruction count matters even where the
+ *       in-cache time does not move: fewer uops in the window leave room for the misses.
+ *       a256_rows' SW branch (IQ4_XS, NB = 1, RR = 2) is no longer reached.
+ *   (3) Q8_0 with the same pf_ptr prefetch in a32_rows: in cache equal, out of cache -0.6..+0.8
+ *       (1 thread), -1.3 / -1.9 (2 threads): not kept.
+ * Left: Q8_0 2 threads (~80-82 %) and IQ4_XS 2048x512 2 threads (~79 %); the ~1 us before the
+ * kernels start (pool wake ~0.15 us, quantization 0.5 us per half row: the A256/A32 quantizers
+ * are scalar per block, a vectorized one would save ~0.3-0.4 us = 1.5 points) and the 0.25 us
+ * completion signal are the next candidates.
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
@@ -256,6 +288,20 @@ static inline void red2(__m512 a0, __m512 a1, __m512 m, float *y0, float *y1) {
   *y1 = _mm_cvtss_f32(_mm256_extractf128_ps(Y, 1));
 }
 
+/* pf_at() as a pointer moved along with the step: step k's target is row + k*step + dist, plus rb
+ * from step kc on (the first whose target leaves the own row; kc = -1: from the start), so a row
+ * pair's loop pays one add per level and stream and one compare per level per step, instead of
+ * the per-prefetch compare/select and the spilled operands of pf_at in a256_rows. Used by
+ * iq4xs_pairs; tried for Q8_0's a32_rows too (2026-11-29): no gain (see the header). */
+typedef struct { const char *p; int64_t kc; } pf_ptr;
+static inline pf_ptr pf_ptr_init(const uint8_t *row, size_t rb_, int64_t step, int64_t dist) {
+  const int64_t rb = (int64_t)rb_;
+  pf_ptr q;
+  q.kc = dist >= rb ? -1 : (rb - dist + step - 1) / step;
+  q.p = (const char *)row + dist + (q.kc < 0 ? rb : 0);
+  return q;
+}
+
 /* ================= quantized path: A32 types (Q8_0, Q4_0, IQ4_NL, MXFP4) ================= */
 
 /* 32 signed weights of one block, and its scale */
@@ -346,10 +392,8 @@ static const uint8_t kidx_q4k[2][64] __attribute__((aligned(64))) = {
   {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3, 0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3, 0},
   {4, 0, 4, 0, 4, 0, 4, 0, 5, 0, 5, 0, 5, 0, 5, 0, 4, 0, 4, 0, 4, 0, 4, 0, 5, 0, 5, 0, 5, 0, 5, 0, 6, 0, 6, 0, 6, 0, 6, 0, 7, 0, 7, 0, 7, 0, 7, 0, 6, 0, 6, 0, 6, 0, 6, 0, 7, 0, 7, 0, 7, 0, 7, 0},
 };
-/* mins as int16 words for the bsum vpmaddwd: word 2j, 2j+1 = m[j] (scale byte 8 + j) */
-static const uint8_t kidx_min[64] __attribute__((aligned(64))) = {
-  8, 0, 8, 0, 9, 0, 9, 0, 10, 0, 10, 0, 11, 0, 11, 0, 12, 0, 12, 0, 13, 0, 13, 0, 14, 0, 14, 0, 15, 0, 15, 0};
-/* the same for both rows of a pair: words 0-15 row 0 (bytes 8-15), words 16-31 row 1 (bytes 24-31) */
+/* Q4_K/Q5_K mins of both rows of a pair as int16 words for the bsum vpmaddwd: word 2j, 2j+1 =
+ * m[j] (scale byte 8 + j); words 0-15 row 0 (bytes 8-15), words 16-31 row 1 (bytes 24-31) */
 static const uint8_t kidx_min2[64] __attribute__((aligned(64))) = {
   8, 0, 8, 0, 9, 0, 9, 0, 10, 0, 10, 0, 11, 0, 11, 0, 12, 0, 12, 0, 13, 0, 13, 0, 14, 0, 14, 0, 15, 0, 15, 0,
   24, 0, 24, 0, 25, 0, 25, 0, 26, 0, 26, 0, 27, 0, 27, 0, 28, 0, 28, 0, 29, 0, 29, 0, 30, 0, 30, 0, 31, 0, 31, 0};
@@ -375,20 +419,15 @@ static const int8_t ksig_hi[64] __attribute__((aligned(64))) = {
   89, 89, 89, 89, 113, 113, 113, 113};
 #undef KSIG16
 
+/* Q6_K (16-lane model) and IQ4_XS with several activation rows or a lone last row; Q4_K/Q5_K
+ * take k4_rows (superblock model), IQ4_XS row pairs with one activation row iq4xs_pairs. */
 static inline __attribute__((always_inline)) void a256_rows(const int T, const int NB, const int RR,
                                                             const floe_mat *W, const kact_layout *L, int64_t r,
                                                             const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
-  const int bytes = T == FLOE_TYPE_Q4_K ? 144 : T == FLOE_TYPE_Q5_K ? 176 : T == FLOE_TYPE_Q6_K ? 210 : 136;
+  const int bytes = T == FLOE_TYPE_Q6_K ? 210 : 136;
   const __m512i m4 = _mm512_set1_epi8(15);
-  /* J: Q4_K/Q5_K row pairs keep both rows' min accumulators in one zmm (row rr in 256-bit half
-   * rr): one vpmaddwd, cvt, multiply and add per superblock for the two rows */
-  const int J = (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) && RR == 2;
-  /* SW: IQ4_XS row pairs with one activation row put x's sign on the (signed) weights instead of
-   * the weights' sign on x: no sign masks from the weights, no copies of x */
-  const int SW = T == FLOE_TYPE_IQ4_XS && RR == 2 && NB == 1;
-  __m512 acc[2][NBG], macc2[NBG];
+  __m512 acc[2][NBG];
   __m256 macc[2][NBG];
-  for (int b = 0; b < NB; b++) macc2[b] = _mm512_setzero_ps();
   for (int rr = 0; rr < RR; rr++)
     for (int b = 0; b < NB; b++) {
       acc[rr][b] = _mm512_setzero_ps();
@@ -397,33 +436,9 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
   for (int64_t k = 0; k < L->nblk; k++) {
     /* decode of each weight row's superblock (RR rows, shared by the NB activation rows) */
     __m512i Wd[2][4], SVd[2][4], AUX[2];
-    __m128 DDM[2];
     __m512 DV[2];
     __mmask64 NEG[2][4];
-    __m256i SCM2 = _mm256_setzero_si256();
     __m128 DDM2 = _mm_setzero_ps();
-    __m512i AUX2 = _mm512_setzero_si512();
-    if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
-      /* 6-bit scales and mins (ggml get_scale_min_k4) of both weight rows in one ymm (128-bit
-       * lane rr = row rr), no scalar work: bytes 0-7 of a lane are sc[0..7], bytes 8-15 m[0..7].
-       *   sc[j<4] = q[j]&63   sc[j>=4] = (q[j+4]&15) | (q[j-4]>>6)<<4
-       *   m[j<4]  = q[j+4]&63 m[j>=4]  = (q[j+4]>>4) | (q[j]>>6)<<4 */
-      const uint8_t *bA = kw_row(W, r) + k * bytes, *bB = kw_row(W, r + RR - 1) + k * bytes;
-      /* 12 scale bytes + 4 of qs per row */
-      const __m256i raw = RR == 2 ? _mm256_loadu2_m128i((const __m128i *)(bB + 4), (const __m128i *)(bA + 4))
-                                  : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(bA + 4)));
-      const __m256i P = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
-      const __m256i H = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
-      const __m256i lowA = _mm256_and_si256(P, _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
-      const __m256i lowB = _mm256_and_si256(_mm256_srli_epi16(P, 4), _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-      SCM2 = _mm256_or_si256(_mm256_or_si256(lowA, lowB), _mm256_and_si256(_mm256_srli_epi16(H, 2), _mm256_set1_epi8(0x30)));
-      /* d and dmin of both rows converted together: [dA, dminA, dB, dminB] */
-      int32_t dd[2];
-      memcpy(&dd[0], bA, 4);
-      memcpy(&dd[1], bB, 4);
-      DDM2 = _mm_cvtph_ps(_mm_set_epi32(0, 0, dd[1], dd[0]));
-      if (J) AUX2 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_min2), _mm512_castsi256_si512(SCM2));
-    }
     __m512i L16 = _mm512_setzero_si512();
     if (T == FLOE_TYPE_IQ4_XS) {
       /* both rows' 8 scales (ls - 32) as int16 words (0-7 row A, 8-15 row B) in one vpmovsxbw, and
@@ -440,38 +455,9 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
     const uint8_t *bk = kw_row(W, r + rr) + k * bytes;
     pf_row(kw_row(W, r + rr), k * bytes, W->row_bytes, RR, 3, 1);
     __m512i w[4], sv[4], q[2];
-    __m256i aux = _mm256_setzero_si256(); /* mins (Q4_K/Q5_K) or scales (Q6_K) as int16, for bsum */
-    float d, dm = 0;
-    __m128 ddm = _mm_setzero_ps();
-    if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
-      /* this row's [d, dmin] (lanes 0-1) */
-      ddm = rr ? _mm_movehl_ps(DDM2, DDM2) : DDM2;
-      d = 0;
-      /* packed-lane scale vectors: sv[0] for steps 0-1, sv[1] for steps 2-3 (int16 words), from
-       * this row's 128-bit lane of SCM2 (byte indices + 16 rr) */
-      const __m512i scz = _mm512_castsi256_si512(SCM2);
-      const __m512i lane = _mm512_set1_epi8((char)(16 * rr));
-      sv[0] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[0]), lane), scz);
-      sv[1] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[1]), lane), scz);
-      aux = _mm512_castsi512_si256(_mm512_maskz_permutexvar_epi8(0x55555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_min), lane), scz));
-      const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
-      __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-      w[0] = _mm512_and_si512(q0, m4);
-      w[1] = hi_nib(q0);
-      w[2] = _mm512_and_si512(q1, m4);
-      w[3] = hi_nib(q1);
-      if (T == FLOE_TYPE_Q5_K) {
-        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bk + 16)));
-        const __m512i b16 = _mm512_set1_epi8(16);
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) {
-          /* qh bits of step s, first/second 32 bytes: (0,2) (1,3) (4,6) (5,7) */
-          int lo = 4 * (s / 2) + s % 2, hi = lo + 2;
-          __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << hi)), 1);
-          w[s] = _mm512_mask_add_epi8(w[s], _mm512_test_epi8_mask(qh, bits), w[s], b16);
-        }
-      }
-    } else if (T == FLOE_TYPE_Q6_K) {
+    __m256i aux = _mm256_setzero_si256(); /* scales (Q6_K) as int16, for bsum */
+    float d;
+    if (T == FLOE_TYPE_Q6_K) {
       d = f16s(bk + 208);
       __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bk + 192)));
       aux = sc16;
@@ -502,8 +488,7 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
        * in bits 0-5; table kabs[i >> 2]): no and, no gf2p8affine */
       const uint8_t *qs = bk + 8;
       const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-      const __m512i tlo = _mm512_load_si512(SW ? (const void *)ksig_lo : kabs_lo),
-                    thi = _mm512_load_si512(SW ? (const void *)ksig_hi : kabs_hi);
+      const __m512i tlo = _mm512_load_si512(kabs_lo), thi = _mm512_load_si512(kabs_hi);
       w[0] = _mm512_permutexvar_epi8(q0, tlo);
       w[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q0, 2), thi);
       w[2] = _mm512_permutexvar_epi8(q1, tlo);
@@ -511,7 +496,7 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
       q[0] = q0, q[1] = q1;
     }
     __mmask64 neg[4];
-    if (T == FLOE_TYPE_IQ4_XS && !SW) {
+    if (T == FLOE_TYPE_IQ4_XS) {
       /* kvalue < 0 <=> code < 8 (bit 3 clear). Low nibbles: vptestnmb; high nibbles: the code
        * byte's bit 7 is the nibble's bit 3, one vpmovb2m (port 0), but it marks the *positive*
        * weights: steps 1 and 3 negate x where w > 0, i.e. sum -w*x exactly, and their chain is
@@ -521,48 +506,31 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
       neg[2] = _mm512_testn_epi8_mask(q[1], _mm512_set1_epi8(8));
       neg[3] = _mm512_movepi8_mask(q[1]);
     }
-    (void)dm;
 #pragma GCC unroll 4
     for (int s = 0; s < 4; s++) Wd[rr][s] = w[s];
     SVd[rr][0] = sv[0], SVd[rr][1] = sv[1];
     if (T == FLOE_TYPE_IQ4_XS) {
       SVd[rr][2] = sv[2], SVd[rr][3] = sv[3];
-      for (int s = 0; s < 4; s++) NEG[rr][s] = SW ? 0 : neg[s];
+      for (int s = 0; s < 4; s++) NEG[rr][s] = neg[s];
     }
     AUX[rr] = _mm512_castsi256_si512(aux);
-    DDM[rr] = ddm;
     DV[rr] = _mm512_set1_ps(d);
     }
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
-    /* J: [d*dx, dmin*dx] of row 0 then row 1 */
+    /* IQ4_XS: [dA*dx, dB*dx] */
     const __m128 S4 = _mm_mul_ps(DDM2, _mm_set1_ps(((const float *)(xq + b * xs + L->off_d))[k]));
 #pragma GCC unroll 2
     for (int rr = 0; rr < RR; rr++) {
       const __m512i *w = Wd[rr], *sv = SVd[rr];
       const __mmask64 *neg = NEG[rr];
       const __m256i aux = _mm512_castsi512_si256(AUX[rr]);
-      const __m128 ddm = DDM[rr];
       const __m512 dv = DV[rr];
       const uint8_t *xb = xq + b * xs;
       const int8_t *x = (const int8_t *)xb + 256 * k;
       const float dx = ((const float *)(xb + L->off_d))[k];
       __m512i Lv;
-      if (T == FLOE_TYPE_IQ4_XS && SW) {
-        /* kvalue * x pair sums exceed nothing but the 4-sums exceed int16: pairs (vpmaddubsw)
-         * times the scale (vpmaddwd, then vpdpwssd: one chain, no zeroed accumulator). The
-         * unsigned operand is |x| (shared by both rows: vpabsb, vpmovb2m once per step), the
-         * signed one the weight with x's sign moved onto it (one masked vpsubb in place: the
-         * decoded weights are dead after this use when NB = 1). |x| * (+-w) = x * w exactly. */
-        __m512i P[4];
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) {
-          const __m512i xv = _mm512_loadu_si512(x + 64 * s);
-          const __m512i ws = _mm512_mask_sub_epi8(w[s], _mm512_movepi8_mask(xv), _mm512_setzero_si512(), w[s]);
-          P[s] = _mm512_maddubs_epi16(_mm512_abs_epi8(xv), ws);
-        }
-        Lv = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_madd_epi16(P[0], sv[0]), P[1], sv[1]), P[2], sv[2]), P[3], sv[3]);
-      } else if (T == FLOE_TYPE_IQ4_XS) {
+      if (T == FLOE_TYPE_IQ4_XS) {
         /* |kvalue| * x 4-sums exceed int16: pairs (vpmaddubsw) times the scale, two chains: steps 0, 2 (La) and 1, 3 (Lb, negated) */
         __m512i La, Lb;
 #pragma GCC unroll 4
@@ -577,7 +545,7 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
         }
         Lv = _mm512_sub_epi32(La, Lb); /* Lb holds -(steps 1, 3), see neg[] */
       } else {
-        /* K-quants: unscaled 4-sums per step (vpdpbusd, < 2^15), two steps packed to int16
+        /* Q6_K: unscaled 4-sums per step (vpdpbusd, < 2^15), two steps packed to int16
          * (vpackssdw, exact), then one vpdpwssd per two steps applies the scales: 6 port-0
          * uops instead of 8 */
         __m512i D[4];
@@ -586,43 +554,22 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
         Lv = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), sv[0]),
                                  _mm512_packs_epi32(D[2], D[3]), sv[1]);
       }
-      /* S = d*dx as a vector multiply with dx broadcast from memory (no scalar->vector moves);
-       * Q4_K/Q5_K: [d*dx, dmin*dx] in one multiply, then broadcast */
+      /* S = d*dx as a vector multiply with dx broadcast from memory (no scalar->vector moves) */
       __m512 Sv;
-      __m256 Sm;
-      if (J) {
-        Sv = rr ? _mm512_permutexvar_ps(_mm512_set1_epi32(2), _mm512_castps128_ps512(S4)) : _mm512_broadcastss_ps(S4);
-        Sm = _mm256_setzero_ps();
-      } else if (T == FLOE_TYPE_IQ4_XS) {
-        /* S4 = [dA*dx, dB*dx] */
-        Sv = rr ? _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(S4)) : _mm512_broadcastss_ps(S4);
-        Sm = _mm256_setzero_ps();
-      } else if (T == FLOE_TYPE_Q4_K || T == FLOE_TYPE_Q5_K) {
-        const __m128 S2 = _mm_mul_ps(ddm, _mm_set1_ps(dx));
-        Sv = _mm512_broadcastss_ps(S2);
-        Sm = _mm256_permutexvar_ps(_mm256_set1_epi32(1), _mm256_castps128_ps256(S2));
-      } else {
-        Sv = _mm512_mul_ps(dv, _mm512_set1_ps(dx));
-        Sm = _mm512_castps512_ps256(Sv);
-      }
+      if (T == FLOE_TYPE_IQ4_XS) Sv = rr ? _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(S4)) : _mm512_broadcastss_ps(S4);
+      else Sv = _mm512_mul_ps(dv, _mm512_set1_ps(dx));
       acc[rr][b] = lanes_add(acc[rr][b], Lv, Sv);
-      if (T != FLOE_TYPE_IQ4_XS && !J) {
+      if (T == FLOE_TYPE_Q6_K) {
         __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xb + L->off_s) + 16 * k));
-        __m256i M = _mm256_madd_epi16(aux, bs);
-        if (T == FLOE_TYPE_Q6_K) M = _mm256_slli_epi32(M, 5);
-        macc[rr][b] = _mm256_add_ps(macc[rr][b], _mm256_mul_ps(_mm256_cvtepi32_ps(M), Sm));
+        __m256i M = _mm256_slli_epi32(_mm256_madd_epi16(aux, bs), 5);
+        macc[rr][b] = _mm256_add_ps(macc[rr][b], _mm256_mul_ps(_mm256_cvtepi32_ps(M), _mm512_castps512_ps256(Sv)));
       }
-    }
-    if (J) {
-      const __m512i bs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const int16_t *)(xq + b * xs + L->off_s) + 16 * k)));
-      const __m512 Sm2 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(S4));
-      macc2[b] = _mm512_add_ps(macc2[b], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(AUX2, bs)), Sm2));
     }
     }
   }
   if (RR == 2)
     for (int b = 0; b < NB; b++) {
-      const __m512 m = J ? macc2[b] : _mm512_insertf32x8(_mm512_castps256_ps512(macc[0][b]), macc[1][b], 1);
+      const __m512 m = _mm512_insertf32x8(_mm512_castps256_ps512(macc[0][b]), macc[1][b], 1);
       red2(acc[0][b], acc[1][b], m, &Y[b * ldy + r], &Y[b * ldy + r + 1]);
     }
   else
@@ -767,6 +714,86 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
     if (r0 < r1)                                                                                   \
       for (int b = 0; b < nb; b++) k4_rows(T, 1, W, L, r0, xq + (size_t)b * xs, &Y[b * ldy + r0], NULL); \
   }
+
+
+/* IQ4_XS, one activation row, rows [r0, r1) in pairs (an odd last row is left to a256_rows): the
+ * SW form of a256_rows (x's sign on the signed weights, one vpmaddwd + 3 vpdpwssd chain) with the
+ * per-superblock scalar work cut:
+ *   scales: both rows' first 8 bytes (d, scales_h, scales_l) in one xmm; ls = (scales_l nibble j)
+ *     | (scales_h bits 2j, 2j+1) << 4 by two vpmultishiftqb (byte j of a qword from bit 32 + 4j and
+ *     from bit 12 + 2j), one vpternlog, and, sub 32 (kq_scales_iq4xs_u64 did it with 2 pdep and ~10
+ *     scalar ops per row, then 3 GPR->xmm moves);
+ *   d: one vcvtph2ps of the same xmm (lane 0 = dA, lane 4 = dB);
+ *   prefetch: pf_ptr (see above) instead of pf_row's address arithmetic.
+ * The integer lanes, S = d*dx and the accumulation order are those of a256_rows: bit-identical. */
+static void iq4xs_pairs(const floe_mat *W, const kact_layout *L, int64_t r0, int64_t r1, const uint8_t *xq, float *Y) {
+  const int64_t B = 136, rb = (int64_t)W->row_bytes, nsb = L->nblk;
+  const pf_ptr fa0 = pf_ptr_init(kw_row(W, r0), W->row_bytes, B, KPF), na0 = pf_ptr_init(kw_row(W, r0), W->row_bytes, B, KPF_NEAR);
+  const __m128i ctl_lo = _mm_set1_epi64x(0x3C3834302C282420ll), ctl_hi = _mm_set1_epi64x(0x1A18161412100E0Cll);
+  const __m128i c0f = _mm_set1_epi8(0x0F), c3f = _mm_set1_epi8(0x3F), c32 = _mm_set1_epi8(32);
+  const __m512i wi = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+  const __m512i wiA2 = _mm512_add_epi16(wi, _mm512_set1_epi16(4)), wiB = _mm512_add_epi16(wi, _mm512_set1_epi16(8)),
+                wiB2 = _mm512_add_epi16(wi, _mm512_set1_epi16(12));
+  const __m512i tlo = _mm512_load_si512(ksig_lo), thi = _mm512_load_si512(ksig_hi);
+  const float *dxs = (const float *)(xq + L->off_d);
+  for (int64_t r = r0; r + 1 < r1; r += 2) {
+  const uint8_t *rowA = kw_row(W, r);
+  const int64_t dr = (r - r0) * rb;
+  pf_ptr fa = {fa0.p + dr, fa0.kc}, na = {na0.p + dr, na0.kc};
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (int64_t k = 0; k < nsb; k++) {
+    if (k == fa.kc) fa.p += rb;
+    if (k == na.kc) na.p += rb;
+#pragma GCC unroll 3
+    for (int i = 0; i < 3; i++) {
+      _mm_prefetch(fa.p + 64 * i, _MM_HINT_T1);
+      _mm_prefetch(fa.p + rb + 64 * i, _MM_HINT_T1);
+      _mm_prefetch(na.p + 64 * i, _MM_HINT_T0);
+      _mm_prefetch(na.p + rb + 64 * i, _MM_HINT_T0);
+    }
+    fa.p += B, na.p += B;
+    const uint8_t *bA = rowA + k * B, *bB = bA + rb;
+    int64_t hb;
+    memcpy(&hb, bB, 8);
+    const __m128i h = _mm_insert_epi64(_mm_loadl_epi64((const __m128i *)bA), hb, 1);
+    const __m128i lo = _mm_multishift_epi64_epi8(ctl_lo, h), hi = _mm_multishift_epi64_epi8(ctl_hi, h);
+    /* (lo & 0x0F) | (hi & 0xF0), then the 6 bits, minus 32 */
+    const __m128i ls = _mm_sub_epi8(_mm_and_si128(_mm_ternarylogic_epi64(lo, hi, c0f, 0xE4), c3f), c32);
+    const __m512i L16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(ls));
+    const __m256 S8 = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(dxs[k]));
+    const __m512 SvA = _mm512_broadcastss_ps(_mm256_castps256_ps128(S8));
+    const __m512 SvB = _mm512_permutexvar_ps(_mm512_set1_epi32(4), _mm512_castps256_ps512(S8));
+    const __m512i svA0 = _mm512_permutexvar_epi16(wi, L16), svA2 = _mm512_permutexvar_epi16(wiA2, L16);
+    const __m512i svB0 = _mm512_permutexvar_epi16(wiB, L16), svB2 = _mm512_permutexvar_epi16(wiB2, L16);
+    __m512i wA[4], wB[4];
+    {
+      const __m512i q0 = _mm512_loadu_si512(bA + 8), q1 = _mm512_loadu_si512(bA + 72);
+      wA[0] = _mm512_permutexvar_epi8(q0, tlo), wA[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q0, 2), thi);
+      wA[2] = _mm512_permutexvar_epi8(q1, tlo), wA[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q1, 2), thi);
+    }
+    {
+      const __m512i q0 = _mm512_loadu_si512(bB + 8), q1 = _mm512_loadu_si512(bB + 72);
+      wB[0] = _mm512_permutexvar_epi8(q0, tlo), wB[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q0, 2), thi);
+      wB[2] = _mm512_permutexvar_epi8(q1, tlo), wB[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q1, 2), thi);
+    }
+    const int8_t *x = (const int8_t *)xq + 256 * k;
+    __m512i PA[4], PB[4];
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+      const __m512i xv = _mm512_loadu_si512(x + 64 * s), ax = _mm512_abs_epi8(xv);
+      const __mmask64 m = _mm512_movepi8_mask(xv);
+      PA[s] = _mm512_maddubs_epi16(ax, _mm512_mask_sub_epi8(wA[s], m, _mm512_setzero_si512(), wA[s]));
+      PB[s] = _mm512_maddubs_epi16(ax, _mm512_mask_sub_epi8(wB[s], m, _mm512_setzero_si512(), wB[s]));
+    }
+    const __m512i LA = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_madd_epi16(PA[0], svA0), PA[1], svA0), PA[2], svA2), PA[3], svA2);
+    const __m512i LB = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_madd_epi16(PB[0], svB0), PB[1], svB0), PB[2], svB2), PB[3], svB2);
+    acc0 = lanes_add(acc0, LA, SvA);
+    acc1 = lanes_add(acc1, LB, SvB);
+  }
+  red2(acc0, acc1, _mm512_setzero_ps(), &Y[r], &Y[r + 1]);
+  }
+}
 
 /* ================= quantized path: MLX 4-bit / 8-bit ================= */
 
@@ -1092,7 +1119,16 @@ DEF_RUN(run_mxfp4, a32_row, FLOE_TYPE_MXFP4)
 DEF_RUN_K4(run_q4_k, FLOE_TYPE_Q4_K)
 DEF_RUN_K4(run_q5_k, FLOE_TYPE_Q5_K)
 DEF_RUN(run_q6_k, a256_row, FLOE_TYPE_Q6_K)
-DEF_RUN(run_iq4_xs, a256_row, FLOE_TYPE_IQ4_XS)
+DEF_RUN(run_iq4_xs_rows, a256_row, FLOE_TYPE_IQ4_XS)
+/* IQ4_XS: one activation row in row pairs by iq4xs_pair, the rest (nb > 1, an odd last row) by a256_rows */
+static void run_iq4_xs(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, float *Y,
+                       int64_t ldy, int64_t r0, int64_t r1) {
+  if (nb == 1) {
+    iq4xs_pairs(W, L, r0, r1, xq, Y);
+    r0 += (r1 - r0) & ~(int64_t)1;
+  }
+  run_iq4_xs_rows(W, L, nb, xq, xs, Y, ldy, r0, r1);
+}
 DEF_RUN(run_mlx4, mlx_row, 4)
 DEF_RUN(run_mlx8, mlx_row, 8)
 
