@@ -29,7 +29,7 @@ static int run(const model *m, const int32_t *tok, int64_t n, int64_t chunk, int
   char err[256];
   model_session *s;
   const int64_t V = m->hp.n_vocab;
-  if (model_session_new(m, 512, kv, threads, &s, err, sizeof err)) {
+  if (model_session_new(m, 1024, kv, threads, &s, err, sizeof err)) {
     printf("session: %s\n", err);
     return -1;
   }
@@ -78,8 +78,8 @@ static void test_one(const char *name) {
     remove(out);
     return;
   }
-  const int64_t V = m->hp.n_vocab, n = 300; /* > one chunk (MODEL_MAX_BATCH): crosses a chunk boundary */
-  int32_t tok[300];
+  const int64_t V = m->hp.n_vocab, n = MODEL_MAX_BATCH + 44; /* > one chunk: crosses a chunk boundary */
+  int32_t tok[MODEL_MAX_BATCH + 44];
   for (int i = 0; i < n; i++) tok[i] = (int32_t)((i * 37 + 11) % V);
   float *ref = malloc((size_t)(n * V) * 4), *alt = malloc((size_t)(n * V) * 4), *ex = malloc((size_t)(n * V) * 4);
 

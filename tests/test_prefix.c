@@ -15,8 +15,9 @@
  *     inside a long prompt resumes at the interior checkpoint before it; the same prompt twice
  *     reuses all but the tail; the count stays within n_checkpoints; with n_checkpoints < 0 a
  *     hybrid reuses only whole histories (attention still rewinds).
- *  3. Cancellation: should_stop stops a 1500-token prefill after k steps (finish CANCELLED, n_gen
- *     0, n_past <= k * 256) in well under the full prefill's time; a stop before the first step
+ *  3. Cancellation: should_stop stops a 3000-token prefill after k steps (finish CANCELLED, n_gen
+ *     0, n_past <= k * STEP, STEP = MODEL_MAX_BATCH = the engine's prefill step) in well under the
+ *     full prefill's time; a stop before the first step
  *     evaluates nothing; the same prompt then continues from there (n_reused = what was
  *     evaluated) and equals a cold run; a divergent prompt cancelled after one step, then run to
  *     the end, equals a cold run too. */
@@ -28,6 +29,7 @@
 
 #include "base/base.h"
 #include "floe.h"
+#include "model/model.h" /* MODEL_MAX_BATCH: the engine's prefill step (engine.c PREFILL_STEP) */
 #include "test.h"
 
 #define NCTX 1024
@@ -348,7 +350,8 @@ static void cancellation(const char *path, int arch_hybrid) {
   floe_session *s, *cold;
   CHECK(floe_session_new(e, &sp, &s, err, sizeof err) == 0 && floe_session_new(e, &sp, &cold, err, sizeof err) == 0,
         "sessions: %s", err);
-  const int64_t N = 1500, D = 1100; /* prompt length, divergence */
+  const int64_t N = 3000, D = 1100; /* prompt length, divergence */
+  const int64_t STEP = MODEL_MAX_BATCH;
   int32_t *p = malloc((size_t)N * sizeof *p);
   for (int64_t i = 0; i < N; i++) p[i] = (int32_t)rnd((uint32_t)info.n_vocab);
   floe_gen_params gp;
@@ -370,7 +373,7 @@ static void cancellation(const char *path, int arch_hybrid) {
   const int64_t done = floe_session_n_past(s);
   CHECK(rc == 0 && r.finish == FLOE_FINISH_CANCELLED && r.n_gen == 0 && st.calls == 3,
         "cancelled after 2 steps: rc %d finish %d n_gen %lld calls %d", rc, r.finish, (long long)r.n_gen, st.calls);
-  CHECK(done > 0 && done <= 2 * 256, "session keeps the %lld tokens evaluated (<= 512)", (long long)done);
+  CHECK(done > 0 && done <= 2 * STEP, "session keeps the %lld tokens evaluated (<= %lld)", (long long)done, (long long)(2 * STEP));
   /* the full prompt on a cold session (timing reference and expected output) */
   gen_out gc, gw;
   floe_gen_params g2 = gp;
@@ -400,7 +403,7 @@ static void cancellation(const char *path, int arch_hybrid) {
   memcpy(q, p, (size_t)N * sizeof *q);
   q[D] = (q[D] + 1) % (int32_t)info.n_vocab;
   rc = floe_generate(s, q, (size_t)N, &gp, tok_stopper, &st, &r, err, sizeof err);
-  CHECK(rc == 0 && r.finish == FLOE_FINISH_CANCELLED && floe_session_n_past(s) <= r.n_reused + 256 &&
+  CHECK(rc == 0 && r.finish == FLOE_FINISH_CANCELLED && floe_session_n_past(s) <= r.n_reused + STEP &&
         floe_session_n_past(s) < N, "cancel a divergent prompt (n_reused %lld, n_past %lld)", (long long)r.n_reused,
         (long long)floe_session_n_past(s));
   CHECK(arch_hybrid ? r.n_reused >= 1024 && r.n_reused <= D : r.n_reused == D,

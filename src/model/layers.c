@@ -989,6 +989,11 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     acc += cnt[e];
   }
   const int64_t nA = acc;
+  /* the gathered float rows are read only by the float path: not when both gate and up take the
+   * quantized rows (resident experts; the streamed path keeps them) */
+  bool need_f = !xq_e || m->xs;
+  for (int64_t e = 0; e < NE && !need_f; e++)
+    need_f = !same_act(&L->exp_gate[e], lay_e) || !same_act(&L->exp_up[e], lay_e);
   for (int64_t e = 0; e < NE; e++) cnt[e] = 0;
   for (int64_t t = 0; t < n; t++)
     for (int64_t jj = 0; jj < K; jj++) {
@@ -996,7 +1001,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
       const int32_t a = off[e] + cnt[e]++;
       aidx[t * K + jj] = a;
       if (n == 1 && !m->xs) continue; /* one token: every expert reads row 0 of h in place */
-      memcpy(s->ein + a * E, s->h + t * E, (size_t)E * 4);
+      if (need_f) memcpy(s->ein + a * E, s->h + t * E, (size_t)E * 4);
       if (xq_e) memcpy(s->xq_g + (size_t)a * xs_e, xq_e + (size_t)t * xs_e, xs_e);
     }
   const floe_mat *lay_d = &L->exp_down[0];
