@@ -199,7 +199,7 @@ export async function basicTests(model, models) {
   });
 
   await section('client disconnect', async () => {
-    const big = await startServer(model, ['-c', '4096']); // long enough generations to abandon
+    const big = await startServer(model, ['-c', '16384']); // long enough generations to abandon (4096 tokens of the tiny model could finish before a loaded CI machine noticed the disconnect)
     await waitHealthy(big);
     const oa = client(big);
     // a prompt whose greedy reply is long (no end of generation within 200 tokens)
