@@ -1,7 +1,7 @@
 /* AVX-512 (F/BW/VL/DQ/VNNI/VBMI + GFNI) kernels: the float path and the quantized-activation path.
  *
- * The quantized path follows the 16-lane model of kernels_internal.h exactly: one zmm of int32
- * lanes per step, (float)lanes * scales added into one zmm accumulator per output, the fixed
+ * The quantized path follows the models of kernels_internal.h exactly: Q4_K/Q5_K the superblock
+ * model (k4_rows below), every other type the 16-lane model: one zmm of int32 lanes per step, (float)lanes * scales added into one zmm accumulator per output, the fixed
  * reduction red16(). Integer units: vpdpbusd (u8 x s8, 4 products per dword) where no per-lane
  * integer scale is needed; vpmaddubsw + vpdpwssd (pairs, then pairs times an int16 scale) where the
  * sub-block scales are integers (K-quants, IQ4_XS). Signed x signed (Q8_0, IQ4_NL, MXFP4, Q4_0,
@@ -180,7 +180,7 @@
  *       better): 1 thread 86.5 -> 91.0 / 82.9 -> 87.4 %, 2 threads 79.0 -> 82.4 / 76.8 -> 78.7 %
  *       (512x2048 / 2048x512). So out of cache the instruction count matters even where the
  *       in-cache time does not move: fewer uops in the window leave room for the misses.
- *       a256_rows' SW branch (IQ4_XS, NB = 1, RR = 2) is no longer reached.
+ *       a256_rows' SW branch (IQ4_XS, NB = 1, RR = 2) was no longer reached and has been removed.
  *   (3) Q8_0 with the same pf_ptr prefetch in a32_rows: in cache equal, out of cache -0.6..+0.8
  *       (1 thread), -1.3 / -1.9 (2 threads): not kept.
  * Left: Q8_0 2 threads (~80-82 %) and IQ4_XS 2048x512 2 threads (~79 %); the ~1 us before the
@@ -717,15 +717,16 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
 
 
 /* IQ4_XS, one activation row, rows [r0, r1) in pairs (an odd last row is left to a256_rows): the
- * SW form of a256_rows (x's sign on the signed weights, one vpmaddwd + 3 vpdpwssd chain) with the
- * per-superblock scalar work cut:
+ * SW form a256_rows used for row pairs before (x's sign on the signed weights, one vpmaddwd + 3
+ * vpdpwssd chain) with the per-superblock scalar work cut:
  *   scales: both rows' first 8 bytes (d, scales_h, scales_l) in one xmm; ls = (scales_l nibble j)
  *     | (scales_h bits 2j, 2j+1) << 4 by two vpmultishiftqb (byte j of a qword from bit 32 + 4j and
  *     from bit 12 + 2j), one vpternlog, and, sub 32 (kq_scales_iq4xs_u64 did it with 2 pdep and ~10
  *     scalar ops per row, then 3 GPR->xmm moves);
  *   d: one vcvtph2ps of the same xmm (lane 0 = dA, lane 4 = dB);
  *   prefetch: pf_ptr (see above) instead of pf_row's address arithmetic.
- * The integer lanes, S = d*dx and the accumulation order are those of a256_rows: bit-identical. */
+ * The integer lanes, S = d*dx and the accumulation order are those of the 16-lane model
+ * (a256_rows computes the same for nb > 1): bit-identical. */
 static void iq4xs_pairs(const floe_mat *W, const kact_layout *L, int64_t r0, int64_t r1, const uint8_t *xq, float *Y) {
   const int64_t B = 136, rb = (int64_t)W->row_bytes, nsb = L->nblk;
   const pf_ptr fa0 = pf_ptr_init(kw_row(W, r0), W->row_bytes, B, KPF), na0 = pf_ptr_init(kw_row(W, r0), W->row_bytes, B, KPF_NEAR);
