@@ -318,4 +318,30 @@ done:
   free(js);
   free(ref);
 }
+/* m (quantized, label e.g. "qwen3next q4_k") against HF on the dequantized weights in ref: the
+ * exact float path within abs_tol with equal argmax and greedy tokens (or HF's own top-2 margin
+ * below `margin` where they diverge); the quantized-activation path (8-bit activations, kernels.h:
+ * ~1e-2 relative per matmul) only bounded in mean (act_mean_tol): on these tiny random models a
+ * router choice or a near-tie flips. */
+static inline void ru_check_vs_hf(const model *m, const char *label, const char *ref, double abs_tol, double margin,
+                                  double act_mean_tol) {
+  ru_result r;
+  ru_compare(m, ref, KV_F32, true, &r);
+  printf("  %s: max|logit - HF(deq)| = %.3g over %lld positions; argmax equal %lld/%lld; greedy %lld/%lld\n", label,
+         r.max_abs, (long long)r.n_pos, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match,
+         (long long)r.greedy_n);
+  CHECK(r.rc == 0 && r.n_pos > 0, "%s: reference %s readable", label, ref);
+  CHECK(r.max_abs <= abs_tol, "%s: exact float path within %.0e of HF (got %.3g)", label, abs_tol, r.max_abs);
+  CHECK(r.argmax_same == r.n_pos, "%s: argmax equal at every position (%lld/%lld)", label, (long long)r.argmax_same,
+        (long long)r.n_pos);
+  CHECK(r.greedy_match == r.greedy_n || r.margin_at_div < margin,
+        "%s: greedy tokens equal to HF's (%lld/%lld; HF margin at the first difference %.3g)", label,
+        (long long)r.greedy_match, (long long)r.greedy_n, r.margin_at_div);
+  ru_compare(m, ref, KV_F32, false, &r);
+  printf("  %s quantized activations: max %.3g, mean %.3g; argmax equal %lld/%lld; greedy %lld/%lld\n", label,
+         r.max_abs, r.mean_abs, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match,
+         (long long)r.greedy_n);
+  CHECK(r.rc == 0 && r.mean_abs <= act_mean_tol, "%s: quantized-activation path mean |d| %.3g <= %.2g", label,
+        r.mean_abs, act_mean_tol);
+}
 #endif

@@ -56,22 +56,7 @@ static void test_model(const char *name) {
   CHECK(L0->attn_norm[0] > 0.5f && L0->attn_norm[0] < 1.5f, "%s: norms hold 1+w (no second +1): %g", name,
         L0->attn_norm[0]);
 
-  ru_result r;
-  ru_compare(m, ref, KV_F32, true, &r);
-  printf("  %s: max|logit - HF(MLX-dequantized)| = %.3g over %lld positions; argmax %lld/%lld; greedy %lld/%lld\n",
-         name, r.max_abs, (long long)r.n_pos, (long long)r.argmax_same, (long long)r.n_pos,
-         (long long)r.greedy_match, (long long)r.greedy_n);
-  CHECK(r.rc == 0 && r.n_pos > 0, "%s: reference %s readable", name, ref);
-  CHECK(r.max_abs <= ABS_TOL, "%s: exact float path within %.0e of HF (got %.3g)", name, ABS_TOL, r.max_abs);
-  CHECK(r.argmax_same == r.n_pos, "%s: argmax equal at every position (%lld/%lld)", name, (long long)r.argmax_same,
-        (long long)r.n_pos);
-  CHECK(r.greedy_match == r.greedy_n || r.margin_at_div < MARGIN,
-        "%s: greedy tokens equal to HF's (%lld/%lld; HF margin at the first difference %.3g)", name,
-        (long long)r.greedy_match, (long long)r.greedy_n, r.margin_at_div);
-  ru_compare(m, ref, KV_F32, false, &r); /* speed path: see test_model_quant.c */
-  printf("  %s quantized activations: max %.3g, mean %.3g; argmax %lld/%lld; greedy %lld/%lld\n", name, r.max_abs,
-         r.mean_abs, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match, (long long)r.greedy_n);
-  CHECK(r.rc == 0 && r.mean_abs <= 0.15, "%s: quantized-activation path mean |d| %.3g <= 0.15", name, r.mean_abs);
+  ru_check_vs_hf(m, name, ref, ABS_TOL, MARGIN, 0.15); /* speed path bound: as test_model_quant.c */
 
   /* 2 + 3 */
   snprintf(out, sizeof out, "%s", test_tmp(name));

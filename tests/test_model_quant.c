@@ -60,31 +60,6 @@ static int make_refs(const char *out) {
   return 0;
 }
 
-/* m (quantized, label e.g. "qwen3next q4_k") against HF on the dequantized weights in ref: the
- * exact float path within ABS_TOL with equal argmax and greedy tokens; the quantized-activation
- * path (8-bit activations, kernels.h: ~1e-2 relative per matmul) only bounded in mean: on these
- * tiny random models a router choice or a near-tie flips. */
-static void check_vs_hf(const model *m, const char *label, const char *ref) {
-  ru_result r;
-  ru_compare(m, ref, KV_F32, true, &r);
-  printf("  %s: max|logit - HF(deq)| = %.3g over %lld positions; argmax equal %lld/%lld; greedy %lld/%lld\n", label,
-         r.max_abs, (long long)r.n_pos, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match,
-         (long long)r.greedy_n);
-  CHECK(r.rc == 0 && r.n_pos > 0, "%s: reference %s readable", label, ref);
-  CHECK(r.max_abs <= ABS_TOL, "%s: exact float path within %.0e of HF (got %.3g)", label, ABS_TOL, r.max_abs);
-  CHECK(r.argmax_same == r.n_pos, "%s: argmax equal at every position (%lld/%lld)", label, (long long)r.argmax_same,
-        (long long)r.n_pos);
-  CHECK(r.greedy_match == r.greedy_n || r.margin_at_div < MARGIN,
-        "%s: greedy tokens equal to HF's (%lld/%lld; HF margin at the first difference %.3g)", label,
-        (long long)r.greedy_match, (long long)r.greedy_n, r.margin_at_div);
-  ru_compare(m, ref, KV_F32, false, &r);
-  printf("  %s quantized activations: max %.3g, mean %.3g; argmax equal %lld/%lld; greedy %lld/%lld\n", label,
-         r.max_abs, r.mean_abs, (long long)r.argmax_same, (long long)r.n_pos, (long long)r.greedy_match,
-         (long long)r.greedy_n);
-  CHECK(r.rc == 0 && r.mean_abs <= ACT_MEAN_TOL, "%s: quantized-activation path mean |d| %.3g <= %.2g", label,
-        r.mean_abs, ACT_MEAN_TOL);
-}
-
 /* The shipped Q4_K GGUF of qwen35moe_k (no fallback tensors: every matrix is Q4_K). */
 static void test_k(void) {
   char path[1024], ref[1024], err[256];
@@ -105,7 +80,7 @@ static void test_k(void) {
   nmat++;
   CHECK(nq == nmat, "experts, shared expert, attention / GatedDeltaNet output and lm_head are Q4_K (%lld/%lld)",
         (long long)nq, (long long)nmat);
-  check_vs_hf(m, "qwen35moe_k q4_k", ref);
+  ru_check_vs_hf(m, "qwen35moe_k q4_k", ref, ABS_TOL, MARGIN, ACT_MEAN_TOL);
   /* row-exact on Q4_K in the speed mode (VNNI kernels, BF16 KV, 2 threads): one batch of 80 tokens
    * = the same tokens one at a time, bit for bit */
   enum { NT = 80 };
@@ -152,7 +127,7 @@ static void test_one(const char *name, const char *q, int type) {
   if (!rc) {
     char label[128];
     snprintf(label, sizeof label, "%s %s", name, q);
-    check_vs_hf(m, label, ref);
+    ru_check_vs_hf(m, label, ref, ABS_TOL, MARGIN, ACT_MEAN_TOL);
   }
   model_free(m);
   remove(out);
