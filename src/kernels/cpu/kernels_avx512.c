@@ -600,14 +600,8 @@ static inline __attribute__((always_inline)) __m512i k4_sb(const int T, const in
                                                             const uint8_t *bB, const int8_t *x, const int16_t *bs, float dx,
                                                             int i, const uint8_t *rowA, int64_t yoff, __m512 *scv) {
   const __m512i m4 = _mm512_set1_epi8(15);
-  /* 6-bit scales and mins of both rows in one ymm (128-bit lane rr = row rr; bytes 0-7 sc, 8-15 m),
-   * as in a256_rows */
-  const __m256i raw = _mm256_loadu2_m128i((const __m128i *)(bB + 4), (const __m128i *)(bA + 4));
-  const __m256i P = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
-  const __m256i H = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
-  const __m256i lowA = _mm256_and_si256(P, _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
-  const __m256i lowB = _mm256_and_si256(_mm256_srli_epi16(P, 4), _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-  const __m256i SCM2 = _mm256_or_si256(_mm256_or_si256(lowA, lowB), _mm256_and_si256(_mm256_srli_epi16(H, 2), _mm256_set1_epi8(0x30)));
+  /* 6-bit scales and mins of both rows in one ymm (128-bit lane rr = row rr; bytes 0-7 sc, 8-15 m) */
+  const __m256i SCM2 = kq4_scm2(_mm256_loadu2_m128i((const __m128i *)bB, (const __m128i *)bA));
   int32_t dd[2];
   memcpy(&dd[0], bA, 4);
   memcpy(&dd[1], bB, 4);

@@ -133,17 +133,13 @@ static inline __attribute__((always_inline)) void prep_blk(const int T, const ui
     for (int m = 0; m < 8; m++) B->qh[m] = o[m];
   }
   /* bytes 0-15 of each row's superblock ([d, dmin] f16, 12 scale bytes), two rows per ymm; the
-   * scales and mins decoded as in kernels_avx512.c a256_rows (indices shifted by the 4 d bytes):
-   * 128-bit lane rr = row rr, bytes 0-7 sc, 8-15 m. Z[q] = rows 4q..4q+3. */
+   * scales and mins by kq4_scm2: 128-bit lane rr = row rr, bytes 0-7 sc, 8-15 m. Z[q] = rows
+   * 4q..4q+3. */
   __m512i Z[4], R[4];
   for (int i = 0; i < 16; i += 2) {
     const uint8_t *bA = rows[i] + k * bytes, *bB = rows[i + 1] + k * bytes;
     const __m256i raw = _mm256_loadu2_m128i((const __m128i *)bB, (const __m128i *)bA);
-    const __m256i P = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
-    const __m256i H = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11)));
-    const __m256i lowA = _mm256_and_si256(P, _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
-    const __m256i lowB = _mm256_and_si256(_mm256_srli_epi16(P, 4), _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-    const __m256i scm = _mm256_or_si256(_mm256_or_si256(lowA, lowB), _mm256_and_si256(_mm256_srli_epi16(H, 2), _mm256_set1_epi8(0x30)));
+    const __m256i scm = kq4_scm2(raw);
     if (i % 4 == 0) {
       Z[i / 4] = _mm512_castsi256_si512(scm);
       R[i / 4] = _mm512_castsi256_si512(raw);

@@ -213,6 +213,22 @@ static inline float kred8(const float v[8]) {
   return b[0] + b[1];
 }
 
+/* Q4_K/Q5_K 6-bit scales and mins (ggml get_scale_min_k4) of two superblocks at once (ISA files
+ * only). raw: bytes 0-15 of superblock A in the low 128-bit lane, of B in the high one ([d, dmin]
+ * f16, then the 12 scale bytes q[0..11]). Result, per lane: bytes 0-7 sc[0..7], bytes 8-15 m[0..7].
+ *   sc[j<4] = q[j]&63   sc[j>=4] = (q[j+4]&15) | (q[j-4]>>6)<<4
+ *   m[j<4]  = q[j+4]&63 m[j>=4]  = (q[j+4]>>4) | (q[j]>>6)<<4 */
+#ifdef __AVX2__
+#include <immintrin.h>
+static inline __m256i kq4_scm2(__m256i raw) {
+  const __m256i P = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
+  const __m256i H = _mm256_shuffle_epi8(raw, _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11)));
+  const __m256i lowA = _mm256_and_si256(P, _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
+  const __m256i lowB = _mm256_and_si256(_mm256_srli_epi16(P, 4), _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+  return _mm256_or_si256(_mm256_or_si256(lowA, lowB), _mm256_and_si256(_mm256_srli_epi16(H, 2), _mm256_set1_epi8(0x30)));
+}
+#endif
+
 /* IQ4_XS scales ls - 32 as 8 bytes of a 64-bit word, with BMI2 pdep (ISA files only). */
 #ifdef __BMI2__
 #include <immintrin.h>
