@@ -615,7 +615,7 @@ static inline __attribute__((always_inline)) __m512i k4_sb(const int T, const in
 #pragma GCC unroll 2
   for (int rr = 0; rr < RR; rr++) {
     const uint8_t *bk = rr ? bB : bA;
-    pf_row(rowA + rr * W->row_bytes, yoff, W->row_bytes, RR, T == FLOE_TYPE_Q4_K ? 3 : 3, 1);
+    pf_row(rowA + rr * W->row_bytes, yoff, W->row_bytes, RR, 3, 1);
     const __m512i lane = _mm512_set1_epi8((char)(16 * rr));
     const __m512i sv0 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[0]), lane), scz);
     const __m512i sv1 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[1]), lane), scz);
