@@ -42,6 +42,10 @@ enum { FLOE_IO_AUTO = 0, FLOE_IO_URING = 1, FLOE_IO_PREAD = 2 };
  * attention, normed with layer L+1's own ffn_norm, instead of layer L's normed MoE input. */
 enum { FLOE_PREFETCH_NEXT = 1, FLOE_PREFETCH_PREV = 2, FLOE_PREFETCH_RESID = 4 };
 enum { FLOE_CACHE_LRU = 0, FLOE_CACHE_LFU = 1 };
+/* How the model file is held: AUTO reads it into memory backed by 2 MiB huge pages when it fits
+ * comfortably (MemAvailable minus max(2 GiB, 20 %)) and no memory budget is set, else maps it;
+ * MMAP maps it (pages load on first use, 4 KiB pages: slower decode); COPY always reads it in. */
+enum { FLOE_LOAD_AUTO = 0, FLOE_LOAD_MMAP = 1, FLOE_LOAD_COPY = 2 };
 
 typedef struct floe_engine_params {
   const char *model; /* GGUF file, HF / MLX safetensors directory, or a `floe pack` directory */
@@ -54,6 +58,7 @@ typedef struct floe_engine_params {
    * thread stacks, allocator overhead; documented as 64 MiB (measured <= 36 MiB on
    * Qwen3-Next-80B: peak RSS - mapped non-expert weights - expert cache, bench/results.tsv). */
   uint64_t mem_budget;
+  int load;          /* FLOE_LOAD_* (default AUTO; with a memory budget always MMAP) */
   int io;            /* FLOE_IO_*: a pread thread pool (AUTO, the default: measured faster) or io_uring */
   bool io_direct;    /* O_DIRECT reads (default: buffered, no readahead) */
   int prefetch;      /* FLOE_PREFETCH_* mask (default FLOE_PREFETCH_NEXT) */
@@ -81,6 +86,7 @@ typedef struct floe_model_info {
   /* streaming (0 without a memory budget; cache figures once the first session exists) */
   uint64_t mem_budget, resident_bytes, cache_bytes, expert_slot_bytes;
   int64_t cache_slots;
+  bool copied;           /* weights read into huge-page memory (FLOE_LOAD_COPY, or AUTO chose it) */
 } floe_model_info;
 void floe_engine_info(const floe_engine *e, floe_model_info *out);
 

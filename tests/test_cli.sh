@@ -31,6 +31,12 @@ a=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids 2>/dev/null)
 b=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids -t 1 2>/dev/null)
 ok "greedy --ids prints 16 ids" '[ "$(echo $a | wc -w)" -eq 16 ]'
 ok "greedy is deterministic across thread counts" '[ "$a" = "$b" ]'
+m1=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids --mmap 2>/dev/null)
+m2=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids --no-mmap 2>/dev/null)
+ok "--mmap and --no-mmap give the same tokens" '[ -n "$m1" ] && [ "$a" = "$m1" ] && [ "$a" = "$m2" ]'
+"$B" bench -m "$T/m.gguf" -p 4 -n 2 -r 1 --mmap >"$T/bm" 2>&1
+"$B" bench -m "$T/m.gguf" -p 4 -n 2 -r 1 --no-mmap --json >"$T/bc" 2>&1
+ok "bench says mapped / copied" 'grep -q "(mapped)" "$T/bm" && grep -q "\"load\":\"copy\"" "$T/bc"'
 printf 'def f(x):' >"$T/p.txt"
 c=$("$B" run -m "$T/m.gguf" -f "$T/p.txt" -n 16 --ids 2>/dev/null)
 ok "-f FILE equals -p TEXT" '[ "$a" = "$c" ]'

@@ -191,30 +191,38 @@ static void test_gguf(const char *name) {
   int rc = convert_to_gguf(dir, out);
   CHECK(rc == 0, "%s: converted to %s", name, out);
   if (rc) return;
-  model *a = NULL, *b = NULL;
-  rc = model_load(dir, &a, err, sizeof err);
-  if (!rc) rc = model_load(out, &b, err, sizeof err);
-  CHECK(rc == 0, "%s: both load: %s", name, rc ? err : "ok");
+  /* a, b: read into huge-page memory (FLOE_LOAD_COPY); c: the same GGUF mapped */
+  model *a = NULL, *b = NULL, *c = NULL;
+  rc = model_load_ex(dir, FLOE_LOAD_COPY, &a, err, sizeof err);
+  if (!rc) rc = model_load_ex(out, FLOE_LOAD_COPY, &b, err, sizeof err);
+  if (!rc) rc = model_load(out, &c, err, sizeof err);
+  CHECK(rc == 0, "%s: all load: %s", name, rc ? err : "ok");
   if (!rc) {
+    CHECK(a->copied && b->copied && !c->copied, "%s: copied %d %d, mapped %d", name, a->copied, b->copied, !c->copied);
     const int64_t V = a->hp.n_vocab, n = 90;
     int32_t tok[90];
     for (int i = 0; i < n; i++) tok[i] = (i * 37 + 11) % (int)V;
-    float *la = malloc((size_t)(n * V) * 4), *lb = malloc((size_t)(n * V) * 4);
-    rc = run(a, tok, n, 0, 1, KV_F32, la) | run(b, tok, n, 0, 1, KV_F32, lb);
-    int64_t diff = 0;
+    float *la = malloc((size_t)(n * V) * 4), *lb = malloc((size_t)(n * V) * 4), *lc = malloc((size_t)(n * V) * 4);
+    rc = run(a, tok, n, 0, 1, KV_F32, la) | run(b, tok, n, 0, 1, KV_F32, lb) | run(c, tok, n, 0, 1, KV_F32, lc);
+    int64_t diff = 0, diffc = 0;
     double maxd = 0;
     for (int64_t i = 0; i < n; i++) diff += memcmp(la + i * V, lb + i * V, (size_t)V * 4) != 0;
+    for (int64_t i = 0; i < n; i++) diffc += memcmp(lc + i * V, lb + i * V, (size_t)V * 4) != 0;
     for (int64_t i = 0; i < n * V; i++) maxd = fmax(maxd, fabs((double)la[i] - (double)lb[i]));
     /* qwen35moe: the HF binding permutes V heads into llama.cpp's tiled order at load time, so
      * both paths run the same arithmetic, ssm_out's column order included */
     printf("  %s: GGUF vs safetensors: max |d| = %.3g\n", name, maxd);
     CHECK(rc == 0 && diff == 0, "%s: GGUF logits bit-identical to safetensors (%lld of %lld positions differ)",
           name, (long long)diff, (long long)n);
+    CHECK(rc == 0 && diffc == 0, "%s: mapped GGUF bit-identical to the copy (%lld of %lld positions differ)", name,
+          (long long)diffc, (long long)n);
     free(la);
     free(lb);
+    free(lc);
   }
   model_free(a);
   model_free(b);
+  model_free(c);
   remove(out);
 }
 

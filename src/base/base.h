@@ -88,6 +88,18 @@ const char *floe_show(char *buf, size_t cap, const char *s);
  * open or read), FLOE_E_FORMAT (larger than max), FLOE_E_NOMEM. *out is NULL on error. */
 int floe_read_file(const char *path, size_t max, char **out, size_t *len, char *err, size_t errlen);
 
+/* ---- whole model files (mapfile.c) ----
+ * A read-only view of the first size bytes of fd: a file mapping (copy false), or a copy read
+ * into anonymous memory on 2 MiB huge pages (copy true; see mapfile.c for why). Returns 0 or
+ * FLOE_E_IO / FLOE_E_NOMEM with a one-line message naming path. floe_unmap_file(*map, *map_len)
+ * releases either. */
+int floe_map_file(int fd, uint64_t size, bool copy, const char *path, const uint8_t **map, size_t *map_len,
+                  char *err, size_t errlen);
+void floe_unmap_file(const uint8_t *map, size_t map_len);
+/* Whether a copy of `bytes` fits comfortably: huge pages usable and bytes <= MemAvailable minus
+ * max(2 GiB, 20 %). The default load (FLOE_LOAD_AUTO) copies when this holds. */
+bool floe_copy_fits(uint64_t bytes);
+
 /* ---- human sizes: "2G", "512M", "1.5GiB", "123" (bytes) ---- */
 int floe_parse_size(const char *s, uint64_t *out);
 #endif

@@ -291,10 +291,10 @@ int cmd_bench(int argc, char **argv) {
     printf(",\"arch\":");
     json_str(info.arch ? info.arch : "?");
     printf(",\"threads\":%d,\"n_prompt\":%lld,\"n_gen\":%lld,\"depth\":%lld,\"reps\":%d,\"exact_act\":%s,"
-           "\"kv\":\"%s\",\"load_s\":%.3f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.3f,\"ttft_ms\":%.2f,"
+           "\"kv\":\"%s\",\"load\":\"%s\",\"load_s\":%.3f,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.3f,\"ttft_ms\":%.2f,"
            "\"peak_rss_bytes\":%.0f,\"weight_bytes_per_token\":%llu,\"achieved_gbps\":%.2f,",
            ep.n_threads, (long long)n_prompt, (long long)n_gen, (long long)depth, reps, sp.exact_act ? "true" : "false",
-           sp.kv_f32 ? "f32" : "bf16", t_load, pf_tps, dc_tps, t_pf * 1e3, rss, (unsigned long long)info.decode_bytes,
+           sp.kv_f32 ? "f32" : "bf16", info.copied ? "copy" : "mmap", t_load, pf_tps, dc_tps, t_pf * 1e3, rss, (unsigned long long)info.decode_bytes,
            gbps);
     if (bw > 0) printf("\"bw_gbps\":%.2f,\"roofline_frac\":%.4f,", bw, gbps / bw);
     else printf("\"bw_gbps\":null,\"roofline_frac\":null,");
@@ -329,8 +329,9 @@ int cmd_bench(int argc, char **argv) {
     }
     printf("}\n");
   } else {
-    printf("model %s (%s), %d threads, %s activations, %s KV; load %.2f s\n", ep.model, info.arch ? info.arch : "?",
-           ep.n_threads, sp.exact_act ? "exact float" : "8-bit", sp.kv_f32 ? "F32" : "BF16", t_load);
+    printf("model %s (%s), %d threads, %s activations, %s KV; load %.2f s (%s)\n", ep.model,
+           info.arch ? info.arch : "?", ep.n_threads, sp.exact_act ? "exact float" : "8-bit", sp.kv_f32 ? "F32" : "BF16",
+           t_load, info.copied ? "read into huge pages" : "mapped");
     if (n_prompt > 0)
       printf("prefill %lld tokens: %.1f tok/s, time to first token %.1f ms (median of %d)\n", (long long)n_prompt,
              pf_tps, t_pf * 1e3, reps);

@@ -56,6 +56,8 @@ int cli_stream_option(const char *a, const char *v, floe_engine_params *p) {
   if (!strcmp(a, "--direct")) return p->io_direct = true, 1;
   if (!strcmp(a, "--verify")) return p->io_verify = true, 1;
   if (!strcmp(a, "--no-prefault")) return p->io_no_prefault = true, 1;
+  if (!strcmp(a, "--mmap")) return p->load = FLOE_LOAD_MMAP, 1;
+  if (!strcmp(a, "--no-mmap")) return p->load = FLOE_LOAD_COPY, 1;
   if (strcmp(a, "--mem-budget") && strcmp(a, "--io") && strcmp(a, "--prefetch") && strcmp(a, "--cache") &&
       strcmp(a, "--io-depth") && strcmp(a, "--io-threads") && strcmp(a, "--io-chunk"))
     return 0;
@@ -106,7 +108,9 @@ bad:
 }
 
 const char *cli_stream_help(void) {
-  return "  --mem-budget SIZE    stream routed experts from disk within SIZE bytes of memory (2G, 512M, ...)\n"
+  return "  --mmap               map the model file (default: read it into huge-page memory when it fits)\n"
+         "  --no-mmap            always read the model file into memory\n"
+         "  --mem-budget SIZE    stream routed experts from disk within SIZE bytes of memory (2G, 512M, ...)\n"
          "  --io uring|pread     expert read engine (default pread: a thread pool, measured faster than uring)\n"
          "  --direct             O_DIRECT expert reads (default buffered, no readahead)\n"
          "  --prefetch P         none | next (next layer's router) | next-resid (that router on the residual\n"

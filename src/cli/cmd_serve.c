@@ -35,6 +35,8 @@ static void usage(FILE *f) {
           "  -t N                   engine threads (default: all cores)\n"
           "  --mem-budget BYTES     memory budget; routed experts are streamed from disk (suffixes K M G)\n"
           "  --kv-f32               F32 KV cache (default BF16)\n"
+          "  --mmap                 map the model file (default: read it into huge-page memory when it fits)\n"
+          "  --no-mmap              always read the model file into memory\n"
           "  -v, --verbose          log each request\n");
 }
 
@@ -82,6 +84,8 @@ int cmd_serve(int argc, char **argv) {
       o.mem_budget = b;
     }
     else if (!strcmp(a, "--kv-f32")) o.kv_f32 = true;
+    else if (!strcmp(a, "--mmap")) o.load = FLOE_LOAD_MMAP;
+    else if (!strcmp(a, "--no-mmap")) o.load = FLOE_LOAD_COPY;
     else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o.verbose = true;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
     else {

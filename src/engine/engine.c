@@ -102,7 +102,7 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
   if (!p || !p->model) return floe_err(err, errlen, FLOE_E_INVALID, "no model given");
   floe_engine *e = calloc(1, sizeof *e);
   if (!e) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
-  int rc = model_load(p->model, &e->m, err, errlen);
+  int rc = model_load_ex(p->model, p->mem_budget > 0 ? FLOE_LOAD_MMAP : p->load, &e->m, err, errlen);
   if (rc) {
     free(e);
     return rc;
@@ -164,6 +164,7 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
   e->info.n_expert = hp->n_expert;
   e->info.n_expert_used = hp->n_expert_used;
   e->info.n_mtp = (int)hp->n_mtp;
+  e->info.copied = e->m->copied;
   if (e->m->gguf) {
     for (uint64_t i = 0; i < e->m->gguf->n_tensors; i++) {
       const gguf_tensor *t = &e->m->gguf->tensors[i];

@@ -141,6 +141,7 @@ static int index_reserve(name_index *ix, name_of_fn name_of, const void *ctx, ui
 
 typedef struct gguf_priv {
   bool owns_map;
+  size_t map_len;    /* for floe_unmap_file */
   int fd;            /* the mapped file, kept open to notice it shrinking (-1 for buffers) */
   name_index kv_ix, t_ix;
   gguf_str *strs;    /* arena for all string-array elements */
@@ -481,14 +482,14 @@ static int parse(gguf_file *g, char *err, size_t errlen) {
   return rc;
 }
 
-static int open_common(const uint8_t *map, uint64_t size, bool owns, const char *name, gguf_file **out, char *err,
-                       size_t errlen) {
+static int open_common(const uint8_t *map, uint64_t size, size_t map_len, bool owns, const char *name, gguf_file **out,
+                       char *err, size_t errlen) {
   gguf_file *g = calloc(1, sizeof *g);
   gguf_priv *pv = calloc(1, sizeof *pv);
   char *path = strdup(name ? name : "(buffer)");
   if (!g || !pv || !path) {
     free(g); free(pv); free(path);
-    if (owns) munmap((void *)map, size);
+    if (owns) floe_unmap_file(map, map_len);
     return floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", name ? name : "(buffer)");
   }
   g->path = path;
@@ -496,6 +497,7 @@ static int open_common(const uint8_t *map, uint64_t size, bool owns, const char 
   g->map_size = size;
   g->priv = pv;
   pv->owns_map = owns;
+  pv->map_len = map_len;
   pv->fd = -1;
   int rc = parse(g, err, errlen);
   if (rc) {
@@ -507,6 +509,10 @@ static int open_common(const uint8_t *map, uint64_t size, bool owns, const char 
 }
 
 int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen) {
+  return gguf_open_ex(path, false, out, err, errlen);
+}
+
+int gguf_open_ex(const char *path, bool copy, gguf_file **out, char *err, size_t errlen) {
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return floe_err(err, errlen, FLOE_E_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -525,13 +531,14 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen) {
     return floe_err(err, errlen, FLOE_E_FORMAT,
                     "%s: header: truncated: magic (4 bytes) at offset 0 runs past end of file (0 bytes)", path);
   }
-  void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int e = errno;
-  if (map == MAP_FAILED) {
+  const uint8_t *map;
+  size_t map_len;
+  int rc = floe_map_file(fd, (uint64_t)st.st_size, copy, path, &map, &map_len, err, errlen);
+  if (rc) {
     close(fd);
-    return floe_err(err, errlen, FLOE_E_IO, "%s: mmap failed: %s", path, strerror(e));
+    return rc;
   }
-  int rc = open_common(map, (uint64_t)st.st_size, true, path, out, err, errlen);
+  rc = open_common(map, (uint64_t)st.st_size, map_len, true, path, out, err, errlen);
   if (rc) {
     close(fd);
     return rc;
@@ -554,14 +561,14 @@ int gguf_check_unchanged(const gguf_file *g, char *err, size_t errlen) {
 int gguf_open_buffer(const void *buf, size_t size, const char *name, gguf_file **out, char *err, size_t errlen) {
   *out = NULL;
   static const uint8_t empty[1];
-  return open_common(buf ? buf : empty, buf ? size : 0, false, name, out, err, errlen);
+  return open_common(buf ? buf : empty, buf ? size : 0, 0, false, name, out, err, errlen);
 }
 
 void gguf_close(gguf_file *g) {
   if (!g) return;
   gguf_priv *pv = g->priv;
   if (pv) {
-    if (pv->owns_map && g->map) munmap((void *)g->map, g->map_size);
+    if (pv->owns_map && g->map) floe_unmap_file(g->map, pv->map_len);
     if (pv->fd >= 0) close(pv->fd);
     free(pv->kv_ix.slots);
     free(pv->t_ix.slots);

@@ -80,6 +80,8 @@ typedef struct gguf_file {
 
 /* Open + validate. On failure returns a negative FLOE_E_* and *out is NULL. */
 int gguf_open(const char *path, gguf_file **out, char *err, size_t errlen);
+/* copy: read the file into huge-page memory instead of mapping it (floe_map_file) */
+int gguf_open_ex(const char *path, bool copy, gguf_file **out, char *err, size_t errlen);
 /* Same validation on a caller-owned buffer (used by the fuzzer and tests); buf must outlive g. */
 int gguf_open_buffer(const void *buf, size_t size, const char *name, gguf_file **out, char *err, size_t errlen);
 void gguf_close(gguf_file *g);

@@ -22,7 +22,8 @@ typedef struct st_shard {
   char *path;               /* as opened (or the buffer's name) */
   const uint8_t *map;       /* whole file */
   uint64_t size;
-  bool mapped;              /* munmap on close (false for caller buffers) */
+  bool mapped;              /* floe_unmap_file on close (false for caller buffers) */
+  size_t map_len;
   int fd;                   /* the mapped file, kept open to notice it shrinking; -1 if none */
   uint64_t data_start;      /* 8 + header length */
   size_t n_meta;
@@ -30,6 +31,7 @@ typedef struct st_shard {
 } st_shard;
 
 struct st_model {
+  bool copy;                /* shards read into huge-page memory (floe_map_file) */
   st_shard *shards;
   int n_shards;
   st_tensor *tensors;
@@ -139,7 +141,7 @@ void st_model_close(st_model *m) {
   if (!m) return;
   for (int s = 0; s < m->n_shards; s++) {
     st_shard *sh = &m->shards[s];
-    if (sh->mapped && sh->map) munmap((void *)sh->map, sh->size);
+    if (sh->mapped && sh->map) floe_unmap_file(sh->map, sh->map_len);
     if (sh->fd >= 0) close(sh->fd);
     for (size_t i = 0; i < sh->n_meta; i++) { free(sh->meta_key[i]); free(sh->meta_val[i]); }
     free(sh->meta_key);
@@ -397,11 +399,11 @@ static int map_shard(st_model *m, const char *path, char *err, size_t errlen) {
   }
   sh->size = (uint64_t)st.st_size;
   if (sh->size > 0) {
-    void *p = mmap(NULL, (size_t)sh->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      int e = errno;
+    const uint8_t *p;
+    int rc = floe_map_file(fd, sh->size, m->copy, path, &p, &sh->map_len, err, errlen);
+    if (rc) {
       close(fd);
-      return floe_err(err, errlen, FLOE_E_IO, "%s: mmap failed: %s", path, strerror(e));
+      return rc;
     }
     sh->map = p;
     sh->mapped = true;
@@ -560,12 +562,17 @@ static bool ends_with(const char *s, const char *suf) {
 }
 
 int st_model_open(const char *path, st_model **out, char *err, size_t errlen) {
+  return st_model_open_ex(path, false, out, err, errlen);
+}
+
+int st_model_open_ex(const char *path, bool copy, st_model **out, char *err, size_t errlen) {
   *out = NULL;
   struct stat st;
   if (stat(path, &st) != 0)
     return floe_err(err, errlen, errno == ENOENT ? FLOE_E_NOTFOUND : FLOE_E_IO, "%s: %s", path, strerror(errno));
   st_model *m = calloc(1, sizeof *m);
   if (!m) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  m->copy = copy;
   int rc;
   if (S_ISDIR(st.st_mode)) {
     size_t pl = strlen(path) + 64;

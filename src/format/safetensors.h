@@ -56,6 +56,8 @@ typedef struct st_model st_model;
  * *.safetensors file, or an index *.json file. On failure returns a negative FLOE_E_* and *out is
  * NULL. */
 int st_model_open(const char *dir_or_file, st_model **out, char *err, size_t errlen);
+/* copy: read every shard into huge-page memory instead of mapping it (floe_map_file) */
+int st_model_open_ex(const char *dir_or_file, bool copy, st_model **out, char *err, size_t errlen);
 /* Same validation on one caller-owned buffer holding a whole .safetensors file (fuzzer, tests);
  * buf must outlive the model. name is used in messages. */
 int st_model_open_buffer(const void *buf, size_t size, const char *name, st_model **out, char *err,

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "experts/experts.h"
@@ -526,16 +527,43 @@ int model_stream_start(model *m, const xs_params *p, char *err, size_t errlen) {
   return xs_open(m, p, &m->xs, err, errlen);
 }
 
-static int model_load_src(const char *path, model **out, char *err, size_t errlen);
+static int model_load_src(const char *path, int load, model **out, char *err, size_t errlen);
 
 int model_load(const char *path, model **out, char *err, size_t errlen) {
+  return model_load_ex(path, FLOE_LOAD_MMAP, out, err, errlen);
+}
+
+/* bytes of the file, or of a directory's *.safetensors files; 0 if unknown */
+static uint64_t model_file_bytes(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) != 0) return 0;
+  if (!S_ISDIR(sb.st_mode)) return (uint64_t)sb.st_size;
+  DIR *d = opendir(path);
+  if (!d) return 0;
+  uint64_t sum = 0;
+  char p[4096];
+  for (struct dirent *de; (de = readdir(d));) {
+    const size_t n = strlen(de->d_name);
+    if (n < 12 || strcmp(de->d_name + n - 12, ".safetensors")) continue;
+    snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+    if (stat(p, &sb) == 0 && S_ISREG(sb.st_mode)) sum += (uint64_t)sb.st_size;
+  }
+  closedir(d);
+  return sum;
+}
+
+int model_load_ex(const char *path, int load, model **out, char *err, size_t errlen) {
   *out = NULL;
-  if (!xpack_is_dir(path)) return model_load_src(path, out, err, errlen);
+  if (load == FLOE_LOAD_AUTO) {
+    const uint64_t b = model_file_bytes(path);
+    load = b && floe_copy_fits(b) ? FLOE_LOAD_COPY : FLOE_LOAD_MMAP;
+  }
+  if (!xpack_is_dir(path)) return model_load_src(path, load, out, err, errlen);
   xpack *pk;
   int rc = xpack_open(path, &pk, err, errlen);
   if (rc) return rc;
   model *m;
-  if ((rc = model_load_src(xpack_source(pk), &m, err, errlen))) {
+  if ((rc = model_load_src(xpack_source(pk), FLOE_LOAD_MMAP, &m, err, errlen))) { /* experts come from the pack */
     xpack_close(pk);
     return rc;
   }
@@ -549,8 +577,9 @@ int model_load(const char *path, model **out, char *err, size_t errlen) {
   return 0;
 }
 
-static int model_load_src(const char *path, model **out, char *err, size_t errlen) {
+static int model_load_src(const char *path, int load, model **out, char *err, size_t errlen) {
   *out = NULL;
+  const bool copy = load == FLOE_LOAD_COPY;
   model *m = calloc(1, sizeof *m);
   if (!m || !(m->path = strdup(path))) {
     free(m);
@@ -564,7 +593,7 @@ static int model_load_src(const char *path, model **out, char *err, size_t errle
   if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
     if ((rc = hf_config_load(path, &cfg, err, errlen))) goto fail;
     m->hp = cfg.hp;
-    if ((rc = st_model_open(path, &m->st, err, errlen))) goto fail;
+    if ((rc = st_model_open_ex(path, copy, &m->st, err, errlen))) goto fail;
     src.kind = MODEL_SRC_HF;
     src.st = m->st;
     if (cfg.quant.present) { /* MLX quantized directory */
@@ -572,12 +601,13 @@ static int model_load_src(const char *path, model **out, char *err, size_t errle
       m->src_mlx = true;
     }
   } else {
-    if ((rc = gguf_open(path, &m->gguf, err, errlen))) goto fail;
+    if ((rc = gguf_open_ex(path, copy, &m->gguf, err, errlen))) goto fail;
     if ((rc = model_hparams_from_gguf(m->gguf, &m->hp, err, errlen))) goto fail;
     src.kind = MODEL_SRC_GGUF;
     src.g = m->gguf;
   }
   m->src_kind = src.kind;
+  m->copied = copy;
   const floe_hparams *hp = &m->hp;
   m->arch = arch_of(hp->arch);
   if (!m->arch) {

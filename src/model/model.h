@@ -118,6 +118,7 @@ struct model {
   const model_arch *arch;
   int src_kind;              /* enum model_src_kind */
   bool src_mlx;              /* an MLX quantized directory (src_kind MODEL_SRC_HF) */
+  bool copied;               /* the file(s) read into huge-page memory, not mapped (model_load_ex) */
   bool v_tiled;              /* value head hv uses key head hv % Nk (else hv / (Nv/Nk)) */
   floe_mat tok_embd;         /* [n_vocab][n_embd] */
   floe_mat output;           /* [n_vocab][n_embd] (tok_embd when tied) */
@@ -200,7 +201,10 @@ enum model_phase { MODEL_PH_ATTN = 0, MODEL_PH_GDN, MODEL_PH_ROUTER, MODEL_PH_EX
 /* ---- loading ---- */
 /* path: a .gguf file, an HF safetensors directory (config.json + *.safetensors), or a `floe pack`
  * directory (DIR/experts.floepack: its source model, with the routed experts bound into the pack). */
-int model_load(const char *path, model **out, char *err, size_t errlen);
+int model_load(const char *path, model **out, char *err, size_t errlen); /* mapped (FLOE_LOAD_MMAP) */
+/* load: FLOE_LOAD_AUTO (copy when floe_copy_fits the file size), FLOE_LOAD_MMAP or FLOE_LOAD_COPY.
+ * A pack directory's source is always mapped (its experts are streamed). */
+int model_load_ex(const char *path, int load, model **out, char *err, size_t errlen);
 /* Streaming (src/experts): from now on routed experts are read into a cache of params->cache_bytes
  * instead of being used through the mapping. Call before any session evaluates. */
 struct xs_params;

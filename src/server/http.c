@@ -454,6 +454,7 @@ static void *loader_main(void *arg) {
   ep.model = s->o.model;
   ep.n_threads = s->o.n_threads;
   ep.mem_budget = s->o.mem_budget;
+  ep.load = s->o.load;
   floe_session_params sp;
   floe_session_params_init(&sp);
   sp.n_ctx = s->o.n_ctx;

@@ -40,6 +40,7 @@ typedef struct srv_opts {
   int queue_max;       /* pending requests beyond which new ones get 503 (default 64) */
   size_t max_body;     /* request body limit in bytes (default 8 MiB) */
   uint64_t mem_budget; /* engine memory budget (0: none; experts streamed from disk otherwise) */
+  int load;            /* FLOE_LOAD_* (--mmap / --no-mmap) */
   int max_conn;        /* connection limit (default 256) */
   int64_t default_max_tokens; /* when the request gives none; <= 0: until the context is full */
   bool verbose;        /* one log line per request */
