@@ -334,48 +334,6 @@ void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *
   for (int64_t i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
 }
 
-/* 16-lane dot product with a fixed reduction: vectorizes (each lane is an independent sum) and
- * gives the same bits on every ISA and for every caller. n is a multiple of 16. */
-static inline __attribute__((always_inline)) float red16(const float *acc) {
-  float r[8];
-  for (int i = 0; i < 8; i++) r[i] = acc[i] + acc[i + 8];
-  for (int i = 0; i < 4; i++) r[i] = r[i] + r[i + 4];
-  return ((r[0] + r[2]) + (r[1] + r[3]));
-}
-
-static inline __attribute__((always_inline)) float dot16(const float *a, const float *b, int64_t n) {
-  float acc[16] = { 0 };
-  for (int64_t j = 0; j < n; j += 16)
-    for (int i = 0; i < 16; i++) acc[i] += a[j + i] * b[j + i];
-  return red16(acc);
-}
-
-/* dot16(a, b[r], n) for four rows at once: four independent chains in flight, same bits. */
-static inline __attribute__((always_inline)) void dot16x4(const float *a, const float *b, int64_t ldb, int64_t n,
-                                                          float *d) {
-  float c0[16] = { 0 }, c1[16] = { 0 }, c2[16] = { 0 }, c3[16] = { 0 };
-  const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
-  for (int64_t j = 0; j < n; j += 16)
-    for (int i = 0; i < 16; i++) {
-      const float x = a[j + i];
-      c0[i] += x * b0[j + i];
-      c1[i] += x * b1[j + i];
-      c2[i] += x * b2[j + i];
-      c3[i] += x * b3[j + i];
-    }
-  d[0] = red16(c0);
-  d[1] = red16(c1);
-  d[2] = red16(c2);
-  d[3] = red16(c3);
-}
-
-static inline __attribute__((always_inline)) float dotn(const float *a, const float *b, int64_t n) {
-  if (n % 16 == 0) return dot16(a, b, n);
-  float d = 0.0f;
-  for (int64_t i = 0; i < n; i++) d += a[i] * b[i];
-  return d;
-}
-
 /* NeoX rotation of dims [0, n_rot) of one head: pairs (j, j + n_rot/2). HF computes
  * inv_freq = 1/theta^(2i/R) and cos/sin of pos*inv_freq in float32; rope_table computes them once
  * per position for all heads (cs: [n_rot/2] cos, then [n_rot/2] sin). */
@@ -410,66 +368,37 @@ typedef struct attn_job {
   float scale;
 } attn_job;
 
-#define ATT_PB 4 /* cache positions per step of attn_one */
-
-/* Rows p .. p+cnt-1 of head kh of a K or V cache as floats: in place (F32, stride ldkv) or widened
- * from BF16 (a shift) into buf (stride hd). Returns the stride through *ld. */
-static inline __attribute__((always_inline)) const float *kv_rows(const kv_state *kv, const void *base, int64_t p,
-                                                                  int64_t cnt, int64_t kh, int64_t hd, float *buf,
-                                                                  int64_t *ld) {
-  const int64_t ldkv = kv->kv_dim;
-  if (kv->kv_type != KV_BF16) {
-    *ld = ldkv;
-    return (const float *)base + p * ldkv + kh * hd;
-  }
-  for (int64_t r = 0; r < cnt; r++) {
-    const uint16_t *src = (const uint16_t *)base + (p + r) * ldkv + kh * hd;
-    float *dst = buf + r * hd;
-    for (int64_t i = 0; i < hd; i++) {
-      const uint32_t u = (uint32_t)src[i] << 16;
-      memcpy(&dst[i], &u, 4);
-    }
-  }
-  *ld = hd;
-  return buf;
-}
-
-/* One (token t, kv head kh, query heads [h0, h1) of its group): those heads read each cache row
- * once, ATT_PB rows at a time. Scores use dot16's fixed reduction (four rows' chains interleaved,
- * same bits), the softmax vexpf and a 16-lane sum, and each output element accumulates w_p * v_p
- * in position order (ATT_PB terms per load/store of the accumulator, same order). The arithmetic
- * of a head does not depend on which other heads share its unit, so the split of the group over
- * threads (layer_attention) never changes a value. */
+/* One (token t, kv head kh, query heads [h0, h1) of its group). Scores: kern_dot16_rows (the
+ * 16-lane order and fixed reduction; a sequential sum when hd % 16 != 0), times the scale; the
+ * softmax with vexpf and a 16-lane sum; the output: kern_wsum_rows, w_p * v_p added in position
+ * order. The arithmetic of a head does not depend on which other heads share its unit, so the
+ * split of the group over threads (layer_attention) never changes a value. */
 static inline __attribute__((always_inline)) void attn_one(const attn_job *j, int64_t t, int64_t kh, int64_t h0,
                                                            int64_t h1, float *scr) {
   model_session *s = j->s;
   const kv_state *kv = &s->kv;
-  const int64_t hd = j->hd, np = j->pos0 + t + 1, nctx = kv->n_ctx;
+  const int64_t hd = j->hd, np = j->pos0 + t + 1, nctx = kv->n_ctx, ldkv = kv->kv_dim;
   const int64_t qstride = hd * (j->gated ? 2 : 1), nh = h1 - h0;
-  const int64_t npb = hd % 16 == 0 ? np / ATT_PB * ATT_PB : 0; /* positions taken in blocks */
-  float *rows = scr + nh * nctx, *mx = rows + ATT_PB * hd;
+  const int bf = kv->kv_type == KV_BF16;
+  const size_t esz = bf ? 2 : 4, hoff = (size_t)(kh * hd) * esz;
+  const void *K = (const char *)kv->k[j->l] + hoff, *V = (const char *)kv->v[j->l] + hoff;
   const float *q0 = s->q + t * j->qdim + (kh * j->grp + h0) * qstride;
   float *o0 = s->att + t * s->m->hp.n_head * hd + (kh * j->grp + h0) * hd;
-  int64_t ld;
-  for (int64_t h = 0; h < nh; h++) mx[h] = -INFINITY;
-  for (int64_t p = 0; p < np;) {
-    const int64_t cnt = p < npb ? ATT_PB : 1;
-    const float *kr = kv_rows(kv, kv->k[j->l], p, cnt, kh, hd, rows, &ld);
-    for (int64_t h = 0; h < nh; h++) {
-      float d[ATT_PB];
-      if (cnt == ATT_PB) dot16x4(q0 + h * qstride, kr, ld, hd, d);
-      else d[0] = dotn(q0 + h * qstride, kr, hd);
-      for (int64_t r = 0; r < cnt; r++) {
-        const float v = d[r] * j->scale;
-        scr[h * nctx + p + r] = v;
-        mx[h] = v > mx[h] ? v : mx[h];
+  if (hd % 16 == 0) kern_dot16_rows(q0, qstride, (int)nh, K, bf, ldkv, np, hd, scr, nctx);
+  else
+    for (int64_t h = 0; h < nh; h++)
+      for (int64_t p = 0; p < np; p++) {
+        float d = 0.0f;
+        for (int64_t i = 0; i < hd; i++)
+          d += q0[h * qstride + i] * (bf ? floe_bf16_to_f32(((const uint16_t *)K)[p * ldkv + i]) : ((const float *)K)[p * ldkv + i]);
+        scr[h * nctx + p] = d;
       }
-    }
-    p += cnt;
-  }
   for (int64_t h = 0; h < nh; h++) {
-    float *sc = scr + h * nctx, acc[16] = { 0 };
-    const float m0 = mx[h];
+    float *sc = scr + h * nctx, acc[16] = { 0 }, m0 = -INFINITY;
+    for (int64_t p = 0; p < np; p++) {
+      sc[p] = sc[p] * j->scale;
+      m0 = sc[p] > m0 ? sc[p] : m0;
+    }
     const int64_t n16 = np / 16 * 16;
     for (int64_t p = 0; p < n16; p += 16)
       for (int i = 0; i < 16; i++) {
@@ -485,29 +414,7 @@ static inline __attribute__((always_inline)) void attn_one(const attn_job *j, in
     for (int64_t p = 0; p < np; p++) sc[p] = sc[p] / sm;
     memset(o0 + h * hd, 0, (size_t)hd * sizeof(float));
   }
-  for (int64_t p = 0; p < np;) {
-    const int64_t cnt = p < npb ? ATT_PB : 1;
-    const float *vr = kv_rows(kv, kv->v[j->l], p, cnt, kh, hd, rows, &ld);
-    for (int64_t h = 0; h < nh; h++) {
-      const float *w = scr + h * nctx + p;
-      float *oh = o0 + h * hd;
-      if (cnt == ATT_PB) {
-        const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
-        const float *v0 = vr, *v1 = vr + ld, *v2 = vr + 2 * ld, *v3 = vr + 3 * ld;
-        for (int64_t i = 0; i < hd; i++) {
-          float a = oh[i];
-          a += w0 * v0[i];
-          a += w1 * v1[i];
-          a += w2 * v2[i];
-          a += w3 * v3[i];
-          oh[i] = a;
-        }
-      } else {
-        for (int64_t i = 0; i < hd; i++) oh[i] += w[0] * vr[i];
-      }
-    }
-    p += cnt;
-  }
+  kern_wsum_rows(scr, nctx, (int)nh, V, bf, ldkv, np, hd, o0, hd);
   if (j->gated)
     for (int64_t h = 0; h < nh; h++) {
       const float *g = q0 + h * qstride + hd;

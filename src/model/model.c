@@ -685,9 +685,9 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
     { &s->contrib, B * K * E }, { &s->eg, (B * K + B) * s->ff_max }, { &s->eu, (B * K + B) * s->ff_max },
     { &s->ein, B * K * E }, { &s->eout, B * E }, { &s->shg, B }, { &s->x, B * E }, { &s->tscr, 0 },
   };
-  /* per-thread scratch: attention scores [grp][n_ctx] + 4 K/V head rows + max per head; GDN [dv] */
+  /* per-thread scratch: attention scores [grp][n_ctx]; GDN [dv] */
   const int64_t grp = hp->n_head / hp->n_head_kv, nth = n_threads > 1 ? n_threads : 1;
-  const int64_t att_scr = grp * n_ctx + 4 * hp->head_dim + 2 * grp; /* layers.c ATT_PB = 4 rows */
+  const int64_t att_scr = grp * n_ctx;
   s->tscr_n = (att_scr > dv ? att_scr : dv) + 16;
   s->tscr_n = (s->tscr_n + 15) / 16 * 16;
   parts[sizeof parts / sizeof parts[0] - 1].n = nth * s->tscr_n;

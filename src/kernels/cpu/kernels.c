@@ -592,3 +592,59 @@ void kern_matmul_q_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X
   mt_ctx c = {W, nb, X, ldx, xq_buf, ab, Y, ldy, xq_buf, 0};
   floe_pool_run(pool, mt_quant_matmul, &c);
 }
+
+/* ---- attention rows (kernels.h) ----
+ * Plain loops in the documented order; the AVX2 / baseline clones of them give the same bits (no
+ * FMA contraction in this build) and stand in for ISAs without a dedicated kernel. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define KREF_CLONES __attribute__((target_clones("avx2", "default"), optimize("O3")))
+#else
+#define KREF_CLONES
+#endif
+
+KREF_CLONES void kern_dot16_rows_ref(const float *A, int64_t lda, int na, const void *B, int B_bf16, int64_t ldb,
+                                     int64_t nb, int64_t n, float *out, int64_t ldo) {
+  for (int64_t b = 0; b < nb; b++)
+    for (int a = 0; a < na; a++) {
+      const float *x = A + a * lda;
+      float acc[16] = { 0 };
+      if (B_bf16) {
+        const uint16_t *y = (const uint16_t *)B + b * ldb;
+        for (int64_t j = 0; j < n; j += 16)
+          for (int i = 0; i < 16; i++) acc[i] += x[j + i] * floe_bf16_to_f32(y[j + i]);
+      } else {
+        const float *y = (const float *)B + b * ldb;
+        for (int64_t j = 0; j < n; j += 16)
+          for (int i = 0; i < 16; i++) acc[i] += x[j + i] * y[j + i];
+      }
+      out[a * ldo + b] = kred16(acc);
+    }
+}
+
+KREF_CLONES void kern_wsum_rows_ref(const float *W, int64_t ldw, int nh, const void *V, int V_bf16, int64_t ldv,
+                                    int64_t np, int64_t n, float *O, int64_t ldo) {
+  for (int64_t p = 0; p < np; p++)
+    for (int h = 0; h < nh; h++) {
+      const float w = W[h * ldw + p];
+      float *o = O + h * ldo;
+      if (V_bf16) {
+        const uint16_t *v = (const uint16_t *)V + p * ldv;
+        for (int64_t i = 0; i < n; i++) o[i] += w * floe_bf16_to_f32(v[i]);
+      } else {
+        const float *v = (const float *)V + p * ldv;
+        for (int64_t i = 0; i < n; i++) o[i] += w * v[i];
+      }
+    }
+}
+
+void kern_dot16_rows(const float *A, int64_t lda, int na, const void *B, int B_bf16, int64_t ldb, int64_t nb,
+                     int64_t n, float *out, int64_t ldo) {
+  if (kern_isa_get() == FLOE_ISA_AVX512) kern_dot16_rows_avx512(A, lda, na, B, B_bf16, ldb, nb, n, out, ldo);
+  else kern_dot16_rows_ref(A, lda, na, B, B_bf16, ldb, nb, n, out, ldo);
+}
+
+void kern_wsum_rows(const float *W, int64_t ldw, int nh, const void *V, int V_bf16, int64_t ldv, int64_t np,
+                    int64_t n, float *O, int64_t ldo) {
+  if (kern_isa_get() == FLOE_ISA_AVX512) kern_wsum_rows_avx512(W, ldw, nh, V, V_bf16, ldv, np, n, O, ldo);
+  else kern_wsum_rows_ref(W, ldw, nh, V, V_bf16, ldv, np, n, O, ldo);
+}

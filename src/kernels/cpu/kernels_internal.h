@@ -278,6 +278,17 @@ float kern_act_q8_avx512(const float *x, int n, int8_t *q);
  * the padded row, c0 and c1 multiples of max(group, step) (or c1 = nq) */
 void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq, int64_t c0, int64_t c1);
 
+/* kernels.h kern_dot16_rows / kern_wsum_rows, bit-identical, AVX-512 (kernels_attn_avx512.c);
+ * kern_dot16_rows_ref / kern_wsum_rows_ref are the scalar references in kernels.c */
+void kern_dot16_rows_avx512(const float *A, int64_t lda, int na, const void *B, int B_bf16, int64_t ldb, int64_t nb,
+                            int64_t n, float *out, int64_t ldo);
+void kern_wsum_rows_avx512(const float *W, int64_t ldw, int nh, const void *V, int V_bf16, int64_t ldv, int64_t np,
+                           int64_t n, float *O, int64_t ldo);
+void kern_dot16_rows_ref(const float *A, int64_t lda, int na, const void *B, int B_bf16, int64_t ldb, int64_t nb,
+                         int64_t n, float *out, int64_t ldo);
+void kern_wsum_rows_ref(const float *W, int64_t ldw, int nh, const void *V, int V_bf16, int64_t ldv, int64_t np,
+                        int64_t n, float *O, int64_t ldo);
+
 /* Pointers of a weight row and its MLX scales/biases. */
 static inline const uint8_t *kw_row(const floe_mat *W, int64_t r) {
   return (const uint8_t *)W->data + (size_t)r * W->row_bytes;

@@ -1,0 +1,160 @@
+/* Attention rows, AVX-512: kern_dot16_rows (scores q . k) and kern_wsum_rows (sum of w_p * v_p),
+ * bit-identical to the scalar references in kernels.c (tests/test_kernels.c, attention section).
+ *
+ * Why: at context depth the decode spent ~60 (QK) and ~36 (PV) cycles per query head and cache
+ * position (bench/results.tsv, 2026-11-29) against 16 + 16 for the separate multiplies and adds
+ * the canonical float order needs (256 products = 16 vector multiplies + 16 adds each way, two FP
+ * ports). The old loops had four accumulator chains per head (add-latency bound) and reduced each
+ * score with scalar adds.
+ *
+ * kern_dot16_rows: 16 scores at once, NH query rows x PB cache rows (NH * PB = 16), one zmm
+ * accumulator each: 16 independent chains, cache rows widened from BF16 once per NH rows. The 16
+ * accumulators are reduced together by a transposed reduce16 (tred16): the same additions, lane
+ * pairs for pairs, as kred16 applied to each, 15 vector adds + 30 shuffles for 16 scores.
+ * kern_wsum_rows: 32 output columns of up to 8 rows at a time in 16 registers, all positions in
+ * order (one V load, widened once, feeds every row), so the outputs are read and written once
+ * per call instead of once per 4 positions. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/kernels_internal.h"
+
+static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16, int64_t off) {
+  if (bf16)
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)B + off))), 16));
+  return _mm512_loadu_ps((const float *)B + off);
+}
+
+/* Lane 4k + m of the result = kred16 of a[4m + k] (m, k < 4). Level by level the pairs summed are
+ * kred16's: (i, i+8), then (i, i+4), then (i, i+2), then (0, 1). */
+static inline __attribute__((always_inline)) __m512 tred16(const __m512 *a) {
+  __m512 v[8], w[4], x[2];
+  for (int s = 0; s < 8; s++) /* [a.q0 + a.q2, a.q1 + a.q3, b.q0 + b.q2, b.q1 + b.q3] */
+    v[s] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0xEE));
+  for (int t = 0; t < 4; t++) /* 128-bit lane k of w[t]: accumulator 4t + k's first 4 + last 4 */
+    w[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0x88),
+                         _mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0xDD));
+  for (int u = 0; u < 2; u++) /* per lane: [b0 + b2, b1 + b3] of w[2u], then of w[2u+1] */
+    x[u] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0x44), _mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
+}
+
+/* Cache rows are read 64 B at a time along each row and then jump ldb elements: the hardware
+ * prefetchers do not run ahead of that (8 KiB-strided K rows came at ~4 GB/s), so every row is
+ * prefetched QK_PF_ROWS rows (PV: PV_PF_ROWS positions) before its use. */
+#define QK_PF_ROWS 16
+#define PV_PF_ROWS 16
+#define PV_BLK 64 /* positions per pass over the column blocks */
+
+/* Scores of A rows [0, na) (na <= NH) x B rows [b0, b0 + nbv) (nbv <= PB); missing rows repeat
+ * the last one and are not stored. */
+static inline __attribute__((always_inline)) void qk_block(const float *A, int64_t lda, int na, const void *B, int bf16,
+                                                           int64_t ldb, int64_t b0, int nbv, int64_t n, float *out,
+                                                           int64_t ldo, const int NH, const int PB) {
+  const float *q[8];
+  int64_t bo[16];
+  for (int m = 0; m < NH; m++) q[m] = A + (m < na ? m : na - 1) * lda;
+  for (int k = 0; k < PB; k++) bo[k] = (b0 + (k < nbv ? k : nbv - 1)) * ldb;
+  __m512 acc[16];
+  for (int s = 0; s < 16; s++) acc[s] = _mm512_setzero_ps();
+  const int esz = bf16 ? 2 : 4;
+  const char *pf = (const char *)B + (b0 + QK_PF_ROWS) * ldb * esz;
+  for (int64_t j = 0; j < n; j += 16) {
+    for (int k = 0; k < PB; k++) _mm_prefetch(pf + (k * ldb + j) * esz, _MM_HINT_T0);
+    __m512 kv[16];
+    for (int k = 0; k < PB; k++) kv[k] = ld16(B, bf16, bo[k] + j);
+    for (int m = 0; m < NH; m++) {
+      const __m512 qm = _mm512_loadu_ps(q[m] + j);
+      for (int k = 0; k < PB; k++) acc[m * PB + k] = _mm512_add_ps(acc[m * PB + k], _mm512_mul_ps(qm, kv[k]));
+    }
+  }
+  float t[16];
+  _mm512_storeu_ps(t, tred16(acc));
+  for (int L = 0; L < 16; L++) {
+    const int s = 4 * (L % 4) + L / 4, m = s / PB, k = s % PB;
+    if (m < na && k < nbv) out[m * ldo + b0 + k] = t[L];
+  }
+}
+
+#define QK_ROWS(NH, PB)                                                                    \
+  for (int64_t b0 = 0; b0 < nb; b0 += PB)                                                \
+    qk_block(A + a0 * lda, lda, na_b, B, B_bf16, ldb, b0, nb - b0 < PB ? (int)(nb - b0) : PB, n, \
+             out + a0 * ldo, ldo, NH, PB)
+
+void kern_dot16_rows_avx512(const float *A, int64_t lda, int na, const void *B, int B_bf16, int64_t ldb, int64_t nb,
+                            int64_t n, float *out, int64_t ldo) {
+  if (n % 16) {
+    kern_dot16_rows_ref(A, lda, na, B, B_bf16, ldb, nb, n, out, ldo);
+    return;
+  }
+  for (int a0 = 0; a0 < na; a0 += 8) {
+    const int na_b = na - a0 < 8 ? na - a0 : 8;
+    if (na_b > 4) QK_ROWS(8, 2);
+    else if (na_b > 2) QK_ROWS(4, 4);
+    else if (na_b == 2) QK_ROWS(2, 8);
+    else QK_ROWS(1, 16);
+  }
+}
+#undef QK_ROWS
+
+/* O rows [0, nh) (nh <= NH), columns [i0, i0 + 16 * NC), positions [p0, p1) in order. Missing
+ * rows repeat the last one and are not stored. */
+static inline __attribute__((always_inline)) void pv_block(const float *W, int64_t ldw, int nh, const void *V, int bf16,
+                                                           int64_t ldv, int64_t p0, int64_t p1, int64_t i0, float *O,
+                                                           int64_t ldo, const int NH, const int NC) {
+  const float *w[8];
+  __m512 acc[16];
+  for (int h = 0; h < NH; h++) {
+    const int hh = h < nh ? h : nh - 1;
+    w[h] = W + hh * ldw;
+    for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_loadu_ps(O + hh * ldo + i0 + 16 * c);
+  }
+  for (int64_t p = p0; p < p1; p++) {
+    __m512 v[2];
+    for (int c = 0; c < NC; c++) v[c] = ld16(V, bf16, p * ldv + i0 + 16 * c);
+    for (int h = 0; h < NH; h++) {
+      const __m512 wh = _mm512_set1_ps(w[h][p]);
+      for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_add_ps(acc[h * NC + c], _mm512_mul_ps(wh, v[c]));
+    }
+  }
+  for (int h = 0; h < nh; h++)
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(O + h * ldo + i0 + 16 * c, acc[h * NC + c]);
+}
+
+/* positions [p0, p1): every column block, rows prefetched PV_PF_ROWS ahead meanwhile */
+static inline __attribute__((always_inline)) void pv_rows(const float *W, int64_t ldw, int nh, const void *V, int bf16,
+                                                          int64_t ldv, int64_t np, int64_t p0, int64_t p1, int64_t n,
+                                                          float *O, int64_t ldo, const int NH) {
+  const int64_t n16 = n / 16 * 16, esz = bf16 ? 2 : 4, lines = (n * esz + 63) / 64;
+  int64_t i0 = 0, pf = p0 + PV_PF_ROWS, pf_end = p1 + PV_PF_ROWS < np ? p1 + PV_PF_ROWS : np;
+  for (; i0 + 32 <= n16; i0 += 32) {
+    for (int r = 0; r < 8 && pf < pf_end; r++, pf++) /* ~(p1 - p0) / (n / 32) rows per block */
+      for (int64_t l = 0; l < lines; l++) _mm_prefetch((const char *)V + pf * ldv * esz + 64 * l, _MM_HINT_T0);
+    pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 2);
+  }
+  if (i0 < n16) pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 1);
+  for (; pf < pf_end; pf++)
+    for (int64_t l = 0; l < lines; l++) _mm_prefetch((const char *)V + pf * ldv * esz + 64 * l, _MM_HINT_T0);
+}
+
+#define PV_ROWS(NH)                                                                                  \
+  for (int64_t p0 = 0; p0 < np; p0 += PV_BLK)                                                        \
+  pv_rows(W + h0 * ldw, ldw, nh_b, V, V_bf16, ldv, np, p0, p0 + PV_BLK < np ? p0 + PV_BLK : np, n, O + h0 * ldo, ldo, NH)
+
+void kern_wsum_rows_avx512(const float *W, int64_t ldw, int nh, const void *V, int V_bf16, int64_t ldv, int64_t np,
+                           int64_t n, float *O, int64_t ldo) {
+  const int64_t n16 = n / 16 * 16;
+  for (int h0 = 0; h0 < nh; h0 += 8) {
+    const int nh_b = nh - h0 < 8 ? nh - h0 : 8;
+    if (nh_b > 4) PV_ROWS(8);
+    else if (nh_b > 2) PV_ROWS(4);
+    else if (nh_b == 2) PV_ROWS(2);
+    else PV_ROWS(1);
+  }
+  if (n16 < n) /* columns past the last multiple of 16: the reference on the rest */
+    kern_wsum_rows_ref(W, ldw, nh, V_bf16 ? (const void *)((const uint16_t *)V + n16) : (const void *)((const float *)V + n16),
+                       V_bf16, ldv, np, n - n16, O + n16, ldo);
+}
+#undef PV_ROWS
