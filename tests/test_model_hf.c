@@ -133,6 +133,7 @@ static void test_model(const char *name) {
     /* 3. row-exactness: one at a time, odd chunks, two threads */
     const struct { int64_t chunk; int threads; const char *what; } var[] = {
       { 1, 1, "one token at a time" }, { 7, 1, "chunks of 7" }, { 0, 2, "2 threads" },
+      { 1, 2, "one token at a time, 2 threads" },
     };
     for (size_t v = 0; v < sizeof var / sizeof var[0]; v++) {
       memset(alt, 0, (size_t)(n * V) * 4);

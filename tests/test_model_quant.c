@@ -99,6 +99,14 @@ static void test_k(void) {
     CHECK(rc == 0, "qwen35moe_k: eval: %s", rc ? err : "ok");
     CHECK(rc == 0 && !memcmp(lb, ls, (size_t)NT * V * sizeof(float)),
           "qwen35moe_k: Q4_K VNNI path, 80-token batch (2 threads) bit-identical to 80 single steps (1 thread)");
+    /* single steps with 2 threads: the decode-only paths (whole experts per thread) */
+    model_session *s3 = NULL;
+    rc = model_session_new(m, 256, KV_BF16, 2, &s3, err, sizeof err);
+    if (rc == 0) model_session_set_exact(s3, false);
+    for (int i = 0; i < NT && rc == 0; i++) rc = model_eval(s3, &toks[i], 1, ls + (size_t)i * V, false, err, sizeof err);
+    CHECK(rc == 0 && !memcmp(lb, ls, (size_t)NT * V * sizeof(float)),
+          "qwen35moe_k: 80 single steps with 2 threads bit-identical to the batch: %s", rc ? err : "ok");
+    model_session_free(s3);
   }
   model_session_free(s1);
   model_session_free(s2);

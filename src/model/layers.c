@@ -812,6 +812,57 @@ static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const 
   return 0;
 }
 
+/* ---- decode: whole experts per thread ----
+ * One token (n = 1), resident experts: the threads take whole experts (gate, up, SiLU-GLU, the
+ * quantization of the down input, down) from a shared counter, then the shared expert's down in
+ * two row halves, all in one pool run. The three matrices of an expert stream back to back on one
+ * core with no barrier between them; the general path needs three runs (gate|up, GLU, down), and
+ * each run's start and end cost 20-40 us of idle bandwidth on these 0.3-5 MB regions
+ * (bench/results.tsv 2026-11-30). Each output row is computed by the same kernel call as in the
+ * general path (kern_matmul_batch, one activation row), so the values are the same bits. */
+typedef struct xd_job {
+  model_session *s;
+  const model_layer *L;
+  int64_t K, I, E, Is;
+  const floe_mat *lay_e, *lay_d;
+  const uint8_t *xq_e;   /* the quantized normed input (NULL: float path) */
+  size_t xs_e, sr;       /* its row bytes; down-input row bytes (0: no quantization) */
+  float *gs;             /* shared expert's GLU output (its down input) */
+  const uint8_t *qs;     /* its quantized rows */
+  size_t ss;
+  int next;              /* next unit (atomic): experts 0..K-1, then the shared down halves */
+} xd_job;
+
+static void xd_worker(void *ctx, int ith, int nth) {
+  (void)ith, (void)nth;
+  xd_job *j = ctx;
+  model_session *s = j->s;
+  const model_layer *L = j->L;
+  const int64_t K = j->K, I = j->I, E = j->E;
+  const int units = (int)K + (j->Is > 0 ? 2 : 0);
+  for (;;) {
+    const int u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+    if (u >= units) break;
+    if (u >= K) { /* shared expert down, rows [h * E/2, (h + 1) * E/2) (16-row aligned halves) */
+      const int64_t half = (E / 2 + 15) / 16 * 16, r0 = u == K ? 0 : half, r1 = u == K ? half : E;
+      mm_task t = task(&L->sh_down, 1, j->gs, j->Is, &L->sh_down, j->ss ? j->qs : NULL, j->ss, s->eout, E);
+      if (r1 > r0) task_rows(&t, r0, r1);
+      continue;
+    }
+    const int32_t e = s->sel[u];
+    float *g = s->eg + u * I, *up = s->eu + u * I;
+    mm_task tg = task(&L->exp_gate[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, g, I);
+    mm_task tu = task(&L->exp_up[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, up, I);
+    task_rows(&tg, 0, I);
+    task_rows(&tu, 0, I);
+    for (int64_t i = 0; i < I; i++) g[i] = siluf(g[i]) * up[i];
+    uint8_t *qd = j->sr ? s->xq_d + (size_t)u * j->sr : NULL;
+    if (qd) kern_act_quantize(j->lay_d, g, qd);
+    mm_task td = task(&L->exp_down[e], 1, g, I, j->lay_d, qd, j->sr, s->contrib + u * E, E);
+    task_rows(&td, 0, E);
+  }
+}
+
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const double t0 = floe_time_s();
   const model *m = s->m;
@@ -924,6 +975,13 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     sj.nA = 0;
     mm_task sd = task(&L->sh_down, n, gs, Is, &L->sh_down, qsd ? gj.qs : NULL, gj.ss, s->eout, E);
     if (moe_stream(s, l, n, nA, lay_e, xq_e, xs_e, lay_d, qd, gj.sr, &sj, &sd, xq_r, xs_r, x)) return;
+  } else if (n == 1 && mt) {
+    /* the shared expert's GLU (and down-input quantization), then every expert in one run */
+    glu_job sj = gj;
+    sj.nA = 0;
+    glu_worker(&sj, 0, 1);
+    xd_job xj = { s, L, K, I, E, Is, lay_e, lay_d, xq_e, xs_e, qd ? gj.sr : 0, gs, gj.qs, qsd ? gj.ss : 0, 0 };
+    layer_run(s, xd_worker, &xj);
   } else {
     nt = 0;
     for (int64_t e = 0; e < NE; e++) {
