@@ -273,7 +273,7 @@ static void test_attention_rows(void) {
             for (int64_t b = 0; b < np; b++) {
               float acc[16] = { 0 };
               for (int64_t j = 0; j < n; j += 16)
-                for (int i = 0; i < 16; i++) acc[i] += A[a * lda + j + i] * Bf[b * ldb + j + i];
+                for (int i = 0; i < 16; i++) acc[i] = fmaf(A[a * lda + j + i], Bf[b * ldb + j + i], acc[i]);
               const float d = red16_direct(acc); /* Bf holds B's values (BF16 widened) */
               bad_ref += memcmp(&d, &ref[a * ldo + b], 4) != 0;
             }
@@ -293,7 +293,7 @@ static void test_attention_rows(void) {
         for (int h = 0; h < na; h++) /* the documented order, written out */
           for (int64_t i = 0; i < n; i++) {
             float o = O0[h * ldo2 + i];
-            for (int64_t p = 0; p < np; p++) o += W[h * ldw + p] * Bf[p * ldb + i];
+            for (int64_t p = 0; p < np; p++) o = fmaf(W[h * ldw + p], Bf[p * ldb + i], o);
             bad_ref += memcmp(&o, &Or[h * ldo2 + i], 4) != 0;
           }
         for (int ii = 1; ii < n_isa; ii++) {

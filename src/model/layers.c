@@ -368,10 +368,10 @@ typedef struct attn_job {
   float scale;
 } attn_job;
 
-/* One (token t, kv head kh, query heads [h0, h1) of its group). Scores: kern_dot16_rows (the
- * 16-lane order and fixed reduction; a sequential sum when hd % 16 != 0), times the scale; the
- * softmax with vexpf and a 16-lane sum; the output: kern_wsum_rows, w_p * v_p added in position
- * order. The arithmetic of a head does not depend on which other heads share its unit, so the
+/* One (token t, kv head kh, query heads [h0, h1) of its group). Scores: kern_dot16_rows (16
+ * FMA lanes and the fixed reduction; a sequential FMA sum when hd % 16 != 0), times the scale;
+ * the softmax with vexpf and a 16-lane sum; the output: kern_wsum_rows, fma(w_p, v_p, o) in
+ * position order. The arithmetic of a head does not depend on which other heads share its unit, so the
  * split of the group over threads (layer_attention) never changes a value. */
 static inline __attribute__((always_inline)) void attn_one(const attn_job *j, int64_t t, int64_t kh, int64_t h0,
                                                            int64_t h1, float *scr) {
@@ -390,7 +390,7 @@ static inline __attribute__((always_inline)) void attn_one(const attn_job *j, in
       for (int64_t p = 0; p < np; p++) {
         float d = 0.0f;
         for (int64_t i = 0; i < hd; i++)
-          d += q0[h * qstride + i] * (bf ? floe_bf16_to_f32(((const uint16_t *)K)[p * ldkv + i]) : ((const float *)K)[p * ldkv + i]);
+          d = fmaf(q0[h * qstride + i], bf ? floe_bf16_to_f32(((const uint16_t *)K)[p * ldkv + i]) : ((const float *)K)[p * ldkv + i], d);
         scr[h * nctx + p] = d;
       }
   for (int64_t h = 0; h < nh; h++) {

@@ -594,10 +594,11 @@ void kern_matmul_q_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X
 }
 
 /* ---- attention rows (kernels.h) ----
- * Plain loops in the documented order; the AVX2 / baseline clones of them give the same bits (no
- * FMA contraction in this build) and stand in for ISAs without a dedicated kernel. */
+ * Plain loops in the documented order with fused multiply-adds (fmaf: one rounding, the same on
+ * every ISA); the Haswell clone (hardware FMA) stands in for ISAs without a dedicated kernel, the
+ * baseline clone computes the same bits through libm's fmaf (slow, correct). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define KREF_CLONES __attribute__((target_clones("avx2", "default"), optimize("O3")))
+#define KREF_CLONES __attribute__((target_clones("arch=haswell", "default"), optimize("O3")))
 #else
 #define KREF_CLONES
 #endif
@@ -611,11 +612,11 @@ KREF_CLONES void kern_dot16_rows_ref(const float *A, int64_t lda, int na, const 
       if (B_bf16) {
         const uint16_t *y = (const uint16_t *)B + b * ldb;
         for (int64_t j = 0; j < n; j += 16)
-          for (int i = 0; i < 16; i++) acc[i] += x[j + i] * floe_bf16_to_f32(y[j + i]);
+          for (int i = 0; i < 16; i++) acc[i] = fmaf(x[j + i], floe_bf16_to_f32(y[j + i]), acc[i]);
       } else {
         const float *y = (const float *)B + b * ldb;
         for (int64_t j = 0; j < n; j += 16)
-          for (int i = 0; i < 16; i++) acc[i] += x[j + i] * y[j + i];
+          for (int i = 0; i < 16; i++) acc[i] = fmaf(x[j + i], y[j + i], acc[i]);
       }
       out[a * ldo + b] = kred16(acc);
     }
@@ -629,10 +630,10 @@ KREF_CLONES void kern_wsum_rows_ref(const float *W, int64_t ldw, int nh, const v
       float *o = O + h * ldo;
       if (V_bf16) {
         const uint16_t *v = (const uint16_t *)V + p * ldv;
-        for (int64_t i = 0; i < n; i++) o[i] += w * floe_bf16_to_f32(v[i]);
+        for (int64_t i = 0; i < n; i++) o[i] = fmaf(w, floe_bf16_to_f32(v[i]), o[i]);
       } else {
         const float *v = (const float *)V + p * ldv;
-        for (int64_t i = 0; i < n; i++) o[i] += w * v[i];
+        for (int64_t i = 0; i < n; i++) o[i] = fmaf(w, v[i], o[i]);
       }
     }
 }

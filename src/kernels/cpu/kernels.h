@@ -85,11 +85,11 @@ void kern_matmul_q_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X
 /* ---- attention rows (float; same bits on every ISA) ----
  * kern_dot16_rows: out[a * ldo + b] = dot of row a of A (lda floats apart, na rows) and row b of
  * B (B_bf16: bfloat16 rows, else float; ldb elements apart, nb rows), n elements, n % 16 == 0, in
- * the 16-lane order: lane i sums A[j+i]*B[j+i] over j = 0, 16, 32, ... (each product rounded,
- * then added), then the fixed tree reduce16 (kernels_internal.h). Attention scores.
- * kern_wsum_rows: O[h * ldo + i] += sum over p = 0 .. np-1 of W[h * ldw + p] * V[p * ldv + i]
- * for h < nh, i < n, the positions added one at a time in order (each product rounded, then
- * added). Attention output (W: softmax weights, V: the value cache, bfloat16 or float). */
+ * the 16-lane order: lane i = fma(A[j+i], B[j+i], lane i) over j = 0, 16, 32, ... (fused: one
+ * rounding per step), then the fixed tree reduce16 (kernels_internal.h). Attention scores.
+ * kern_wsum_rows: O[h * ldo + i] = fma(W[h * ldw + p], V[p * ldv + i], O[h * ldo + i]) for
+ * p = 0 .. np-1 in order, h < nh, i < n. Attention output (W: softmax weights, V: the value
+ * cache, bfloat16 or float). */
 void kern_dot16_rows(const float *A, int64_t lda, int na, const void *B, int B_bf16, int64_t ldb, int64_t nb,
                      int64_t n, float *out, int64_t ldo);
 void kern_wsum_rows(const float *W, int64_t ldw, int nh, const void *V, int V_bf16, int64_t ldv, int64_t np,

@@ -2,10 +2,9 @@
  * bit-identical to the scalar references in kernels.c (tests/test_kernels.c, attention section).
  *
  * Why: at context depth the decode spent ~60 (QK) and ~36 (PV) cycles per query head and cache
- * position (bench/results.tsv, 2026-11-29) against 16 + 16 for the separate multiplies and adds
- * the canonical float order needs (256 products = 16 vector multiplies + 16 adds each way, two FP
- * ports). The old loops had four accumulator chains per head (add-latency bound) and reduced each
- * score with scalar adds.
+ * position (bench/results.tsv, 2026-11-29): four accumulator chains per head (add-latency bound),
+ * each score reduced with scalar adds, and separate multiplies and adds (the float order then had
+ * no FMA: 32 vector ops per 256 products; with FMA 16, 8 cycles on the two FP ports).
  *
  * kern_dot16_rows: 16 scores at once, NH query rows x PB cache rows (NH * PB = 16), one zmm
  * accumulator each: 16 independent chains, cache rows widened from BF16 once per NH rows. The 16
@@ -30,12 +29,15 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16
  * kred16's: (i, i+8), then (i, i+4), then (i, i+2), then (0, 1). */
 static inline __attribute__((always_inline)) __m512 tred16(const __m512 *a) {
   __m512 v[8], w[4], x[2];
+  #pragma GCC unroll 16
   for (int s = 0; s < 8; s++) /* [a.q0 + a.q2, a.q1 + a.q3, b.q0 + b.q2, b.q1 + b.q3] */
     v[s] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0x44),
                          _mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0xEE));
+  #pragma GCC unroll 16
   for (int t = 0; t < 4; t++) /* 128-bit lane k of w[t]: accumulator 4t + k's first 4 + last 4 */
     w[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0x88),
                          _mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0xDD));
+  #pragma GCC unroll 16
   for (int u = 0; u < 2; u++) /* per lane: [b0 + b2, b1 + b3] of w[2u], then of w[2u+1] */
     x[u] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0x44), _mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0xEE));
   return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
@@ -55,23 +57,31 @@ static inline __attribute__((always_inline)) void qk_block(const float *A, int64
                                                            int64_t ldo, const int NH, const int PB) {
   const float *q[8];
   int64_t bo[16];
+  #pragma GCC unroll 16
   for (int m = 0; m < NH; m++) q[m] = A + (m < na ? m : na - 1) * lda;
+  #pragma GCC unroll 16
   for (int k = 0; k < PB; k++) bo[k] = (b0 + (k < nbv ? k : nbv - 1)) * ldb;
   __m512 acc[16];
+  #pragma GCC unroll 16
   for (int s = 0; s < 16; s++) acc[s] = _mm512_setzero_ps();
   const int esz = bf16 ? 2 : 4;
   const char *pf = (const char *)B + (b0 + QK_PF_ROWS) * ldb * esz;
   for (int64_t j = 0; j < n; j += 16) {
+    #pragma GCC unroll 16
     for (int k = 0; k < PB; k++) _mm_prefetch(pf + (k * ldb + j) * esz, _MM_HINT_T0);
     __m512 kv[16];
+    #pragma GCC unroll 16
     for (int k = 0; k < PB; k++) kv[k] = ld16(B, bf16, bo[k] + j);
+    #pragma GCC unroll 16
     for (int m = 0; m < NH; m++) {
       const __m512 qm = _mm512_loadu_ps(q[m] + j);
-      for (int k = 0; k < PB; k++) acc[m * PB + k] = _mm512_add_ps(acc[m * PB + k], _mm512_mul_ps(qm, kv[k]));
+      #pragma GCC unroll 16
+      for (int k = 0; k < PB; k++) acc[m * PB + k] = _mm512_fmadd_ps(qm, kv[k], acc[m * PB + k]);
     }
   }
   float t[16];
   _mm512_storeu_ps(t, tred16(acc));
+  #pragma GCC unroll 16
   for (int L = 0; L < 16; L++) {
     const int s = 4 * (L % 4) + L / 4, m = s / PB, k = s % PB;
     if (m < na && k < nbv) out[m * ldo + b0 + k] = t[L];
@@ -106,20 +116,27 @@ static inline __attribute__((always_inline)) void pv_block(const float *W, int64
                                                            int64_t ldo, const int NH, const int NC) {
   const float *w[8];
   __m512 acc[16];
+  #pragma GCC unroll 16
   for (int h = 0; h < NH; h++) {
     const int hh = h < nh ? h : nh - 1;
     w[h] = W + hh * ldw;
+    #pragma GCC unroll 16
     for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_loadu_ps(O + hh * ldo + i0 + 16 * c);
   }
   for (int64_t p = p0; p < p1; p++) {
     __m512 v[2];
+    #pragma GCC unroll 16
     for (int c = 0; c < NC; c++) v[c] = ld16(V, bf16, p * ldv + i0 + 16 * c);
+    #pragma GCC unroll 16
     for (int h = 0; h < NH; h++) {
       const __m512 wh = _mm512_set1_ps(w[h][p]);
-      for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_add_ps(acc[h * NC + c], _mm512_mul_ps(wh, v[c]));
+      #pragma GCC unroll 16
+      for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_fmadd_ps(wh, v[c], acc[h * NC + c]);
     }
   }
+  #pragma GCC unroll 16
   for (int h = 0; h < nh; h++)
+    #pragma GCC unroll 16
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(O + h * ldo + i0 + 16 * c, acc[h * NC + c]);
 }
 
