@@ -26,6 +26,8 @@ int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, ch
   kv->n_ctx = n_ctx;
   kv->n_layer = hp->n_layer;
   kv->kv_dim = hp->n_head_kv * hp->head_dim;
+  kv->n_head_kv = hp->n_head_kv;
+  kv->head_dim = hp->head_dim;
   kv->ssm_n = hp->ssm_dt_rank;
   kv->ssm_dk = hp->ssm_d_state;
   kv->ssm_dv = hp->ssm_dt_rank > 0 ? hp->ssm_d_inner / hp->ssm_dt_rank : 0;
@@ -120,20 +122,18 @@ void kv_ckpt_free(kv_ckpt *c) {
   c->pos = -1;
 }
 
+/* head-major: head kh of position pos at (kh * n_ctx + pos) * head_dim */
 static void put_row(const kv_state *kv, void *base, int64_t pos, const float *x) {
-  if (kv->kv_type == KV_F32) {
-    memcpy((float *)base + pos * kv->kv_dim, x, (size_t)kv->kv_dim * 4);
-  } else {
-    uint16_t *d = (uint16_t *)base + pos * kv->kv_dim;
-    for (int64_t i = 0; i < kv->kv_dim; i++) d[i] = floe_f32_to_bf16(x[i]);
+  const int64_t hd = kv->head_dim;
+  for (int64_t kh = 0; kh < kv->n_head_kv; kh++) {
+    const size_t off = (size_t)(kh * kv->n_ctx + pos) * (size_t)hd;
+    if (kv->kv_type == KV_F32) {
+      memcpy((float *)base + off, x + kh * hd, (size_t)hd * 4);
+    } else {
+      uint16_t *d = (uint16_t *)base + off;
+      for (int64_t i = 0; i < hd; i++) d[i] = floe_f32_to_bf16(x[kh * hd + i]);
+    }
   }
-}
-
-static const float *get_row(const kv_state *kv, const void *base, int64_t pos, float *buf) {
-  if (kv->kv_type == KV_F32) return (const float *)base + pos * kv->kv_dim;
-  const uint16_t *s = (const uint16_t *)base + pos * kv->kv_dim;
-  for (int64_t i = 0; i < kv->kv_dim; i++) buf[i] = floe_bf16_to_f32(s[i]);
-  return buf;
 }
 
 void kv_put(const kv_state *kv, int64_t l, int64_t pos, const float *krow, const float *vrow) {
@@ -142,25 +142,7 @@ void kv_put(const kv_state *kv, int64_t l, int64_t pos, const float *krow, const
   put_row(kv, kv->v[l], pos, vrow);
 }
 
-const float *kv_k_row(const kv_state *kv, int64_t l, int64_t pos, float *buf) {
-  return get_row(kv, kv->k[l], pos, buf);
-}
-const float *kv_v_row(const kv_state *kv, int64_t l, int64_t pos, float *buf) {
-  return get_row(kv, kv->v[l], pos, buf);
-}
-
-/* bf16 -> f32 is a 16-bit shift: written as a plain loop so it vectorizes */
-static const float *get_head(const kv_state *kv, const void *base, int64_t pos, int64_t kh, int64_t hd, float *buf) {
-  const size_t off = (size_t)pos * (size_t)kv->kv_dim + (size_t)(kh * hd);
-  if (kv->kv_type == KV_F32) return (const float *)base + off;
-  const uint16_t *s = (const uint16_t *)base + off;
-  for (int64_t i = 0; i < hd; i++) buf[i] = floe_bf16_to_f32(s[i]);
-  return buf;
-}
-
-const float *kv_k_head(const kv_state *kv, int64_t l, int64_t pos, int64_t kh, int64_t hd, float *buf) {
-  return get_head(kv, kv->k[l], pos, kh, hd, buf);
-}
-const float *kv_v_head(const kv_state *kv, int64_t l, int64_t pos, int64_t kh, int64_t hd, float *buf) {
-  return get_head(kv, kv->v[l], pos, kh, hd, buf);
+const void *kv_head_rows(const kv_state *kv, int64_t l, bool v, int64_t kh) {
+  const size_t esz = kv->kv_type == KV_F32 ? 4 : 2;
+  return (const char *)(v ? kv->v[l] : kv->k[l]) + (size_t)(kh * kv->n_ctx) * (size_t)kv->head_dim * esz;
 }

@@ -2,7 +2,9 @@
  * state S and causal-conv window of the GatedDeltaNet layers.
  *
  * Layout (indexed by trunk layer; arrays of the other layer kind are NULL):
- *   k[l], v[l]:   [n_ctx][n_head_kv*head_dim], F32 or BF16 (kv_type), position-major.
+ *   k[l], v[l]:   [n_head_kv][n_ctx][head_dim], F32 or BF16 (kv_type), head-major: the rows one
+ *                 kv head's attention reads are contiguous (position-major rows interleaved the
+ *                 heads, and each core's hardware prefetcher fetched the other head's halves too).
  *   ssm[l]:       [Nv][dk][dv] float32 (HF Qwen3NextGatedDeltaNet layout: S^T k reads columns).
  *   conv[l]:      [K-1][C] float32, the last K-1 RAW (pre-conv) qkv vectors, oldest first.
  * n_past counts the positions already processed. kv_reset() zeroes the recurrent state and
@@ -30,6 +32,7 @@ typedef struct kv_state {
   int64_t n_ctx;        /* positions the attention cache holds */
   int64_t n_layer;
   int64_t kv_dim;       /* n_head_kv * head_dim */
+  int64_t n_head_kv, head_dim;
   int64_t ssm_n, ssm_dk, ssm_dv; /* Nv, dk, dv */
   int64_t conv_k, conv_c;        /* kernel K, channels C */
   void *k[FLOE_MAX_LAYERS], *v[FLOE_MAX_LAYERS];
@@ -59,12 +62,8 @@ int kv_ckpt_save(const kv_state *kv, kv_ckpt *c);
 void kv_ckpt_restore(kv_state *kv, const kv_ckpt *c);
 void kv_ckpt_free(kv_ckpt *c);
 
-/* Store / load one position's K or V row (kv_dim floats) of attention layer l. */
+/* Store one position's K and V rows (kv_dim floats each, heads in order) of attention layer l. */
 void kv_put(const kv_state *kv, int64_t l, int64_t pos, const float *krow, const float *vrow);
-/* Pointers to K / V rows as floats: for F32 returns the row in place; for BF16 converts into buf. */
-const float *kv_k_row(const kv_state *kv, int64_t l, int64_t pos, float *buf);
-const float *kv_v_row(const kv_state *kv, int64_t l, int64_t pos, float *buf);
-/* Head kh (hd values at kh*hd) of a K / V row: in place for F32, converted into buf for BF16. */
-const float *kv_k_head(const kv_state *kv, int64_t l, int64_t pos, int64_t kh, int64_t hd, float *buf);
-const float *kv_v_head(const kv_state *kv, int64_t l, int64_t pos, int64_t kh, int64_t hd, float *buf);
+/* Head kh's [n_ctx][head_dim] rows of layer l's K (v false) or V cache (float or bfloat16). */
+const void *kv_head_rows(const kv_state *kv, int64_t l, bool v, int64_t kh);
 #endif

@@ -377,11 +377,10 @@ static inline __attribute__((always_inline)) void attn_one(const attn_job *j, in
                                                            int64_t h1, float *scr) {
   model_session *s = j->s;
   const kv_state *kv = &s->kv;
-  const int64_t hd = j->hd, np = j->pos0 + t + 1, nctx = kv->n_ctx, ldkv = kv->kv_dim;
+  const int64_t hd = j->hd, np = j->pos0 + t + 1, nctx = kv->n_ctx, ldkv = hd;
   const int64_t qstride = hd * (j->gated ? 2 : 1), nh = h1 - h0;
   const int bf = kv->kv_type == KV_BF16;
-  const size_t esz = bf ? 2 : 4, hoff = (size_t)(kh * hd) * esz;
-  const void *K = (const char *)kv->k[j->l] + hoff, *V = (const char *)kv->v[j->l] + hoff;
+  const void *K = kv_head_rows(kv, j->l, false, kh), *V = kv_head_rows(kv, j->l, true, kh);
   const float *q0 = s->q + t * j->qdim + (kh * j->grp + h0) * qstride;
   float *o0 = s->att + t * s->m->hp.n_head * hd + (kh * j->grp + h0) * hd;
   if (hd % 16 == 0) kern_dot16_rows(q0, qstride, (int)nh, K, bf, ldkv, np, hd, scr, nctx);
