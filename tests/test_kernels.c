@@ -336,13 +336,14 @@ int main(void) {
     const int64_t blk_plain[] = {1, 7, 33, 100, 1000}, blk_q[] = {1, 2, 7, 13, 18};
     /* 18 superblocks: the Q4_K/Q5_K slot wrap (k % 16), a partial group of 4 */
     const int nshape = tt->blck == 1 ? 5 : tt->blck == 256 ? 5 : 4;
-    for (int s = 0; s < nshape; s++) {
-      int64_t cols = tt->blck == 1 ? blk_plain[s] : blk_q[s] * tt->blck;
-      int64_t rows = rowsv[s % 4];
-      tmat m = make_ggml(types[t], rows, cols);
-      check_mat(tt->name, &m.W, pool, &st);
-      tmat_free(&m);
-    }
+    for (int s = 0; s < nshape; s++)
+      for (int ri = 0; ri < 4; ri++) { /* every row count with every width (4-row blocks of 2-superblock rows) */
+        int64_t cols = tt->blck == 1 ? blk_plain[s] : blk_q[s] * tt->blck;
+        int64_t rows = rowsv[(s + ri) % 4];
+        tmat m = make_ggml(types[t], rows, cols);
+        check_mat(tt->name, &m.W, pool, &st);
+        tmat_free(&m);
+      }
     report(tt->name, &st);
   }
 

@@ -700,9 +700,45 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
   if (RR == 2) *y1 = _mm_cvtss_f32(_mm256_extractf128_ps(e, 1));
 }
 
+/* Rows of two superblocks (2048x512 expert down matrices): four rows per call, superblocks 0-1
+ * of rows (r, r+1) and of rows (r+2, r+3) filling the four slots of one k4_grp-style group, so the
+ * transposed reduction is not half padding. The values are k4_rows': a row's t of superblocks 0
+ * and 1 land in slots 0 and 1, every other slot stays +0, so its reduce16 is (0 + t0) + (0 + t1). */
+static inline __attribute__((always_inline)) void k4_two(const int T, const floe_mat *W, const kact_layout *L, int64_t r,
+                                                         const uint8_t *xb, float *y) {
+  const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
+  const int8_t *xq = (const int8_t *)xb;
+  const float *dxv = (const float *)(xb + L->off_d);
+  const int16_t *bsv = (const int16_t *)(xb + L->off_s);
+  const uint8_t *p0 = kw_row(W, r), *p1 = kw_row(W, r + 2);
+  const size_t rb = W->row_bytes;
+  __m512i q[4];
+  __m512 scv = _mm512_setzero_ps();
+  q[0] = k4_sb(T, 2, W, p0, p0 + rb, xq, bsv, dxv[0], 0, p0, 0, &scv);
+  q[1] = k4_sb(T, 2, W, p0 + bytes, p0 + rb + bytes, xq + 256, bsv + 16, dxv[1], 1, p0, bytes, &scv);
+  q[2] = k4_sb(T, 2, W, p1, p1 + rb, xq, bsv, dxv[0], 2, p1, 0, &scv);
+  q[3] = k4_sb(T, 2, W, p1 + bytes, p1 + rb + bytes, xq + 256, bsv + 16, dxv[1], 3, p1, bytes, &scv);
+  const __m512i r01 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[0], q[1]), _mm512_unpackhi_epi64(q[0], q[1]));
+  const __m512i r23 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2], q[3]), _mm512_unpackhi_epi64(q[2], q[3]));
+  const __m512 f01 = _mm512_castsi512_ps(r01), f23 = _mm512_castsi512_ps(r23);
+  const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0))),
+                                     _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))));
+  const __m512 Pr = _mm512_mul_ps(_mm512_cvtepi32_ps(Z), scv);
+  /* t = [r: sb0 sb1, r+2: sb0 sb1 | r+1: sb0 sb1, r+3: sb0 sb1]; u = 0 + t, y = u[2i] + u[2i+1] */
+  const __m256 u = _mm256_add_ps(_mm256_setzero_ps(), _mm256_sub_ps(_mm512_castps512_ps256(Pr), _mm512_extractf32x8_ps(Pr, 1)));
+  const __m256 v = _mm256_add_ps(u, _mm256_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+  y[0] = _mm256_cvtss_f32(v);
+  y[2] = _mm_cvtss_f32(_mm_movehl_ps(_mm256_castps256_ps128(v), _mm256_castps256_ps128(v)));
+  const __m128 hi = _mm256_extractf128_ps(v, 1);
+  y[1] = _mm_cvtss_f32(hi);
+  y[3] = _mm_cvtss_f32(_mm_movehl_ps(hi, hi));
+}
+
 #define DEF_RUN_K4(name, T)                                                                        \
   static void name(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, \
                    float *Y, int64_t ldy, int64_t r0, int64_t r1) {                                 \
+    if (nb == 1 && L->nblk == 2)                                                                   \
+      for (; r0 + 3 < r1; r0 += 4) k4_two(T, W, L, r0, xq, &Y[r0]);                               \
     for (; r0 + 1 < r1; r0 += 2)                                                                   \
       for (int b = 0; b < nb; b++) k4_rows(T, 2, W, L, r0, xq + (size_t)b * xs, &Y[b * ldy + r0], &Y[b * ldy + r0 + 1]); \
     if (r0 < r1)                                                                                   \
