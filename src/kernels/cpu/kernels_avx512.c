@@ -288,6 +288,22 @@ static inline void red2(__m512 a0, __m512 a1, __m512 m, float *y0, float *y1) {
   *y1 = _mm_cvtss_f32(_mm256_extractf128_ps(Y, 1));
 }
 
+/* Lane 4k + m of the result = red16 of a[4m + k] (m, k < 4): the pairs of kred16, level by
+ * level, for 16 accumulators at once (15 adds + 30 shuffles instead of 16 horizontal sums). */
+static inline __attribute__((always_inline)) __m512 tred16(const __m512 *a) {
+  __m512 v[8], w[4], x[2];
+#pragma GCC unroll 8
+  for (int s = 0; s < 8; s++)
+    v[s] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0x44), _mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0xEE));
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; t++)
+    w[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0x88), _mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0xDD));
+#pragma GCC unroll 2
+  for (int u = 0; u < 2; u++)
+    x[u] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0x44), _mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
+}
+
 /* pf_at() as a pointer moved along with the step: step k's target is row + k*step + dist, plus rb
  * from step kc on (the first whose target leaves the own row; kc = -1: from the start), so a row
  * pair's loop pays one add per level and stream and one compare per level per step, instead of
@@ -768,6 +784,9 @@ static void iq4xs_pairs(const floe_mat *W, const kact_layout *L, int64_t r0, int
                 wiB2 = _mm512_add_epi16(wi, _mm512_set1_epi16(12));
   const __m512i tlo = _mm512_load_si512(ksig_lo), thi = _mm512_load_si512(ksig_hi);
   const float *dxs = (const float *)(xq + L->off_d);
+  __m512 accb[16];
+  int nacc = 0;
+  int64_t rbase = r0;
   for (int64_t r = r0; r + 1 < r1; r += 2) {
   const uint8_t *rowA = kw_row(W, r);
   const int64_t dr = (r - r0) * rb;
@@ -822,8 +841,18 @@ static void iq4xs_pairs(const floe_mat *W, const kact_layout *L, int64_t r0, int
     acc0 = lanes_add(acc0, LA, SvA);
     acc1 = lanes_add(acc1, LB, SvB);
   }
-  red2(acc0, acc1, _mm512_setzero_ps(), &Y[r], &Y[r + 1]);
+  /* reduce16 of 8 pairs at once (tred16); a last incomplete batch pair by pair */
+  accb[nacc++] = acc0;
+  accb[nacc++] = acc1;
+  if (nacc == 16) {
+    float t[16];
+    _mm512_storeu_ps(t, tred16(accb));
+    for (int L = 0; L < 16; L++) Y[rbase + 4 * (L % 4) + L / 4] = t[L];
+    nacc = 0;
+    rbase = r + 2;
   }
+  }
+  for (int i = 0; i < nacc; i += 2) red2(accb[i], accb[i + 1], _mm512_setzero_ps(), &Y[rbase + i], &Y[rbase + i + 1]);
 }
 
 /* ================= quantized path: MLX 4-bit / 8-bit ================= */
