@@ -187,6 +187,23 @@
  * kernels start (pool wake ~0.15 us, quantization 0.5 us per half row: the A256/A32 quantizers
  * are scalar per block, a vectorized one would save ~0.3-0.4 us = 1.5 points) and the 0.25 us
  * completion signal are the next candidates.
+ *
+ * ---- Q8_0 nb = 1, fifth pass (2026-11-30, branch q8; base 3a06ef9) ----
+ * Floor written first: a32_rows' pair-step (2 rows x 68 B) compiled to ~30 port-0/5 uops (sign
+ * trick: abs, movb2m, masked sub + copy per row; d: 2 GPR loads, 2 GPR->xmm broadcasts, insert,
+ * 16-value vcvtph2ps, 16-lane multiply per row); q8_pairs (below) needs ~20: w ^ 0x80 with one
+ * shared C = -128*sum4(x) per step, the 4 d's of a step by one vpermt2w + one 4-value cvt and
+ * multiply, one vpermps per row. Predicted in L2 (--total 1200K, 1 thread) 45 -> ~30 us.
+ * Measured 45.5 -> 33.2 us (512x2048), 48 -> 36.6 (2048x512); out of cache (6 alternated rounds,
+ * % of membw): 2 threads 80.3 -> 82.1 [-5.5 +2.8 -0.4 +4.1 +5.0 +4.6] (512x2048), 79.5 -> 84.5
+ * [+7.8 +1.0 +5.1 +6.8 +4.4 +5.1] (2048x512); 1 thread +2.4 / +4.6.
+ * Tried on top, not kept: (1) 2 steps per iteration (one 8-value cvt/multiply for both rows'
+ * 4 d's): in L2 equal (32.5 us); out of cache with 2 prefetch lines per 136 B per row, 1 line
+ * (65-73 % with 2 threads: half the lines not prefetched), 3 lines: all below the 1-step kernel
+ * by 1.5-3 points (4 rounds). (2) negcorr = -128*sum4(x) stored in the A32 activation (int32 per
+ * lane, computed in act_quantize_range) and loaded, instead of vpsubb + vpdpbusd per step: in L2
+ * slower (35.5 vs 33.4 us, 1-step loop), not measured further. (3) Line-aligned weight loads
+ * (wrong results, timing only): in L2 equal, so split loads are not the in-cache limit.
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
