@@ -187,6 +187,23 @@
  * kernels start (pool wake ~0.15 us, quantization 0.5 us per half row: the A256/A32 quantizers
  * are scalar per block, a vectorized one would save ~0.3-0.4 us = 1.5 points) and the 0.25 us
  * completion signal are the next candidates.
+ *
+ * ---- Q8_0 nb = 1, fifth pass (2026-11-30, branch q8; base 3a06ef9) ----
+ * Floor written first: a32_rows' pair-step (2 rows x 68 B) compiled to ~30 port-0/5 uops (sign
+ * trick: abs, movb2m, masked sub + copy per row; d: 2 GPR loads, 2 GPR->xmm broadcasts, insert,
+ * 16-value vcvtph2ps, 16-lane multiply per row); q8_pairs (below) needs ~20: w ^ 0x80 with one
+ * shared C = -128*sum4(x) per step, the 4 d's of a step by one vpermt2w + one 4-value cvt and
+ * multiply, one vpermps per row. Predicted in L2 (--total 1200K, 1 thread) 45 -> ~30 us.
+ * Measured 45.5 -> 33.2 us (512x2048), 48 -> 36.6 (2048x512); out of cache (6 alternated rounds,
+ * % of membw): 2 threads 80.3 -> 82.1 [-5.5 +2.8 -0.4 +4.1 +5.0 +4.6] (512x2048), 79.5 -> 84.5
+ * [+7.8 +1.0 +5.1 +6.8 +4.4 +5.1] (2048x512); 1 thread +2.4 / +4.6.
+ * Tried on top, not kept: (1) 2 steps per iteration (one 8-value cvt/multiply for both rows'
+ * 4 d's): in L2 equal (32.5 us); out of cache with 2 prefetch lines per 136 B per row, 1 line
+ * (65-73 % with 2 threads: half the lines not prefetched), 3 lines: all below the 1-step kernel
+ * by 1.5-3 points (4 rounds). (2) negcorr = -128*sum4(x) stored in the A32 activation (int32 per
+ * lane, computed in act_quantize_range) and loaded, instead of vpsubb + vpdpbusd per step: in L2
+ * slower (35.5 vs 33.4 us, 1-step loop), not measured further. (3) Line-aligned weight loads
+ * (wrong results, timing only): in L2 equal, so split loads are not the in-cache limit.
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
@@ -398,6 +415,65 @@ static inline __attribute__((always_inline)) void a32_rows(const int T, const in
     for (int b = 0; b < NB; b++) Y[b * ldy + r + rr] = red16(acc[rr][b]) + 0.0f;
 }
 #define a32_row(T, NB, W, L, r, xq, xs, Y, ldy) a32_rows(T, NB, 1, W, L, r, xq, xs, Y, ldy)
+
+/* Q8_0, one activation row, weight rows in pairs (nb = 1; a32_rows does the rest). Same integers,
+ * products and order as a32_rows (the 16-lane model), with fewer port-0/5 uops per 68-byte step:
+ *   signs: vpdpbusd(C, w ^ 0x80, x) = sum((w + 128) x) - 128 sum(x) = sum(w x) exactly, with
+ *     C = -128 * sum4(x) per lane computed once per step for both rows (vpdpbusd of 0x80 and -x),
+ *     instead of |w|, the sign mask and a masked negation of x per row;
+ *   scales: the four f16 d's of a step (2 rows x 2 blocks) by one vpermt2w from two plain 64-byte
+ *     loads of the block pairs, one vcvtph2ps of 4 values, one multiply by [dx0 dx1 dx0 dx1]
+ *     (the same products dw * dx), then one vpermps per row to spread S over the lanes, instead
+ *     of two GPR loads, two GPR->xmm broadcasts, an insert, a 16-value vcvtph2ps and a 16-lane
+ *     multiply per row.
+ * An odd last block is added after the loop, lanes 8-15 untouched as in the model. */
+static void q8_pairs(const floe_mat *W, const kact_layout *L, int64_t r0, int64_t r1, const uint8_t *xq, float *Y) {
+  const int64_t nblk = L->nblk, nst = nblk / 2;
+  const size_t rb = W->row_bytes;
+  const float *dx = (const float *)(xq + L->off_d);
+  const __m512i k80 = _mm512_set1_epi8((char)0x80);
+  /* words d0, d1 of row A (words 0, 17 of its 64-byte load), then of row B (table 2: +32) */
+  const __m512i didx = _mm512_castsi128_si512(_mm_setr_epi16(0, 17, 32, 49, 0, 0, 0, 0));
+  const __m512i eA = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i eB = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  for (int64_t r = r0; r + 1 < r1; r += 2) {
+    const uint8_t *rowA = kw_row(W, r), *rowB = rowA + rb;
+    __m512 accA = _mm512_setzero_ps(), accB = _mm512_setzero_ps();
+    for (int64_t k = 0; k < nst; k++) {
+      const uint8_t *bA = rowA + 68 * k, *bB = rowB + 68 * k;
+      pf_row(rowA, 68 * k, rb, 2, 2, 0);
+      pf_row(rowB, 68 * k, rb, 2, 2, 0);
+      const __m512i x = _mm512_loadu_si512(xq + 64 * k);
+      const __m512i C = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, _mm512_sub_epi8(_mm512_setzero_si512(), x));
+      const __m512i wA = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bA + 2))),
+                                            _mm256_loadu_si256((const __m256i *)(bA + 36)), 1);
+      const __m512i wB = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bB + 2))),
+                                            _mm256_loadu_si256((const __m256i *)(bB + 36)), 1);
+      const __m512i LA = _mm512_dpbusd_epi32(C, _mm512_xor_si512(wA, k80), x);
+      const __m512i LB = _mm512_dpbusd_epi32(C, _mm512_xor_si512(wB, k80), x);
+      const __m512i h = _mm512_permutex2var_epi16(_mm512_loadu_si512(bA), didx, _mm512_loadu_si512(bB));
+      const __m128 dx2 = _mm_castpd_ps(_mm_loaddup_pd((const double *)(dx + 2 * k)));
+      const __m512 S4 = _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(_mm512_castsi512_si128(h)), dx2));
+      accA = lanes_add(accA, LA, _mm512_permutexvar_ps(eA, S4));
+      accB = lanes_add(accB, LB, _mm512_permutexvar_ps(eB, S4));
+    }
+    if (nblk & 1) {
+      const int64_t k = nblk - 1;
+      const __m512i x = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xq + 32 * k);
+      const __m512i C = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, _mm512_sub_epi8(_mm512_setzero_si512(), x));
+      const __m512i wA = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rowA + 34 * k + 2)));
+      const __m512i wB = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rowB + 34 * k + 2)));
+      const __m512i LA = _mm512_dpbusd_epi32(C, _mm512_xor_si512(wA, k80), x);
+      const __m512i LB = _mm512_dpbusd_epi32(C, _mm512_xor_si512(wB, k80), x);
+      const __m512 pA = _mm512_mul_ps(_mm512_cvtepi32_ps(LA), _mm512_set1_ps(f16s(rowA + 34 * k) * dx[k]));
+      const __m512 pB = _mm512_mul_ps(_mm512_cvtepi32_ps(LB), _mm512_set1_ps(f16s(rowB + 34 * k) * dx[k]));
+      accA = _mm512_mask_add_ps(accA, 0x00FF, accA, pA);
+      accB = _mm512_mask_add_ps(accB, 0x00FF, accB, pB);
+    }
+    Y[r] = red16(accA) + 0.0f;
+    Y[r + 1] = red16(accB) + 0.0f;
+  }
+}
 
 /* ================= quantized path: A256 types (Q4_K, Q5_K, Q6_K, IQ4_XS) ================= */
 
@@ -1172,7 +1248,16 @@ void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq_, int64_t c
       }                                                                                             \
   }
 
-DEF_RUN(run_q8_0, a32_row, FLOE_TYPE_Q8_0)
+DEF_RUN(run_q8_0_rows, a32_row, FLOE_TYPE_Q8_0)
+/* Q8_0: one activation row in row pairs by q8_pairs, the rest (nb > 1, an odd last row) by a32_rows */
+static void run_q8_0(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, float *Y,
+                     int64_t ldy, int64_t r0, int64_t r1) {
+  if (nb == 1) {
+    q8_pairs(W, L, r0, r1, xq, Y);
+    r0 += (r1 - r0) & ~(int64_t)1;
+  }
+  run_q8_0_rows(W, L, nb, xq, xs, Y, ldy, r0, r1);
+}
 DEF_RUN(run_q4_0, a32_row, FLOE_TYPE_Q4_0)
 DEF_RUN(run_iq4_nl, a32_row, FLOE_TYPE_IQ4_NL)
 DEF_RUN(run_mxfp4, a32_row, FLOE_TYPE_MXFP4)
