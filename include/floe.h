@@ -194,6 +194,10 @@ void floe_session_stats_reset(floe_session *s);
 void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, uint64_t *misses);
 
 /* ---- generation ---- */
+/* Greedy pick over n logits: the index of the largest, the lowest on ties, NaN never chosen
+ * (0 when none is above -inf); vectorized where the CPU allows. */
+int32_t floe_argmax(const float *logits, size_t n);
+
 typedef struct floe_sampling {
   float temperature; /* <= 0: greedy */
   int32_t top_k;     /* <= 0: off */

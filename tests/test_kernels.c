@@ -312,6 +312,44 @@ static void test_attention_rows(void) {
   CHECK(bad_ref == 0, "references follow their documented order (%d values differ)", bad_ref);
 }
 
+/* kern_argmax: every ISA gives the reference's index (first maximum, NaN never chosen, 0 when
+ * nothing is above -inf) on awkward lengths with ties, NaNs, infinities and signed zeros. */
+static void test_argmax(void) {
+  SECTION("argmax");
+  static const int64_t lens[] = { 1, 2, 15, 16, 17, 31, 33, 100, 1000, 248320 };
+  int bad = 0, runs = 0, bad_ref = 0;
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (int variant = 0; variant < 6; variant++) {
+      const int64_t n = lens[li];
+      float *x = malloc(sizeof(float) * (size_t)n);
+      for (int64_t i = 0; i < n; i++) {
+        const uint64_t u = floe_rng_u64(&rng);
+        x[i] = variant == 1 ? (float)(u % 7) : floe_rng_normal(&rng); /* 1: many ties */
+        if (variant == 2 && u % 5 == 0) x[i] = NAN;
+        if (variant == 3) x[i] = u % 3 ? -INFINITY : NAN;          /* nothing above -inf */
+        if (variant == 4) x[i] = u % 2 ? 0.0f : -0.0f;               /* signed-zero ties */
+        if (variant == 5 && i == n - 1) x[i] = INFINITY;             /* the very last element */
+      }
+      int prev = kern_isa_set(FLOE_ISA_SCALAR);
+      const int64_t ref = kern_argmax(x, n);
+      /* the documented rule, written out */
+      int64_t want = 0;
+      float bv = -INFINITY;
+      for (int64_t i = 0; i < n; i++)
+        if (x[i] > bv) bv = x[i], want = i;
+      bad_ref += ref != want;
+      for (int ii = 1; ii < n_isa; ii++) {
+        kern_isa_set(isas[ii]);
+        bad += kern_argmax(x, n) != ref;
+        runs++;
+      }
+      kern_isa_set(prev);
+      free(x);
+    }
+  CHECK(bad_ref == 0, "argmax reference follows its rule (%d differ)", bad_ref);
+  CHECK(runs > 0 && bad == 0, "argmax: %d of %d ISA runs differ from the reference", bad, runs);
+}
+
 int main(void) {
   floe_rng_seed(&rng, 1234);
   isas[n_isa++] = FLOE_ISA_SCALAR;
@@ -476,6 +514,7 @@ int main(void) {
     printf("  quantized activation rows bit-equal to scalar: %d\n", nq);
   }
   test_attention_rows();
+  test_argmax();
   floe_pool_free(pool);
   return TEST_DONE();
 }

@@ -78,12 +78,7 @@ static double median(double *v, int n) {
   return m;
 }
 
-static int32_t argmax(const float *x, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return (int32_t)b;
-}
+static int32_t argmax(const float *x, int64_t n) { return floe_argmax(x, (size_t)n); }
 
 static void json_str(const char *s) {
   putchar('"');

@@ -32,6 +32,7 @@
 #include "sample/sampler.h"
 #include "tok/tokenizer.h"
 #include "engine/engine_internal.h"
+#include "kernels/cpu/kernels.h"
 
 struct floe_engine {
   model *m;
@@ -291,6 +292,8 @@ int floe_tokenize(const floe_engine *e, const char *text, size_t len, bool parse
 const char *floe_token_piece(const floe_engine *e, int32_t id, size_t *len) { return tok_piece(e->tok, id, len); }
 bool floe_token_is_eog(const floe_engine *e, int32_t id) { return tok_is_eog(e->tok, id); }
 int32_t floe_token_find(const floe_engine *e, const char *text) { return tok_find(e->tok, text); }
+
+int32_t floe_argmax(const float *logits, size_t n) { return n > 0 && n <= INT32_MAX ? (int32_t)kern_argmax(logits, (int64_t)n) : 0; }
 
 int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session **out, char *err, size_t errlen) {
   *out = NULL;

@@ -2,6 +2,7 @@
  * per token, not a full sort: top-k uses quickselect; without top-k, only tokens within a fixed
  * logit margin of the maximum can carry probability mass above float resolution. */
 #include "sample/sampler.h"
+#include "kernels/cpu/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -59,16 +60,7 @@ void sampler_free(sampler *s) {
 }
 
 int32_t sampler_argmax(const float *logits, int32_t n) {
-  int32_t best = 0;
-  float bv = -INFINITY;
-  for (int32_t i = 0; i < n; i++) {
-    float v = logits[i];
-    if (v > bv) { /* NaN compares false: never chosen */
-      bv = v;
-      best = i;
-    }
-  }
-  return best;
+  return (int32_t)kern_argmax(logits, n); /* first maximum, NaN never chosen, 0 if none */
 }
 
 /* Orders candidates by logit descending, then id ascending: a strict total order, so the result

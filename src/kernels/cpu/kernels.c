@@ -649,3 +649,19 @@ void kern_wsum_rows(const float *W, int64_t ldw, int nh, const void *V, int V_bf
   if (kern_isa_get() == FLOE_ISA_AVX512) kern_wsum_rows_avx512(W, ldw, nh, V, V_bf16, ldv, np, n, O, ldo);
   else kern_wsum_rows_ref(W, ldw, nh, V, V_bf16, ldv, np, n, O, ldo);
 }
+
+/* ---- argmax (kernels.h) ---- */
+int64_t kern_argmax_ref(const float *x, int64_t n) {
+  int64_t best = 0;
+  float bv = -INFINITY;
+  for (int64_t i = 0; i < n; i++)
+    if (x[i] > bv) { /* NaN compares false: never chosen */
+      bv = x[i];
+      best = i;
+    }
+  return best;
+}
+
+int64_t kern_argmax(const float *x, int64_t n) {
+  return kern_isa_get() == FLOE_ISA_AVX512 ? kern_argmax_avx512(x, n) : kern_argmax_ref(x, n);
+}

@@ -94,4 +94,7 @@ void kern_dot16_rows(const float *A, int64_t lda, int na, const void *B, int B_b
                      int64_t n, float *out, int64_t ldo);
 void kern_wsum_rows(const float *W, int64_t ldw, int nh, const void *V, int V_bf16, int64_t ldv, int64_t np,
                     int64_t n, float *O, int64_t ldo);
+/* Index of the largest of x[0..n): the first one on ties, NaN never chosen, 0 when nothing is
+ * larger than -inf (greedy sampling). */
+int64_t kern_argmax(const float *x, int64_t n);
 #endif

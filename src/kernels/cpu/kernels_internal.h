@@ -289,6 +289,10 @@ void kern_dot16_rows_ref(const float *A, int64_t lda, int na, const void *B, int
 void kern_wsum_rows_ref(const float *W, int64_t ldw, int nh, const void *V, int V_bf16, int64_t ldv, int64_t np,
                         int64_t n, float *O, int64_t ldo);
 
+/* kernels.h kern_argmax: the sequential reference (kernels.c) and AVX-512 (kernels_misc_avx512.c) */
+int64_t kern_argmax_ref(const float *x, int64_t n);
+int64_t kern_argmax_avx512(const float *x, int64_t n);
+
 /* Pointers of a weight row and its MLX scales/biases. */
 static inline const uint8_t *kw_row(const floe_mat *W, int64_t r) {
   return (const uint8_t *)W->data + (size_t)r * W->row_bytes;
