@@ -3,7 +3,8 @@
 # shape and thread count, membw (1 GiB, best of 3) right before and right after one bench_matvec
 # case; the case's fraction is its GB/s over the mean of the two (this VM's bandwidth moves
 # 28-33 GB/s within a minute, so one membw per round mis-scales cases run far from it).
-#   bench/kern_goal.sh [BUILD_DIR] [ROUNDS] [TYPES]   (default build, 3, q4_K,q8_0,iq4_xs,mlx4_g64_bf16)
+#   [SHAPES="8192x2048 2048x4096"] bench/kern_goal.sh [BUILD_DIR] [ROUNDS] [TYPES]
+#   (default: the expert shapes 512x2048 2048x512, build, 3 rounds, q4_K,q8_0,iq4_xs,mlx4_g64_bf16)
 # Prints one line per case: round type shape threads gbps bw_before bw_after pct; then per case
 # the mean and the minimum over rounds. Holds /tmp/floe-bench.lock while timing.
 set -euo pipefail
@@ -14,7 +15,7 @@ bw() { "$B/bin/membw" 1G 3 | sed -n "s/.*\"threads\":$1,.*\"gbps\":\([0-9.]*\).*
 out=$(mktemp)
 for r in $(seq "$R"); do
   for t in ${TYPES//,/ }; do
-    for s in 512x2048 2048x512; do
+    for s in ${SHAPES:-512x2048 2048x512}; do
       for th in 1 2; do
         line=$(flock /tmp/floe-bench.lock bash -c "
           b0=\$('$B/bin/membw' 1G 3 | sed -n 's/.*\"threads\":$th,.*\"gbps\":\([0-9.]*\).*/\1/p')
