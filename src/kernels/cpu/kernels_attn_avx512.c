@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/cpu/kernels_avx512_util.h"
 #include "kernels/cpu/kernels_internal.h"
 
 static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16, int64_t off) {
@@ -25,23 +26,6 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16
   return _mm512_loadu_ps((const float *)B + off);
 }
 
-/* Lane 4k + m of the result = kred16 of a[4m + k] (m, k < 4). Level by level the pairs summed are
- * kred16's: (i, i+8), then (i, i+4), then (i, i+2), then (0, 1). */
-static inline __attribute__((always_inline)) __m512 tred16(const __m512 *a) {
-  __m512 v[8], w[4], x[2];
-  #pragma GCC unroll 16
-  for (int s = 0; s < 8; s++) /* [a.q0 + a.q2, a.q1 + a.q3, b.q0 + b.q2, b.q1 + b.q3] */
-    v[s] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0xEE));
-  #pragma GCC unroll 16
-  for (int t = 0; t < 4; t++) /* 128-bit lane k of w[t]: accumulator 4t + k's first 4 + last 4 */
-    w[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0x88),
-                         _mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0xDD));
-  #pragma GCC unroll 16
-  for (int u = 0; u < 2; u++) /* per lane: [b0 + b2, b1 + b3] of w[2u], then of w[2u+1] */
-    x[u] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0x44), _mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
-}
 
 /* Cache rows are read 64 B at a time along each row and then jump ldb elements: the hardware
  * prefetchers do not run ahead of that (8 KiB-strided K rows came at ~4 GB/s), so every row is

@@ -209,6 +209,7 @@
 #include <immintrin.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/kernels_avx512_util.h"
 #include "kernels/cpu/kernels_internal.h"
 
 #define NBG 8 /* activation rows sharing one weight decode */
@@ -270,9 +271,6 @@ static inline float red16(__m512 v) {
   return _mm_cvtss_f32(e);
 }
 
-/* bytes >> 4 (the high nibbles): the GF(2) affine map whose matrix moves bits 4-7 to 0-3 */
-static inline __m512i hi_nib(__m512i q) { return _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408000000000ll), 0); }
-
 static inline __m512 lanes_add(__m512 acc, __m512i L, __m512 S) {
   return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(L), S));
 }
@@ -305,21 +303,6 @@ static inline void red2(__m512 a0, __m512 a1, __m512 m, float *y0, float *y1) {
   *y1 = _mm_cvtss_f32(_mm256_extractf128_ps(Y, 1));
 }
 
-/* Lane 4k + m of the result = red16 of a[4m + k] (m, k < 4): the pairs of kred16, level by
- * level, for 16 accumulators at once (15 adds + 30 shuffles instead of 16 horizontal sums). */
-static inline __attribute__((always_inline)) __m512 tred16(const __m512 *a) {
-  __m512 v[8], w[4], x[2];
-#pragma GCC unroll 8
-  for (int s = 0; s < 8; s++)
-    v[s] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0x44), _mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0xEE));
-#pragma GCC unroll 4
-  for (int t = 0; t < 4; t++)
-    w[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0x88), _mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0xDD));
-#pragma GCC unroll 2
-  for (int u = 0; u < 2; u++)
-    x[u] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0x44), _mm512_shuffle_ps(w[2 * u], w[2 * u + 1], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
-}
 
 /* pf_at() as a pointer moved along with the step: step k's target is row + k*step + dist, plus rb
  * from step kc on (the first whose target leaves the own row; kc = -1: from the start), so a row

@@ -37,6 +37,7 @@
 #include <immintrin.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/kernels_avx512_util.h"
 #include "kernels/cpu/kernels_internal.h"
 
 #ifndef NTMAX
@@ -54,9 +55,6 @@ __attribute__((constructor)) static void gemm_from_env(void) {
 int kern_gemm_avx512_supports(const floe_mat *W) {
   return g_gemm_on && (W->type == FLOE_TYPE_Q4_K || W->type == FLOE_TYPE_Q5_K) && W->cols % 256 == 0;
 }
-
-/* bytes >> 4 with one GF(2) affine map (bits 4-7 to 0-3) */
-static inline __m512i hi_nib(__m512i q) { return _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408000000000ll), 0); }
 
 /* A zero register made by a zeroing idiom (no execution port). Without it GCC hoists one zero and
  * copies it (vmovdqa32, a port 0/5 uop) before every vpdpbusd chain. */
