@@ -1231,16 +1231,19 @@ void kern_act_mlx_avx512(const floe_mat *W, const float *x, void *xq_, int64_t c
       }                                                                                             \
   }
 
-DEF_RUN(run_q8_0_rows, a32_row, FLOE_TYPE_Q8_0)
-/* Q8_0: one activation row in row pairs by q8_pairs, the rest (nb > 1, an odd last row) by a32_rows */
-static void run_q8_0(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, float *Y,
-                     int64_t ldy, int64_t r0, int64_t r1) {
-  if (nb == 1) {
-    q8_pairs(W, L, r0, r1, xq, Y);
-    r0 += (r1 - r0) & ~(int64_t)1;
+/* One activation row: row pairs by pairs_fn, the rest (nb > 1, an odd last row) by rows_fn. */
+#define DEF_RUN_PAIRS(name, pairs_fn, rows_fn)                                                    \
+  static void name(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, \
+                   float *Y, int64_t ldy, int64_t r0, int64_t r1) {                                 \
+    if (nb == 1) {                                                                                  \
+      pairs_fn(W, L, r0, r1, xq, Y);                                                                \
+      r0 += (r1 - r0) & ~(int64_t)1;                                                                \
+    }                                                                                               \
+    rows_fn(W, L, nb, xq, xs, Y, ldy, r0, r1);                                                      \
   }
-  run_q8_0_rows(W, L, nb, xq, xs, Y, ldy, r0, r1);
-}
+
+DEF_RUN(run_q8_0_rows, a32_row, FLOE_TYPE_Q8_0)
+DEF_RUN_PAIRS(run_q8_0, q8_pairs, run_q8_0_rows)
 DEF_RUN(run_q4_0, a32_row, FLOE_TYPE_Q4_0)
 DEF_RUN(run_iq4_nl, a32_row, FLOE_TYPE_IQ4_NL)
 DEF_RUN(run_mxfp4, a32_row, FLOE_TYPE_MXFP4)
@@ -1248,15 +1251,7 @@ DEF_RUN_K4(run_q4_k, FLOE_TYPE_Q4_K)
 DEF_RUN_K4(run_q5_k, FLOE_TYPE_Q5_K)
 DEF_RUN(run_q6_k, a256_row, FLOE_TYPE_Q6_K)
 DEF_RUN(run_iq4_xs_rows, a256_row, FLOE_TYPE_IQ4_XS)
-/* IQ4_XS: one activation row in row pairs by iq4xs_pair, the rest (nb > 1, an odd last row) by a256_rows */
-static void run_iq4_xs(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, float *Y,
-                       int64_t ldy, int64_t r0, int64_t r1) {
-  if (nb == 1) {
-    iq4xs_pairs(W, L, r0, r1, xq, Y);
-    r0 += (r1 - r0) & ~(int64_t)1;
-  }
-  run_iq4_xs_rows(W, L, nb, xq, xs, Y, ldy, r0, r1);
-}
+DEF_RUN_PAIRS(run_iq4_xs, iq4xs_pairs, run_iq4_xs_rows)
 DEF_RUN(run_mlx4, mlx_row, 4)
 DEF_RUN(run_mlx8, mlx_row, 8)
 
