@@ -371,8 +371,8 @@ typedef struct attn_job {
 /* One (token t, kv head kh, query heads [h0, h1) of its group). Scores: kern_dot16_rows (16
  * FMA lanes and the fixed reduction; a sequential FMA sum when hd % 16 != 0), times the scale;
  * the softmax with vexpf and a 16-lane sum; the output: kern_wsum_rows, fma(w_p, v_p, o) in
- * position order. The arithmetic of a head does not depend on which other heads share its unit, so the
- * split of the group over threads (layer_attention) never changes a value. */
+ * position order. The arithmetic of a head does not depend on which other heads share its unit,
+ * so the split of the group over threads (layer_attention) never changes a value. */
 static inline __attribute__((always_inline)) void attn_one(const attn_job *j, int64_t t, int64_t kh, int64_t h0,
                                                            int64_t h1, float *scr) {
   model_session *s = j->s;
@@ -659,8 +659,14 @@ typedef struct glu_job {
   size_t sr, ss;
 } glu_job;
 
-/* SiLU-GLU of every gathered row, then its quantization for the down matmul. */
-VEC_FN static void glu_worker(void *ctx, int ith, int nth) {
+/* One row's SiLU-GLU into g, then (D set) its quantization into q for the down matmul. */
+VEC_FN static void glu_row(float *g, const float *u, int64_t I, const floe_mat *D, uint8_t *q) {
+  for (int64_t i = 0; i < I; i++) g[i] = siluf(g[i]) * u[i];
+  if (D) kern_act_quantize(D, g, q);
+}
+
+/* glu_row of every gathered row. */
+static void glu_worker(void *ctx, int ith, int nth) {
   const glu_job *j = ctx;
   int64_t r0, r1;
   floe_split_range(j->nA + j->nS, 1, ith, nth, &r0, &r1);
@@ -669,9 +675,7 @@ VEC_FN static void glu_worker(void *ctx, int ith, int nth) {
     const int64_t i0 = sh ? r - j->nA : (j->ridx ? j->ridx[r] : r), I = sh ? j->Is : j->I;
     float *g = (sh ? j->gs : j->gr) + i0 * I;
     const float *u = (sh ? j->us : j->ur) + i0 * I;
-    for (int64_t i = 0; i < I; i++) g[i] = siluf(g[i]) * u[i];
-    const floe_mat *D = sh ? j->ds : j->dr;
-    if (D) kern_act_quantize(D, g, (sh ? j->qs : j->qr) + (size_t)i0 * (sh ? j->ss : j->sr));
+    glu_row(g, u, I, sh ? j->ds : j->dr, (sh ? j->qs : j->qr) + (size_t)i0 * (sh ? j->ss : j->sr));
   }
 }
 
@@ -821,10 +825,10 @@ static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const 
  * One token (n = 1), resident experts: the threads take whole experts (gate, up, SiLU-GLU, the
  * quantization of the down input, down) from a shared counter, then the shared expert's down in
  * two row halves, all in one pool run. The three matrices of an expert stream back to back on one
- * core with no barrier between them; the general path needs three runs (gate|up, GLU, down), and
- * each run's start and end cost 20-40 us of idle bandwidth on these 0.3-5 MB regions
- * (bench/results.tsv 2026-11-30). Each output row is computed by the same kernel call as in the
- * general path (kern_matmul_batch, one activation row), so the values are the same bits. */
+ * core with no barrier between them; the general path needs three runs (gate|up, GLU, down).
+ * Measured neutral within noise (bench/results.tsv 2026-11-30): kept for the two fewer pool runs
+ * per layer. Each output row is computed by the same kernel call as in the general path
+ * (kern_matmul_batch, one activation row) and the same glu_row, so the values are the same bits. */
 typedef struct xd_job {
   model_session *s;
   const model_layer *L;
@@ -860,9 +864,8 @@ static void xd_worker(void *ctx, int ith, int nth) {
     mm_task tu = task(&L->exp_up[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, up, I);
     task_rows(&tg, 0, I);
     task_rows(&tu, 0, I);
-    for (int64_t i = 0; i < I; i++) g[i] = siluf(g[i]) * up[i];
     uint8_t *qd = j->sr ? s->xq_d + (size_t)u * j->sr : NULL;
-    if (qd) kern_act_quantize(j->lay_d, g, qd);
+    glu_row(g, up, I, qd ? j->lay_d : NULL, qd);
     mm_task td = task(&L->exp_down[e], 1, g, I, j->lay_d, qd, j->sr, s->contrib + u * E, E);
     task_rows(&td, 0, E);
   }
