@@ -25,7 +25,6 @@ int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, ch
   kv->kv_type = kv_type;
   kv->n_ctx = n_ctx;
   kv->n_layer = hp->n_layer;
-  kv->kv_dim = hp->n_head_kv * hp->head_dim;
   kv->n_head_kv = hp->n_head_kv;
   kv->head_dim = hp->head_dim;
   kv->ssm_n = hp->ssm_dt_rank;
@@ -37,7 +36,8 @@ int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, ch
   for (int64_t l = 0; l < hp->n_layer; l++) {
     uint64_t n;
     if (!hp->recurrent[l]) {
-      if (!floe_mul_ok((uint64_t)n_ctx, (uint64_t)kv->kv_dim, &n) || !floe_mul_ok(n, esz, &n)) goto overflow;
+      if (!floe_mul_ok((uint64_t)n_ctx, (uint64_t)(hp->n_head_kv * hp->head_dim), &n) || !floe_mul_ok(n, esz, &n))
+        goto overflow;
       kv->k[l] = zalloc(n, &kv->bytes);
       kv->v[l] = zalloc(n, &kv->bytes);
       if (!kv->k[l] || !kv->v[l]) goto nomem;

@@ -31,7 +31,6 @@ typedef struct kv_state {
   int kv_type;          /* enum kv_type */
   int64_t n_ctx;        /* positions the attention cache holds */
   int64_t n_layer;
-  int64_t kv_dim;       /* n_head_kv * head_dim */
   int64_t n_head_kv, head_dim;
   int64_t ssm_n, ssm_dk, ssm_dv; /* Nv, dk, dv */
   int64_t conv_k, conv_c;        /* kernel K, channels C */
@@ -62,7 +61,8 @@ int kv_ckpt_save(const kv_state *kv, kv_ckpt *c);
 void kv_ckpt_restore(kv_state *kv, const kv_ckpt *c);
 void kv_ckpt_free(kv_ckpt *c);
 
-/* Store one position's K and V rows (kv_dim floats each, heads in order) of attention layer l. */
+/* Store one position's K and V rows (n_head_kv * head_dim floats each, heads in order) of
+ * attention layer l. */
 void kv_put(const kv_state *kv, int64_t l, int64_t pos, const float *krow, const float *vrow);
 /* Head kh's [n_ctx][head_dim] rows of layer l's K (v false) or V cache (float or bfloat16). */
 const void *kv_head_rows(const kv_state *kv, int64_t l, bool v, int64_t kh);
