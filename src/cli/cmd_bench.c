@@ -78,8 +78,6 @@ static double median(double *v, int n) {
   return m;
 }
 
-static int32_t argmax(const float *x, int64_t n) { return floe_argmax(x, (size_t)n); }
-
 static void json_str(const char *s) {
   putchar('"');
   for (; *s; s++) {
@@ -225,7 +223,7 @@ int cmd_bench(int argc, char **argv) {
         cli_fail("%s", err);
         goto done;
       }
-      int32_t tok = depth > 0 ? argmax(logits, info.n_vocab) : ids[0];
+      int32_t tok = depth > 0 ? floe_argmax(logits, (size_t)info.n_vocab) : ids[0];
       floe_session_stats_reset(s);
       double a = now_s(), wa = a;
       floe_session_stats w0;
@@ -235,7 +233,7 @@ int cmd_bench(int argc, char **argv) {
           cli_fail("%s", err);
           goto done;
         }
-        tok = argmax(logits, info.n_vocab);
+        tok = floe_argmax(logits, (size_t)info.n_vocab);
         if (window > 0 && r == 0 && (i + 1) % window == 0) {
           const double wb = now_s();
           floe_session_stats w1;
