@@ -724,6 +724,18 @@ static inline __attribute__((always_inline)) __m512i k4_sb(const int T, const in
   return _mm512_add_epi32(_mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* The four k4_sb results of a group (slot i = q[i], scales in lane i of each quarter of scv) to
+ * t = (float)S1 * (d*dx) - (float)S2 * (dmin*dx): [row A slots 0-3 | row B slots 0-3]. */
+static inline __attribute__((always_inline)) __m256 k4_t(const __m512i *q, __m512 scv) {
+  const __m512i r01 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[0], q[1]), _mm512_unpackhi_epi64(q[0], q[1]));
+  const __m512i r23 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2], q[3]), _mm512_unpackhi_epi64(q[2], q[3]));
+  const __m512 f01 = _mm512_castsi512_ps(r01), f23 = _mm512_castsi512_ps(r23);
+  const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0))),
+                                     _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))));
+  const __m512 Pr = _mm512_mul_ps(_mm512_cvtepi32_ps(Z), scv);
+  return _mm256_sub_ps(_mm512_castps512_ps256(Pr), _mm512_extractf32x8_ps(Pr, 1));
+}
+
 /* Superblocks g .. g+NI-1 (NI <= 4, a compile-time constant: no per-superblock bounds test) into
  * the slot accumulators. */
 static inline __attribute__((always_inline)) void k4_grp(const int T, const int RR, const int NI, const floe_mat *W,
@@ -743,14 +755,7 @@ static inline __attribute__((always_inline)) void k4_grp(const int T, const int 
     else
       q[i] = _mm512_setzero_si512(); /* padding: t = 0 * 0 - 0 * 0 = +0 */
   }
-  const __m512i r01 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[0], q[1]), _mm512_unpackhi_epi64(q[0], q[1]));
-  const __m512i r23 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2], q[3]), _mm512_unpackhi_epi64(q[2], q[3]));
-  const __m512 f01 = _mm512_castsi512_ps(r01), f23 = _mm512_castsi512_ps(r23);
-  const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0))),
-                                     _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))));
-  const __m512 Pr = _mm512_mul_ps(_mm512_cvtepi32_ps(Z), scv);
-  const __m256 t = _mm256_sub_ps(_mm512_castps512_ps256(Pr), _mm512_extractf32x8_ps(Pr, 1));
-  acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], t);
+  acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], k4_t(q, scv));
 }
 
 static inline __attribute__((always_inline)) void k4_rows(const int T, const int RR, const floe_mat *W, const kact_layout *L,
@@ -793,14 +798,8 @@ static inline __attribute__((always_inline)) void k4_two(const int T, const floe
   q[1] = k4_sb(T, 2, W, p0 + bytes, p0 + rb + bytes, xq + 256, bsv + 16, dxv[1], 1, p0, bytes, &scv);
   q[2] = k4_sb(T, 2, W, p1, p1 + rb, xq, bsv, dxv[0], 2, p1, 0, &scv);
   q[3] = k4_sb(T, 2, W, p1 + bytes, p1 + rb + bytes, xq + 256, bsv + 16, dxv[1], 3, p1, bytes, &scv);
-  const __m512i r01 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[0], q[1]), _mm512_unpackhi_epi64(q[0], q[1]));
-  const __m512i r23 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2], q[3]), _mm512_unpackhi_epi64(q[2], q[3]));
-  const __m512 f01 = _mm512_castsi512_ps(r01), f23 = _mm512_castsi512_ps(r23);
-  const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0))),
-                                     _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))));
-  const __m512 Pr = _mm512_mul_ps(_mm512_cvtepi32_ps(Z), scv);
   /* t = [r: sb0 sb1, r+2: sb0 sb1 | r+1: sb0 sb1, r+3: sb0 sb1]; u = 0 + t, y = u[2i] + u[2i+1] */
-  const __m256 u = _mm256_add_ps(_mm256_setzero_ps(), _mm256_sub_ps(_mm512_castps512_ps256(Pr), _mm512_extractf32x8_ps(Pr, 1)));
+  const __m256 u = _mm256_add_ps(_mm256_setzero_ps(), k4_t(q, scv));
   const __m256 v = _mm256_add_ps(u, _mm256_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
   y[0] = _mm256_cvtss_f32(v);
   y[2] = _mm_cvtss_f32(_mm_movehl_ps(_mm256_castps256_ps128(v), _mm256_castps256_ps128(v)));
