@@ -27,9 +27,10 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16
 }
 
 
-/* Cache rows are read 64 B at a time along each row and then jump ldb elements: the hardware
- * prefetchers do not run ahead of that (8 KiB-strided K rows came at ~4 GB/s), so every row is
- * prefetched QK_PF_ROWS rows (PV: PV_PF_ROWS positions) before its use. */
+/* Every cache row is prefetched QK_PF_ROWS rows (PV: PV_PF_ROWS positions) before its use. With
+ * the position-major cache of the time (rows ldb apart, half of each read) the kernels without it
+ * got K/V at ~4-6 GB/s; with the head-major cache (contiguous rows) distances of 8-64 rows measured
+ * the same (bench/results.tsv 2026-11-30). */
 #define QK_PF_ROWS 16
 #define PV_PF_ROWS 16
 #define PV_BLK 64 /* positions per pass over the column blocks */
