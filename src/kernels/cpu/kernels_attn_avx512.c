@@ -27,10 +27,10 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16
 }
 
 
-/* Every cache row is prefetched QK_PF_ROWS rows (PV: PV_PF_ROWS positions) before its use. With
- * the position-major cache of the time (rows ldb apart, half of each read) the kernels without it
- * got K/V at ~4-6 GB/s; with the head-major cache (contiguous rows) distances of 8-64 rows measured
- * the same (bench/results.tsv 2026-11-30). */
+/* Every cache row is prefetched QK_PF_ROWS rows (PV: PV_PF_ROWS positions) before its use.
+ * Measured with the position-major cache of the time (rows ldb apart, half of each read): without
+ * it K/V came at ~4-6 GB/s, and distances of 8-64 rows were all the same. Not re-measured since
+ * the cache became head-major (contiguous rows, which the hardware prefetchers follow too). */
 #define QK_PF_ROWS 16
 #define PV_PF_ROWS 16
 #define PV_BLK 64 /* positions per pass over the column blocks */
