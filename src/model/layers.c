@@ -305,7 +305,7 @@ void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *
  * Below -87.3 it is 0, above 88 it is exp(88) (2^n stays a normal float); NaN stays NaN. Every clone of a VEC_FN loop and every
  * caller (decode or prefill) computes the same bits: only +, -, *, a magic-constant rounding and
  * integer exponent bits, with FMA contraction off. Used by the attention softmax and every
- * sigmoid / SiLU; the router's softmax keeps libm (256 values per token). */
+ * sigmoid / SiLU and the router's softmax. */
 static inline __attribute__((always_inline)) float vexpf(float x) {
   const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
   const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
@@ -326,10 +326,34 @@ static inline float sigmoidf(float x) { return 1.0f / (1.0f + vexpf(-x)); }
 static inline float siluf(float x) { return x / (1.0f + vexpf(-x)); }
 static inline float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch threshold 20 */
 
+/* sum of x[i]^2 in a fixed order that vectorizes: lane k (of 16) sums x[k], x[k+16], ... in
+ * order, the tail included, then the lanes fold in halves (8, 4, 2, 1). A sequential sum is a
+ * chain of n dependent adds (~3.5 us for the 2048-wide norms, on the serial path between
+ * regions); every clone and every caller (decode, prefill) gets the same bits from this order. */
+static inline __attribute__((always_inline)) float sumsq16(const float *x, int64_t n) {
+  float acc[16] = { 0 };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; k++) acc[k] += x[i + k] * x[i + k];
+  for (int k = 0; i + k < n; k++) acc[k] += x[i + k] * x[i + k];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+/* x[i] += y[i] */
+VEC_FN static void vadd(float *x, const float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* y[i] += c[i] * w */
+VEC_FN static void vaxpy(float *y, const float *c, float w, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] += c[i] * w;
+}
+
 /* HF: x * rsqrt(mean(x^2) + eps), then times the weight (1+w folded in for zero-centred norms). */
-void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y) {
-  float ss = 0.0f;
-  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+VEC_FN void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y) {
+  const float ss = sumsq16(x, n);
   float r = 1.0f / sqrtf(ss / (float)n + eps);
   for (int64_t i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
 }
@@ -477,7 +501,7 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
   else attn_worker(&aj, 0, 1);
 
   layer_matmul(s, &L->wo, n, s->att, nh * hd, s->out, E);
-  for (int64_t i = 0; i < n * E; i++) x[i] += s->out[i];
+  vadd(x, s->out, n * E);
   s->ph[MODEL_PH_ATTN] += floe_time_s() - t0;
 }
 
@@ -512,8 +536,8 @@ VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
     for (int64_t q = 0; q + 1 < K - 1; q++) memcpy(conv + q * C + c0, conv + (q + 1) * C + c0, (size_t)(c1 - c0) * 4);
     memcpy(conv + (K - 2) * C + c0, mix + c0, (size_t)(c1 - c0) * 4);
     for (int64_t h0 = c0; h0 < c1 && h0 < 2 * kd; h0 += dk) { /* q heads, then k heads */
-      float *v = c + h0, ss = 0.0f;
-      for (int64_t i = 0; i < dk; i++) ss += v[i] * v[i];
+      float *v = c + h0;
+      const float ss = sumsq16(v, dk);
       const float rn = 1.0f / sqrtf(ss + 1e-6f);
       if (h0 < kd)
         for (int64_t i = 0; i < dk; i++) v[i] = (v[i] * rn) * qscale;
@@ -548,10 +572,19 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
       const float beta = sigmoidf(bt[hv]);
       const float decay = expf(L->ssm_a[hv] * softplusf(at[hv] + L->dt_bias[hv]));
       float *S = s->kv.ssm[j->l] + hv * dk * dv, *oh = o + hv * dv;
+      /* the next head's state (64 KiB for dk = dv = 128) is fetched into L2 while this head runs,
+       * spread evenly over both passes (half a row's worth per row of each pass), so the memory
+       * pipe stays busy: its first half during the first pass, the rest during the second
+       * (microbenchmark of this loop, 16 cold heads a thread, 2 threads: 94 -> 82 us; all of it
+       * during the second pass, which works from cache, as before: 94; no prefetch: 100) */
+      const float *Sn = hv + 1 < h1 ? S + dk * dv : NULL;
+      const int64_t hpf = dv / 2;
       for (int64_t jj = 0; jj < dv; jj++) kv[jj] = 0.0f;
       for (int64_t i = 0; i < dk; i++) {
         float *Si = S + i * dv;
         const float ki = kk[i];
+        if (Sn)
+          for (int64_t jj = 0; jj < hpf; jj += 16) __builtin_prefetch(Sn + i * hpf + jj, 0, 2);
         for (int64_t jj = 0; jj < dv; jj++) {
           Si[jj] *= decay;
           kv[jj] += Si[jj] * ki;
@@ -559,23 +592,18 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
       }
       for (int64_t jj = 0; jj < dv; jj++) kv[jj] = (vv[jj] - kv[jj]) * beta; /* delta */
       for (int64_t jj = 0; jj < dv; jj++) oh[jj] = 0.0f;
-      /* the next head's state (64 KiB for dk = dv = 128) is fetched into L2 during this second
-       * pass, which works from cache, so the next first pass finds part of it there (decode,
-       * 8 alternated rounds: GDN phase -0.16 ms/token, bench/results.tsv) */
-      const float *Sn = hv + 1 < h1 ? S + dk * dv : NULL;
       for (int64_t i = 0; i < dk; i++) {
         float *Si = S + i * dv;
         const float ki = kk[i], qi = qq[i];
         if (Sn)
-          for (int64_t jj = 0; jj < dv; jj += 16) __builtin_prefetch(Sn + i * dv + jj, 0, 2);
+          for (int64_t jj = 0; jj < hpf; jj += 16) __builtin_prefetch(Sn + (dk + i) * hpf + jj, 0, 2);
         for (int64_t jj = 0; jj < dv; jj++) {
           Si[jj] += ki * kv[jj];
           oh[jj] += Si[jj] * qi;
         }
       }
       /* gated RMSNorm per value head: (w * (o * rsqrt(mean(o^2)+eps))) * silu(z) */
-      float ss = 0.0f;
-      for (int64_t jj = 0; jj < dv; jj++) ss += oh[jj] * oh[jj];
+      const float ss = sumsq16(oh, dv);
       const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
       const float *zh = zt + hv * dv;
       for (int64_t jj = 0; jj < dv; jj++) oh[jj] = (L->ssm_norm[jj] * (oh[jj] * rr)) * siluf(zh[jj]);
@@ -644,7 +672,7 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   else gdn_heads_worker(&j, 0, 1);
 
   layer_matmul(s, &L->ssm_out, n, s->o, vd, s->out, E);
-  for (int64_t i = 0; i < n * E; i++) x[i] += s->out[i];
+  vadd(x, s->out, n * E);
   s->ph[MODEL_PH_GDN] += floe_time_s() - t0;
 }
 
@@ -658,6 +686,27 @@ typedef struct glu_job {
   uint8_t *qr, *qs;
   size_t sr, ss;
 } glu_job;
+
+/* p = softmax(p) in float: max, exp(p - max) by vexpf, the sum in 16 lanes folded in halves (the
+ * order of sumsq16), each divided by the sum. Vectorized: with libm's expf and sequential sums
+ * the 256-expert router took ~3 us a layer on the serial path. */
+VEC_FN static void router_softmax(float *p, int64_t n) {
+  float mx = -INFINITY, acc[16] = { 0 };
+  for (int64_t e = 0; e < n; e++) mx = p[e] > mx ? p[e] : mx;
+  int64_t e = 0;
+  for (; e + 16 <= n; e += 16)
+    for (int k = 0; k < 16; k++) {
+      p[e + k] = vexpf(p[e + k] - mx);
+      acc[k] += p[e + k];
+    }
+  for (int k = 0; e + k < n; k++) {
+    p[e + k] = vexpf(p[e + k] - mx);
+    acc[k] += p[e + k];
+  }
+  for (int w = 8; w >= 1; w /= 2)
+    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+  for (e = 0; e < n; e++) p[e] /= acc[0];
+}
 
 /* One row's SiLU-GLU into g, then (D set) its quantization into q for the down matmul. */
 VEC_FN static void glu_row(float *g, const float *u, int64_t I, const floe_mat *D, uint8_t *q) {
@@ -907,13 +956,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
    * the order HF's eager experts loop adds them in. */
   for (int64_t t = 0; t < n; t++) {
     float *p = s->rlog + t * NE;
-    float mx = -INFINITY, sum = 0.0f;
-    for (int64_t e = 0; e < NE; e++) mx = p[e] > mx ? p[e] : mx;
-    for (int64_t e = 0; e < NE; e++) {
-      p[e] = expf(p[e] - mx);
-      sum += p[e];
-    }
-    for (int64_t e = 0; e < NE; e++) p[e] /= sum;
+    router_softmax(p, NE);
     int32_t *sel = s->sel + t * K;
     float *w = s->selw + t * K;
     /* the K largest, by descending probability, ties to the lower index: one pass keeping them
@@ -958,8 +1001,10 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   /* the gathered float rows are read only by the float path: not when both gate and up take the
    * quantized rows (resident experts; the streamed path keeps them) */
   bool need_f = !xq_e || m->xs;
-  for (int64_t e = 0; e < NE && !need_f; e++)
+  for (int64_t i = 0; i < n * K && !need_f; i++) { /* the selected experts (all 256 took ~3 us a layer) */
+    const int32_t e = s->sel[i];
     need_f = !same_act(&L->exp_gate[e], lay_e) || !same_act(&L->exp_up[e], lay_e);
+  }
   for (int64_t e = 0; e < NE; e++) cnt[e] = 0;
   for (int64_t t = 0; t < n; t++)
     for (int64_t jj = 0; jj < K; jj++) {
@@ -1020,17 +1065,11 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   for (int64_t t = 0; t < n; t++) {
     float *y = s->y + t * E;
     memset(y, 0, (size_t)E * 4);
-    for (int64_t jj = 0; jj < K; jj++) {
-      const float w = s->selw[t * K + jj];
-      const float *c = s->contrib + (int64_t)aidx[t * K + jj] * E;
-      for (int64_t d = 0; d < E; d++) y[d] += c[d] * w;
-    }
-    if (Is > 0) {
-      const float g = sigmoidf(s->shg[t]);
-      for (int64_t d = 0; d < E; d++) y[d] += g * s->eout[t * E + d];
-    }
+    for (int64_t jj = 0; jj < K; jj++)
+      vaxpy(y, s->contrib + (int64_t)aidx[t * K + jj] * E, s->selw[t * K + jj], E);
+    if (Is > 0) vaxpy(y, s->eout + t * E, sigmoidf(s->shg[t]), E);
   }
-  for (int64_t i = 0; i < n * E; i++) x[i] += s->y[i];
+  vadd(x, s->y, n * E);
   s->ph[MODEL_PH_EXPERTS] += floe_time_s() - t1;
 }
 
