@@ -201,17 +201,25 @@ static void mm_range(const mm_list *L, int64_t lo, int64_t hi) {
 /* Thread ith first takes the units whose starting cost lies in its share of [0, split), then
  * chunks of the rest from a shared counter until none is left: a thread slowed by the OS or by
  * slower rows (float weights read fewer bytes per second than Q4_K) no longer holds the others at
- * the barrier. Which thread computes a row never changes its value. */
+ * the barrier. The chunks shrink as the rest does (guided: a 1/(2*nth) share of what is left,
+ * at least L->chunk), so the last one, the most a thread can still wait for at the end, is small
+ * even for the 286 MB output matrix (fixed chunks there were 3.6 MB, ~240 us of one thread).
+ * Which thread computes a row never changes its value. */
 static void mm_list_worker(void *ctx, int ith, int nth) {
   mm_list *L = ctx;
   const int64_t S = L->split;
   const int64_t lo = S / nth * ith + S % nth * ith / nth;
   const int64_t hi = ith == nth - 1 ? S : S / nth * (ith + 1) + S % nth * (ith + 1) / nth;
   mm_range(L, lo, hi);
-  for (;;) {
-    const int64_t c = __atomic_fetch_add(&L->next, L->chunk, __ATOMIC_RELAXED);
-    if (c >= L->total) break;
-    mm_range(L, c, c + L->chunk < L->total ? c + L->chunk : L->total);
+  int64_t c = __atomic_load_n(&L->next, __ATOMIC_RELAXED);
+  while (c < L->total) {
+    int64_t n = (L->total - c) / (2 * nth);
+    if (n < L->chunk) n = L->chunk;
+    const int64_t e = c + n < L->total ? c + n : L->total;
+    if (__atomic_compare_exchange_n(&L->next, &c, e, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      mm_range(L, c, e);
+      c = e;
+    } /* else c holds the counter's current value: retry from there */
   }
 }
 
@@ -225,11 +233,9 @@ static void mm_run(model_session *s, const mm_task *t, int n) {
     }
   if (L.total == 0) return;
   const int nth = s->pool ? floe_pool_size(s->pool) : 1;
-  /* the last fifth in about 8*nth chunks, each at least ~64 KB of weights at one row (a chunk
-   * is the most one thread can still wait for at the end) */
+  /* the last fifth in guided chunks (mm_list_worker) of at least ~64 KB of weights at one row */
   L.split = L.total - L.total / 5;
-  L.chunk = (L.total - L.split) / (8 * nth) + 1;
-  if (L.chunk < 65536) L.chunk = 65536;
+  L.chunk = 65536;
   L.next = L.split;
   if (nth > 1 && rows >= 64) layer_run(s, mm_list_worker, &L);
   else
