@@ -19,14 +19,16 @@ fi
 # This VM's memory bandwidth moves 28-33 GB/s from one minute to the next (other guests): membw
 # runs right before and right after each bench, and the summary gives the decode fraction
 # against both and their mean (the JSON's roofline_frac uses the "before" figure).
-bw2() { "$B/bin/membw" 2G 3 | sed -n 's/.*"threads":2,.*"gbps":\([0-9.]*\).*/\1/p'; }
+bw2() { "$B/bin/membw" 2G 3 > /tmp/floe-membw.$$; sed -n 's/.*"threads":2,.*"gbps":\([0-9.]*\).*/\1/p' /tmp/floe-membw.$$; }
+lat() { sed -n 's/.*"memlat".*"ns":\([0-9.]*\).*/\1/p' /tmp/floe-membw.$$; }
 run() { # depth, then floe bench args
   d=$1; shift
   echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
-  b0=$(bw2)
+  b0=$(bw2); l0=$(lat)
   js=$("$FLOE" bench -m "$M" -t "$T" -d "$d" --bw "$b0" --json "$@")
-  b1=$(bw2)
+  b1=$(bw2); l1=$(lat)
   echo "$js"
+  echo "memory latency before ${l0} ns, after ${l1} ns (decode follows it: the streams are latency-bound per core)"
   echo "$js" | awk -v b0="$b0" -v b1="$b1" -v d="$d" '{
     match($0, /"decode_tok_s":[0-9.]+/); tps = substr($0, RSTART + 15, RLENGTH - 15) + 0
     match($0, /"weight_bytes_per_token":[0-9]+/); wb = substr($0, RSTART + 25, RLENGTH - 25) + 0
@@ -37,3 +39,4 @@ run() { # depth, then floe bench args
 run 0 -p 512 -n 64 -r 3
 run 2048 -p 0 -n 64 -r 3
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
+rm -f /tmp/floe-membw.$$
