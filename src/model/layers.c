@@ -21,6 +21,7 @@
  * layer_decode_bytes(); the weights read per token are ~0.56 GB, half of them the output matrix. */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -683,6 +684,8 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
 }
 
 /* ---- MoE ---- */
+#define XD_MAX_K 64   /* decode experts split into GLU and down units up to this top-k */
+#define XD_SH_PARTS 4 /* row ranges of the shared expert's down in decode */
 typedef struct glu_job {
   model_session *s;
   int64_t nA, nS, I, Is;  /* routed rows (stride I), shared rows (stride Is) */
@@ -876,14 +879,13 @@ static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const 
   return 0;
 }
 
-/* ---- decode: whole experts per thread ----
- * One token (n = 1), resident experts: the threads take whole experts (gate, up, SiLU-GLU, the
- * quantization of the down input, down) from a shared counter, then the shared expert's down in
- * two row halves, all in one pool run. The three matrices of an expert stream back to back on one
- * core with no barrier between them; the general path needs three runs (gate|up, GLU, down).
- * Measured neutral within noise (bench/results.tsv 2026-11-30): kept for the two fewer pool runs
- * per layer. Each output row is computed by the same kernel call as in the general path
- * (kern_matmul_batch, one activation row) and the same glu_row, so the values are the same bits. */
+/* ---- decode: every expert in one run ----
+ * One token (n = 1), resident experts: the threads take units from a shared counter (xd_worker:
+ * each selected expert's gate, up, SiLU-GLU and the quantization of the down input; then the
+ * downs; then the shared expert's down in parts), all in one pool run; the general path needs
+ * three runs (gate|up, GLU, down). Each output row is computed by the same kernel call as in the
+ * general path (kern_matmul_batch, one activation row) and the same glu_row, so the values are
+ * the same bits. */
 typedef struct xd_job {
   model_session *s;
   const model_layer *L;
@@ -894,34 +896,54 @@ typedef struct xd_job {
   float *gs;             /* shared expert's GLU output (its down input) */
   const uint8_t *qs;     /* its quantized rows */
   size_t ss;
-  int next;              /* next unit (atomic): experts 0..K-1, then the shared down halves */
+  int next;              /* next unit (atomic), see xd_worker */
+  int ready[XD_MAX_K];   /* expert slot u's down input is written (atomic) */
 } xd_job;
 
+/* Units, taken in order from j->next: [0, K) gate, up and GLU of selected expert u; [K, 2K) the
+ * down matrix of expert u - K, once its GLU is ready (another thread may still be writing it);
+ * then the shared expert's down in XD_SH_PARTS row ranges. Whole experts as units left the
+ * threads ~24 us apart at the end of the region on average (1.8 MB units, the last one decides);
+ * the tail is now made of 0.6 MB downs and 0.15 MB shared parts. Which thread runs a unit never
+ * changes a value. K > XD_MAX_K: gate, up and down as one unit, as before. */
 static void xd_worker(void *ctx, int ith, int nth) {
   (void)ith, (void)nth;
   xd_job *j = ctx;
   model_session *s = j->s;
   const model_layer *L = j->L;
   const int64_t K = j->K, I = j->I, E = j->E;
-  const int units = (int)K + (j->Is > 0 ? 2 : 0);
+  const bool split = K <= XD_MAX_K;
+  const int nr = split ? 2 * (int)K : (int)K, units = nr + (j->Is > 0 ? XD_SH_PARTS : 0);
   for (;;) {
     const int u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
     if (u >= units) break;
-    if (u >= K) { /* shared expert down, rows [h * E/2, (h + 1) * E/2) (16-row aligned halves) */
-      const int64_t half = (E / 2 + 15) / 16 * 16, r0 = u == K ? 0 : half, r1 = u == K ? half : E;
+    if (u >= nr) { /* shared expert down: part p of XD_SH_PARTS 16-row aligned ranges */
+      const int p = u - nr;
+      const int64_t r0 = (E * p / XD_SH_PARTS + 15) / 16 * 16, r1 = p == XD_SH_PARTS - 1 ? E : (E * (p + 1) / XD_SH_PARTS + 15) / 16 * 16;
       mm_task t = task(&L->sh_down, 1, j->gs, j->Is, &L->sh_down, j->ss ? j->qs : NULL, j->ss, s->eout, E);
-      if (r1 > r0) task_rows(&t, r0, r1);
+      if (r1 > r0) task_rows(&t, r0, r1 < E ? r1 : E);
       continue;
     }
-    const int32_t e = s->sel[u];
-    float *g = s->eg + u * I, *up = s->eu + u * I;
-    mm_task tg = task(&L->exp_gate[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, g, I);
-    mm_task tu = task(&L->exp_up[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, up, I);
-    task_rows(&tg, 0, I);
-    task_rows(&tu, 0, I);
-    uint8_t *qd = j->sr ? s->xq_d + (size_t)u * j->sr : NULL;
-    glu_row(g, up, I, qd ? j->lay_d : NULL, qd);
-    mm_task td = task(&L->exp_down[e], 1, g, I, j->lay_d, qd, j->sr, s->contrib + u * E, E);
+    const int k = u < K ? u : u - (int)K;
+    const int32_t e = s->sel[k];
+    float *g = s->eg + k * I, *up = s->eu + k * I;
+    uint8_t *qd = j->sr ? s->xq_d + (size_t)k * j->sr : NULL;
+    if (u < K) {
+      mm_task tg = task(&L->exp_gate[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, g, I);
+      mm_task tu = task(&L->exp_up[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, up, I);
+      task_rows(&tg, 0, I);
+      task_rows(&tu, 0, I);
+      glu_row(g, up, I, qd ? j->lay_d : NULL, qd);
+      if (split) {
+        __atomic_store_n(&j->ready[k], 1, __ATOMIC_RELEASE);
+        continue;
+      }
+    } else /* the GLU's unit was taken earlier: it is running or done (no cycle: it waits on nothing) */
+      for (int w = 0; !__atomic_load_n(&j->ready[k], __ATOMIC_ACQUIRE); w++) {
+        __builtin_ia32_pause();
+        if ((w & 1023) == 1023) sched_yield(); /* its thread may be waiting for a core */
+      }
+    mm_task td = task(&L->exp_down[e], 1, g, I, j->lay_d, qd, j->sr, s->contrib + k * E, E);
     task_rows(&td, 0, E);
   }
 }
@@ -1039,7 +1061,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     glu_job sj = gj;
     sj.nA = 0;
     glu_worker(&sj, 0, 1);
-    xd_job xj = { s, L, K, I, E, Is, lay_e, lay_d, xq_e, xs_e, qd ? gj.sr : 0, gs, gj.qs, qsd ? gj.ss : 0, 0 };
+    xd_job xj = { s, L, K, I, E, Is, lay_e, lay_d, xq_e, xs_e, qd ? gj.sr : 0, gs, gj.qs, qsd ? gj.ss : 0, 0, { 0 } };
     layer_run(s, xd_worker, &xj);
   } else {
     nt = 0;
