@@ -27,12 +27,16 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16
 }
 
 
-/* Every cache row is prefetched QK_PF_ROWS rows (PV: PV_PF_ROWS positions) before its use.
- * Measured with the position-major cache of the time (rows ldb apart, half of each read): without
- * it K/V came at ~4-6 GB/s, and distances of 8-64 rows were all the same. Not re-measured since
- * the cache became head-major (contiguous rows, which the hardware prefetchers follow too). */
+/* QK: every cache row is prefetched QK_PF_ROWS rows before its use (prefetcht0). Measured with
+ * the position-major cache of the time (rows ldb apart, half of each read): without it K came at
+ * ~4-6 GB/s, and distances of 8-64 rows were all the same; a second, far prefetcht1 64 rows ahead
+ * showed nothing (2026-11-30).
+ * PV: each block of PV_BLK positions is read once per 32-column block, one line of every row per
+ * pass, so the first pass needs the whole block at once: the next block is prefetched into L2
+ * (prefetcht1), spread over the current block's passes (it had been 16 rows ahead into L1, which
+ * left most of each first pass to demand misses): 20 -> 17.4 TSC cycles per head and position at
+ * depth 2048 in the decode of the 35B-A3B shape. */
 #define QK_PF_ROWS 16
-#define PV_PF_ROWS 16
 #define PV_BLK 64 /* positions per pass over the column blocks */
 
 /* Scores of A rows [0, na) (na <= NH) x B rows [b0, b0 + nbv) (nbv <= PB); missing rows repeat
@@ -125,20 +129,21 @@ static inline __attribute__((always_inline)) void pv_block(const float *W, int64
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(O + h * ldo + i0 + 16 * c, acc[h * NC + c]);
 }
 
-/* positions [p0, p1): every column block, rows prefetched PV_PF_ROWS ahead meanwhile */
+/* positions [p0, p1): every column block, the next block of rows prefetched into L2 meanwhile */
 static inline __attribute__((always_inline)) void pv_rows(const float *W, int64_t ldw, int nh, const void *V, int bf16,
                                                           int64_t ldv, int64_t np, int64_t p0, int64_t p1, int64_t n,
                                                           float *O, int64_t ldo, const int NH) {
   const int64_t n16 = n / 16 * 16, esz = bf16 ? 2 : 4, lines = (n * esz + 63) / 64;
-  int64_t i0 = 0, pf = p0 + PV_PF_ROWS, pf_end = p1 + PV_PF_ROWS < np ? p1 + PV_PF_ROWS : np;
+  const int64_t nblk = n16 / 32 > 0 ? n16 / 32 : 1, per = (p1 - p0 + nblk - 1) / nblk;
+  int64_t i0 = 0, pf = p1, pf_end = p1 + (p1 - p0) < np ? p1 + (p1 - p0) : np;
   for (; i0 + 32 <= n16; i0 += 32) {
-    for (int r = 0; r < 8 && pf < pf_end; r++, pf++) /* ~(p1 - p0) / (n / 32) rows per block */
-      for (int64_t l = 0; l < lines; l++) _mm_prefetch((const char *)V + pf * ldv * esz + 64 * l, _MM_HINT_T0);
+    for (int64_t r = 0; r < per && pf < pf_end; r++, pf++) /* the next block, spread over the column blocks */
+      for (int64_t l = 0; l < lines; l++) _mm_prefetch((const char *)V + pf * ldv * esz + 64 * l, _MM_HINT_T1);
     pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 2);
   }
   if (i0 < n16) pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 1);
   for (; pf < pf_end; pf++)
-    for (int64_t l = 0; l < lines; l++) _mm_prefetch((const char *)V + pf * ldv * esz + 64 * l, _MM_HINT_T0);
+    for (int64_t l = 0; l < lines; l++) _mm_prefetch((const char *)V + pf * ldv * esz + 64 * l, _MM_HINT_T1);
 }
 
 #define PV_ROWS(NH)                                                                                  \
