@@ -64,6 +64,9 @@ floe_pool *floe_pool_create(int n_threads); /* n_threads >= 1; NULL on failure *
 void floe_pool_free(floe_pool *p);
 int floe_pool_size(const floe_pool *p);
 void floe_pool_run(floe_pool *p, floe_pool_fn fn, void *ctx);
+/* How long an idle worker spins (pause instructions, ~13 ns each here) before it blocks; the
+ * default bridges the gaps between the parallel regions of one evaluation (~25 us). */
+void floe_pool_set_spin(floe_pool *p, int pauses);
 /* Rows [0,n) split into nth contiguous ranges aligned to `align` rows; range of thread ith. */
 void floe_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1);
 

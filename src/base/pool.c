@@ -33,6 +33,7 @@ struct floe_pool {
   int quit;
   int n_sleep;    /* workers blocked (or about to block) on cv_work */
   int caller_sleep; /* the caller is blocked (or about to block) on cv_done */
+  int spin;       /* pauses a worker spins before blocking (floe_pool_set_spin) */
 };
 
 #define POOL_SPIN 2000
@@ -47,7 +48,8 @@ static void *worker_main(void *arg_) {
   uint64_t seen = 0;
   for (;;) {
     /* short spin on the generation counter before blocking */
-    for (int i = 0; i < POOL_SPIN; i++) {
+    const int spin = __atomic_load_n(&p->spin, __ATOMIC_RELAXED);
+    for (int i = 0; i < spin; i++) {
       if (__atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) != seen || __atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) break;
       __builtin_ia32_pause();
     }
@@ -78,6 +80,7 @@ floe_pool *floe_pool_create(int n_threads) {
   floe_pool *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   p->n = n_threads;
+  p->spin = POOL_SPIN;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv_work, NULL);
   pthread_cond_init(&p->cv_done, NULL);
@@ -120,6 +123,10 @@ void floe_pool_free(floe_pool *p) {
 }
 
 int floe_pool_size(const floe_pool *p) { return p ? p->n : 1; }
+
+void floe_pool_set_spin(floe_pool *p, int pauses) {
+  if (p) __atomic_store_n(&p->spin, pauses > 0 ? pauses : 0, __ATOMIC_RELAXED);
+}
 
 void floe_pool_run(floe_pool *p, floe_pool_fn fn, void *ctx) {
   if (!p || p->n == 1) {

@@ -670,6 +670,11 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
     model_session_free(s);
     return floe_err(err, errlen, FLOE_E_NOMEM, "cannot start %d threads", n_threads);
   }
+  /* resident experts: the workers also bridge the gap between two decoded tokens (sampling, the
+   * caller's loop: ~50 us) instead of blocking after ~25 us; each token's first region had waited
+   * ~20 us for a worker to wake (profiling build, 2026-11-30). Streamed experts keep the short
+   * spin: between their regions the threads wait on the disk. */
+  if (!m->xs) floe_pool_set_spin(s->pool, 16000);
   const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
   const int64_t qdim = hp->n_head * hp->head_dim * 2, kvd = hp->n_head_kv * hp->head_dim;
   const int64_t Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state, vd = hp->ssm_d_inner;
