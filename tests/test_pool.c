@@ -1,6 +1,7 @@
 /* Thread pool (src/base/pool.c): every run reaches every thread exactly once, including when the
  * workers have fallen asleep between runs (the mutex / condition-variable path) and when there are
- * more threads than cores (the wake-ups must not be lost, or the run hangs and ctest times out). */
+ * more threads than cores (the wake-ups must not be lost, or the run hangs and ctest times out),
+ * with the spin before blocking set to none and to a long one (floe_pool_set_spin). */
 #include <unistd.h>
 
 #include "base/base.h"
@@ -32,6 +33,26 @@ int main(void) {
     int ok = 1;
     for (int i = 0; i < n; i++) ok &= count[i] == RUNS;
     CHECK(ok && !bad_nth, "%d threads: %d runs each, nth passed right", n, RUNS);
+    floe_pool_free(p);
+  }
+  SECTION("floe_pool_set_spin: no spin (every run wakes blocked workers) and a long spin");
+  const int spins[2] = { 0, 16000 };
+  for (int si = 0; si < 2; si++) {
+    int n = 3;
+    floe_pool *p = floe_pool_create(n);
+    CHECK(p != NULL, "pool of %d", n);
+    if (!p) continue;
+    floe_pool_set_spin(p, spins[si]);
+    for (int i = 0; i < MAXT; i++) count[i] = 0;
+    bad_nth = 0;
+    const int runs = 3000;
+    for (int i = 0; i < runs; i++) {
+      floe_pool_run(p, job, &n);
+      if (i % 997 == 0) usleep(300); /* longer than the default spin, shorter than the long one */
+    }
+    int ok = 1;
+    for (int i = 0; i < n; i++) ok &= count[i] == runs;
+    CHECK(ok && !bad_nth, "spin %d: %d runs reach each of %d threads", spins[si], runs, n);
     floe_pool_free(p);
   }
   return TEST_DONE();
