@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/base.h"
 
@@ -96,9 +95,8 @@ int main(int argc, char **argv) {
    * with it more than the streaming figures above do. */
   {
     const uint64_t lb = 1ull << 30, lines = lb / 64, P = (uint64_t)(lines * 0.382) | 1;
-    uint64_t *ln = floe_aligned_alloc(2u << 20, lb);
+    uint64_t *ln = floe_huge_alloc(lb);
     if (ln) {
-      madvise(ln, lb, MADV_HUGEPAGE);
       for (uint64_t i = 0; i < lines; i++) ln[i * 8] = (i + P) % lines;
       const int steps = 2000000;
       uint64_t p = 0;

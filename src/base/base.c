@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 const char *floe_strerror(int code) {
@@ -59,6 +60,15 @@ void *floe_aligned_alloc(size_t align, size_t size) {
 }
 
 void floe_aligned_free(void *p) { free(p); }
+
+void *floe_huge_alloc(size_t size) {
+  const size_t huge = (size_t)2 << 20;
+  if (size < huge) return floe_aligned_alloc(64, size);
+  const size_t r = (size + huge - 1) / huge * huge;
+  void *p = floe_aligned_alloc(huge, r);
+  if (p) madvise(p, r, MADV_HUGEPAGE); /* best effort: THP may be "madvise" only, or off */
+  return p;
+}
 
 /* CPUID + XGETBV: a feature counts only if the OS saves its registers (XCR0). */
 static floe_cpu g_cpu;

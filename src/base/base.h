@@ -37,6 +37,10 @@ void floe_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* ---- allocation: 64-byte aligned, NULL on failure ---- */
 void *floe_aligned_alloc(size_t align, size_t size);
 void floe_aligned_free(void *p);
+/* size >= 2 MiB: 2 MiB-aligned, rounded up to whole 2 MiB, and transparent huge pages asked for
+ * (best effort); smaller: floe_aligned_alloc(64, size). For buffers re-read after the weight
+ * stream has evicted their TLB entries. Free with floe_aligned_free. */
+void *floe_huge_alloc(size_t size);
 
 /* ---- CPU features (detected once, cached) ---- */
 typedef struct floe_cpu {

@@ -2,24 +2,15 @@
 #include "kv/kv.h"
 
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/base.h"
 
-/* Buffers of 2 MiB or more start on a 2 MiB boundary and ask for transparent huge pages: the
- * recurrent state (2 MiB a layer for Qwen3.5-35B) and K/V are re-read every token after the
- * whole weight stream has evicted their page-table entries from the TLBs and caches; on 4 KiB
- * pages every 4 KiB of state cost a page walk from memory. */
+/* Buffers of 2 MiB or more on huge pages (floe_huge_alloc): the recurrent state (2 MiB a layer
+ * for Qwen3.5-35B) and K/V are re-read every token after the whole weight stream has evicted
+ * their page-table entries from the TLBs and caches; on 4 KiB pages every 4 KiB of state cost a
+ * page walk from memory. */
 static void *zalloc(size_t n, size_t *total) {
-  const size_t huge = (size_t)2 << 20;
-  void *p;
-  if (n >= huge) {
-    const size_t r = (n + huge - 1) / huge * huge;
-    p = floe_aligned_alloc(huge, r);
-    if (p) madvise(p, r, MADV_HUGEPAGE); /* best effort: THP may be off */
-  } else {
-    p = floe_aligned_alloc(64, n ? n : 64);
-  }
+  void *p = floe_huge_alloc(n ? n : 64);
   if (p) {
     memset(p, 0, n);
     *total += n;
