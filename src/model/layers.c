@@ -333,19 +333,24 @@ static inline float sigmoidf(float x) { return 1.0f / (1.0f + vexpf(-x)); }
 static inline float siluf(float x) { return x / (1.0f + vexpf(-x)); }
 static inline float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch threshold 20 */
 
+/* 16 lane sums folded in halves (8, 4, 2, 1): the fixed end of sumsq16 and router_softmax. */
+static inline __attribute__((always_inline)) float fold16(float acc[16]) {
+  for (int w = 8; w >= 1; w /= 2)
+    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+  return acc[0];
+}
+
 /* sum of x[i]^2 in a fixed order that vectorizes: lane k (of 16) sums x[k], x[k+16], ... in
- * order, the tail included, then the lanes fold in halves (8, 4, 2, 1). A sequential sum is a
- * chain of n dependent adds (~3.5 us for the 2048-wide norms, on the serial path between
- * regions); every clone and every caller (decode, prefill) gets the same bits from this order. */
+ * order, the tail included, then fold16. A sequential sum is a chain of n dependent adds (~3.5 us
+ * for the 2048-wide norms, on the serial path between regions); every clone and every caller
+ * (decode, prefill) gets the same bits from this order. */
 static inline __attribute__((always_inline)) float sumsq16(const float *x, int64_t n) {
   float acc[16] = { 0 };
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     for (int k = 0; k < 16; k++) acc[k] += x[i + k] * x[i + k];
   for (int k = 0; i + k < n; k++) acc[k] += x[i + k] * x[i + k];
-  for (int w = 8; w >= 1; w /= 2)
-    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
-  return acc[0];
+  return fold16(acc);
 }
 
 /* x[i] += y[i] */
@@ -715,7 +720,7 @@ typedef struct glu_job {
 } glu_job;
 
 /* p = softmax(p) in float: max, exp(p - max) by vexpf, the sum in 16 lanes folded in halves (the
- * order of sumsq16), each divided by the sum. Vectorized: with libm's expf and sequential sums
+ * order of sumsq16, fold16), each divided by the sum. Vectorized: with libm's expf and sequential sums
  * the 256-expert router took ~3 us a layer on the serial path. */
 VEC_FN static void router_softmax(float *p, int64_t n) {
   float mx = -INFINITY, acc[16] = { 0 };
@@ -730,9 +735,8 @@ VEC_FN static void router_softmax(float *p, int64_t n) {
     p[e + k] = vexpf(p[e + k] - mx);
     acc[k] += p[e + k];
   }
-  for (int w = 8; w >= 1; w /= 2)
-    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
-  for (e = 0; e < n; e++) p[e] /= acc[0];
+  const float sum = fold16(acc);
+  for (e = 0; e < n; e++) p[e] /= sum;
 }
 
 /* One row's SiLU-GLU into g, then (D set) its quantization into q for the down matmul. */
