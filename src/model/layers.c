@@ -707,7 +707,7 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
 }
 
 /* ---- MoE ---- */
-#define XD_MAX_K 64   /* decode experts split into GLU and down units up to this top-k */
+#define XD_MAX_K 64   /* top-k up to which decode runs every expert in one run (xd_worker) */
 #define XD_SH_PARTS 4 /* row ranges of the shared expert's down in decode */
 typedef struct glu_job {
   model_session *s;
@@ -927,23 +927,26 @@ typedef struct xd_job {
  * then the shared expert's down in XD_SH_PARTS row ranges. Whole experts as units left the
  * threads ~24 us apart at the end of the region on average (1.8 MB units, the last one decides);
  * the tail is now made of 0.6 MB downs and 0.15 MB shared parts. Which thread runs a unit never
- * changes a value. K > XD_MAX_K: gate, up and down as one unit, as before. */
+ * changes a value. K <= XD_MAX_K (layer_moe takes the general path otherwise). */
 static void xd_worker(void *ctx, int ith, int nth) {
   (void)ith, (void)nth;
   xd_job *j = ctx;
   model_session *s = j->s;
   const model_layer *L = j->L;
   const int64_t K = j->K, I = j->I, E = j->E;
-  const bool split = K <= XD_MAX_K;
-  const int nr = split ? 2 * (int)K : (int)K, units = nr + (j->Is > 0 ? XD_SH_PARTS : 0);
+  const int nr = 2 * (int)K, units = nr + (j->Is > 0 ? XD_SH_PARTS : 0);
   for (;;) {
     const int u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
     if (u >= units) break;
-    if (u >= nr) { /* shared expert down: part p of XD_SH_PARTS 16-row aligned ranges */
+    if (u >= nr) { /* shared expert down: rows [b(p), b(p+1)), b(p) = p/PARTS of E up to a multiple of 16 */
       const int p = u - nr;
-      const int64_t r0 = (E * p / XD_SH_PARTS + 15) / 16 * 16, r1 = p == XD_SH_PARTS - 1 ? E : (E * (p + 1) / XD_SH_PARTS + 15) / 16 * 16;
+      int64_t r[2];
+      for (int i = 0; i < 2; i++) {
+        const int64_t b = (E * (p + i) / XD_SH_PARTS + 15) / 16 * 16;
+        r[i] = b < E ? b : E;
+      }
       mm_task t = task(&L->sh_down, 1, j->gs, j->Is, &L->sh_down, j->ss ? j->qs : NULL, j->ss, s->eout, E);
-      if (r1 > r0) task_rows(&t, r0, r1 < E ? r1 : E);
+      if (r[1] > r[0]) task_rows(&t, r[0], r[1]);
       continue;
     }
     const int k = u < K ? u : u - (int)K;
@@ -956,15 +959,14 @@ static void xd_worker(void *ctx, int ith, int nth) {
       task_rows(&tg, 0, I);
       task_rows(&tu, 0, I);
       glu_row(g, up, I, qd ? j->lay_d : NULL, qd);
-      if (split) {
-        __atomic_store_n(&j->ready[k], 1, __ATOMIC_RELEASE);
-        continue;
-      }
-    } else /* the GLU's unit was taken earlier: it is running or done (no cycle: it waits on nothing) */
-      for (int w = 0; !__atomic_load_n(&j->ready[k], __ATOMIC_ACQUIRE); w++) {
-        __builtin_ia32_pause();
-        if ((w & 1023) == 1023) sched_yield(); /* its thread may be waiting for a core */
-      }
+      __atomic_store_n(&j->ready[k], 1, __ATOMIC_RELEASE);
+      continue;
+    }
+    /* the GLU's unit was taken earlier: it is running or done (no cycle: it waits on nothing) */
+    for (int w = 0; !__atomic_load_n(&j->ready[k], __ATOMIC_ACQUIRE); w++) {
+      __builtin_ia32_pause();
+      if ((w & 1023) == 1023) sched_yield(); /* its thread may be waiting for a core */
+    }
     mm_task td = task(&L->exp_down[e], 1, g, I, j->lay_d, qd, j->sr, s->contrib + k * E, E);
     task_rows(&td, 0, E);
   }
@@ -1078,7 +1080,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     sj.nA = 0;
     mm_task sd = task(&L->sh_down, n, gs, Is, &L->sh_down, qsd ? gj.qs : NULL, gj.ss, s->eout, E);
     if (moe_stream(s, l, n, nA, lay_e, xq_e, xs_e, lay_d, qd, gj.sr, &sj, &sd, xq_r, xs_r, x)) return;
-  } else if (n == 1 && mt) {
+  } else if (n == 1 && mt && K <= XD_MAX_K) {
     /* the shared expert's GLU (and down-input quantization), then every expert in one run */
     glu_job sj = gj;
     sj.nA = 0;
