@@ -356,28 +356,7 @@ DEF_RUN(run_iq4_xs, a256_row, FLOE_TYPE_IQ4_XS)
 DEF_RUN(run_mlx4, mlx_row, 4)
 DEF_RUN(run_mlx8, mlx_row, 8)
 
-void kern_mm_q_avx2(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq_, size_t xs,
-                    float *Y, int64_t ldy, int64_t r0, int64_t r1) {
-  (void)X;
-  (void)ldx;
-  kact_layout L = kact_layout_of(W);
-  const uint8_t *xq = xq_;
-  switch (W->type) {
-    case FLOE_TYPE_Q8_0: run_q8_0(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
-    case FLOE_TYPE_Q4_0: run_q4_0(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
-    case FLOE_TYPE_IQ4_NL: run_iq4_nl(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
-    case FLOE_TYPE_MXFP4: run_mxfp4(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
-    case FLOE_TYPE_Q4_K: run_q4_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
-    case FLOE_TYPE_Q5_K: run_q5_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
-    case FLOE_TYPE_Q6_K: run_q6_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
-    case FLOE_TYPE_IQ4_XS: run_iq4_xs(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;
-    case FLOE_TYPE_MLX:
-      if (W->mlx.bits == 4) run_mlx4(W, &L, nb, xq, xs, Y, ldy, r0, r1);
-      else run_mlx8(W, &L, nb, xq, xs, Y, ldy, r0, r1);
-      break;
-    default: FLOE_ASSERT(!"no quantized path for this type");
-  }
-}
+KERN_DEF_MM_Q(kern_mm_q_avx2)
 
 /* ================= float path ================= */
 

@@ -264,6 +264,34 @@ void kern_mm_float_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx
 void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,
                       size_t xq_stride, float *Y, int64_t ldy, int64_t r0, int64_t r1);
 
+/* The body of kern_mm_q_<isa>: the per-type switch over the ISA file's static run_<type>
+ * functions (one signature: W, layout, nb, xq, xs, Y, ldy, r0, r1). Each ISA file defines
+ * run_q8_0 ... run_mlx8 its own way and expands this once, so the set of types with a quantized
+ * path is written in one place. */
+#define KERN_DEF_MM_Q(fname)                                                                          \
+  void fname(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq_, size_t xs,     \
+             float *Y, int64_t ldy, int64_t r0, int64_t r1) {                                         \
+    (void)X;                                                                                          \
+    (void)ldx;                                                                                        \
+    kact_layout L = kact_layout_of(W);                                                                \
+    const uint8_t *xq = xq_;                                                                          \
+    switch (W->type) {                                                                                \
+      case FLOE_TYPE_Q8_0: run_q8_0(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;                        \
+      case FLOE_TYPE_Q4_0: run_q4_0(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;                        \
+      case FLOE_TYPE_IQ4_NL: run_iq4_nl(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;                    \
+      case FLOE_TYPE_MXFP4: run_mxfp4(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;                      \
+      case FLOE_TYPE_Q4_K: run_q4_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;                        \
+      case FLOE_TYPE_Q5_K: run_q5_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;                        \
+      case FLOE_TYPE_Q6_K: run_q6_k(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;                        \
+      case FLOE_TYPE_IQ4_XS: run_iq4_xs(W, &L, nb, xq, xs, Y, ldy, r0, r1); break;                    \
+      case FLOE_TYPE_MLX:                                                                             \
+        if (W->mlx.bits == 4) run_mlx4(W, &L, nb, xq, xs, Y, ldy, r0, r1);                           \
+        else run_mlx8(W, &L, nb, xq, xs, Y, ldy, r0, r1);                                             \
+        break;                                                                                        \
+      default: FLOE_ASSERT(!"no quantized path for this type");                                      \
+    }                                                                                                 \
+  }
+
 /* kernels_gemm_avx512.c: Q4_K/Q5_K with several activation rows (any nb >= 1; kern_matmul sends
  * nb >= KGEMM_MIN_NB, kern_matmul_batch every nb), same results as kern_mm_q_avx512 bit for bit;
  * kern_gemm_avx512_supports(W) says whether W's type/shape is handled (and FLOE_GEMM=0 is not set). */
