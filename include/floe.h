@@ -89,6 +89,13 @@ typedef struct floe_model_info {
   bool copied;           /* weights read into huge-page memory (FLOE_LOAD_COPY, or AUTO chose it) */
 } floe_model_info;
 void floe_engine_info(const floe_engine *e, floe_model_info *out);
+/* The read bandwidth of the memory the weights sit in: every byte of the model file's resident
+ * copy read front to back by n_threads threads (each its own contiguous part, the shape of
+ * bench/membw), `passes` times; *gbps = the best pass. Decode streams from these very pages, so
+ * this is the roofline's bandwidth without the placement of a separate test buffer. Only for a
+ * GGUF file read into memory (floe_model_info.copied) with every expert resident: FLOE_E_UNSUPPORTED
+ * otherwise (a mapped file would measure page-cache faults, a streamed one the disk). */
+int floe_engine_read_bandwidth(const floe_engine *e, int n_threads, int passes, double *gbps, char *err, size_t errlen);
 
 /* ---- tokenizer ---- */
 /* Encodes text; *ids is malloc'ed (free()). parse_special: control tokens like <|im_start|> in

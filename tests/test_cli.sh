@@ -37,6 +37,10 @@ ok "--mmap and --no-mmap give the same tokens" '[ -n "$m1" ] && [ "$a" = "$m1" ]
 "$B" bench -m "$T/m.gguf" -p 4 -n 2 -r 1 --mmap >"$T/bm" 2>&1
 "$B" bench -m "$T/m.gguf" -p 4 -n 2 -r 1 --no-mmap --json >"$T/bc" 2>&1
 ok "bench says mapped / copied" 'grep -q "(mapped)" "$T/bm" && grep -q "\"load\":\"copy\"" "$T/bc"'
+# the weights' own read bandwidth: measured for the copy (a positive GB/s and a fraction), null when mapped
+"$B" bench -m "$T/m.gguf" -p 0 -n 2 -r 1 --mmap --json >"$T/bmj" 2>&1
+ok "bench measures the copied weights' read bandwidth" 'grep -Eq "\"weights_read_gbps\":[0-9]*\.[0-9]+,.*\"weights_roofline_frac\":[0-9]" "$T/bc" && ! grep -q "\"weights_read_gbps\":0.00," "$T/bc"'
+ok "bench leaves it null for a mapped file" 'grep -q "\"weights_read_gbps\":null" "$T/bmj"'
 printf 'def f(x):' >"$T/p.txt"
 c=$("$B" run -m "$T/m.gguf" -f "$T/p.txt" -n 16 --ids 2>/dev/null)
 ok "-f FILE equals -p TEXT" '[ "$a" = "$c" ]'

@@ -312,6 +312,44 @@ static void test_attention_rows(void) {
   CHECK(bad_ref == 0, "references follow their documented order (%d values differ)", bad_ref);
 }
 
+/* kern_read_xor: every ISA gives the reference's value at every start offset (0-9 bytes past a
+ * 64-byte boundary, and odd) and awkward length, and the reference is the XOR of the words it
+ * documents (a changed byte anywhere changes it). */
+static void test_read_xor(void) {
+  SECTION("read_xor");
+  static const size_t lens[] = { 0, 1, 7, 8, 9, 63, 64, 65, 255, 256, 257, 1000, 4099, 100003 };
+  const size_t cap = 100003 + 128;
+  uint8_t *buf = floe_aligned_alloc(64, cap);
+  for (size_t i = 0; i < cap; i++) buf[i] = (uint8_t)floe_rng_u64(&rng);
+  int bad = 0, runs = 0, bad_ref = 0;
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (size_t off = 0; off < 10; off++) {
+      const uint8_t *x = buf + off + (off == 9 ? 54 : 0);
+      const size_t n = lens[li];
+      int prev = kern_isa_set(FLOE_ISA_SCALAR);
+      const uint64_t ref = kern_read_xor(x, n);
+      uint64_t want = 0;
+      for (size_t i = 0; i < n; i++) want ^= (uint64_t)x[i] << (8 * (i % 8));
+      bad_ref += ref != want;
+      for (int ii = 1; ii < n_isa; ii++) {
+        kern_isa_set(isas[ii]);
+        bad += kern_read_xor(x, n) != ref;
+        runs++;
+      }
+      kern_isa_set(prev);
+    }
+  /* one flipped bit, far inside the vector loop, changes the value */
+  int prev = kern_isa_set(isas[n_isa - 1]);
+  const uint64_t before = kern_read_xor(buf, 100003);
+  buf[50001] ^= 4;
+  const uint64_t after = kern_read_xor(buf, 100003);
+  kern_isa_set(prev);
+  floe_aligned_free(buf);
+  CHECK(bad_ref == 0, "read_xor reference is the XOR of the little-endian words (%d differ)", bad_ref);
+  CHECK(runs > 0 && bad == 0, "read_xor: %d of %d ISA runs differ from the reference", bad, runs);
+  CHECK(before != after, "read_xor sees a flipped bit");
+}
+
 /* kern_argmax: every ISA gives the reference's index (first maximum, NaN never chosen, 0 when
  * nothing is above -inf) on awkward lengths with ties, NaNs, infinities and signed zeros. */
 static void test_argmax(void) {
@@ -515,6 +553,7 @@ int main(void) {
   }
   test_attention_rows();
   test_argmax();
+  test_read_xor();
   floe_pool_free(pool);
   return TEST_DONE();
 }

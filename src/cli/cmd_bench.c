@@ -12,7 +12,10 @@
  *  - peak RSS is the process high-water mark (getrusage ru_maxrss);
  *  - weight_bytes_per_token: what one decoded token reads (top-k experts, output matrix, every
  *    non-expert matrix); achieved_gbps = that x decode tok/s; roofline_frac = achieved / --bw
- *    (bench/membw measures the bandwidth; null without --bw).
+ *    (bench/membw measures the bandwidth; null without --bw). With the file read into memory and
+ *    no budget, weights_read_gbps = the read bandwidth of the weights' own pages
+ *    (floe_engine_read_bandwidth, all threads, best of 3 passes, the mean of one measurement
+ *    before and one after the repetitions) and weights_roofline_frac = achieved / that.
  *  - streaming (--mem-budget), the I/O roofline of issue 4: roofline time per token = bytes
  *    actually read per token / the disk's bandwidth (--disk-bw GBPS, measured right before by
  *    bench/stream_disk) + the compute no read could overlap (serial_ms_per_token: per token, from
@@ -202,6 +205,11 @@ int cmd_bench(int argc, char **argv) {
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     ids[i] = (int32_t)((x ^ (x >> 31)) % (uint64_t)info.n_vocab);
   }
+  /* the read bandwidth of the weights' own pages, before and after the repetitions (memory of
+   * this VM is not uniform: a separate test buffer can sit in faster or slower memory) */
+  double wbw[2] = { 0, 0 };
+  const bool want_wbw = n_gen > 0 && info.copied && !ep.mem_budget;
+  if (want_wbw && floe_engine_read_bandwidth(e, ep.n_threads, 3, &wbw[0], err, sizeof err)) wbw[0] = 0;
   for (int r = 0; r < reps; r++) {
     if (n_prompt > 0) {
       floe_session_reset(s);
@@ -266,6 +274,8 @@ int cmd_bench(int argc, char **argv) {
       p[5] = st.other_s, p[6] = dc[r];
     }
   }
+  if (want_wbw && floe_engine_read_bandwidth(e, ep.n_threads, 3, &wbw[1], err, sizeof err)) wbw[1] = 0;
+  const double wgbps = wbw[0] > 0 && wbw[1] > 0 ? (wbw[0] + wbw[1]) / 2 : 0;
   const double t_pf = n_prompt > 0 ? median(pf, reps) : 0, t_dc = n_gen > 0 ? median(dc, reps) : 0;
   int rmed = 0; /* the decode run closest to the median, for the phase split */
   for (int r = 1; r < reps; r++)
@@ -291,6 +301,10 @@ int cmd_bench(int argc, char **argv) {
            gbps);
     if (bw > 0) printf("\"bw_gbps\":%.2f,\"roofline_frac\":%.4f,", bw, gbps / bw);
     else printf("\"bw_gbps\":null,\"roofline_frac\":null,");
+    if (wgbps > 0)
+      printf("\"weights_read_gbps\":%.2f,\"weights_read_gbps_before\":%.2f,\"weights_read_gbps_after\":%.2f,"
+             "\"weights_roofline_frac\":%.4f,", wgbps, wbw[0], wbw[1], gbps / wgbps);
+    else printf("\"weights_read_gbps\":null,\"weights_roofline_frac\":null,");
     if (n_gen > 0) cli_stream_stats(stdout, e, &dst[rmed], n_gen, dc[rmed], true);
     if (n_gen > 0 && ep.mem_budget) {
       printf("\"prefault_wait_s\":%.3f,", t_pfw);
@@ -332,6 +346,7 @@ int cmd_bench(int argc, char **argv) {
       printf("decode %lld tokens at depth %lld: %.2f tok/s, %.2f ms/token, %.1f GB/s of weights (%.1f MB/token)",
              (long long)n_gen, (long long)depth, dc_tps, t_dc * per, gbps, (double)info.decode_bytes / 1e6);
       if (bw > 0) printf(", %.1f %% of the %.1f GB/s roofline", 100.0 * gbps / bw, bw);
+      if (wgbps > 0) printf(", %.1f %% of the weights' own read bandwidth (%.1f GB/s)", 100.0 * gbps / wgbps, wgbps);
       printf("\nphases (ms/token):");
       for (int i = 0; i < 6; i++) printf(" %s %.2f", names[i], p[i] * per);
       printf("\n");

@@ -189,6 +189,43 @@ void floe_engine_info(const floe_engine *e, floe_model_info *out) {
   out->decode_bytes = layer_decode_bytes(e->m);
 }
 
+#define RBW_MAX_THREADS 256
+typedef struct rbw_job {
+  const uint8_t *p;
+  size_t n;
+  uint64_t sink[RBW_MAX_THREADS];
+} rbw_job;
+
+static void rbw_worker(void *ctx, int ith, int nth) {
+  rbw_job *j = ctx;
+  int64_t a, b;
+  floe_split_range((int64_t)(j->n / 4096), 1, ith, nth, &a, &b);
+  const size_t lo = (size_t)a * 4096, hi = ith == nth - 1 ? j->n : (size_t)b * 4096;
+  j->sink[ith] = kern_read_xor(j->p + lo, hi - lo);
+}
+
+int floe_engine_read_bandwidth(const floe_engine *e, int n_threads, int passes, double *gbps, char *err, size_t errlen) {
+  const model *m = e->m;
+  if (!m->copied || !m->gguf || m->xs || m->pack)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED,
+                    "read bandwidth: the weights are not one resident GGUF copy (mapped, streamed or a pack)");
+  if (n_threads < 1 || n_threads > RBW_MAX_THREADS || passes < 1)
+    return floe_err(err, errlen, FLOE_E_INVALID, "read bandwidth: threads must be 1..%d and passes >= 1", RBW_MAX_THREADS);
+  floe_pool *pool = floe_pool_create(n_threads);
+  if (!pool) return floe_err(err, errlen, FLOE_E_NOMEM, "read bandwidth: cannot start %d threads", n_threads);
+  rbw_job j = { .p = m->gguf->map, .n = (size_t)m->gguf->map_size };
+  double best = 0;
+  for (int i = 0; i < passes; i++) {
+    const double t0 = floe_time_s();
+    floe_pool_run(pool, rbw_worker, &j);
+    const double dt = floe_time_s() - t0;
+    if (dt > 0 && (double)j.n / dt / 1e9 > best) best = (double)j.n / dt / 1e9;
+  }
+  floe_pool_free(pool);
+  *gbps = best;
+  return 0;
+}
+
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
   const double *ph = s->ms->ph;
   memset(out, 0, sizeof *out);

@@ -665,3 +665,24 @@ int64_t kern_argmax_ref(const float *x, int64_t n) {
 int64_t kern_argmax(const float *x, int64_t n) {
   return kern_isa_get() == FLOE_ISA_AVX512 ? kern_argmax_avx512(x, n) : kern_argmax_ref(x, n);
 }
+
+/* ---- read stream (kernels.h) ---- */
+uint64_t kern_read_xor_ref(const void *x, size_t n) {
+  const uint8_t *p = x;
+  uint64_t h = 0, w;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    memcpy(&w, p + i, 8);
+    h ^= w;
+  }
+  if (i < n) {
+    w = 0;
+    memcpy(&w, p + i, n - i);
+    h ^= w;
+  }
+  return h;
+}
+
+uint64_t kern_read_xor(const void *x, size_t n) {
+  return kern_isa_get() == FLOE_ISA_AVX512 ? kern_read_xor_avx512(x, n) : kern_read_xor_ref(x, n);
+}

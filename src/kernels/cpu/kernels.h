@@ -97,4 +97,8 @@ void kern_wsum_rows(const float *W, int64_t ldw, int nh, const void *V, int V_bf
 /* Index of the largest of x[0..n): the first one on ties, NaN never chosen, 0 when nothing is
  * larger than -inf (greedy sampling). */
 int64_t kern_argmax(const float *x, int64_t n);
+/* Reads x[0..n) once, front to back, and returns the XOR of its 64-bit words (a trailing n % 8
+ * bytes are zero-padded to a word): a pure read stream, for measuring the read bandwidth of a
+ * buffer (floe_engine_read_bandwidth); the value only keeps the reads from being dropped. */
+uint64_t kern_read_xor(const void *x, size_t n);
 #endif

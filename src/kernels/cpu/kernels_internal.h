@@ -320,6 +320,9 @@ void kern_wsum_rows_ref(const float *W, int64_t ldw, int nh, const void *V, int 
 /* kernels.h kern_argmax: the sequential reference (kernels.c) and AVX-512 (kernels_misc_avx512.c) */
 int64_t kern_argmax_ref(const float *x, int64_t n);
 int64_t kern_argmax_avx512(const float *x, int64_t n);
+/* kernels.h kern_read_xor: the word loop (kernels.c) and AVX-512 (kernels_misc_avx512.c) */
+uint64_t kern_read_xor_ref(const void *x, size_t n);
+uint64_t kern_read_xor_avx512(const void *x, size_t n);
 
 /* Pointers of a weight row and its MLX scales/biases. */
 static inline const uint8_t *kw_row(const floe_mat *W, int64_t r) {

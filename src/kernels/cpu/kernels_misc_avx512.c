@@ -1,4 +1,5 @@
-/* kern_argmax, AVX-512: the same index as kern_argmax_ref (tests/test_kernels.c).
+/* kern_argmax and kern_read_xor, AVX-512: the same results as their references (tests/test_kernels.c).
+ * kern_argmax:
  * A greedy decode step scanned the 248k logits one compare at a time (~0.2 ms, 1 % of a token of
  * the 35B-A3B shape); 16 lanes each keep their first strict maximum and its index, then the lanes
  * are merged: the largest value, the lowest index among equal values. */
@@ -42,4 +43,30 @@ int64_t kern_argmax_avx512(const float *x, int64_t n) {
     }
   }
   return r;
+}
+
+/* Four 64-byte loads per step into four XOR chains (the shape of bench/membw's read loop), the
+ * unaligned head and the tail through the reference; XOR is order-free, so the value is the
+ * reference's for any split. */
+uint64_t kern_read_xor_avx512(const void *x, size_t n) {
+  const uint8_t *p = x;
+  size_t head = (size_t)(-(uintptr_t)p & 63);
+  if (head > n) head = n;
+  head &= ~(size_t)7; /* whole words, so the reference's word grid stays the same */
+  uint64_t h = kern_read_xor_ref(p, head);
+  p += head;
+  n -= head;
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 256 <= n; i += 256) {
+    a0 = _mm512_xor_si512(a0, _mm512_loadu_si512(p + i));
+    a1 = _mm512_xor_si512(a1, _mm512_loadu_si512(p + i + 64));
+    a2 = _mm512_xor_si512(a2, _mm512_loadu_si512(p + i + 128));
+    a3 = _mm512_xor_si512(a3, _mm512_loadu_si512(p + i + 192));
+  }
+  const __m512i a = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
+  uint64_t lanes[8];
+  _mm512_storeu_si512(lanes, a);
+  for (int k = 0; k < 8; k++) h ^= lanes[k];
+  return h ^ kern_read_xor_ref(p + i, n - i);
 }
