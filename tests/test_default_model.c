@@ -281,6 +281,22 @@ int main(int argc, char **argv) {
             floe_token_find(e, "</tool_call>") >= 0 && floe_token_is_eog(e, floe_token_find(e, "<|endoftext|>")),
         "ChatML / thinking / tool-call tokens present, <|endoftext|> ends generation");
 
+  SECTION("the weights' own read bandwidth (floe_engine_read_bandwidth)");
+  {
+    double g = -1;
+    char e2[256] = "";
+    if (mi.copied) {
+      rc = floe_engine_read_bandwidth(e, 2, 2, &g, err, sizeof err);
+      CHECK(rc == 0 && g > 0, "read the copied weights: %s, %.2f GB/s", rc ? err : "ok", g);
+    } else {
+      rc = floe_engine_read_bandwidth(e, 2, 2, &g, err, sizeof err);
+      CHECK(rc == FLOE_E_UNSUPPORTED && strstr(err, "not one resident GGUF copy"), "mapped weights: unsupported (%s)", err);
+    }
+    CHECK(floe_engine_read_bandwidth(e, 0, 2, &g, e2, sizeof e2) == FLOE_E_INVALID && strstr(e2, "threads must be"),
+          "0 threads: %s", e2);
+    CHECK(floe_engine_read_bandwidth(e, 2, 0, &g, e2, sizeof e2) == FLOE_E_INVALID, "0 passes: %s", e2);
+  }
+
   SECTION("greedy continuations and logits vs HF transformers on the dequantized Q8_0 weights (golden.json)");
   size_t jl = 0;
   char *js = test_read_all(test_fixture("default_model/golden.json"), &jl);
