@@ -1,5 +1,5 @@
-/* Read bandwidth of main memory with 1 and 2 threads (AVX-512 loads when the CPU has them, AVX2
- * otherwise), over a buffer much larger than the last-level cache (default 2.5 GiB; this CPU has
+/* Read bandwidth of main memory with 1 and 2 threads (kern_read_xor's AVX-512 loads, the loop
+ * floe_engine_read_bandwidth uses on the weights, when floe's kernels run AVX-512; AVX2 otherwise), over a buffer much larger than the last-level cache (default 2.5 GiB; this CPU has
  * a 260 MiB L3). Each thread streams its half (or all) of the buffer; the best of several passes
  * is reported. Prints one JSON object per thread count:
  *   {"bench":"membw","threads":1,"bytes":...,"gbps":...}
@@ -12,20 +12,9 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "kernels/cpu/kernels.h"
 
 typedef struct { const uint8_t *p; size_t n; uint64_t sink; } job;
-
-__attribute__((target("avx512f"))) static uint64_t read512(const uint8_t *p, size_t n) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i + 256 <= n; i += 256) {
-    a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
-    a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
-    a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
-    a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
-  }
-  a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
-  return (uint64_t)_mm512_reduce_add_epi64(a0);
-}
 
 __attribute__((target("avx2"))) static uint64_t read256(const uint8_t *p, size_t n) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
@@ -45,7 +34,7 @@ static int g_avx512;
 
 static void *run(void *arg) {
   job *j = arg;
-  j->sink = g_avx512 ? read512(j->p, j->n) : read256(j->p, j->n);
+  j->sink = g_avx512 ? kern_read_xor(j->p, j->n) : read256(j->p, j->n);
   return NULL;
 }
 
@@ -57,8 +46,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (argc > 2) passes = atoi(argv[2]);
-  const floe_cpu *c = floe_cpu_features();
-  g_avx512 = c->avx512f;
+  g_avx512 = kern_isa_get() == FLOE_ISA_AVX512;
   size &= ~(uint64_t)4095;
   uint8_t *buf = floe_aligned_alloc(4096, size);
   if (!buf) {
