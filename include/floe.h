@@ -204,6 +204,10 @@ void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, ui
 /* Greedy pick over n logits: the index of the largest, the lowest on ties, NaN never chosen
  * (0 when none is above -inf); vectorized where the CPU allows. */
 int32_t floe_argmax(const float *logits, size_t n);
+/* floe_argmax of the logits of the session's last evaluated position, without copying them (a
+ * decode step finds it while computing the logits, each thread over its rows); -1 when the
+ * session holds no tokens. */
+int32_t floe_session_argmax(const floe_session *s);
 
 typedef struct floe_sampling {
   float temperature; /* <= 0: greedy */

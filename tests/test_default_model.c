@@ -225,20 +225,27 @@ static void check_prompt_hf_deq(floe_engine *e, const cJSON *p, int pi, int64_t 
           (long long)am_same, (long long)n);
   }
 
-  /* greedy: prompt, then floe's own argmax one token at a time */
+  /* greedy: prompt, then floe's own argmax one token at a time; floe_session_argmax (found by the
+   * threads while computing a decode step's logits, or over the last logits after a prompt) must
+   * name the same token as the argmax of the copied logits */
   floe_session_reset(s);
+  CHECK(floe_session_argmax(s) == -1, "prompt %d: floe_session_argmax of an empty session is -1", pi);
   float *l1 = malloc((size_t)V * sizeof(float));
   rc = floe_session_eval(s, toks, (size_t)T, l1, false, err, sizeof err);
-  int64_t i = 0;
+  int64_t i = 0, sa_bad = 0, sa_n = 0;
   double m_div = 0;
   for (; i < G && rc == 0; i++) {
     int32_t t = argmax_f(l1, V);
+    sa_bad += floe_session_argmax(s) != t;
+    sa_n++;
     if (t != gen[i]) {
       m_div = cJSON_GetArrayItem(margin, (int)(T - 1 + i))->valuedouble;
       break;
     }
     rc = floe_session_eval(s, &t, 1, l1, false, err, sizeof err);
   }
+  CHECK(sa_n > 1 && sa_bad == 0, "prompt %d: floe_session_argmax equals the argmax of the logits (%lld of %lld differ)",
+        pi, (long long)sa_bad, (long long)sa_n);
   printf("  prompt %d: greedy %lld/%lld tokens equal to HF's\n", pi, (long long)i, (long long)G);
   CHECK(rc == 0 && (i == G || m_div < MARGIN),
         "prompt %d: greedy continuation equal to HF's token for token (%lld/%lld; HF margin at the first "

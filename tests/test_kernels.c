@@ -355,9 +355,9 @@ static void test_read_xor(void) {
 static void test_argmax(void) {
   SECTION("argmax");
   static const int64_t lens[] = { 1, 2, 15, 16, 17, 31, 33, 100, 1000, 248320 };
-  int bad = 0, runs = 0, bad_ref = 0;
+  int bad = 0, runs = 0, bad_ref = 0, bad_parts = 0, runs_parts = 0;
   for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
-    for (int variant = 0; variant < 6; variant++) {
+    for (int variant = 0; variant < 7; variant++) {
       const int64_t n = lens[li];
       float *x = malloc(sizeof(float) * (size_t)n);
       for (int64_t i = 0; i < n; i++) {
@@ -367,6 +367,7 @@ static void test_argmax(void) {
         if (variant == 3) x[i] = u % 3 ? -INFINITY : NAN;          /* nothing above -inf */
         if (variant == 4) x[i] = u % 2 ? 0.0f : -0.0f;               /* signed-zero ties */
         if (variant == 5 && i == n - 1) x[i] = INFINITY;             /* the very last element */
+        if (variant == 6) x[i] = i == 0 ? NAN : u % 2 ? -INFINITY : NAN; /* a NaN first, then -inf: 0 */
       }
       int prev = kern_isa_set(FLOE_ISA_SCALAR);
       const int64_t ref = kern_argmax(x, n);
@@ -381,11 +382,34 @@ static void test_argmax(void) {
         bad += kern_argmax(x, n) != ref;
         runs++;
       }
+      /* by parts (layer_matmul_argmax: each thread over the rows it computed, in any order): the
+       * largest kern_argmax_key of the parts' picks names the same index */
+      for (int ii = 0; ii < n_isa; ii++) {
+        kern_isa_set(isas[ii]);
+        int64_t cut[9] = { 0 };
+        const int np = 1 + (int)(floe_rng_u64(&rng) % 8);
+        for (int c = 1; c < np; c++) cut[c] = (int64_t)(floe_rng_u64(&rng) % (uint64_t)n);
+        cut[np] = n;
+        for (int a = 1; a < np; a++) /* sort the cuts */
+          for (int b = a; b > 0 && cut[b - 1] > cut[b]; b--) {
+            const int64_t t = cut[b]; cut[b] = cut[b - 1]; cut[b - 1] = t;
+          }
+        uint64_t best = 0;
+        for (int c = np - 1; c >= 0; c--) { /* back to front: the order of the parts does not matter */
+          if (cut[c + 1] <= cut[c]) continue;
+          const int64_t i = cut[c] + kern_argmax(x + cut[c], cut[c + 1] - cut[c]);
+          const uint64_t k = kern_argmax_key(x[i], i);
+          best = k > best ? k : best;
+        }
+        bad_parts += kern_argmax_key_index(best) != ref;
+        runs_parts++;
+      }
       kern_isa_set(prev);
       free(x);
     }
   CHECK(bad_ref == 0, "argmax reference follows its rule (%d differ)", bad_ref);
   CHECK(runs > 0 && bad == 0, "argmax: %d of %d ISA runs differ from the reference", bad, runs);
+  CHECK(runs_parts > 0 && bad_parts == 0, "argmax by parts: %d of %d runs differ from the reference", bad_parts, runs_parts);
 }
 
 int main(void) {

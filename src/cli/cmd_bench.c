@@ -237,11 +237,13 @@ int cmd_bench(int argc, char **argv) {
       floe_session_stats w0;
       floe_session_stats_get(s, &w0);
       for (int64_t i = 0; i < n_gen; i++) {
-        if (floe_session_eval(s, &tok, 1, logits, false, err, sizeof err)) {
+        /* a decode step as floe_generate runs it: no copy of the logits, the greedy pick the
+         * threads found while computing them */
+        if (floe_session_eval(s, &tok, 1, NULL, false, err, sizeof err)) {
           cli_fail("%s", err);
           goto done;
         }
-        tok = floe_argmax(logits, (size_t)info.n_vocab);
+        tok = floe_session_argmax(s);
         if (window > 0 && r == 0 && (i + 1) % window == 0) {
           const double wb = now_s();
           floe_session_stats w1;

@@ -332,6 +332,12 @@ int32_t floe_token_find(const floe_engine *e, const char *text) { return tok_fin
 
 int32_t floe_argmax(const float *logits, size_t n) { return n > 0 && n <= INT32_MAX ? (int32_t)kern_argmax(logits, (int64_t)n) : 0; }
 
+int32_t floe_session_argmax(const floe_session *s) {
+  if (s->n_hist == 0) return -1;
+  if (s->ms->greedy >= 0) return (int32_t)s->ms->greedy; /* found while the logits were computed */
+  return floe_argmax(s->last_logits, (size_t)s->e->m->hp.n_vocab);
+}
+
 int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session **out, char *err, size_t errlen) {
   *out = NULL;
   floe_session_params def;
@@ -601,7 +607,7 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
       finish = FLOE_FINISH_LENGTH;
       break;
     }
-    int32_t id = sampler_sample(smp, s->last_logits);
+    int32_t id = sampler_greedy(smp) ? floe_session_argmax(s) : sampler_sample(smp, s->last_logits);
     floe_token_event ev = {0};
     ev.id = id;
     if (p->logprobs || p->n_top_logprobs) {

@@ -164,10 +164,18 @@ typedef struct mm_task {
   size_t xqs;
   float *Y;
   int64_t ldy;
+  uint64_t *amax;      /* NULL, or (nb = 1) the best kern_argmax_key of Y's rows so far (atomic) */
 } mm_task;
 
 static void task_rows(const mm_task *t, int64_t r0, int64_t r1) {
   kern_matmul_batch(t->W, t->nb, t->X, t->ldx, t->xq, t->xqs, t->Y, t->ldy, r0, r1);
+  if (t->amax && r1 > r0) { /* the greedy pick of these rows while they are in this core's cache */
+    const int64_t i = r0 + kern_argmax(t->Y + r0, r1 - r0);
+    const uint64_t k = kern_argmax_key(t->Y[i], i);
+    uint64_t cur = __atomic_load_n(t->amax, __ATOMIC_RELAXED);
+    while (k > cur && !__atomic_compare_exchange_n(t->amax, &cur, k, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+  }
 }
 
 /* Estimated cost of one 16-row unit: the weight bytes, plus the per-row integer work that grows
@@ -286,7 +294,7 @@ static const uint8_t *act_prep(model_session *s, uint8_t *buf, const floe_mat *W
 /* A task of W over rows prepared for layout `lay` (xq) when W shares that layout, else float. */
 static mm_task task(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, const floe_mat *lay,
                     const uint8_t *xq, size_t xqs, float *Y, int64_t ldy) {
-  mm_task t = { W, nb, X, ldx, NULL, 0, Y, ldy };
+  mm_task t = { W, nb, X, ldx, NULL, 0, Y, ldy, NULL };
   if (xq && lay && same_act(W, lay)) {
     t.xq = xq;
     t.xqs = xqs;
@@ -303,6 +311,16 @@ void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *
     mm_task t = task(W, n, X + b * ldx, ldx, W, xq, xs, Y + b * ldy, ldy);
     mm_run(s, &t, 1);
   }
+}
+
+int64_t layer_matmul_argmax(model_session *s, const floe_mat *W, const float *x, float *y) {
+  size_t xs;
+  const uint8_t *xq = act_prep(s, s->xq_m, W, 1, x, W->cols, &xs);
+  uint64_t key = 0;
+  mm_task t = task(W, 1, x, W->cols, W, xq, xs, y, W->rows);
+  t.amax = &key;
+  mm_run(s, &t, 1);
+  return kern_argmax_key_index(key);
 }
 
 /* ---- elementwise ---- */

@@ -661,6 +661,7 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
   model_session *s = calloc(1, sizeof *s);
   if (!s) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   s->m = m;
+  s->greedy = -1;
   int rc = kv_init(&s->kv, hp, n_ctx, kv_type, err, errlen);
   if (rc) {
     free(s);
@@ -908,7 +909,9 @@ static void eval_chunks(void *arg) {
       int64_t first = all_logits ? 0 : (c0 + nb == n ? nb - 1 : nb);
       for (int64_t t = first; t < nb; t++) layer_rmsnorm(x + t * E, m->output_norm, E, hp->rms_eps, s->h + t * E);
       float *dst = all_logits ? logits + c0 * V : logits;
-      if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
+      if (nb - first == 1 && c0 + nb == n) /* the evaluation's last position alone: its greedy pick too */
+        s->greedy = layer_matmul_argmax(s, &m->output, s->h + first * E, dst);
+      else if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
       s->ph[MODEL_PH_LMHEAD] += floe_time_s() - t0;
     }
     if (m->xs) xs_unlock(m->xs); /* held through the logits: the stream times whole evaluations */
@@ -934,6 +937,7 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
   double t_phases = 0;
   for (int i = 0; i < MODEL_PH_N; i++) t_phases += s->ph[i];
   eval_job j = { s, tokens, n, logits, all_logits, err, errlen, 0 };
+  s->greedy = -1;
   /* resident experts: the workers spin between the parallel regions of the whole evaluation;
    * streaming waits on I/O inside layers, where spinning workers would only burn CPU */
   if (!m->xs) layer_spin_eval(s, eval_chunks, &j);

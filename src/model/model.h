@@ -178,6 +178,7 @@ struct model_session {
   void *tasks;               /* matmul task list of one pool run (layers.c) */
   double ph[8];              /* seconds per enum model_phase, accumulated */
   int64_t n_eval_tok;        /* tokens evaluated since the last stats reset */
+  int64_t greedy;            /* kern_argmax of the last evaluated position's logits; -1: not known */
   size_t bytes;              /* everything this session allocated (KV, state, scratch) */
   /* streaming (layers.c): the experts of one wave, their cache slots and readiness; an I/O error
    * met inside a layer (layers return void) is kept here and returned by model_eval */
@@ -298,6 +299,9 @@ const char *model_lname(const model_src *src, int64_t l, const char *gguf, const
 /* ---- shared layer math (layers.c) ---- */
 /* Y[b] = W X[b] for b < nb (any nb), exact float path, split over the session's threads. */
 void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *X, int64_t ldx, float *Y, int64_t ldy);
+/* y = W x for one row x, and the greedy pick of y (kern_argmax(y, W->rows)) found by the threads
+ * over the rows each computed, while they are in its cache */
+int64_t layer_matmul_argmax(model_session *s, const floe_mat *W, const float *x, float *y);
 void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y);
 /* Full attention layer (with or without the sigmoid output gate). x += attn(norm(x)). */
 void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated);

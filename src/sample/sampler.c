@@ -98,6 +98,8 @@ static void quickselect(cand *c, int32_t n, int32_t k) {
   }
 }
 
+bool sampler_greedy(const sampler *s) { return s->p.temperature <= 0.0f; }
+
 int32_t sampler_sample(sampler *s, const float *logits) {
   const sampler_params *p = &s->p;
   int32_t n = s->n_vocab;

@@ -5,6 +5,7 @@
  * uses floe_rng seeded by `seed`, so a (seed, logits sequence) always gives the same tokens. */
 #ifndef FLOE_SAMPLER_H
 #define FLOE_SAMPLER_H
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/base.h"
@@ -27,6 +28,8 @@ void sampler_free(sampler *s);
 /* Picks a token from logits[n_vocab]. Non-finite logits are treated as -inf (never chosen unless
  * all are). */
 int32_t sampler_sample(sampler *s, const float *logits);
+/* The sampler picks greedily (temperature <= 0): sampler_sample would return sampler_argmax. */
+bool sampler_greedy(const sampler *s);
 /* Index of the largest logit (lowest index on ties). */
 int32_t sampler_argmax(const float *logits, int32_t n);
 #endif

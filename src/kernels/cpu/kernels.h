@@ -26,6 +26,8 @@
 #define FLOE_KERNELS_H
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <math.h>
 
 #include "quant/quant.h"
 
@@ -97,6 +99,19 @@ void kern_wsum_rows(const float *W, int64_t ldw, int nh, const void *V, int V_bf
 /* Index of the largest of x[0..n): the first one on ties, NaN never chosen, 0 when nothing is
  * larger than -inf (greedy sampling). */
 int64_t kern_argmax(const float *x, int64_t n);
+/* kern_argmax found by parts (say, each thread over the rows it computed): key(v, i) orders the
+ * candidates by value, then by the lower index, and is 0 for a value that is never chosen (NaN,
+ * -inf); -0 counts as +0. The largest key of the parts' best candidates names kern_argmax's
+ * result over the whole (kern_argmax_key_index; 0 when every key is 0). Indices below 2^32 - 1. */
+static inline uint64_t kern_argmax_key(float v, int64_t i) {
+  if (!(v > -INFINITY)) return 0;
+  if (v == 0.0f) v = 0.0f;
+  uint32_t b;
+  memcpy(&b, &v, 4);
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return ((uint64_t)b << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)i);
+}
+static inline int64_t kern_argmax_key_index(uint64_t key) { return key ? (int64_t)(0xFFFFFFFFu - (uint32_t)key) : 0; }
 /* Reads x[0..n) once, front to back, and returns the XOR of its 64-bit words (a trailing n % 8
  * bytes are zero-padded to a word): a pure read stream, for measuring the read bandwidth of a
  * buffer (floe_engine_read_bandwidth); the value only keeps the reads from being dropped. */
