@@ -5,6 +5,7 @@
  * writes one line (no trailing newline) into (err, errlen) with floe_err(). */
 #ifndef FLOE_BASE_H
 #define FLOE_BASE_H
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +72,24 @@ void floe_pool_run(floe_pool *p, floe_pool_fn fn, void *ctx);
 /* How long an idle worker spins (pause instructions, ~13 ns each here) before it blocks; the
  * default bridges the gaps between the parallel regions of one evaluation (~25 us). */
 void floe_pool_set_spin(floe_pool *p, int pauses);
+/* ---- spin-then-sleep waiting (pool.c) ----
+ * A thread waits for a word another thread stores: it spins `spin` pause instructions (~13 ns
+ * each here), then sleeps on a condition variable. The storer calls floe_waiter_wake after its
+ * sequentially consistent store; it takes the mutex only when someone sleeps. A waiter announces
+ * that it sleeps (seq_cst) before it re-checks the word under the mutex, so no wake-up is lost. */
+typedef struct floe_waiter {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int sleepers;
+} floe_waiter;
+void floe_waiter_init(floe_waiter *w);
+void floe_waiter_destroy(floe_waiter *w);
+/* Returns once *gen != seen, or *quit != 0 (quit may be NULL). */
+void floe_waiter_wait_change(floe_waiter *w, const uint64_t *gen, uint64_t seen, const int *quit, int spin);
+/* Returns once *count == 0. */
+void floe_waiter_wait_zero(floe_waiter *w, const int *count, int spin);
+void floe_waiter_wake(floe_waiter *w);
+
 /* Rows [0,n) split into nth contiguous ranges aligned to `align` rows; range of thread ith. */
 void floe_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1);
 

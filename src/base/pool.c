@@ -10,9 +10,10 @@
  *
  * Fast path: (fn, ctx) are written before the generation is bumped (release) and read after it is
  * seen (acquire), so a spinning worker starts without touching the mutex, and the caller takes the
- * mutex to broadcast only when some worker is asleep (n_sleep); completion likewise signals only a
+ * mutex to broadcast only when some worker is asleep (sleepers); completion likewise wakes only a
  * sleeping caller. Each side announces that it goes to sleep (seq_cst store) before re-checking the
- * other's counter (seq_cst load) under the mutex, so a wake-up cannot be lost. A mutex on every run
+ * other's counter (seq_cst load) under the mutex, so a wake-up cannot be lost (floe_waiter, which
+ * layer_spin_eval's dispatch uses too). A mutex on every run
  * cost 0.68 us per empty run with 2 threads, and a worker that saw the new generation while the
  * caller still held the mutex slept in the kernel. */
 #include <pthread.h>
@@ -21,18 +22,57 @@
 
 #include "base/base.h"
 
+/* ---- floe_waiter ---- */
+void floe_waiter_init(floe_waiter *w) {
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  w->sleepers = 0;
+}
+
+void floe_waiter_destroy(floe_waiter *w) {
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
+}
+
+#define WAIT_UNTIL(done)                                                     \
+  do {                                                                       \
+    for (int i_ = 0; i_ < spin; i_++) {                                      \
+      if (done) return;                                                      \
+      __builtin_ia32_pause();                                                \
+    }                                                                        \
+    pthread_mutex_lock(&w->mu);                                              \
+    __atomic_add_fetch(&w->sleepers, 1, __ATOMIC_SEQ_CST);                   \
+    while (!(done)) pthread_cond_wait(&w->cv, &w->mu);                       \
+    __atomic_sub_fetch(&w->sleepers, 1, __ATOMIC_SEQ_CST);                   \
+    pthread_mutex_unlock(&w->mu);                                            \
+  } while (0)
+
+void floe_waiter_wait_change(floe_waiter *w, const uint64_t *gen, uint64_t seen, const int *quit, int spin) {
+  WAIT_UNTIL(__atomic_load_n(gen, __ATOMIC_SEQ_CST) != seen || (quit && __atomic_load_n(quit, __ATOMIC_SEQ_CST)));
+}
+
+void floe_waiter_wait_zero(floe_waiter *w, const int *count, int spin) {
+  WAIT_UNTIL(__atomic_load_n(count, __ATOMIC_SEQ_CST) == 0);
+}
+#undef WAIT_UNTIL
+
+void floe_waiter_wake(floe_waiter *w) {
+  if (__atomic_load_n(&w->sleepers, __ATOMIC_SEQ_CST) == 0) return;
+  pthread_mutex_lock(&w->mu);
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* ---- floe_pool ---- */
 struct floe_pool {
   int n;
   pthread_t *threads;
-  pthread_mutex_t mu;
-  pthread_cond_t cv_work, cv_done;
+  floe_waiter work, done; /* workers wait for a new generation; the caller for pending == 0 */
   floe_pool_fn fn;
   void *ctx;
   uint64_t gen;   /* incremented per run; workers wait for a new value */
   int pending;    /* workers still running the current generation */
   int quit;
-  int n_sleep;    /* workers blocked (or about to block) on cv_work */
-  int caller_sleep; /* the caller is blocked (or about to block) on cv_done */
   int spin;       /* pauses a worker spins before blocking (floe_pool_set_spin) */
 };
 
@@ -47,31 +87,11 @@ static void *worker_main(void *arg_) {
   free(arg);
   uint64_t seen = 0;
   for (;;) {
-    /* short spin on the generation counter before blocking */
-    const int spin = __atomic_load_n(&p->spin, __ATOMIC_RELAXED);
-    for (int i = 0; i < spin; i++) {
-      if (__atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) != seen || __atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) break;
-      __builtin_ia32_pause();
-    }
-    if (__atomic_load_n(&p->gen, __ATOMIC_SEQ_CST) == seen && !__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) {
-      pthread_mutex_lock(&p->mu);
-      __atomic_add_fetch(&p->n_sleep, 1, __ATOMIC_SEQ_CST);
-      while (__atomic_load_n(&p->gen, __ATOMIC_SEQ_CST) == seen && !p->quit) pthread_cond_wait(&p->cv_work, &p->mu);
-      __atomic_sub_fetch(&p->n_sleep, 1, __ATOMIC_SEQ_CST);
-      pthread_mutex_unlock(&p->mu);
-    }
-    if (__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) return NULL;
-    seen = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE);
-    floe_pool_fn fn = p->fn;
-    void *ctx = p->ctx;
-
-    fn(ctx, ith, p->n);
-
-    if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_SEQ_CST) == 0 && __atomic_load_n(&p->caller_sleep, __ATOMIC_SEQ_CST)) {
-      pthread_mutex_lock(&p->mu);
-      pthread_cond_signal(&p->cv_done);
-      pthread_mutex_unlock(&p->mu);
-    }
+    floe_waiter_wait_change(&p->work, &p->gen, seen, &p->quit, __atomic_load_n(&p->spin, __ATOMIC_RELAXED));
+    if (__atomic_load_n(&p->quit, __ATOMIC_SEQ_CST)) return NULL;
+    seen = __atomic_load_n(&p->gen, __ATOMIC_SEQ_CST);
+    p->fn(p->ctx, ith, p->n);
+    if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_SEQ_CST) == 0) floe_waiter_wake(&p->done);
   }
 }
 
@@ -81,11 +101,12 @@ floe_pool *floe_pool_create(int n_threads) {
   if (!p) return NULL;
   p->n = n_threads;
   p->spin = POOL_SPIN;
-  pthread_mutex_init(&p->mu, NULL);
-  pthread_cond_init(&p->cv_work, NULL);
-  pthread_cond_init(&p->cv_done, NULL);
+  floe_waiter_init(&p->work);
+  floe_waiter_init(&p->done);
   p->threads = calloc((size_t)n_threads, sizeof *p->threads);
   if (!p->threads) {
+    floe_waiter_destroy(&p->work);
+    floe_waiter_destroy(&p->done);
     free(p);
     return NULL;
   }
@@ -110,14 +131,11 @@ floe_pool *floe_pool_create(int n_threads) {
 
 void floe_pool_free(floe_pool *p) {
   if (!p) return;
-  pthread_mutex_lock(&p->mu);
-  __atomic_store_n(&p->quit, 1, __ATOMIC_RELEASE);
-  pthread_cond_broadcast(&p->cv_work);
-  pthread_mutex_unlock(&p->mu);
+  __atomic_store_n(&p->quit, 1, __ATOMIC_SEQ_CST);
+  floe_waiter_wake(&p->work);
   for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
-  pthread_mutex_destroy(&p->mu);
-  pthread_cond_destroy(&p->cv_work);
-  pthread_cond_destroy(&p->cv_done);
+  floe_waiter_destroy(&p->work);
+  floe_waiter_destroy(&p->done);
   free(p->threads);
   free(p);
 }
@@ -135,24 +153,11 @@ void floe_pool_run(floe_pool *p, floe_pool_fn fn, void *ctx) {
   }
   p->fn = fn;
   p->ctx = ctx;
-  __atomic_store_n(&p->pending, p->n - 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&p->pending, p->n - 1, __ATOMIC_SEQ_CST);
   __atomic_add_fetch(&p->gen, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&p->n_sleep, __ATOMIC_SEQ_CST)) {
-    pthread_mutex_lock(&p->mu);
-    pthread_cond_broadcast(&p->cv_work);
-    pthread_mutex_unlock(&p->mu);
-  }
-
+  floe_waiter_wake(&p->work);
   fn(ctx, 0, p->n);
-
-  for (int i = 0; i < POOL_SPIN && __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE); i++) __builtin_ia32_pause();
-  if (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE)) {
-    pthread_mutex_lock(&p->mu);
-    __atomic_store_n(&p->caller_sleep, 1, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&p->pending, __ATOMIC_SEQ_CST)) pthread_cond_wait(&p->cv_done, &p->mu);
-    __atomic_store_n(&p->caller_sleep, 0, __ATOMIC_SEQ_CST);
-    pthread_mutex_unlock(&p->mu);
-  }
+  floe_waiter_wait_zero(&p->done, &p->pending, POOL_SPIN);
 }
 
 void floe_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1) {

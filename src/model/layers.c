@@ -20,7 +20,6 @@
  * Decode floors (35B-A3B shape, Q4_K, 8 layers, 2 threads): see bench/results.tsv and
  * layer_decode_bytes(); the weights read per token are ~0.56 GB, half of them the output matrix. */
 #include <math.h>
-#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -54,41 +53,21 @@ typedef struct layer_spin {
   floe_pool_fn fn;
   void *ctx;
   _Alignas(64) int pending;   /* workers still running the current region */
-  _Alignas(64) int sleepers;  /* threads blocked (or about to block) on cv */
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
+  _Alignas(64) floe_waiter w; /* the workers wait on gen, the caller on pending */
   void (*body)(void *);
   void *arg;
 } layer_spin;
 
 #define SPIN_WAIT 8000 /* pauses (~13 ns each here) before a wait blocks */
 
-/* Waits until *word != val (want_ne) or *word == 0 (!want_ne), or quit. Lost wake-ups are ruled
- * out by the sequentially consistent pair (sleepers++, re-check) here / (store, sleepers?) in
- * spin_wake, and by re-checking under the mutex. */
-static void spin_wait(layer_spin *sp, const void *word, uint64_t val, bool want_ne) {
-#define SPIN_DONE() (want_ne ? (__atomic_load_n((const uint64_t *)word, __ATOMIC_SEQ_CST) != val || \
-                                __atomic_load_n(&sp->quit, __ATOMIC_SEQ_CST)) \
-                             : __atomic_load_n((const int *)word, __ATOMIC_SEQ_CST) == 0)
-  for (int i = 0; i < SPIN_WAIT; i++) {
-    if (SPIN_DONE()) return;
-    __builtin_ia32_pause();
-  }
-  pthread_mutex_lock(&sp->mu);
-  __atomic_add_fetch(&sp->sleepers, 1, __ATOMIC_SEQ_CST);
-  while (!SPIN_DONE()) pthread_cond_wait(&sp->cv, &sp->mu);
-  __atomic_sub_fetch(&sp->sleepers, 1, __ATOMIC_SEQ_CST);
-  pthread_mutex_unlock(&sp->mu);
-#undef SPIN_DONE
+/* Workers: until gen != seen or quit; the caller: until pending == 0 (floe_waiter) */
+static void spin_wait_gen(layer_spin *sp, uint64_t seen) {
+  floe_waiter_wait_change(&sp->w, &sp->gen, seen, &sp->quit, SPIN_WAIT);
 }
+static void spin_wait_done(layer_spin *sp) { floe_waiter_wait_zero(&sp->w, &sp->pending, SPIN_WAIT); }
 
 /* After a store another thread may be waiting for (seq_cst store before this call). */
-static void spin_wake(layer_spin *sp) {
-  if (__atomic_load_n(&sp->sleepers, __ATOMIC_SEQ_CST) == 0) return;
-  pthread_mutex_lock(&sp->mu);
-  pthread_cond_broadcast(&sp->cv);
-  pthread_mutex_unlock(&sp->mu);
-}
+static void spin_wake(layer_spin *sp) { floe_waiter_wake(&sp->w); }
 
 static void spin_main(void *ctx, int ith, int nth) {
   layer_spin *sp = ctx;
@@ -100,7 +79,7 @@ static void spin_main(void *ctx, int ith, int nth) {
   }
   uint64_t seen = 0;
   for (;;) {
-    spin_wait(sp, &sp->gen, seen, true);
+    spin_wait_gen(sp, seen);
     const uint64_t g = __atomic_load_n(&sp->gen, __ATOMIC_SEQ_CST);
     if (g == seen) return; /* quit, and no region left (the caller publishes none after quit) */
     seen = g;
@@ -123,7 +102,7 @@ static void layer_run(model_session *s, floe_pool_fn fn, void *ctx) {
   __atomic_add_fetch(&sp->gen, 1, __ATOMIC_SEQ_CST);
   spin_wake(sp);
   fn(ctx, 0, nth);
-  spin_wait(sp, &sp->pending, 0, false);
+  spin_wait_done(sp);
 }
 
 int layer_spin_eval(model_session *s, void (*body)(void *arg), void *arg) {
@@ -137,15 +116,13 @@ int layer_spin_eval(model_session *s, void (*body)(void *arg), void *arg) {
   }
   layer_spin *sp = s->spin;
   memset(sp, 0, sizeof *sp);
-  pthread_mutex_init(&sp->mu, NULL);
-  pthread_cond_init(&sp->cv, NULL);
+  floe_waiter_init(&sp->w);
   sp->body = body;
   sp->arg = arg;
   sp->active = 1;
   floe_pool_run(s->pool, spin_main, sp); /* publishes the reset fields to the workers */
   sp->active = 0;
-  pthread_cond_destroy(&sp->cv);
-  pthread_mutex_destroy(&sp->mu);
+  floe_waiter_destroy(&sp->w);
   return 0;
 }
 
