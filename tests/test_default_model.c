@@ -246,6 +246,14 @@ static void check_prompt_hf_deq(floe_engine *e, const cJSON *p, int pi, int64_t 
   }
   CHECK(sa_n > 1 && sa_bad == 0, "prompt %d: floe_session_argmax equals the argmax of the logits (%lld of %lld differ)",
         pi, (long long)sa_bad, (long long)sa_n);
+  /* all_logits without a buffer: the last position's logits are still computed for the session */
+  floe_session_reset(s);
+  int rc2 = floe_session_eval(s, toks, (size_t)T, NULL, true, err, sizeof err);
+  const int32_t sa_null = floe_session_argmax(s);
+  floe_session_reset(s);
+  if (!rc2) rc2 = floe_session_eval(s, toks, (size_t)T, l1, false, err, sizeof err);
+  CHECK(rc2 == 0 && sa_null == argmax_f(l1, V), "prompt %d: eval(NULL, all_logits) leaves the last logits (%d vs %d)",
+        pi, sa_null, argmax_f(l1, V));
   printf("  prompt %d: greedy %lld/%lld tokens equal to HF's\n", pi, (long long)i, (long long)G);
   CHECK(rc == 0 && (i == G || m_div < MARGIN),
         "prompt %d: greedy continuation equal to HF's token for token (%lld/%lld; HF margin at the first "

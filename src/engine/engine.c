@@ -433,7 +433,8 @@ int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logi
   if (s->n_hist + (int64_t)n > s->n_ctx)
     return floe_err(err, errlen, FLOE_E_CONTEXT, "%lld tokens do not fit the context of %lld (%lld in use)",
                     (long long)n, (long long)s->n_ctx, (long long)s->n_hist);
-  float *dst = all_logits ? logits : s->last_logits;
+  /* the last position's logits always land in last_logits (floe_session_argmax, generation) */
+  float *dst = all_logits && logits ? logits : s->last_logits;
   int rc = model_eval(s->ms, ids, (int64_t)n, dst, all_logits && logits, err, errlen);
   if (rc) {
     floe_session_reset(s); /* state is undefined after a failed eval */
