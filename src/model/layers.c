@@ -279,24 +279,29 @@ static mm_task task(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, 
   return t;
 }
 
+/* One batch of at most MODEL_MAX_BATCH rows; amax: NULL, or (n = 1) mm_task.amax */
+static void matmul_batch(model_session *s, const floe_mat *W, int64_t n, const float *X, int64_t ldx, float *Y,
+                         int64_t ldy, uint64_t *amax) {
+  size_t xs;
+  const uint8_t *xq = act_prep(s, s->xq_m, W, n, X, ldx, &xs);
+  mm_task t = task(W, n, X, ldx, W, xq, xs, Y, ldy);
+  t.amax = amax;
+  mm_run(s, &t, 1);
+}
+
 void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *X, int64_t ldx, float *Y,
                   int64_t ldy) {
-  for (int64_t b = 0; b < nb; b += MODEL_MAX_BATCH) {
-    const int64_t n = nb - b < MODEL_MAX_BATCH ? nb - b : MODEL_MAX_BATCH;
-    size_t xs;
-    const uint8_t *xq = act_prep(s, s->xq_m, W, n, X + b * ldx, ldx, &xs);
-    mm_task t = task(W, n, X + b * ldx, ldx, W, xq, xs, Y + b * ldy, ldy);
-    mm_run(s, &t, 1);
-  }
+  for (int64_t b = 0; b < nb; b += MODEL_MAX_BATCH)
+    matmul_batch(s, W, nb - b < MODEL_MAX_BATCH ? nb - b : MODEL_MAX_BATCH, X + b * ldx, ldx, Y + b * ldy, ldy, NULL);
 }
 
 int64_t layer_matmul_argmax(model_session *s, const floe_mat *W, const float *x, float *y) {
-  size_t xs;
-  const uint8_t *xq = act_prep(s, s->xq_m, W, 1, x, W->cols, &xs);
+  if (W->rows >= (int64_t)UINT32_MAX) { /* beyond kern_argmax_key's index field: after the rows */
+    matmul_batch(s, W, 1, x, W->cols, y, W->rows, NULL);
+    return kern_argmax(y, W->rows);
+  }
   uint64_t key = 0;
-  mm_task t = task(W, 1, x, W->cols, W, xq, xs, y, W->rows);
-  t.amax = &key;
-  mm_run(s, &t, 1);
+  matmul_batch(s, W, 1, x, W->cols, y, W->rows, &key);
   return kern_argmax_key_index(key);
 }
 

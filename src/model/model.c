@@ -909,7 +909,7 @@ static void eval_chunks(void *arg) {
       int64_t first = all_logits ? 0 : (c0 + nb == n ? nb - 1 : nb);
       for (int64_t t = first; t < nb; t++) layer_rmsnorm(x + t * E, m->output_norm, E, hp->rms_eps, s->h + t * E);
       float *dst = all_logits ? logits + c0 * V : logits;
-      if (nb - first == 1 && c0 + nb == n && V < (int64_t)UINT32_MAX) /* the last position alone: its greedy pick too */
+      if (nb - first == 1 && c0 + nb == n) /* the evaluation's last position alone: its greedy pick too */
         s->greedy = layer_matmul_argmax(s, &m->output, s->h + first * E, dst);
       else if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
       s->ph[MODEL_PH_LMHEAD] += floe_time_s() - t0;

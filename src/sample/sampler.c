@@ -103,7 +103,7 @@ bool sampler_greedy(const sampler *s) { return s->p.temperature <= 0.0f; }
 int32_t sampler_sample(sampler *s, const float *logits) {
   const sampler_params *p = &s->p;
   int32_t n = s->n_vocab;
-  if (p->temperature <= 0.0f) return sampler_argmax(logits, n);
+  if (sampler_greedy(s)) return sampler_argmax(logits, n);
 
   float maxl = -INFINITY;
   for (int32_t i = 0; i < n; i++)
