@@ -249,7 +249,10 @@ static void test_attention_rows(void) {
   int nd = 0, nw = 0, bad_d = 0, bad_w = 0, bad_ref = 0;
   for (int bf = 0; bf < 2; bf++)
     for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
-      const int64_t n = lens[li], lda = n + 3, ldb = n + 16 * bf + 5, np = 1 + (int64_t)(floe_rng_u64(&rng) % 70);
+      /* cache rows contiguous (ldb == n, as in the KV cache: the PV prefetch then runs in address
+       * order) or strided; up to 4 blocks of 64 positions */
+      const int64_t n = lens[li], lda = n + 3, ldb = li % 2 ? n : n + 16 * bf + 5;
+      const int64_t np = 1 + (int64_t)(floe_rng_u64(&rng) % 230);
       float *A = malloc(sizeof(float) * 9 * lda), *Bf = malloc(sizeof(float) * np * ldb);
       uint16_t *Bh = malloc(2 * np * ldb);
       for (int64_t i = 0; i < 9 * lda; i++) A[i] = floe_rng_normal(&rng);

@@ -103,13 +103,12 @@ void kern_dot16_rows_avx512(const float *A, int64_t lda, int na, const void *B, 
 #undef QK_ROWS
 
 /* O rows [0, nh) (nh <= NH), columns [i0, i0 + 16 * NC), positions [p0, p1) in order. Missing
- * rows repeat the last one and are not stored. At position p, bytes [pf0, pf1) of row p + pfd are
- * prefetched into L2 when that row is below pfe. */
+ * rows repeat the last one and are not stored. At position p, the pfl bytes at
+ * pfa + (p - p0) * pfs are prefetched into L2, the lines below pfe. */
 static inline __attribute__((always_inline)) void pv_block(const float *W, int64_t ldw, int nh, const void *V, int bf16,
                                                            int64_t ldv, int64_t p0, int64_t p1, int64_t i0, float *O,
-                                                           int64_t ldo, const int NH, const int NC, int64_t pfd,
-                                                           int64_t pfe, int64_t pf0, int64_t pf1) {
-  const int64_t esz = bf16 ? 2 : 4;
+                                                           int64_t ldo, const int NH, const int NC, const char *pfa,
+                                                           int64_t pfs, int64_t pfl, const char *pfe) {
   const float *w[8];
   __m512 acc[16];
   #pragma GCC unroll 16
@@ -120,8 +119,8 @@ static inline __attribute__((always_inline)) void pv_block(const float *W, int64
     for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_loadu_ps(O + hh * ldo + i0 + 16 * c);
   }
   for (int64_t p = p0; p < p1; p++) {
-    if (p + pfd < pfe)
-      for (int64_t b = pf0; b < pf1; b += 64) _mm_prefetch((const char *)V + (p + pfd) * ldv * esz + b, _MM_HINT_T1);
+    const char *a = pfa + (p - p0) * pfs;
+    for (int64_t b = 0; b < pfl && a + b < pfe; b += 64) _mm_prefetch(a + b, _MM_HINT_T1);
     __m512 v[2];
     #pragma GCC unroll 16
     for (int c = 0; c < NC; c++) v[c] = ld16(V, bf16, p * ldv + i0 + 16 * c);
@@ -138,18 +137,25 @@ static inline __attribute__((always_inline)) void pv_block(const float *W, int64
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(O + h * ldo + i0 + 16 * c, acc[h * NC + c]);
 }
 
-/* positions [p0, p1): every column block; each pass prefetches the lines of its columns in the
- * next block's rows (the last pass also the rest of each row) */
+/* positions [p0, p1): every column block. Pass k reads columns [32k, 32k + 32) of every row of
+ * the block and prefetches 1/passes of the next block meanwhile: when rows are contiguous
+ * (ldv == n, the KV cache), the next block's bytes in address order, a line or so per position
+ * step; otherwise its own lines of each next-block row. */
 static inline __attribute__((always_inline)) void pv_rows(const float *W, int64_t ldw, int nh, const void *V, int bf16,
                                                           int64_t ldv, int64_t np, int64_t p0, int64_t p1, int64_t n,
                                                           float *O, int64_t ldo, const int NH) {
-  const int64_t n16 = n / 16 * 16, esz = bf16 ? 2 : 4, rowb = n * esz, d = p1 - p0;
+  const int64_t n16 = n / 16 * 16, esz = bf16 ? 2 : 4, rowb = n * esz, d = p1 - p0, lb = ldv * esz;
+  const char *Vb = V, *end = Vb + np * lb, *next = Vb + p1 * lb;
+  const int seq = ldv == n;
   int64_t i0 = 0;
-  for (; i0 + 32 <= n16; i0 += 32) { /* lines from the one holding column i0, up to the next pass's */
-    const int64_t b0 = i0 * esz / 64 * 64, b1 = i0 + 32 < n16 ? (i0 + 32) * esz / 64 * 64 : rowb;
-    pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 2, d, np, b0, b1);
+  for (; i0 < n16; i0 += 32) { /* lines from the one holding column i0, up to the next pass's */
+    const int NC2 = i0 + 32 <= n16;
+    const int64_t b0 = i0 * esz / 64 * 64, b1 = NC2 && i0 + 32 < n16 ? (i0 + 32) * esz / 64 * 64 : rowb;
+    const char *pfa = seq ? next + d * b0 : next + b0;
+    const int64_t pfs = seq ? b1 - b0 : lb;
+    if (NC2) pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 2, pfa, pfs, b1 - b0, end);
+    else pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 1, pfa, pfs, b1 - b0, end);
   }
-  if (i0 < n16) pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 1, d, np, i0 * esz / 64 * 64, rowb);
 }
 
 #define PV_ROWS(NH)                                                                                  \
