@@ -224,8 +224,15 @@
  * A32 types (Q8_0): the same two levels measured -1.5 to -3 points with 2 threads, so they keep
  * one prefetcht0 KPF_ONE bytes ahead. History: one T0 distance, Q4_K 512x2048 out of cache
  * 5.7 GB/s without, 8.1-9.8 at 4 KiB (device machine, 1 thread): the hardware streamer alone does
- * not keep enough lines in flight. */
-static int KPF = 8192, KPF_NEAR = 1024, KPF_ONE = 4096;
+ * not keep enough lines in flight.
+ * 2026-11-30, in the decode of the 35B-A3B shape (per-token A/B in one process, 384 tokens, where
+ * bench_matvec's expert shapes had found 8 / 1 KiB best and show no difference): far 12-16 KiB with
+ * near 1.5-1.75 KiB: -1.6 to -2.6 % per token in 8 runs (the output matrix ~-3 %, the GDN
+ * projections ~-2-5 %); far 12 KiB with near 1 or 1.25 KiB, or 10-11 KiB with 1.5-2 KiB: 0 to
+ * -0.9 %; near 3 KiB: +14 % (the output matrix 9.9 -> 11.6 ms); no prefetch at all: the output
+ * matrix 9.9 -> 19.2 ms (a pure read of the same rows needs no prefetch: the kernel consumes
+ * too slowly for the streamer alone). */
+static int KPF = 12288, KPF_NEAR = 1536, KPF_ONE = 4096;
 __attribute__((constructor)) static void kpf_from_env(void) {
   const char *e = getenv("FLOE_KPF");
   if (e) KPF = atoi(e);
