@@ -749,14 +749,13 @@ static inline __attribute__((always_inline)) __m256 k4_t(const __m512i *q, __m51
  * line is prefetched once; 3 each had prefetched 3 of the 9 twice), Q5_K 3 (704 B = 11 lines).
  * Measured 2026-11-30: in L2 24.7-25.1 -> 25.5-25.6 GB/s (1 thread, 1024x2048, x3); out of cache
  * and in decode within noise (bench/results.tsv). */
-static inline __attribute__((always_inline)) void k4_grp(const int T, const int RR, const int NI, const floe_mat *W,
-                                                         const kact_layout *L, const uint8_t *xb, const uint8_t *rowA,
-                                                         const uint8_t *rowB, int64_t g, __m256 *acc4) {
+static inline __attribute__((always_inline)) void k4_grp_int(const int T, const int RR, const int NI, const floe_mat *W,
+                                                             const kact_layout *L, const uint8_t *xb, const uint8_t *rowA,
+                                                             const uint8_t *rowB, int64_t g, __m512i *q, __m512 *scvo) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
   const int8_t *xq = (const int8_t *)xb;
   const float *dxv = (const float *)(xb + L->off_d);
   const int16_t *bsv = (const int16_t *)(xb + L->off_s);
-  __m512i q[4];
   __m512 scv = _mm512_setzero_ps();
 #pragma GCC unroll 4
   for (int i = 0; i < 4; i++) {
@@ -767,9 +766,26 @@ static inline __attribute__((always_inline)) void k4_grp(const int T, const int 
     else
       q[i] = _mm512_setzero_si512(); /* padding: t = 0 * 0 - 0 * 0 = +0 */
   }
+  *scvo = scv;
+}
+
+static inline __attribute__((always_inline)) void k4_grp(const int T, const int RR, const int NI, const floe_mat *W,
+                                                         const kact_layout *L, const uint8_t *xb, const uint8_t *rowA,
+                                                         const uint8_t *rowB, int64_t g, __m256 *acc4) {
+  __m512i q[4];
+  __m512 scv;
+  k4_grp_int(T, RR, NI, W, L, xb, rowA, rowB, g, q, &scv);
   acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], k4_t(q, scv));
 }
 
+/* Whole groups are software-pipelined: the float tail of group g (k4_t and its add into acc4: a
+ * ~20-cycle chain after the ~30-cycle integer chain of each superblock) is issued after the integer
+ * work of group g + 1. The operations and the order of the adds into acc4 are those of one k4_grp
+ * after another; only the program order changes. Why: with ~130 uops per superblock pair and long
+ * chains, the scheduler filled with uops waiting on the tail and the loop ran at ~35 cycles per
+ * pair, ~60 % of its port bound (llvm-mca: register dependencies 28 %). Measured 2026-11-30
+ * (per-token A/B in the decode of the 35B-A3B shape, 2 runs): -1.1 / -1.4 % a token, the output
+ * matrix -1.6 %. */
 static inline __attribute__((always_inline)) void k4_rows(const int T, const int RR, const floe_mat *W, const kact_layout *L,
                                                           int64_t r, const uint8_t *xb, float *y0, float *y1) {
   const int64_t nsb = L->nblk;
@@ -777,7 +793,20 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
   __m256 acc4[4];
   for (int j = 0; j < 4; j++) acc4[j] = _mm256_setzero_ps();
   int64_t g = 0;
-  for (; g + 4 <= nsb; g += 4) k4_grp(T, RR, 4, W, L, xb, rowA, rowB, g, acc4);
+  if (nsb >= 8) {
+    __m512i qp[4], qn[4];
+    __m512 sp, sn;
+    k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, 0, qp, &sp);
+    for (g = 4; g + 4 <= nsb; g += 4) {
+      k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, g, qn, &sn);
+      acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(qp, sp));
+      for (int i = 0; i < 4; i++) qp[i] = qn[i];
+      sp = sn;
+    }
+    acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(qp, sp));
+  } else {
+    for (; g + 4 <= nsb; g += 4) k4_grp(T, RR, 4, W, L, xb, rowA, rowB, g, acc4);
+  }
   switch (nsb - g) {
     case 1: k4_grp(T, RR, 1, W, L, xb, rowA, rowB, g, acc4); break;
     case 2: k4_grp(T, RR, 2, W, L, xb, rowA, rowB, g, acc4); break;
