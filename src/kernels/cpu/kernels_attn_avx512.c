@@ -42,16 +42,14 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16
  * per layer (2026-11-30). */
 #define QK_PF_ROWS 16
 #define PV_BLK 64 /* positions per pass over the column blocks */
+#define QK_MAX_N 1024 /* head dims up to which QK runs here (larger: the reference) */
 
-/* Scores of A rows [0, na) (na <= NH) x B rows [b0, b0 + nbv) (nbv <= PB); missing rows repeat
- * the last one and are not stored. */
-static inline __attribute__((always_inline)) void qk_block(const float *A, int64_t lda, int na, const void *B, int bf16,
+/* Scores of the NH query rows in qa (interleaved by qk_rows_copy) x B rows [b0, b0 + nbv)
+ * (nbv <= PB); rows past na and nbv repeat the last one and are not stored. */
+static inline __attribute__((always_inline)) void qk_block(const float *qa, int na, const void *B, int bf16,
                                                            int64_t ldb, int64_t b0, int nbv, int64_t n, float *out,
                                                            int64_t ldo, const int NH, const int PB) {
-  const float *q[8];
   int64_t bo[16];
-  #pragma GCC unroll 16
-  for (int m = 0; m < NH; m++) q[m] = A + (m < na ? m : na - 1) * lda;
   #pragma GCC unroll 16
   for (int k = 0; k < PB; k++) bo[k] = (b0 + (k < nbv ? k : nbv - 1)) * ldb;
   __m512 acc[16];
@@ -67,7 +65,7 @@ static inline __attribute__((always_inline)) void qk_block(const float *A, int64
     for (int k = 0; k < PB; k++) kv[k] = ld16(B, bf16, bo[k] + j);
     #pragma GCC unroll 16
     for (int m = 0; m < NH; m++) {
-      const __m512 qm = _mm512_loadu_ps(q[m] + j);
+      const __m512 qm = _mm512_load_ps(qa + j * NH + 16 * m);
       #pragma GCC unroll 16
       for (int k = 0; k < PB; k++) acc[m * PB + k] = _mm512_fmadd_ps(qm, kv[k], acc[m * PB + k]);
     }
@@ -81,17 +79,31 @@ static inline __attribute__((always_inline)) void qk_block(const float *A, int64
   }
 }
 
-#define QK_ROWS(NH, PB)                                                                    \
-  for (int64_t b0 = 0; b0 < nb; b0 += PB)                                                \
-    qk_block(A + a0 * lda, lda, na_b, B, B_bf16, ldb, b0, nb - b0 < PB ? (int)(nb - b0) : PB, n, \
-             out + a0 * ldo, ldo, NH, PB)
+/* The query rows [0, na) of A, 16 columns at a time, interleaved: qa[j * NH + 16 * m + i] =
+ * A[m][j + i] (rows past na repeat the last). The block loop then reads them at constant offsets
+ * from one pointer: with 8 row pointers it had run out of general registers (spills and moves
+ * from vector registers on port 0, beside the FMAs). */
+static inline __attribute__((always_inline)) void qk_rows_copy(const float *A, int64_t lda, int na, int64_t n, const int NH,
+                                                               float *qa) {
+  for (int64_t j = 0; j < n; j += 16)
+    #pragma GCC unroll 8
+    for (int m = 0; m < NH; m++) _mm512_store_ps(qa + j * NH + 16 * m, _mm512_loadu_ps(A + (m < na ? m : na - 1) * lda + j));
+}
+
+#define QK_ROWS(NH, PB)                                                                              \
+  do {                                                                                               \
+    qk_rows_copy(A + a0 * lda, lda, na_b, n, NH, qa);                                                \
+    for (int64_t b0 = 0; b0 < nb; b0 += PB)                                                          \
+      qk_block(qa, na_b, B, B_bf16, ldb, b0, nb - b0 < PB ? (int)(nb - b0) : PB, n, out + a0 * ldo, ldo, NH, PB); \
+  } while (0)
 
 void kern_dot16_rows_avx512(const float *A, int64_t lda, int na, const void *B, int B_bf16, int64_t ldb, int64_t nb,
                             int64_t n, float *out, int64_t ldo) {
-  if (n % 16) {
+  if (n % 16 || n > QK_MAX_N) { /* the interleaved copy lives on the stack */
     kern_dot16_rows_ref(A, lda, na, B, B_bf16, ldb, nb, n, out, ldo);
     return;
   }
+  float qa[8 * QK_MAX_N] __attribute__((aligned(64)));
   for (int a0 = 0; a0 < na; a0 += 8) {
     const int na_b = na - a0 < 8 ? na - a0 : 8;
     if (na_b > 4) QK_ROWS(8, 2);
@@ -105,16 +117,14 @@ void kern_dot16_rows_avx512(const float *A, int64_t lda, int na, const void *B, 
 /* O rows [0, nh) (nh <= NH), columns [i0, i0 + 16 * NC), positions [p0, p1) in order. Missing
  * rows repeat the last one and are not stored. At position p, the pfl bytes at
  * pfa + (p - p0) * pfs are prefetched into L2, the lines below pfe. */
-static inline __attribute__((always_inline)) void pv_block(const float *W, int64_t ldw, int nh, const void *V, int bf16,
+static inline __attribute__((always_inline)) void pv_block(const float *wl, int nh, const void *V, int bf16,
                                                            int64_t ldv, int64_t p0, int64_t p1, int64_t i0, float *O,
                                                            int64_t ldo, const int NH, const int NC, const char *pfa,
                                                            int64_t pfs, int64_t pfl, const char *pfe) {
-  const float *w[8];
   __m512 acc[16];
   #pragma GCC unroll 16
   for (int h = 0; h < NH; h++) {
     const int hh = h < nh ? h : nh - 1;
-    w[h] = W + hh * ldw;
     #pragma GCC unroll 16
     for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_loadu_ps(O + hh * ldo + i0 + 16 * c);
   }
@@ -126,7 +136,7 @@ static inline __attribute__((always_inline)) void pv_block(const float *W, int64
     for (int c = 0; c < NC; c++) v[c] = ld16(V, bf16, p * ldv + i0 + 16 * c);
     #pragma GCC unroll 16
     for (int h = 0; h < NH; h++) {
-      const __m512 wh = _mm512_set1_ps(w[h][p]);
+      const __m512 wh = _mm512_set1_ps(wl[(p - p0) * 8 + h]);
       #pragma GCC unroll 16
       for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_fmadd_ps(wh, v[c], acc[h * NC + c]);
     }
@@ -147,14 +157,21 @@ static inline __attribute__((always_inline)) void pv_rows(const float *W, int64_
   const int64_t n16 = n / 16 * 16, esz = bf16 ? 2 : 4, rowb = n * esz, d = p1 - p0, lb = ldv * esz;
   const char *Vb = V, *end = Vb + np * lb, *next = Vb + p1 * lb;
   const int seq = ldv == n;
+  /* the block's weights position-major, 8 a position (rows past nh repeat the last): one pointer
+   * and constant offsets in the loop, where 8 row pointers had spilled to the stack and to vector
+   * registers (moves back on port 0, beside the FMAs) */
+  float wl[PV_BLK * 8] __attribute__((aligned(64)));
+  for (int64_t p = p0; p < p1; p++)
+    #pragma GCC unroll 8
+    for (int h = 0; h < NH; h++) wl[(p - p0) * 8 + h] = W[(h < nh ? h : nh - 1) * ldw + p];
   int64_t i0 = 0;
   for (; i0 < n16; i0 += 32) { /* lines from the one holding column i0, up to the next pass's */
     const int NC2 = i0 + 32 <= n16;
     const int64_t b0 = i0 * esz / 64 * 64, b1 = NC2 && i0 + 32 < n16 ? (i0 + 32) * esz / 64 * 64 : rowb;
     const char *pfa = seq ? next + d * b0 : next + b0;
     const int64_t pfs = seq ? b1 - b0 : lb;
-    if (NC2) pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 2, pfa, pfs, b1 - b0, end);
-    else pv_block(W, ldw, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 1, pfa, pfs, b1 - b0, end);
+    if (NC2) pv_block(wl, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 2, pfa, pfs, b1 - b0, end);
+    else pv_block(wl, nh, V, bf16, ldv, p0, p1, i0, O, ldo, NH, 1, pfa, pfs, b1 - b0, end);
   }
 }
 
