@@ -245,7 +245,7 @@ static float red16_direct(const float *v) {
 
 static void test_attention_rows(void) {
   SECTION("attention rows (kern_dot16_rows, kern_wsum_rows)");
-  static const int64_t lens[] = { 16, 48, 128, 256, 20, 272 };
+  static const int64_t lens[] = { 16, 48, 128, 256, 20, 272, 1040 }; /* 1040: past QK_MAX_N */
   int nd = 0, nw = 0, bad_d = 0, bad_w = 0, bad_ref = 0;
   for (int bf = 0; bf < 2; bf++)
     for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
