@@ -39,7 +39,11 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *B, int bf16
  * position step (one line for BF16 rows), where it had issued the block's lines in bursts of 64
  * before each pass: a burst fills the L1 fill buffers and stalls the pass behind it. Attention
  * region at depth 2048, per-token alternation in one process (4 runs): -14 to -33 us of ~280 us
- * per layer (2026-11-30). */
+ * per layer (2026-11-30). When the rows are contiguous (the KV cache) the passes prefetch the
+ * next block in address order instead (pass k the k-th share of its bytes): -36 us a token at
+ * depth 2048 in two A/B runs; why the order matters here is not settled (no hardware prefetcher
+ * fills lines that the weight kernels skip, bench/results.tsv). QK_PF_ROWS 8 or 32, a far T1 +
+ * near T0 pair for K, a 2-block V lead, V prefetched during QK, blocks of 32 or 128: no gain. */
 #define QK_PF_ROWS 16
 #define PV_BLK 64 /* positions per pass over the column blocks */
 #define QK_MAX_N 1024 /* head dims up to which QK runs here (larger: the reference) */
