@@ -793,7 +793,7 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
   __m256 acc4[4];
   for (int j = 0; j < 4; j++) acc4[j] = _mm256_setzero_ps();
   int64_t g = 0;
-  if (nsb >= 8) {
+  if (nsb >= 4) { /* with one whole group this is k4_grp: its integer work, then its tail */
     __m512i qp[4], qn[4];
     __m512 sp, sn;
     k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, 0, qp, &sp);
@@ -804,8 +804,6 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
       sp = sn;
     }
     acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(qp, sp));
-  } else {
-    for (; g + 4 <= nsb; g += 4) k4_grp(T, RR, 4, W, L, xb, rowA, rowB, g, acc4);
   }
   switch (nsb - g) {
     case 1: k4_grp(T, RR, 1, W, L, xb, rowA, rowB, g, acc4); break;
