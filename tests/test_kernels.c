@@ -66,6 +66,33 @@ static void tmat_free(tmat *m) {
   free(m->biases);
 }
 
+/* quant_fill_random gives every block of a call the same f16 super-scales; a kernel that took one
+ * block's (or one row's) d / dmin for another's would pass on such weights. Each block's scale
+ * fields are multiplied by its own factor in [0.5, 2) here (f16, rounded), so they all differ.
+ * Its own generator: the draws of weights and activations stay those the tolerances were set on. */
+static floe_rng rng_sc;
+static void vary_f16(uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  h = floe_f32_to_f16(floe_f16_to_f32(h) * (0.5f + 1.5f * floe_rng_uniform(&rng_sc)));
+  memcpy(p, &h, 2);
+}
+static void vary_scales(uint32_t type, uint8_t *b, int64_t nblocks) {
+  const size_t bytes = floe_type_info(type)->bytes;
+  for (int64_t i = 0; i < nblocks; i++, b += bytes) switch (type) {
+      case FLOE_TYPE_Q4_0: case FLOE_TYPE_Q5_0: case FLOE_TYPE_Q8_0: case FLOE_TYPE_IQ4_NL: case FLOE_TYPE_IQ4_XS:
+        vary_f16(b); /* d first */
+        break;
+      case FLOE_TYPE_Q4_1: case FLOE_TYPE_Q5_1: case FLOE_TYPE_Q4_K: case FLOE_TYPE_Q5_K:
+        vary_f16(b); /* d, then the min or dmin */
+        vary_f16(b + 2);
+        break;
+      case FLOE_TYPE_Q6_K: vary_f16(b + bytes - 2); break; /* d last */
+      case FLOE_TYPE_Q2_K: vary_f16(b + bytes - 4); vary_f16(b + bytes - 2); break; /* d, dmin last */
+      default: break;
+    }
+}
+
 static tmat make_ggml(uint32_t type, int64_t rows, int64_t cols) {
   tmat m = {0};
   const floe_type_traits *tt = floe_type_info(type);
@@ -75,6 +102,7 @@ static tmat make_ggml(uint32_t type, int64_t rows, int64_t cols) {
   m.W.row_bytes = floe_row_bytes(type, cols);
   m.data = malloc(m.W.row_bytes * (size_t)rows + 64);
   quant_fill_random(type, &rng, m.data, rows * (cols / tt->blck), 1.0f);
+  vary_scales(type, m.data, rows * (cols / tt->blck));
   m.W.data = m.data;
   return m;
 }
@@ -417,6 +445,7 @@ static void test_argmax(void) {
 
 int main(void) {
   floe_rng_seed(&rng, 1234);
+  floe_rng_seed(&rng_sc, 99);
   isas[n_isa++] = FLOE_ISA_SCALAR;
   if (kern_isa_set(FLOE_ISA_AVX2) >= 0) isas[n_isa++] = FLOE_ISA_AVX2;
   if (kern_isa_set(FLOE_ISA_AVX512) >= 0) isas[n_isa++] = FLOE_ISA_AVX512;

@@ -680,16 +680,23 @@ static const int32_t kk4_sidx[16] __attribute__((aligned(64))) = {0, 0, 0, 0, 2,
 
 static inline __attribute__((always_inline)) __m512i k4_sb(const int T, const int RR, const floe_mat *W, const uint8_t *bA,
                                                             const uint8_t *bB, const int8_t *x, const int16_t *bs, float dx,
-                                                            int i, const uint8_t *rowA, int64_t yoff, int pl, __m512 *scv) {
+                                                            int i, const uint8_t *rowA, int64_t yoff, int pl, __m512 *scv,
+                                                            __m256i *rawo) {
   const __m512i m4 = _mm512_set1_epi8(15);
+  /* bytes 0-15 of both superblocks: [d, dmin] f16, then the 12 scale bytes (128-bit lane rr = row rr) */
+  const __m256i raw = _mm256_loadu2_m128i((const __m128i *)bB, (const __m128i *)bA);
   /* 6-bit scales and mins of both rows in one ymm (128-bit lane rr = row rr; bytes 0-7 sc, 8-15 m) */
-  const __m256i SCM2 = kq4_scm2(_mm256_loadu2_m128i((const __m128i *)bB, (const __m128i *)bA));
-  int32_t dd[2];
-  memcpy(&dd[0], bA, 4);
-  memcpy(&dd[1], bB, 4);
-  /* [dA, dminA, dB, dminB] * dx = [ddA, dmA, ddB, dmB] into lane i of each quarter of scv */
-  const __m128 S4 = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, dd[1], dd[0])), _mm_set1_ps(dx));
-  *scv = _mm512_mask_permutexvar_ps(*scv, (__mmask16)(0x1111u << i), _mm512_load_si512(kk4_sidx), _mm512_castps128_ps512(S4));
+  const __m256i SCM2 = kq4_scm2(raw);
+  if (rawo) {
+    *rawo = raw; /* the caller makes the scales of 4 superblocks at once (k4_scv4) */
+  } else {
+    int32_t dd[2];
+    memcpy(&dd[0], bA, 4);
+    memcpy(&dd[1], bB, 4);
+    /* [dA, dminA, dB, dminB] * dx = [ddA, dmA, ddB, dmB] into lane i of each quarter of scv */
+    const __m128 S4 = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, dd[1], dd[0])), _mm_set1_ps(dx));
+    *scv = _mm512_mask_permutexvar_ps(*scv, (__mmask16)(0x1111u << i), _mm512_load_si512(kk4_sidx), _mm512_castps128_ps512(S4));
+  }
   const __m512i scz = _mm512_castsi256_si512(SCM2);
   const __m512i AUX2 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_min2), scz);
   __m512i Lr[2];
@@ -731,6 +738,19 @@ static inline __attribute__((always_inline)) __m512i k4_sb(const int T, const in
   return _mm512_add_epi32(_mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* The scale vector of 4 superblocks from their raw k4_sb loads (slot i = raw[i]): lane i of the
+ * quarters [dA, dB, dminA, dminB] (f16 -> f32) times dx4[i], the products k4_sb makes one
+ * superblock at a time (same operands, one rounding each): dwords 0 ([d, dmin]) of the 4 slots
+ * gathered by two unpacks (row A in the low 128-bit lane, B in the high), one vcvtph2ps, one
+ * vpermps into the quarter order, one multiply. */
+static const int32_t kk4_fidx[16] __attribute__((aligned(64))) = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
+
+static inline __attribute__((always_inline)) __m512 k4_scv4(const __m256i *raw, __m128 dx4) {
+  const __m256i u = _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(raw[0], raw[1]), _mm256_unpacklo_epi32(raw[2], raw[3]));
+  const __m512 f = _mm512_cvtph_ps(u);
+  return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_load_si512(kk4_fidx), f), _mm512_broadcast_f32x4(dx4));
+}
+
 /* The four k4_sb results of a group (slot i = q[i], scales in lane i of each quarter of scv) to
  * t = (float)S1 * (d*dx) - (float)S2 * (dmin*dx): [row A slots 0-3 | row B slots 0-3]. */
 static inline __attribute__((always_inline)) __m256 k4_t(const __m512i *q, __m512 scv) {
@@ -757,15 +777,17 @@ static inline __attribute__((always_inline)) void k4_grp_int(const int T, const 
   const float *dxv = (const float *)(xb + L->off_d);
   const int16_t *bsv = (const int16_t *)(xb + L->off_s);
   __m512 scv = _mm512_setzero_ps();
+  __m256i raw[4];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; i++) {
     const int64_t k = g + i;
     if (i < NI)
       q[i] = k4_sb(T, RR, W, rowA + k * bytes, rowB + k * bytes, xq + 256 * k, bsv + 16 * k, dxv[k], i, rowA, k * bytes,
-                   T == FLOE_TYPE_Q4_K && i < 3 ? 2 : 3, &scv);
+                   T == FLOE_TYPE_Q4_K && i < 3 ? 2 : 3, &scv, NI == 4 ? &raw[i] : NULL);
     else
       q[i] = _mm512_setzero_si512(); /* padding: t = 0 * 0 - 0 * 0 = +0 */
   }
+  if (NI == 4) scv = k4_scv4(raw, _mm_loadu_ps(dxv + g));
   *scvo = scv;
 }
 
@@ -832,11 +854,13 @@ static inline __attribute__((always_inline)) void k4_two(const int T, const floe
   const uint8_t *p0 = kw_row(W, r), *p1 = kw_row(W, r + 2);
   const size_t rb = W->row_bytes;
   __m512i q[4];
-  __m512 scv = _mm512_setzero_ps();
-  q[0] = k4_sb(T, 2, W, p0, p0 + rb, xq, bsv, dxv[0], 0, p0, 0, 3, &scv);
-  q[1] = k4_sb(T, 2, W, p0 + bytes, p0 + rb + bytes, xq + 256, bsv + 16, dxv[1], 1, p0, bytes, 3, &scv);
-  q[2] = k4_sb(T, 2, W, p1, p1 + rb, xq, bsv, dxv[0], 2, p1, 0, 3, &scv);
-  q[3] = k4_sb(T, 2, W, p1 + bytes, p1 + rb + bytes, xq + 256, bsv + 16, dxv[1], 3, p1, bytes, 3, &scv);
+  __m512 scv;
+  __m256i raw[4];
+  q[0] = k4_sb(T, 2, W, p0, p0 + rb, xq, bsv, dxv[0], 0, p0, 0, 3, &scv, &raw[0]);
+  q[1] = k4_sb(T, 2, W, p0 + bytes, p0 + rb + bytes, xq + 256, bsv + 16, dxv[1], 1, p0, bytes, 3, &scv, &raw[1]);
+  q[2] = k4_sb(T, 2, W, p1, p1 + rb, xq, bsv, dxv[0], 2, p1, 0, 3, &scv, &raw[2]);
+  q[3] = k4_sb(T, 2, W, p1 + bytes, p1 + rb + bytes, xq + 256, bsv + 16, dxv[1], 3, p1, bytes, 3, &scv, &raw[3]);
+  scv = k4_scv4(raw, _mm_castpd_ps(_mm_loaddup_pd((const double *)dxv))); /* slots' dx: dx0, dx1, dx0, dx1 */
   /* t = [r: sb0 sb1, r+2: sb0 sb1 | r+1: sb0 sb1, r+3: sb0 sb1]; u = 0 + t, y = u[2i] + u[2i+1] */
   const __m256 u = _mm256_add_ps(_mm256_setzero_ps(), k4_t(q, scv));
   const __m256 v = _mm256_add_ps(u, _mm256_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
