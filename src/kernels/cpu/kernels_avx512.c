@@ -467,18 +467,23 @@ static void q8_pairs(const floe_mat *W, const kact_layout *L, int64_t r0, int64_
 
 /* ================= quantized path: A256 types (Q4_K, Q5_K, Q6_K, IQ4_XS) ================= */
 
-/* Scale index vectors of the packed K-quant lanes (see kernels_internal.h): word w of the
- * steps-(0,1) and steps-(2,3) scale vectors; Q4_K/Q5_K as vpermb byte indices (odd bytes zeroed
- * by the mask), Q6_K as vpermw word indices. */
-static const uint8_t kidx_q4k[2][64] __attribute__((aligned(64))) = {
-  {0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3, 0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3, 0},
-  {4, 0, 4, 0, 4, 0, 4, 0, 5, 0, 5, 0, 5, 0, 5, 0, 4, 0, 4, 0, 4, 0, 4, 0, 5, 0, 5, 0, 5, 0, 5, 0, 6, 0, 6, 0, 6, 0, 6, 0, 7, 0, 7, 0, 7, 0, 7, 0, 6, 0, 6, 0, 6, 0, 6, 0, 7, 0, 7, 0, 7, 0, 7, 0},
+/* Scale words of the Q4_K/Q5_K row-pair chain (k4_sb) as vpermb byte indices into the decoded
+ * scales of both rows (bytes 0-7 row A, 16-23 row B; odd bytes zeroed by the mask): for
+ * P_s = vpackssdw(D_s A, D_s B), word 8c + p is row A's (p < 4) or row B's (p >= 4) scale of the
+ * sub-block of D_s lanes 4c..4c+3 (s = 0..3: sub-blocks 0|2, 1|3, 4|6, 5|7, the second for c >= 2). */
+static const uint8_t kidx_k4z[4][64] __attribute__((aligned(64))) = {
+  {0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 16, 0, 16, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 16, 0, 16, 0, 16, 0, 2, 0, 2, 0, 2, 0, 2, 0, 18, 0, 18, 0, 18, 0, 18, 0, 2, 0, 2, 0, 2, 0, 2, 0, 18, 0, 18, 0, 18, 0, 18, 0},
+  {1, 0, 1, 0, 1, 0, 1, 0, 17, 0, 17, 0, 17, 0, 17, 0, 1, 0, 1, 0, 1, 0, 1, 0, 17, 0, 17, 0, 17, 0, 17, 0, 3, 0, 3, 0, 3, 0, 3, 0, 19, 0, 19, 0, 19, 0, 19, 0, 3, 0, 3, 0, 3, 0, 3, 0, 19, 0, 19, 0, 19, 0, 19, 0},
+  {4, 0, 4, 0, 4, 0, 4, 0, 20, 0, 20, 0, 20, 0, 20, 0, 4, 0, 4, 0, 4, 0, 4, 0, 20, 0, 20, 0, 20, 0, 20, 0, 6, 0, 6, 0, 6, 0, 6, 0, 22, 0, 22, 0, 22, 0, 22, 0, 6, 0, 6, 0, 6, 0, 6, 0, 22, 0, 22, 0, 22, 0, 22, 0},
+  {5, 0, 5, 0, 5, 0, 5, 0, 21, 0, 21, 0, 21, 0, 21, 0, 5, 0, 5, 0, 5, 0, 5, 0, 21, 0, 21, 0, 21, 0, 21, 0, 7, 0, 7, 0, 7, 0, 7, 0, 23, 0, 23, 0, 23, 0, 23, 0, 7, 0, 7, 0, 7, 0, 7, 0, 23, 0, 23, 0, 23, 0, 23, 0},
 };
 /* Q4_K/Q5_K mins of both rows of a pair as int16 words for the bsum vpmaddwd: word 2j, 2j+1 =
  * m[j] (scale byte 8 + j); words 0-15 row 0 (bytes 8-15), words 16-31 row 1 (bytes 24-31) */
 static const uint8_t kidx_min2[64] __attribute__((aligned(64))) = {
   8, 0, 8, 0, 9, 0, 9, 0, 10, 0, 10, 0, 11, 0, 11, 0, 12, 0, 12, 0, 13, 0, 13, 0, 14, 0, 14, 0, 15, 0, 15, 0,
   24, 0, 24, 0, 25, 0, 25, 0, 26, 0, 26, 0, 27, 0, 27, 0, 28, 0, 28, 0, 29, 0, 29, 0, 30, 0, 30, 0, 31, 0, 31, 0};
+/* Q6_K: vpermw word indices of the steps-(0,1) and steps-(2,3) scale vectors of the packed lanes
+ * (kernels_internal.h). */
 static const uint16_t kidx_q6k[2][32] __attribute__((aligned(64))) = {
   {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
   {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15},
@@ -663,86 +668,100 @@ static inline __attribute__((always_inline)) void a256_rows(const int T, const i
 /* ================= quantized path: Q4_K / Q5_K, the superblock model ================= */
 
 /* One activation row xb against RR = 2 weight rows (r, r+1) or RR = 1 (kernels_internal.h, the
- * superblock model). Per superblock the integer work is that of the 16-lane kernel above: each
- * row's packed lanes (4 vpdpbusd, 2 vpackssdw, 2 vpdpwssd; their lane sum is S1) and both rows'
- * mins in one vpmaddwd (lanes 0-7 row A, 8-15 row B; lane sums S2). Instead of a float multiply-add
- * per superblock and row, the lanes are reduced transposed: two add steps per superblock turn
- * [row A lanes, row B lanes, mins] into one vector of four 4-lane quarters [S1 A, S1 B, S2 A, S2 B]
- * and two more per 4 superblocks fold the 4 vectors into one whose quarter lanes are the 4
- * superblocks in order. Then, per 4 superblocks and both rows, one cvt, one multiply by
- * [dd A, dd B, dm A, dm B], one subtraction and one add into the slot accumulators (slot k % 16 =
- * lane k % 4 of acc4[(k / 4) % 4], row A lanes 0-3, row B lanes 4-7).
- * Measured (bench_gemm mm_q nb = 1, in L2, 1 thread, cycles per row and superblock, 512x2048 /
- * 2048x512): 17.3 / 22.8 against 15.5 / 19.0 for the 16-lane kernel it replaces (the transposed
- * reduction adds ~1 shuffle-port uop per row and superblock); out of cache the two are equal
- * (bench_matvec q4_K 1T/2T, A/B x3) and decode of the 35B-shape model is 45.3 vs 43.8 tok/s. */
-static const int32_t kk4_sidx[16] __attribute__((aligned(64))) = {0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3};
-
-static inline __attribute__((always_inline)) __m512i k4_sb(const int T, const int RR, const floe_mat *W, const uint8_t *bA,
-                                                            const uint8_t *bB, const int8_t *x, const int16_t *bs, float dx,
-                                                            int i, const uint8_t *rowA, int64_t yoff, int pl, __m512 *scv,
-                                                            __m256i *rawo) {
+ * superblock model). Per superblock k and row, the exact integers S1 = sum over sub-blocks j of
+ * sc[j] * (codes . activation bytes) and S2 = sum over j of m[j] * bsum[j]; per 4 superblocks, for
+ * both rows at once, t = (float)S1 * (d*dx) - (float)S2 * (dmin*dx), one add into the slot
+ * accumulators (slot k % 16 = lane k % 4 of acc4[(k / 4) % 4], row A lanes 0-3, row B lanes 4-7).
+ * Those float operations and their order are the model's; S1 and S2 are exact sums of int32
+ * lanes, so the order of the integer adds does not change a bit.
+ * Per superblock (k4_sb):
+ *   - each row's codes as u8 lanes, 4 vpdpbusd with the activation bytes: D_s, lanes 0-7 one
+ *     sub-block, 8-15 another (s = 0..3: sub-blocks 0|2, 1|3, 4|6, 5|7);
+ *   - both rows side by side: P_s = vpackssdw(D_s row A, D_s row B) (|lane| <= 4*15*127 fits
+ *     int16; 128-bit chunk c = [A lanes 4c..4c+3, B lanes 4c..4c+3]) and one chain of 4 vpdpwssd
+ *     with the scale words (kidx_k4z: each word the 6-bit scale of its row and sub-block): Lr,
+ *     whose chunks are [A, A, B, B] partial sums of S1;
+ *   - both rows' mins in one vpmaddwd with the bsums: M, lanes 0-7 row A, 8-15 row B (S2).
+ * Per 4 superblocks (k4_tree) the 8 vectors Lr_i, M_i fold into one: three levels of two shuffles
+ * and an add, then a permute into the quarters [S1 A, S1 B, S2 A, S2 B] (lane i = superblock i);
+ * k4_scv4 makes the matching [dd A, dd B, dm A, dm B] and k4_t the t of both rows.
+ * Before (2026-11-30) each row had its own Lr, folded per superblock with the other row's and M
+ * (6 shuffle/add steps) and per group once more (9): ~12 more shuffle-port uops per group. */
+static inline __attribute__((always_inline)) void k4_sb(const int T, const int RR, const floe_mat *W, const uint8_t *bA,
+                                                         const uint8_t *bB, const int8_t *x, const int16_t *bs,
+                                                         const uint8_t *rowA, int64_t yoff, int pl, __m256i *rawo,
+                                                         __m512i *Lro, __m512i *Mo) {
   const __m512i m4 = _mm512_set1_epi8(15);
   /* bytes 0-15 of both superblocks: [d, dmin] f16, then the 12 scale bytes (128-bit lane rr = row rr) */
   const __m256i raw = _mm256_loadu2_m128i((const __m128i *)bB, (const __m128i *)bA);
+  *rawo = raw; /* the caller makes the float scales of 4 superblocks at once (k4_scv4) */
   /* 6-bit scales and mins of both rows in one ymm (128-bit lane rr = row rr; bytes 0-7 sc, 8-15 m) */
-  const __m256i SCM2 = kq4_scm2(raw);
-  if (rawo) {
-    *rawo = raw; /* the caller makes the scales of 4 superblocks at once (k4_scv4) */
-  } else {
-    int32_t dd[2];
-    memcpy(&dd[0], bA, 4);
-    memcpy(&dd[1], bB, 4);
-    /* [dA, dminA, dB, dminB] * dx = [ddA, dmA, ddB, dmB] into lane i of each quarter of scv */
-    const __m128 S4 = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, dd[1], dd[0])), _mm_set1_ps(dx));
-    *scv = _mm512_mask_permutexvar_ps(*scv, (__mmask16)(0x1111u << i), _mm512_load_si512(kk4_sidx), _mm512_castps128_ps512(S4));
-  }
-  const __m512i scz = _mm512_castsi256_si512(SCM2);
-  const __m512i AUX2 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_min2), scz);
-  __m512i Lr[2];
-  Lr[1] = _mm512_setzero_si512();
+  const __m512i scz = _mm512_castsi256_si512(kq4_scm2(raw));
+  __m512i q[2][2], qh[2];
 #pragma GCC unroll 2
   for (int rr = 0; rr < RR; rr++) {
     const uint8_t *bk = rr ? bB : bA;
     pf_row(rowA + rr * W->row_bytes, yoff, W->row_bytes, RR, pl, 1);
-    const __m512i lane = _mm512_set1_epi8((char)(16 * rr));
-    const __m512i sv0 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[0]), lane), scz);
-    const __m512i sv1 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_add_epi8(_mm512_load_si512(kidx_q4k[1]), lane), scz);
     const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
-    const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-    __m512i w[4];
-    w[0] = _mm512_and_si512(q0, m4);
-    w[1] = hi_nib(q0);
-    w[2] = _mm512_and_si512(q1, m4);
-    w[3] = hi_nib(q1);
-    if (T == FLOE_TYPE_Q5_K) {
-      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bk + 16)));
-      const __m512i b16 = _mm512_set1_epi8(16);
+    q[rr][0] = _mm512_loadu_si512(qs);
+    q[rr][1] = _mm512_loadu_si512(qs + 64);
+    if (T == FLOE_TYPE_Q5_K) qh[rr] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bk + 16)));
+  }
+  __m512i Lr = _mm512_setzero_si512();
 #pragma GCC unroll 4
-      for (int s = 0; s < 4; s++) {
+  for (int s = 0; s < 4; s++) {
+    const __m512i xs = _mm512_loadu_si512(x + 64 * s);
+    __m512i D[2];
+    D[1] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int rr = 0; rr < RR; rr++) {
+      __m512i w = s & 1 ? hi_nib(q[rr][s / 2]) : _mm512_and_si512(q[rr][s / 2], m4);
+      if (T == FLOE_TYPE_Q5_K) {
         const int lo = 4 * (s / 2) + s % 2, hi = lo + 2;
         const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << hi)), 1);
-        w[s] = _mm512_mask_add_epi8(w[s], _mm512_test_epi8_mask(qh, bits), w[s], b16);
+        w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(qh[rr], bits), w, _mm512_set1_epi8(16));
       }
+      D[rr] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xs);
     }
-    __m512i D[4];
-#pragma GCC unroll 4
-    for (int s = 0; s < 4; s++) D[s] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[s], _mm512_loadu_si512(x + 64 * s));
-    Lr[rr] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), sv0),
-                                 _mm512_packs_epi32(D[2], D[3]), sv1);
+    const __m512i z = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_k4z[s]), scz);
+    Lr = _mm512_dpwssd_epi32(Lr, _mm512_packs_epi32(D[0], D[1]), z);
   }
-  const __m512i M = _mm512_madd_epi16(AUX2, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)bs)));
-  /* [A lanes i + i+8 | B lanes i + i+8], then [S1 A | S1 B | S2 A | S2 B] partial sums, 4 lanes each */
-  const __m512i u = _mm512_add_epi32(_mm512_shuffle_i64x2(Lr[0], Lr[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_i64x2(Lr[0], Lr[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_epi32(_mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_i32x4(u, M, _MM_SHUFFLE(3, 1, 3, 1)));
+  *Lro = Lr;
+  const __m512i AUX2 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_min2), scz);
+  *Mo = _mm512_madd_epi16(AUX2, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)bs)));
+}
+
+/* Lr_i, M_i of 4 superblocks (k4_sb) to the exact [S1 A, S1 B, S2 A, S2 B] quarters, lane i =
+ * superblock i:
+ *   X01 = chunks [Lr0 c0+c2, Lr0 c1+c3, Lr1 c0+c2, Lr1 c1+c3] (each [A A B B]), X23 likewise;
+ *   Y01 = qwords of M0 and M1 interleaved, lo + hi: chunks 0-1 [A0 A0 A1 A1], 2-3 [B0 B0 B1 B1];
+ *   X = [X01 c0+c1, X01 c2+c3, X23 c0+c1, X23 c2+c3]: chunk i = superblock i, [A A B B];
+ *   Y = the same on Y01, Y23: [A0 A0 A1 A1], [B0 B0 B1 B1], [A2 A2 A3 A3], [B2 B2 B3 B3];
+ *   Z = even + odd dwords of X and Y: chunk c = [S1 A c, S1 B c, two S2], then kk4_zidx. */
+static const int32_t kk4_zidx[16] __attribute__((aligned(64))) = {0, 4, 8, 12, 1, 5, 9, 13, 2, 3, 10, 11, 6, 7, 14, 15};
+
+static inline __attribute__((always_inline)) __m512i k4_tree(const __m512i *Lr, const __m512i *M) {
+  const __m512i X01 = _mm512_add_epi32(_mm512_shuffle_i64x2(Lr[0], Lr[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_i64x2(Lr[0], Lr[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i X23 = _mm512_add_epi32(_mm512_shuffle_i64x2(Lr[2], Lr[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_i64x2(Lr[2], Lr[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i Y01 = _mm512_add_epi32(_mm512_unpacklo_epi64(M[0], M[1]), _mm512_unpackhi_epi64(M[0], M[1]));
+  const __m512i Y23 = _mm512_add_epi32(_mm512_unpacklo_epi64(M[2], M[3]), _mm512_unpackhi_epi64(M[2], M[3]));
+  const __m512i X = _mm512_add_epi32(_mm512_shuffle_i64x2(X01, X23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i64x2(X01, X23, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i Y = _mm512_add_epi32(_mm512_shuffle_i64x2(Y01, Y23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i64x2(Y01, Y23, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 fx = _mm512_castsi512_ps(X), fy = _mm512_castsi512_ps(Y);
+  const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fx, fy, _MM_SHUFFLE(2, 0, 2, 0))),
+                                     _mm512_castps_si512(_mm512_shuffle_ps(fx, fy, _MM_SHUFFLE(3, 1, 3, 1))));
+  return _mm512_permutexvar_epi32(_mm512_load_si512(kk4_zidx), Z);
 }
 
 /* The scale vector of 4 superblocks from their raw k4_sb loads (slot i = raw[i]): lane i of the
- * quarters [dA, dB, dminA, dminB] (f16 -> f32) times dx4[i], the products k4_sb makes one
- * superblock at a time (same operands, one rounding each): dwords 0 ([d, dmin]) of the 4 slots
- * gathered by two unpacks (row A in the low 128-bit lane, B in the high), one vcvtph2ps, one
- * vpermps into the quarter order, one multiply. */
+ * quarters [dA, dB, dminA, dminB] (f16 -> f32) times dx4[i] (one rounding each): dwords 0
+ * ([d, dmin]) of the 4 slots gathered by two unpacks (row A in the low 128-bit lane, B in the
+ * high), one vcvtph2ps, one vpermps into the quarter order, one multiply. Before (2026-11-30) each
+ * superblock made its lanes alone (scalar loads, insert, cvtph, multiply, masked permute). */
 static const int32_t kk4_fidx[16] __attribute__((aligned(64))) = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
 
 static inline __attribute__((always_inline)) __m512 k4_scv4(const __m256i *raw, __m128 dx4) {
@@ -751,53 +770,48 @@ static inline __attribute__((always_inline)) __m512 k4_scv4(const __m256i *raw, 
   return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_load_si512(kk4_fidx), f), _mm512_broadcast_f32x4(dx4));
 }
 
-/* The four k4_sb results of a group (slot i = q[i], scales in lane i of each quarter of scv) to
- * t = (float)S1 * (d*dx) - (float)S2 * (dmin*dx): [row A slots 0-3 | row B slots 0-3]. */
-static inline __attribute__((always_inline)) __m256 k4_t(const __m512i *q, __m512 scv) {
-  const __m512i r01 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[0], q[1]), _mm512_unpackhi_epi64(q[0], q[1]));
-  const __m512i r23 = _mm512_add_epi32(_mm512_unpacklo_epi64(q[2], q[3]), _mm512_unpackhi_epi64(q[2], q[3]));
-  const __m512 f01 = _mm512_castsi512_ps(r01), f23 = _mm512_castsi512_ps(r23);
-  const __m512i Z = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0))),
-                                     _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))));
+/* t = (float)S1 * (d*dx) - (float)S2 * (dmin*dx) of a group: [row A slots 0-3 | row B slots 0-3]. */
+static inline __attribute__((always_inline)) __m256 k4_t(__m512i Z, __m512 scv) {
   const __m512 Pr = _mm512_mul_ps(_mm512_cvtepi32_ps(Z), scv);
   return _mm256_sub_ps(_mm512_castps512_ps256(Pr), _mm512_extractf32x8_ps(Pr, 1));
 }
 
-/* Superblocks g .. g+NI-1 (NI <= 4, a compile-time constant: no per-superblock bounds test) into
- * the slot accumulators. Prefetch lines per row and superblock: Q4_K 2, 2, 2, 3 (four superblocks
- * are 576 B = 9 lines; with rows of a multiple of 4 superblocks the group starts on a line and each
- * line is prefetched once; 3 each had prefetched 3 of the 9 twice), Q5_K 3 (704 B = 11 lines).
- * Measured 2026-11-30: in L2 24.7-25.1 -> 25.5-25.6 GB/s (1 thread, 1024x2048, x3); out of cache
- * and in decode within noise (bench/results.tsv). */
+/* Superblocks g .. g+NI-1 (NI <= 4, a compile-time constant: no per-superblock bounds test) to
+ * their exact sums and scale vector; missing slots are zero (t = 0 * 0 - 0 * 0 = +0). Prefetch
+ * lines per row and superblock: Q4_K 2, 2, 2, 3 (four superblocks are 576 B = 9 lines; with rows
+ * of a multiple of 4 superblocks the group starts on a line and each line is prefetched once; 3
+ * each had prefetched 3 of the 9 twice), Q5_K 3 (704 B = 11 lines). */
 static inline __attribute__((always_inline)) void k4_grp_int(const int T, const int RR, const int NI, const floe_mat *W,
                                                              const kact_layout *L, const uint8_t *xb, const uint8_t *rowA,
-                                                             const uint8_t *rowB, int64_t g, __m512i *q, __m512 *scvo) {
+                                                             const uint8_t *rowB, int64_t g, __m512i *Zo, __m512 *scvo) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
   const int8_t *xq = (const int8_t *)xb;
   const float *dxv = (const float *)(xb + L->off_d);
   const int16_t *bsv = (const int16_t *)(xb + L->off_s);
-  __m512 scv = _mm512_setzero_ps();
+  __m512i Lr[4], M[4];
   __m256i raw[4];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; i++) {
     const int64_t k = g + i;
-    if (i < NI)
-      q[i] = k4_sb(T, RR, W, rowA + k * bytes, rowB + k * bytes, xq + 256 * k, bsv + 16 * k, dxv[k], i, rowA, k * bytes,
-                   T == FLOE_TYPE_Q4_K && i < 3 ? 2 : 3, &scv, NI == 4 ? &raw[i] : NULL);
-    else
-      q[i] = _mm512_setzero_si512(); /* padding: t = 0 * 0 - 0 * 0 = +0 */
+    if (i < NI) {
+      k4_sb(T, RR, W, rowA + k * bytes, rowB + k * bytes, xq + 256 * k, bsv + 16 * k, rowA, k * bytes,
+            T == FLOE_TYPE_Q4_K && i < 3 ? 2 : 3, &raw[i], &Lr[i], &M[i]);
+    } else {
+      raw[i] = _mm256_setzero_si256();
+      Lr[i] = M[i] = _mm512_setzero_si512();
+    }
   }
-  if (NI == 4) scv = k4_scv4(raw, _mm_loadu_ps(dxv + g));
-  *scvo = scv;
+  *Zo = k4_tree(Lr, M);
+  *scvo = k4_scv4(raw, NI == 4 ? _mm_loadu_ps(dxv + g) : _mm_maskz_loadu_ps((__mmask8)((1u << NI) - 1), dxv + g));
 }
 
 static inline __attribute__((always_inline)) void k4_grp(const int T, const int RR, const int NI, const floe_mat *W,
                                                          const kact_layout *L, const uint8_t *xb, const uint8_t *rowA,
                                                          const uint8_t *rowB, int64_t g, __m256 *acc4) {
-  __m512i q[4];
+  __m512i Z;
   __m512 scv;
-  k4_grp_int(T, RR, NI, W, L, xb, rowA, rowB, g, q, &scv);
-  acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], k4_t(q, scv));
+  k4_grp_int(T, RR, NI, W, L, xb, rowA, rowB, g, &Z, &scv);
+  acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], k4_t(Z, scv));
 }
 
 /* Whole groups are software-pipelined: the float tail of group g (k4_t and its add into acc4: a
@@ -816,16 +830,16 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
   for (int j = 0; j < 4; j++) acc4[j] = _mm256_setzero_ps();
   int64_t g = 0;
   if (nsb >= 4) { /* with one whole group this is k4_grp: its integer work, then its tail */
-    __m512i qp[4], qn[4];
+    __m512i Zp, Zn;
     __m512 sp, sn;
-    k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, 0, qp, &sp);
+    k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, 0, &Zp, &sp);
     for (g = 4; g + 4 <= nsb; g += 4) {
-      k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, g, qn, &sn);
-      acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(qp, sp));
-      for (int i = 0; i < 4; i++) qp[i] = qn[i];
+      k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, g, &Zn, &sn);
+      acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(Zp, sp));
+      Zp = Zn;
       sp = sn;
     }
-    acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(qp, sp));
+    acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(Zp, sp));
   }
   switch (nsb - g) {
     case 1: k4_grp(T, RR, 1, W, L, xb, rowA, rowB, g, acc4); break;
@@ -843,8 +857,8 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
 
 /* Rows of two superblocks (2048x512 expert down matrices): four rows per call, superblocks 0-1
  * of rows (r, r+1) and of rows (r+2, r+3) filling the four slots of one k4_grp-style group, so the
- * transposed reduction is not half padding. The values are k4_rows': a row's t of superblocks 0
- * and 1 land in slots 0 and 1, every other slot stays +0, so its reduce16 is (0 + t0) + (0 + t1). */
+ * tree is not half padding. The values are k4_rows': a row's t of superblocks 0 and 1 land in
+ * slots 0 and 1, every other slot stays +0, so its reduce16 is (0 + t0) + (0 + t1). */
 static inline __attribute__((always_inline)) void k4_two(const int T, const floe_mat *W, const kact_layout *L, int64_t r,
                                                          const uint8_t *xb, float *y) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
@@ -853,16 +867,15 @@ static inline __attribute__((always_inline)) void k4_two(const int T, const floe
   const int16_t *bsv = (const int16_t *)(xb + L->off_s);
   const uint8_t *p0 = kw_row(W, r), *p1 = kw_row(W, r + 2);
   const size_t rb = W->row_bytes;
-  __m512i q[4];
-  __m512 scv;
+  __m512i Lr[4], M[4];
   __m256i raw[4];
-  q[0] = k4_sb(T, 2, W, p0, p0 + rb, xq, bsv, dxv[0], 0, p0, 0, 3, &scv, &raw[0]);
-  q[1] = k4_sb(T, 2, W, p0 + bytes, p0 + rb + bytes, xq + 256, bsv + 16, dxv[1], 1, p0, bytes, 3, &scv, &raw[1]);
-  q[2] = k4_sb(T, 2, W, p1, p1 + rb, xq, bsv, dxv[0], 2, p1, 0, 3, &scv, &raw[2]);
-  q[3] = k4_sb(T, 2, W, p1 + bytes, p1 + rb + bytes, xq + 256, bsv + 16, dxv[1], 3, p1, bytes, 3, &scv, &raw[3]);
-  scv = k4_scv4(raw, _mm_castpd_ps(_mm_loaddup_pd((const double *)dxv))); /* slots' dx: dx0, dx1, dx0, dx1 */
+  k4_sb(T, 2, W, p0, p0 + rb, xq, bsv, p0, 0, 3, &raw[0], &Lr[0], &M[0]);
+  k4_sb(T, 2, W, p0 + bytes, p0 + rb + bytes, xq + 256, bsv + 16, p0, bytes, 3, &raw[1], &Lr[1], &M[1]);
+  k4_sb(T, 2, W, p1, p1 + rb, xq, bsv, p1, 0, 3, &raw[2], &Lr[2], &M[2]);
+  k4_sb(T, 2, W, p1 + bytes, p1 + rb + bytes, xq + 256, bsv + 16, p1, bytes, 3, &raw[3], &Lr[3], &M[3]);
+  const __m512 scv = k4_scv4(raw, _mm_castpd_ps(_mm_loaddup_pd((const double *)dxv))); /* slots' dx: dx0, dx1, dx0, dx1 */
   /* t = [r: sb0 sb1, r+2: sb0 sb1 | r+1: sb0 sb1, r+3: sb0 sb1]; u = 0 + t, y = u[2i] + u[2i+1] */
-  const __m256 u = _mm256_add_ps(_mm256_setzero_ps(), k4_t(q, scv));
+  const __m256 u = _mm256_add_ps(_mm256_setzero_ps(), k4_t(k4_tree(Lr, M), scv));
   const __m256 v = _mm256_add_ps(u, _mm256_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
   y[0] = _mm256_cvtss_f32(v);
   y[2] = _mm_cvtss_f32(_mm_movehl_ps(_mm256_castps256_ps128(v), _mm256_castps256_ps128(v)));
