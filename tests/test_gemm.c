@@ -37,6 +37,17 @@ static void fill_x(float *x, int64_t n, int64_t cols, int extreme) {
   }
 }
 
+/* quant_fill_random gives every block the same f16 d and dmin: each block's are multiplied here
+ * by its own factor in [0.5, 2) (own generator, so the other draws are unchanged), or a kernel
+ * taking one superblock's or row's scales for another's would pass. */
+static floe_rng rng_sc;
+static void vary_f16(uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  h = floe_f32_to_f16(floe_f16_to_f32(h) * (0.5f + 1.5f * floe_rng_uniform(&rng_sc)));
+  memcpy(p, &h, 2);
+}
+
 static tcase make(uint32_t type, int64_t rows, int64_t cols, int nb, int extreme) {
   tcase c = {0};
   const floe_type_traits *tt = floe_type_info(type);
@@ -46,6 +57,11 @@ static tcase make(uint32_t type, int64_t rows, int64_t cols, int nb, int extreme
   c.W.row_bytes = floe_row_bytes(type, cols);
   c.data = malloc(c.W.row_bytes * (size_t)rows + 64);
   quant_fill_random(type, &rng, c.data, rows * (cols / tt->blck), 1.0f);
+  for (int64_t blk = 0; (type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K) && blk < rows * (cols / 256); blk++) {
+    /* d, dmin first */
+    vary_f16((uint8_t *)c.data + (size_t)blk * tt->bytes);
+    vary_f16((uint8_t *)c.data + (size_t)blk * tt->bytes + 2);
+  }
   if (extreme) {
     /* every code and 6-bit scale/min at its maximum, d and dmin kept (finite) */
     for (int64_t blk = 0; blk < rows * (cols / 256); blk++) {
@@ -86,6 +102,7 @@ static int64_t compare(tcase *c, int nb, int64_t r0, int64_t r1) {
 }
 
 int main(void) {
+  floe_rng_seed(&rng_sc, 4242);
   if (kern_isa_set(FLOE_ISA_AVX512) < 0) {
     printf("no AVX-512 (VNNI/VBMI/GFNI): kernel not built for this CPU, nothing to test\n");
     return TEST_DONE();
