@@ -47,6 +47,17 @@ static inline char *test_read_all(const char *path, size_t *len) {
   return buf;
 }
 
+/* Multiplies the f16 at p by a factor in [0.5, 2) drawn from r (rounded back to f16).
+ * quant_fill_random gives every block of a call the same f16 super-scales, so a kernel that took
+ * one block's (or one row's) scales for another's would pass on its weights: the kernel tests
+ * vary each block's with this, from a generator of their own (their other draws stay the same). */
+static inline void test_vary_f16(floe_rng *r, uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  h = floe_f32_to_f16(floe_f16_to_f32(h) * (0.5f + 1.5f * floe_rng_uniform(r)));
+  memcpy(p, &h, 2);
+}
+
 /* A scratch path under $FLOE_TMP (or /tmp). */
 static inline const char *test_tmp(const char *name) {
   static char buf[4][4096];

@@ -37,16 +37,8 @@ static void fill_x(float *x, int64_t n, int64_t cols, int extreme) {
   }
 }
 
-/* quant_fill_random gives every block the same f16 d and dmin: each block's are multiplied here
- * by its own factor in [0.5, 2) (own generator, so the other draws are unchanged), or a kernel
- * taking one superblock's or row's scales for another's would pass. */
+/* every block's own d and dmin (test_vary_f16), from a generator of their own */
 static floe_rng rng_sc;
-static void vary_f16(uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  h = floe_f32_to_f16(floe_f16_to_f32(h) * (0.5f + 1.5f * floe_rng_uniform(&rng_sc)));
-  memcpy(p, &h, 2);
-}
 
 static tcase make(uint32_t type, int64_t rows, int64_t cols, int nb, int extreme) {
   tcase c = {0};
@@ -59,8 +51,8 @@ static tcase make(uint32_t type, int64_t rows, int64_t cols, int nb, int extreme
   quant_fill_random(type, &rng, c.data, rows * (cols / tt->blck), 1.0f);
   for (int64_t blk = 0; (type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K) && blk < rows * (cols / 256); blk++) {
     /* d, dmin first */
-    vary_f16((uint8_t *)c.data + (size_t)blk * tt->bytes);
-    vary_f16((uint8_t *)c.data + (size_t)blk * tt->bytes + 2);
+    test_vary_f16(&rng_sc, (uint8_t *)c.data + (size_t)blk * tt->bytes);
+    test_vary_f16(&rng_sc, (uint8_t *)c.data + (size_t)blk * tt->bytes + 2);
   }
   if (extreme) {
     /* every code and 6-bit scale/min at its maximum, d and dmin kept (finite) */

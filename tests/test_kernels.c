@@ -66,17 +66,10 @@ static void tmat_free(tmat *m) {
   free(m->biases);
 }
 
-/* quant_fill_random gives every block of a call the same f16 super-scales; a kernel that took one
- * block's (or one row's) d / dmin for another's would pass on such weights. Each block's scale
- * fields are multiplied by its own factor in [0.5, 2) here (f16, rounded), so they all differ.
- * Its own generator: the draws of weights and activations stay those the tolerances were set on. */
+/* Every block's f16 scale fields get their own factor (test_vary_f16), from a generator of their
+ * own: the draws of weights and activations stay those the tolerances were set on. */
 static floe_rng rng_sc;
-static void vary_f16(uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  h = floe_f32_to_f16(floe_f16_to_f32(h) * (0.5f + 1.5f * floe_rng_uniform(&rng_sc)));
-  memcpy(p, &h, 2);
-}
+static void vary_f16(uint8_t *p) { test_vary_f16(&rng_sc, p); }
 static void vary_scales(uint32_t type, uint8_t *b, int64_t nblocks) {
   const size_t bytes = floe_type_info(type)->bytes;
   for (int64_t i = 0; i < nblocks; i++, b += bytes) switch (type) {
