@@ -227,11 +227,16 @@ export async function basicTests(model, models) {
     eq(cancelledAfter, cancelledBefore + 1, 'the abandoned generation was cancelled');
     // a non-streaming request whose client goes away is cancelled too
     const ac2 = new AbortController();
+    // abort once the server has received it: queued or running, it is then cancelled either way.
+    // (A fixed delay raced the request's arrival; waiting for floe_requests_processing >= 1 did
+    // too: the previous request's job still counts as running for a moment after its reply, and
+    // on a loaded machine the abort then came before this request had arrived.)
+    const chatReqs = (t) => +(/floe_requests_total\{endpoint="chat_completions"\} (\d+)/.exec(t) || [0, 0])[1];
+    const chatBefore = chatReqs(after);
     const p = oa.chat.completions.create(longReq, { signal: ac2.signal }).catch(() => null);
-    // abort once the server is generating it (a fixed delay raced the request's arrival)
-    for (let i = 0; i < 500; i++) {
+    for (let i = 0; i < 2500; i++) {
       const g = await (await fetch(big.url + '/metrics')).text();
-      if (+(/floe_requests_processing (\d+)/.exec(g) || [0, 0])[1] >= 1) break;
+      if (chatReqs(g) >= chatBefore + 1) break;
       await new Promise((res) => setTimeout(res, 2));
     }
     ac2.abort();
