@@ -204,6 +204,18 @@
  * lane, computed in act_quantize_range) and loaded, instead of vpsubb + vpdpbusd per step: in L2
  * slower (35.5 vs 33.4 us, 1-step loop), not measured further. (3) Line-aligned weight loads
  * (wrong results, timing only): in L2 equal, so split loads are not the in-cache limit.
+ *
+ * ---- Q4_K/Q5_K row pairs, 2026-11-30 (decode of the 35B-A3B shape; bench/results.tsv) ----
+ * Timing-only builds that removed or added parts of k4_sb (in cache, 256x2048, 1 thread, 12.9 us):
+ * no scale decode -15 %, float scales constant -9 %, no per-superblock fold -8 %, 8 dead vpdpbusd
+ * per superblock pair +14 %, aligned weight loads 0: the loop is bound by its port-0/5 vector uops
+ * (~54 per superblock pair). In the model decode the +14 % cost +2.3 % of a token, so the kernel's
+ * compute shows through the memory stream even at ~65 % of it. Cut: the float scales of 4
+ * superblocks made at once (k4_scv4, -4.5 % in cache, -1.0 / -1.6 % a token) and both rows in one
+ * vpdpwssd chain with one transposed fold per group (k4_tree; -10 % more in cache, -1.3 / -2.1 % a
+ * token); the output matrix now streams at 95-97 % of a pure read of its rows (92.5-95 % before).
+ * Not kept: two superblocks' scales decoded in one zmm (+5 % in cache: both wait for one decode),
+ * the decode by vpmultishiftqb in 5 uops instead of 7 (no change: the saved uops were port-0 ones).
  */
 #pragma GCC target("gfni")
 #include <immintrin.h>
