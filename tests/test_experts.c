@@ -90,7 +90,7 @@ static void modes(const char *name, const char *path, const char *pack) {
   float *ref = malloc(nf * 4), *got = malloc(nf * 4);
   rc = run(m, ref, err, sizeof err);
   CHECK(rc == 0, "%s: resident run: %s", name, err);
-  rc = xpack_write(m, path, pack, err, sizeof err);
+  rc = model_pack_write(m, path, pack, err, sizeof err);
   CHECK(rc == 0, "%s: pack: %s", name, err);
   model_free(m);
   int bad = 0, runs = 0;
@@ -106,7 +106,7 @@ static void modes(const char *name, const char *path, const char *pack) {
             /* slot size: from a store of this layout */
             if ((rc = model_load(src, &m, err, sizeof err)) == 0) {
               xs_store *st;
-              if ((rc = xs_store_open(m, false, &st, err, sizeof err)) == 0) {
+              if ((rc = model_store_open(m, false, &st, err, sizeof err)) == 0) {
                 p.cache_bytes = st->slot_bytes * (uint64_t)(tiny ? K : NE * m->hp.n_layer);
                 xs_store_close(st);
               }

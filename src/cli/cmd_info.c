@@ -13,7 +13,7 @@
 #include "format/gguf.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
-#include "model/hparams.h"
+#include "base/hparams.h"
 #include "model/model_meta.h"
 #include "quant/quant.h"
 

@@ -44,7 +44,7 @@ int cmd_pack(int argc, char **argv) {
   if (xpack_is_dir(in)) return cli_fail("%s is already a pack", in);
   double t0 = floe_time_s();
   if (model_load(in, &m, err, sizeof err)) return cli_fail("%s", err);
-  int rc = xpack_write(m, in, out, err, sizeof err);
+  int rc = model_pack_write(m, in, out, err, sizeof err);
   model_free(m);
   if (rc) return cli_fail("%s", err);
   fprintf(stderr, "floe: packed %s into %s/%s in %.1f s\n", in, out, XPACK_FILE, floe_time_s() - t0);

@@ -7,7 +7,7 @@
 #include "base/base.h"
 #include "engine/engine_internal.h"
 #include "floe.h"
-#include "model/hparams.h"
+#include "base/hparams.h"
 #include "tok/chat.h"
 
 int floe_chat_render(const floe_engine *e, const floe_chat_msg *msgs, size_t n, const floe_chat_opts *o, char **out,

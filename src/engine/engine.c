@@ -132,7 +132,7 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
   e->p = *p;
   if (p->mem_budget > 0) { /* streaming: refuse now if resident weights + one layer's top-k cannot fit */
     xs_store *st;
-    if ((rc = xs_store_open(e->m, p->io_direct, &st, err, errlen)) == 0) {
+    if ((rc = model_store_open(e->m, p->io_direct, &st, err, errlen)) == 0) {
       const uint64_t K = (uint64_t)e->m->hp.n_expert_used, need = st->resident_bytes + stream_overhead(e->m) +
                                                                       K * (st->slot_bytes + XS_SLOT_OVERHEAD);
       e->info.resident_bytes = st->resident_bytes;

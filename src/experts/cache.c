@@ -26,7 +26,6 @@
 
 #include "base/base.h"
 #include "experts/experts.h"
-#include "model/model.h"
 
 enum { SLOT_FREE = 0, SLOT_LOADING, SLOT_READY, SLOT_BAD };
 
@@ -107,7 +106,7 @@ static void *prefault_main(void *arg) {
   return NULL;
 }
 
-int xs_open(const model *m, const xs_params *p, xstream **out, char *err, size_t errlen) {
+int xs_open(const xs_model *m, const xs_params *p, xstream **out, char *err, size_t errlen) {
   *out = NULL;
   xstream *x = calloc(1, sizeof *x);
   if (!x) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");

@@ -33,9 +33,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/cpu/kernels.h"
+#include "quant/mat.h"
 
-typedef struct model model;
+typedef struct gguf_file gguf_file;
+typedef struct st_model st_model;
+typedef struct xpack xpack;
+
+/* What src/experts reads of a model: its routed experts and the sources their bytes lie in. The
+ * model fills one (model_xs_view) for the call that needs it, so that this module knows no model
+ * code. The expert matrices are the model's own: xpack_bind repoints them into a pack. */
+typedef struct xs_model {
+  int64_t n_layer, n_expert, n_expert_used;
+  floe_mat **gate, **up, **down; /* [n_layer]: layer l's n_expert matrices of each projection */
+  const gguf_file *gguf;         /* the sources (NULL when absent) */
+  const st_model *st;
+  const xpack *pack;
+  uint64_t owned_bytes;          /* weights the loader converted into its own buffers */
+} xs_model;
 
 #define XS_MAX_PARTS 9        /* gate/up/down x (codes, scales, biases) */
 #define XS_PAGE 4096u         /* O_DIRECT alignment of offsets, lengths and buffers */
@@ -81,7 +95,7 @@ const void *xs_part_ptr(const floe_mat *w, int kind);
 uint64_t xs_part_len(const floe_mat *w, int kind);
 void xs_part_set(floe_mat *w, int kind, const void *p);
 /* Derives the store from m's resident binding. direct: also open the files with O_DIRECT. */
-int xs_store_open(const model *m, bool direct, xs_store **out, char *err, size_t errlen);
+int xs_store_open(const xs_model *m, bool direct, xs_store **out, char *err, size_t errlen);
 void xs_store_close(xs_store *st);
 /* The reads of expert e of layer l into a slot: n (<= XS_MAX_PARTS) ranges, aligned to XS_PAGE;
  * ptr[p] = offset inside the slot of part p's first byte. */
@@ -161,7 +175,7 @@ typedef struct xs_stats {
 } xs_stats;
 
 typedef struct xstream xstream;
-int xs_open(const model *m, const xs_params *p, xstream **out, char *err, size_t errlen);
+int xs_open(const xs_model *m, const xs_params *p, xstream **out, char *err, size_t errlen);
 void xs_close(xstream *x);
 const xs_store *xs_store_of(const xstream *x);
 int64_t xs_n_slots(const xstream *x);
@@ -206,10 +220,10 @@ int xpack_open(const char *dir, xpack **out, char *err, size_t errlen);
 void xpack_close(xpack *p);
 const char *xpack_source(const xpack *p);
 /* Points m's routed expert matrices into the pack (checks the sizes against the model). */
-int xpack_bind(const xpack *p, model *m, char *err, size_t errlen);
+int xpack_bind(const xpack *p, const xs_model *m, char *err, size_t errlen);
 bool xpack_is_dir(const char *path);
 /* Writes DIR/experts.floepack from the loaded model m (source = the path m was loaded from). */
-int xpack_write(const model *m, const char *source, const char *dir, char *err, size_t errlen);
+int xpack_write(const xs_model *m, const char *source, const char *dir, char *err, size_t errlen);
 /* The pack's mapping (for the store) and its checksum table. */
 void xpack_map(const xpack *p, const uint8_t **map, uint64_t *size, const char **path, const uint64_t **cksum);
 #endif

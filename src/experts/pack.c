@@ -27,8 +27,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/hparams.h"
 #include "experts/experts.h"
-#include "model/model.h"
 
 #define XPACK_MAGIC "FLOEPAK1"
 
@@ -193,19 +193,17 @@ done:
   return rc;
 }
 
-int xpack_bind(const xpack *p, model *m, char *err, size_t errlen) {
-  const floe_hparams *hp = &m->hp;
+int xpack_bind(const xpack *p, const xs_model *m, char *err, size_t errlen) {
   struct stat sb;
   if (stat(p->source, &sb) == 0 && !S_ISDIR(sb.st_mode) && (uint64_t)sb.st_size != p->source_size)
     return floe_err(err, errlen, FLOE_E_FORMAT, "%s: its source %s is %llu bytes, the pack was made from %llu bytes",
                     p->path, p->source, (unsigned long long)sb.st_size, (unsigned long long)p->source_size);
-  if ((int64_t)p->n_layer != hp->n_layer || (int64_t)p->n_expert != hp->n_expert)
+  if ((int64_t)p->n_layer != m->n_layer || (int64_t)p->n_expert != m->n_expert)
     return floe_err(err, errlen, FLOE_E_FORMAT, "%s: %u layers x %u experts, the model has %lld x %lld", p->path,
-                    p->n_layer, p->n_expert, (long long)hp->n_layer, (long long)hp->n_expert);
+                    p->n_layer, p->n_expert, (long long)m->n_layer, (long long)m->n_expert);
   for (uint32_t l = 0; l < p->n_layer; l++) {
-    model_layer *L = &m->layers[l];
     const xpack_layer *X = &p->layer[l];
-    floe_mat *w[3] = { L->exp_gate, L->exp_up, L->exp_down };
+    floe_mat *w[3] = { m->gate[l], m->up[l], m->down[l] };
     const floe_mat *w0[3] = { &w[0][0], &w[1][0], &w[2][0] };
     uint8_t pm[XS_MAX_PARTS], pk[XS_MAX_PARTS];
     const int np = xs_parts(w0, pm, pk);
@@ -252,7 +250,7 @@ static int write_all(int fd, const void *b, size_t n, uint64_t off) {
   return 0;
 }
 
-int xpack_write(const model *m, const char *source, const char *dir, char *err, size_t errlen) {
+int xpack_write(const xs_model *m, const char *source, const char *dir, char *err, size_t errlen) {
   xs_store *st = NULL;
   int rc = xs_store_open(m, false, &st, err, errlen); /* where the source's experts are */
   if (rc) return rc;

@@ -17,7 +17,6 @@
 #include "experts/experts.h"
 #include "format/gguf.h"
 #include "format/safetensors.h"
-#include "model/model.h"
 
 typedef struct xs_map {
   const uint8_t *base; /* first mapped byte */
@@ -54,7 +53,7 @@ static int add_file(xs_store *st, const char *path, bool direct, char *err, size
 }
 
 /* The mappings of m's sources. */
-static int collect_maps(const model *m, xs_store *st, bool direct, xs_map *maps, int *n_maps, char *err, size_t errlen) {
+static int collect_maps(const xs_model *m, xs_store *st, bool direct, xs_map *maps, int *n_maps, char *err, size_t errlen) {
   int n = 0, rc;
   if (m->pack) {
     const uint8_t *map;
@@ -106,7 +105,7 @@ static int locate(const xs_map *maps, int n, const void *p, uint64_t len, int *f
 /* MLX switch_mlp stacks whose slices the loader copied (unaligned safetensors data): the slice of
  * expert e of part p, found by name in the mapping (the names the loader resolves, VLM prefixes
  * included). NULL when the model has no such stack. */
-static const void *mlx_slice(const model *m, int l, int p, int e, uint64_t len) {
+static const void *mlx_slice(const xs_model *m, int l, int p, int e, uint64_t len) {
   static const char *const proj[3] = { "gate_proj", "up_proj", "down_proj" };
   const int j = p / 3, k = p % 3; /* p here is mat * 3 + kind */
   static const char *const kind[3] = { "weight", "scales", "biases" };
@@ -116,7 +115,7 @@ static const void *mlx_slice(const model *m, int l, int p, int e, uint64_t len) 
     char nm[256];
     snprintf(nm, sizeof nm, "%s.%d.mlp.switch_mlp.%s.%s", pre[i], l, proj[j], kind[k]);
     const st_tensor *t = st_find(m->st, nm);
-    if (t && t->n_dims == 3 && t->shape[0] == m->hp.n_expert && t->nbytes / (uint64_t)t->shape[0] == len)
+    if (t && t->n_dims == 3 && t->shape[0] == m->n_expert && t->nbytes / (uint64_t)t->shape[0] == len)
       return t->data + (uint64_t)e * len;
   }
   return NULL;
@@ -158,15 +157,14 @@ int xs_parts(const floe_mat *const w[3], uint8_t *mat, uint8_t *kind) {
   return n;
 }
 
-int xs_store_open(const model *m, bool direct, xs_store **out, char *err, size_t errlen) {
+int xs_store_open(const xs_model *m, bool direct, xs_store **out, char *err, size_t errlen) {
   *out = NULL;
-  const floe_hparams *hp = &m->hp;
   xs_store *st = calloc(1, sizeof *st);
   if (!st) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
-  st->n_layer = (int)hp->n_layer;
-  st->n_expert = (int)hp->n_expert;
-  st->n_used = (int)hp->n_expert_used;
-  st->layer = calloc((size_t)hp->n_layer, sizeof *st->layer);
+  st->n_layer = (int)m->n_layer;
+  st->n_expert = (int)m->n_expert;
+  st->n_used = (int)m->n_expert_used;
+  st->layer = calloc((size_t)m->n_layer, sizeof *st->layer);
   xs_map maps[20];
   int n_maps = 0, rc;
   if (!st->layer) {
@@ -175,13 +173,12 @@ int xs_store_open(const model *m, bool direct, xs_store **out, char *err, size_t
   }
   if ((rc = collect_maps(m, st, direct, maps, &n_maps, err, errlen))) goto fail;
   for (int l = 0; l < st->n_layer; l++) {
-    const model_layer *L = &m->layers[l];
     xs_layer *xl = &st->layer[l];
-    if (!L->exp_gate) {
+    if (!m->gate[l]) {
       rc = floe_err(err, errlen, FLOE_E_FORMAT, "layer %d has no routed experts", l);
       goto fail;
     }
-    const floe_mat *w0[3] = { &L->exp_gate[0], &L->exp_up[0], &L->exp_down[0] };
+    const floe_mat *w0[3] = { &m->gate[l][0], &m->up[l][0], &m->down[l][0] };
     xl->n_part = xs_parts(w0, xl->part_mat, xl->part_kind);
     for (int j = 0; j < 3; j++) {
       xl->tmpl[j] = *w0[j];
@@ -193,7 +190,7 @@ int xs_store_open(const model *m, bool direct, xs_store **out, char *err, size_t
       goto fail;
     }
     for (int e = 0; e < st->n_expert; e++) {
-      const floe_mat *w[3] = { &L->exp_gate[e], &L->exp_up[e], &L->exp_down[e] };
+      const floe_mat *w[3] = { &m->gate[l][e], &m->up[l][e], &m->down[l][e] };
       for (int p = 0; p < xl->n_part; p++) {
         const int j = xl->part_mat[p], k = xl->part_kind[p];
         const floe_mat *W = w[j];

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/hparams.h"
+#include "base/hparams.h"
 
 enum hf_qmode { HF_QMODE_AFFINE = 0, HF_QMODE_MXFP4, HF_QMODE_NVFP4, HF_QMODE_MXFP8 };
 

@@ -21,7 +21,7 @@ static void *zalloc(size_t n, size_t *total) {
 static size_t ssm_bytes(const kv_state *kv) { return (size_t)(kv->ssm_n * kv->ssm_dk * kv->ssm_dv) * 4; }
 static size_t conv_bytes(const kv_state *kv) { return (size_t)((kv->conv_k - 1) * kv->conv_c) * 4; }
 
-int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen) {
+int kv_init_dims(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen) {
   memset(kv, 0, sizeof *kv);
   if (n_ctx < 1 || hp->n_layer < 1 || hp->n_layer > FLOE_MAX_LAYERS || (kv_type != KV_F32 && kv_type != KV_BF16))
     return floe_err(err, errlen, FLOE_E_INVALID, "kv: bad context %lld or layer count %lld", (long long)n_ctx,
@@ -36,6 +36,19 @@ int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, ch
   kv->ssm_dv = hp->ssm_dt_rank > 0 ? hp->ssm_d_inner / hp->ssm_dt_rank : 0;
   kv->conv_k = hp->ssm_conv_kernel;
   kv->conv_c = 2 * hp->ssm_n_group * hp->ssm_d_state + hp->ssm_d_inner;
+  for (int64_t l = 0; l < hp->n_layer; l++) {
+    kv->rec[l] = hp->recurrent[l];
+    if (hp->recurrent[l] && (kv->conv_k < 2 || kv->ssm_n < 1)) {
+      memset(kv, 0, sizeof *kv);
+      return floe_err(err, errlen, FLOE_E_INVALID, "kv: recurrent layer %lld without GDN sizes", (long long)l);
+    }
+  }
+  return 0;
+}
+
+int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen) {
+  int rc = kv_init_dims(kv, hp, n_ctx, kv_type, err, errlen);
+  if (rc) return rc;
   size_t esz = kv_type == KV_F32 ? 4 : 2;
   for (int64_t l = 0; l < hp->n_layer; l++) {
     uint64_t n;
@@ -46,10 +59,6 @@ int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, ch
       kv->v[l] = zalloc(n, &kv->bytes);
       if (!kv->k[l] || !kv->v[l]) goto nomem;
     } else {
-      if (kv->conv_k < 2 || kv->ssm_n < 1) {
-        kv_free(kv);
-        return floe_err(err, errlen, FLOE_E_INVALID, "kv: recurrent layer %lld without GDN sizes", (long long)l);
-      }
       if (!floe_mul_ok((uint64_t)kv->ssm_n * kv->ssm_dk, (uint64_t)kv->ssm_dv * 4, &n)) goto overflow;
       kv->ssm[l] = zalloc(n, &kv->bytes);
       if (!floe_mul_ok((uint64_t)(kv->conv_k - 1), (uint64_t)kv->conv_c * 4, &n)) goto overflow;
@@ -87,7 +96,7 @@ void kv_reset(kv_state *kv) {
 size_t kv_ckpt_bytes(const kv_state *kv) {
   size_t n = 0;
   for (int64_t l = 0; l < kv->n_layer; l++)
-    if (kv->ssm[l]) n += ssm_bytes(kv) + conv_bytes(kv);
+    if (kv->rec[l]) n += ssm_bytes(kv) + conv_bytes(kv);
   return n;
 }
 

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/hparams.h"
+#include "base/hparams.h"
 
 enum kv_type { KV_F32 = 0, KV_BF16 = 1 };
 
@@ -37,10 +37,14 @@ typedef struct kv_state {
   void *k[FLOE_MAX_LAYERS], *v[FLOE_MAX_LAYERS];
   float *ssm[FLOE_MAX_LAYERS];
   float *conv[FLOE_MAX_LAYERS];
+  bool rec[FLOE_MAX_LAYERS];     /* layer l is recurrent (GatedDeltaNet) */
   int64_t n_past;
   size_t bytes;         /* total allocated */
 } kv_state;
 
+/* Fills the dimensions for hp without allocating any buffer (a backend that keeps the state in
+ * its own memory uses them). 0 or FLOE_E_INVALID. */
+int kv_init_dims(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen);
 /* Allocates the state for hp (attention layers: !hp->recurrent[l]). 0 or FLOE_E_*. */
 int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, char *err, size_t errlen);
 void kv_free(kv_state *kv);

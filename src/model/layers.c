@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "experts/experts.h"
+#include "kernels/cpu/kernels.h"
 #include "model/model.h"
 
 /* Hot element-wise loops are compiled for AVX-512 / AVX2 / baseline and picked at load time
@@ -36,100 +37,10 @@
 #define VEC_FN
 #endif
 
-/* ---- dispatch of parallel regions ----
- * A decoded token has ~60 parallel regions separated by short serial steps (norms, top-k, the
- * residual adds). The pool's workers spin ~25 us before sleeping, and a sleeping worker takes tens
- * of microseconds to wake (more in a VM), so every serial step longer than the spin cost one late
- * start. layer_spin_eval therefore holds the workers inside one pool run for a whole evaluation:
- * they wait on a generation counter for the regions the caller publishes with layer_run, spinning
- * SPIN_WAIT pauses (~100 us, longer than any serial step of a token) before sleeping on a condition
- * variable; the caller waits for the region's end the same way. Sleeping, not yielding, matters on
- * an oversubscribed machine: a spinning thread would hold its core while its partner waits for one.
- * Only the scheduling changes: every region calls fn(ctx, ith, nth) exactly as floe_pool_run would. */
-typedef struct layer_spin {
-  _Alignas(64) uint64_t gen;  /* incremented per region */
-  int quit;                   /* the evaluation is over */
-  int active;
-  floe_pool_fn fn;
-  void *ctx;
-  _Alignas(64) int pending;   /* workers still running the current region */
-  _Alignas(64) floe_waiter w; /* the workers wait on gen, the caller on pending */
-  void (*body)(void *);
-  void *arg;
-} layer_spin;
-
-#define SPIN_WAIT 8000 /* pauses (~13 ns each here) before a wait blocks */
-
-/* Workers: until gen != seen or quit; the caller: until pending == 0 (floe_waiter) */
-static void spin_wait_gen(layer_spin *sp, uint64_t seen) {
-  floe_waiter_wait_change(&sp->w, &sp->gen, seen, &sp->quit, SPIN_WAIT);
-}
-static void spin_wait_done(layer_spin *sp) { floe_waiter_wait_zero(&sp->w, &sp->pending, SPIN_WAIT); }
-
-/* After a store another thread may be waiting for (seq_cst store before this call). */
-static void spin_wake(layer_spin *sp) { floe_waiter_wake(&sp->w); }
-
-static void spin_main(void *ctx, int ith, int nth) {
-  layer_spin *sp = ctx;
-  if (ith == 0) {
-    sp->body(sp->arg);
-    __atomic_store_n(&sp->quit, 1, __ATOMIC_SEQ_CST);
-    spin_wake(sp);
-    return;
-  }
-  uint64_t seen = 0;
-  for (;;) {
-    spin_wait_gen(sp, seen);
-    const uint64_t g = __atomic_load_n(&sp->gen, __ATOMIC_SEQ_CST);
-    if (g == seen) return; /* quit, and no region left (the caller publishes none after quit) */
-    seen = g;
-    sp->fn(sp->ctx, ith, nth);
-    if (__atomic_sub_fetch(&sp->pending, 1, __ATOMIC_SEQ_CST) == 0) spin_wake(sp);
-  }
-}
-
-/* floe_pool_run(s->pool, fn, ctx), through the waiting workers when an evaluation holds them. */
-static void layer_run(model_session *s, floe_pool_fn fn, void *ctx) {
-  layer_spin *sp = s->spin;
-  if (!sp || !sp->active) {
-    floe_pool_run(s->pool, fn, ctx);
-    return;
-  }
-  const int nth = floe_pool_size(s->pool);
-  sp->fn = fn;
-  sp->ctx = ctx;
-  __atomic_store_n(&sp->pending, nth - 1, __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&sp->gen, 1, __ATOMIC_SEQ_CST);
-  spin_wake(sp);
-  fn(ctx, 0, nth);
-  spin_wait_done(sp);
-}
-
-int layer_spin_eval(model_session *s, void (*body)(void *arg), void *arg) {
-  if (!s->pool || floe_pool_size(s->pool) < 2) {
-    body(arg);
-    return 0;
-  }
-  if (!s->spin && !(s->spin = floe_aligned_alloc(64, sizeof(layer_spin)))) {
-    body(arg);
-    return FLOE_E_NOMEM;
-  }
-  layer_spin *sp = s->spin;
-  memset(sp, 0, sizeof *sp);
-  floe_waiter_init(&sp->w);
-  sp->body = body;
-  sp->arg = arg;
-  sp->active = 1;
-  floe_pool_run(s->pool, spin_main, sp); /* publishes the reset fields to the workers */
-  sp->active = 0;
-  floe_waiter_destroy(&sp->w);
-  return 0;
-}
-
-void layer_spin_free(model_session *s) {
-  floe_aligned_free(s->spin);
-  s->spin = NULL;
-}
+/* Parallel regions run through the session's pool (floe_pool_run); a resident-expert session sets
+ * the pool's spin long enough (model_session_new) that its workers wait between the ~60 regions of
+ * a token, and between tokens, without sleeping (see pool.c). */
+static void layer_run(model_session *s, floe_pool_fn fn, void *ctx) { floe_pool_run(s->pool, fn, ctx); }
 
 /* ---- matmul tasks ---- */
 typedef struct mm_task {

@@ -1,5 +1,6 @@
 /* Model loading (GGUF file or HF safetensors directory), binding helpers for arch/<arch>.c,
  * sessions and the forward driver. See model.h for the canonical layout and invariants. */
+#include "kernels/cpu/kernels.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -138,6 +139,7 @@ void model_embed_row(const model *m, int32_t tok, float *dst) {
 
 void model_free(model *m) {
   if (!m) return;
+  if (m->be && m->be->model_fini) m->be->model_fini(m);
   xs_close(m->xs); /* waits for reads in flight */
   xpack_close(m->pack);
   free(m->path);
@@ -522,9 +524,75 @@ static const model_arch *arch_of(int arch) {
   }
 }
 
+int model_xs_view(const model *m, xs_model *v) {
+  memset(v, 0, sizeof *v);
+  const int64_t NL = m->hp.n_layer;
+  v->n_layer = NL;
+  v->n_expert = m->hp.n_expert;
+  v->n_expert_used = m->hp.n_expert_used;
+  v->gate = calloc((size_t)NL, sizeof *v->gate);
+  v->up = calloc((size_t)NL, sizeof *v->up);
+  v->down = calloc((size_t)NL, sizeof *v->down);
+  if (!v->gate || !v->up || !v->down) {
+    model_xs_view_free(v);
+    return FLOE_E_NOMEM;
+  }
+  for (int64_t l = 0; l < NL; l++) {
+    v->gate[l] = m->layers[l].exp_gate;
+    v->up[l] = m->layers[l].exp_up;
+    v->down[l] = m->layers[l].exp_down;
+  }
+  v->gguf = m->gguf;
+  v->st = m->st;
+  v->pack = m->pack;
+  v->owned_bytes = m->owned_bytes;
+  return 0;
+}
+
+void model_xs_view_free(xs_model *v) {
+  free(v->gate);
+  free(v->up);
+  free(v->down);
+  memset(v, 0, sizeof *v);
+}
+
+int model_store_open(const model *m, bool direct, xs_store **out, char *err, size_t errlen) {
+  xs_model v;
+  if (model_xs_view(m, &v)) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  int rc = xs_store_open(&v, direct, out, err, errlen);
+  model_xs_view_free(&v);
+  return rc;
+}
+
+int model_pack_write(const model *m, const char *source, const char *dir, char *err, size_t errlen) {
+  xs_model v;
+  if (model_xs_view(m, &v)) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  int rc = xpack_write(&v, source, dir, err, errlen);
+  model_xs_view_free(&v);
+  return rc;
+}
+
+int model_use_backend(model *m, const model_backend *be, int dev_index, char *err, size_t errlen) {
+  if (be == m->be) return 0;
+  if (m->be != &model_backend_cpu)
+    return floe_err(err, errlen, FLOE_E_INVALID, "the model is already on the %s backend", m->be->name);
+  if (m->xs && be != &model_backend_cpu)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "streamed experts (--mem-budget) run on the CPU only");
+  if (be->model_init) {
+    int rc = be->model_init(m, dev_index, err, errlen);
+    if (rc) return rc;
+  }
+  m->be = be;
+  return 0;
+}
+
 int model_stream_start(model *m, const xs_params *p, char *err, size_t errlen) {
   if (m->xs) return floe_err(err, errlen, FLOE_E_INVALID, "expert streaming already started");
-  return xs_open(m, p, &m->xs, err, errlen);
+  xs_model v;
+  if (model_xs_view(m, &v)) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  int rc = xs_open(&v, p, &m->xs, err, errlen);
+  model_xs_view_free(&v);
+  return rc;
 }
 
 static int model_load_src(const char *path, int load, model **out, char *err, size_t errlen);
@@ -567,7 +635,14 @@ int model_load_ex(const char *path, int load, model **out, char *err, size_t err
     xpack_close(pk);
     return rc;
   }
-  if ((rc = xpack_bind(pk, m, err, errlen))) {
+  xs_model v;
+  if ((rc = model_xs_view(m, &v)) == 0) {
+    rc = xpack_bind(pk, &v, err, errlen);
+    model_xs_view_free(&v);
+  } else {
+    rc = floe_err(err, errlen, rc, "out of memory");
+  }
+  if (rc) {
     xpack_close(pk);
     model_free(m);
     return rc;
@@ -610,6 +685,7 @@ static int model_load_src(const char *path, int load, model **out, char *err, si
   m->copied = copy;
   const floe_hparams *hp = &m->hp;
   m->arch = arch_of(hp->arch);
+  m->be = &model_backend_cpu;
   if (!m->arch) {
     rc = floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: unsupported architecture", path);
     goto fail;
@@ -661,82 +737,14 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
   model_session *s = calloc(1, sizeof *s);
   if (!s) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   s->m = m;
+  s->be = m->be;
   s->greedy = -1;
-  int rc = kv_init(&s->kv, hp, n_ctx, kv_type, err, errlen);
-  if (rc) {
-    free(s);
-    return rc;
-  }
-  if (n_threads > 1 && !(s->pool = floe_pool_create(n_threads))) {
-    model_session_free(s);
-    return floe_err(err, errlen, FLOE_E_NOMEM, "cannot start %d threads", n_threads);
-  }
-  /* resident experts: the workers also bridge the gap between two decoded tokens (sampling, the
-   * caller's loop: ~50 us) instead of blocking after ~25 us; each token's first region had waited
-   * ~20 us for a worker to wake (profiling build, 2026-11-30). Streamed experts keep the short
-   * spin: between their regions the threads wait on the disk. */
-  if (!m->xs) floe_pool_set_spin(s->pool, 16000);
-  const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
-  const int64_t qdim = hp->n_head * hp->head_dim * 2, kvd = hp->n_head_kv * hp->head_dim;
-  const int64_t Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state, vd = hp->ssm_d_inner;
-  const int64_t C = 2 * Nk * dk + vd, dv = Nv ? vd / Nv : 0;
-  const int64_t raw = 2 * Nk * dk + 2 * vd > C ? 2 * Nk * dk + 2 * vd : C;
-  s->ff_max = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
-  int64_t tmp = 2 * kvd > dv ? 2 * kvd : dv;
-  struct { float **p; int64_t n; } parts[] = {
-    { &s->h, B * E }, { &s->out, B * E }, { &s->y, B * E }, { &s->q, B * qdim }, { &s->k, B * kvd },
-    { &s->v, B * kvd }, { &s->att, B * hp->n_head * hp->head_dim }, { &s->scores, n_ctx }, { &s->kvtmp, tmp },
-    { &s->mix, B * C }, { &s->z, B * vd }, { &s->b, B * Nv }, { &s->a, B * Nv }, { &s->raw, B * raw },
-    { &s->raw2, B * 2 * Nv }, { &s->o, B * vd }, { &s->rlog, B * NE }, { &s->selw, B * K },
-    { &s->contrib, B * K * E }, { &s->eg, (B * K + B) * s->ff_max }, { &s->eu, (B * K + B) * s->ff_max },
-    { &s->ein, B * K * E }, { &s->eout, B * E }, { &s->shg, B }, { &s->x, B * E }, { &s->tscr, 0 },
-  };
-  /* per-thread scratch: attention scores [grp][n_ctx]; GDN [dv] */
-  const int64_t grp = hp->n_head / hp->n_head_kv, nth = n_threads > 1 ? n_threads : 1;
-  const int64_t att_scr = grp * n_ctx;
-  s->tscr_n = (att_scr > dv ? att_scr : dv) + 16;
-  s->tscr_n = (s->tscr_n + 15) / 16 * 16;
-  parts[sizeof parts / sizeof parts[0] - 1].n = nth * s->tscr_n;
-  /* quantized activation rows: at most ~2.3 bytes per value for any layout (kernels_internal.h) */
-  int64_t cmax = E > vd ? E : vd;
-  if (hp->n_head * hp->head_dim > cmax) cmax = hp->n_head * hp->head_dim;
-  if (s->ff_max > cmax) cmax = s->ff_max;
-  s->xq_row = (size_t)(3 * cmax + 1024 + 63) / 64 * 64;
   s->act_q = true;
-  s->xq_h = floe_aligned_alloc(64, s->xq_row * (size_t)B);
-  s->xq_m = floe_aligned_alloc(64, s->xq_row * (size_t)B);
-  s->xq_g = floe_aligned_alloc(64, s->xq_row * (size_t)(B * K));
-  s->xq_d = floe_aligned_alloc(64, s->xq_row * (size_t)(B * K + B));
-  s->ecnt = malloc((size_t)NE * sizeof(int32_t));
-  s->eoff = malloc((size_t)NE * sizeof(int32_t));
-  s->aidx = malloc((size_t)(B * K) * sizeof(int32_t));
-  s->tasks = malloc((size_t)(2 * NE + 8) * layer_task_bytes());
-  s->xs_list = malloc((size_t)NE * sizeof(int32_t));
-  s->xs_slot = malloc((size_t)NE * sizeof(int32_t));
-  s->xs_tmp = malloc((size_t)NE * sizeof(int32_t));
-  s->xs_ready = malloc((size_t)NE);
-  s->ridx = malloc((size_t)(B * K) * sizeof(int32_t));
-  if (!s->xq_h || !s->xq_m || !s->xq_g || !s->xq_d || !s->ecnt || !s->eoff || !s->aidx || !s->tasks || !s->xs_list ||
-      !s->xs_slot || !s->xs_tmp || !s->xs_ready || !s->ridx) {
+  int rc = kv_init_dims(&s->kv, hp, n_ctx, kv_type, err, errlen);
+  if (!rc) rc = s->be->session_init(s, n_threads, err, errlen);
+  if (rc) {
     model_session_free(s);
-    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory for session scratch");
-  }
-  size_t np = sizeof parts / sizeof parts[0], total = 0;
-  for (size_t i = 0; i < np; i++) total += (size_t)((parts[i].n + 15) / 16 * 16);
-  s->buf = floe_aligned_alloc(64, total * sizeof(float));
-  s->sel = malloc((size_t)(B * K) * sizeof(int32_t));
-  if (!s->buf || !s->sel) {
-    model_session_free(s);
-    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory for session scratch");
-  }
-  memset(s->buf, 0, total * sizeof(float));
-  s->bytes = s->kv.bytes + total * sizeof(float) + s->xq_row * (size_t)(2 * B + 2 * B * K + B) +
-             (size_t)(3 * NE + B * K * 2) * sizeof(int32_t) + (size_t)NE + (size_t)(2 * NE + 8) * layer_task_bytes() +
-             (size_t)(B * K) * sizeof(int32_t);
-  float *p = s->buf;
-  for (size_t i = 0; i < np; i++) {
-    *parts[i].p = p;
-    p += (parts[i].n + 15) / 16 * 16;
+    return rc;
   }
   *out = s;
   return 0;
@@ -744,33 +752,22 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
 
 void model_session_free(model_session *s) {
   if (!s) return;
-  kv_free(&s->kv);
-  if (s->pool) floe_pool_free(s->pool);
-  layer_spin_free(s);
-  floe_aligned_free(s->buf);
-  free(s->sel);
-  floe_aligned_free(s->xq_h);
-  floe_aligned_free(s->xq_m);
-  floe_aligned_free(s->xq_g);
-  floe_aligned_free(s->xq_d);
-  free(s->ecnt);
-  free(s->eoff);
-  free(s->aidx);
-  free(s->tasks);
-  free(s->xs_list);
-  free(s->xs_slot);
-  free(s->xs_tmp);
-  free(s->xs_ready);
-  free(s->ridx);
-  for (int i = 0; i < s->max_ckpt; i++) kv_ckpt_free(&s->ckpt[i].c);
+  for (int i = 0; i < s->max_ckpt; i++) s->be->ckpt_free(s, &s->ckpt[i].c);
   free(s->ckpt);
+  s->be->session_free(s);
   free(s);
 }
 
 void model_session_set_exact(model_session *s, bool exact) { s->act_q = !exact; }
 
+/* Forgets every token: the backend zeroes the recurrent state; attention rows past n_past are dead. */
+static void session_state_reset(model_session *s) {
+  s->be->state_reset(s);
+  s->kv.n_past = 0;
+}
+
 void model_session_reset(model_session *s) {
-  kv_reset(&s->kv);
+  session_state_reset(s);
   for (int i = 0; i < s->max_ckpt; i++) s->ckpt[i].c.pos = -1; /* buffers kept for reuse */
 }
 int64_t model_session_pos(const model_session *s) { return s->kv.n_past; }
@@ -778,10 +775,10 @@ int64_t model_session_pos(const model_session *s) { return s->kv.n_past; }
 /* ---- checkpoints ---- */
 int model_session_set_ckpt_max(model_session *s, int max, char *err, size_t errlen) {
   if (max < 0 || max > 4096) return floe_err(err, errlen, FLOE_E_INVALID, "checkpoint count %d out of [0, 4096]", max);
-  if (kv_ckpt_bytes(&s->kv) == 0) max = 0; /* pure attention: rewinding needs no copy */
+  if (s->be->ckpt_bytes(s) == 0) max = 0; /* pure attention: rewinding needs no copy */
   model_ckpt *c = max ? calloc((size_t)max, sizeof *c) : NULL;
   if (max && !c) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
-  for (int i = 0; i < s->max_ckpt; i++) kv_ckpt_free(&s->ckpt[i].c);
+  for (int i = 0; i < s->max_ckpt; i++) s->be->ckpt_free(s, &s->ckpt[i].c);
   free(s->ckpt);
   for (int i = 0; i < max; i++) c[i].c.pos = -1;
   s->ckpt = c;
@@ -789,7 +786,7 @@ int model_session_set_ckpt_max(model_session *s, int max, char *err, size_t errl
   return 0;
 }
 
-size_t model_session_ckpt_bytes(const model_session *s) { return kv_ckpt_bytes(&s->kv); }
+size_t model_session_ckpt_bytes(const model_session *s) { return s->be->ckpt_bytes(s); }
 
 int model_session_checkpoint(model_session *s, int kind) {
   if (s->max_ckpt == 0) return 0;
@@ -809,8 +806,9 @@ int model_session_checkpoint(model_session *s, int kind) {
     }
   }
   dst->c.pos = -1; /* a failed save leaves the slot unused */
-  int rc = kv_ckpt_save(&s->kv, &dst->c);
+  int rc = s->be->ckpt_save(s, &dst->c);
   if (rc) return rc;
+  dst->c.pos = pos;
   dst->kind = kind;
   dst->seq = ++s->ckpt_seq;
   return 0;
@@ -828,7 +826,7 @@ static model_ckpt *rewind_ckpt(const model_session *s, int64_t pos) {
 
 int64_t model_session_rewind_pos(const model_session *s, int64_t pos) {
   if (pos < 0) pos = 0;
-  if (pos >= s->kv.n_past || kv_ckpt_bytes(&s->kv) == 0) return pos < s->kv.n_past ? pos : s->kv.n_past;
+  if (pos >= s->kv.n_past || s->be->ckpt_bytes(s) == 0) return pos < s->kv.n_past ? pos : s->kv.n_past;
   const model_ckpt *c = rewind_ckpt(s, pos);
   return c ? c->c.pos : 0;
 }
@@ -837,17 +835,19 @@ int64_t model_session_rewind(model_session *s, int64_t pos) {
   kv_state *kv = &s->kv;
   if (pos < 0) pos = 0;
   if (pos >= kv->n_past) return kv->n_past;
-  if (kv_ckpt_bytes(kv) == 0) {
+  if (s->be->ckpt_bytes(s) == 0) {
     kv->n_past = pos;
     return pos;
   }
   model_ckpt *best = rewind_ckpt(s, pos);
   const int64_t to = best ? best->c.pos : 0;
   if (best) {
-    kv_ckpt_restore(kv, &best->c);
+    FLOE_ASSERT(best->c.data && best->c.pos >= 0 && best->c.pos <= kv->n_past);
+    s->be->ckpt_restore(s, &best->c);
+    kv->n_past = best->c.pos;
     best->seq = ++s->ckpt_seq;
   } else {
-    kv_reset(kv);
+    session_state_reset(s);
   }
   for (int i = 0; i < s->max_ckpt; i++)
     if (s->ckpt[i].c.pos > to) s->ckpt[i].c.pos = -1;
@@ -870,56 +870,54 @@ int model_session_ckpt_list(const model_session *s, int64_t *pos, int cap) {
   return n;
 }
 
-typedef struct eval_job {
-  model_session *s;
-  const int32_t *tokens;
-  int64_t n;
-  float *logits;
-  bool all_logits;
-  char *err;
-  size_t errlen;
-  int rc;
-} eval_job;
-
-/* The layers and the logits of model_eval's validated tokens, chunk by chunk. */
-static void eval_chunks(void *arg) {
-  eval_job *j = arg;
-  model_session *s = j->s;
+/* The layers and the logits of model_eval's validated tokens, chunk by chunk, through the
+ * session's backend (backend.h). */
+static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, float *hidden,
+                       char *err, size_t errlen) {
   const model *m = s->m;
+  const model_backend *be = s->be;
   const floe_hparams *hp = &m->hp;
-  const int64_t E = hp->n_embd, V = hp->n_vocab, n = j->n;
-  const int32_t *tokens = j->tokens;
-  float *logits = j->logits, *x = s->x;
-  const bool all_logits = j->all_logits;
+  const int64_t V = hp->n_vocab, E = hp->n_embd;
   for (int64_t c0 = 0; c0 < n; c0 += MODEL_MAX_BATCH) {
     const int64_t nb = n - c0 < MODEL_MAX_BATCH ? n - c0 : MODEL_MAX_BATCH;
     const int64_t pos0 = s->kv.n_past;
-    for (int64_t t = 0; t < nb; t++) model_embed_row(m, tokens[c0 + t], x + t * E); /* any type, MLX included */
+    const bool last = c0 + nb == n;
     if (m->xs) xs_lock(m->xs);
     s->xs_err = 0;
-    for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
+    bool run = true;
+    float *x = be->eval_begin(s, tokens + c0, nb, pos0, &run);
+    if (run) {
+      be->embed(s, tokens + c0, nb, x);
+      for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
+    }
     if (s->xs_err) { /* an expert could not be read: the state is undefined, the caller resets */
       if (m->xs) xs_unlock(m->xs);
-      j->rc = floe_err(j->err, j->errlen, s->xs_err, "%s", s->xs_msg);
-      return;
+      return floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
     }
-    s->kv.n_past += nb;
-    if (logits) {
+    if (run && logits) {
       const double t0 = floe_time_s();
-      int64_t first = all_logits ? 0 : (c0 + nb == n ? nb - 1 : nb);
-      for (int64_t t = first; t < nb; t++) layer_rmsnorm(x + t * E, m->output_norm, E, hp->rms_eps, s->h + t * E);
+      int64_t first = all_logits ? 0 : (last ? nb - 1 : nb);
       float *dst = all_logits ? logits + c0 * V : logits;
-      if (nb - first == 1 && c0 + nb == n) /* the evaluation's last position alone: its greedy pick too */
-        s->greedy = layer_matmul_argmax(s, &m->output, s->h + first * E, dst);
-      else if (nb - first > 0) layer_matmul(s, &m->output, nb - first, s->h + first * E, E, dst, V);
+      /* the evaluation's last position alone: its greedy pick too */
+      if (nb - first > 0) be->logits(s, x, first, nb, dst, nb - first == 1 && last);
       s->ph[MODEL_PH_LMHEAD] += floe_time_s() - t0;
     }
+    if (run && hidden) be->hidden(s, x, 0, nb, hidden + c0 * E);
+    int rc = be->eval_end(s, nb, err, errlen);
     if (m->xs) xs_unlock(m->xs); /* held through the logits: the stream times whole evaluations */
+    if (rc) return rc;
+    s->kv.n_past += nb;
   }
+  return 0;
 }
 
 int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, char *err,
                size_t errlen) {
+  return model_eval_h(s, tokens, n, logits, all_logits, NULL, err, errlen);
+}
+
+int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, float *hidden,
+                 char *err, size_t errlen) {
   const model *m = s->m;
   const int64_t V = m->hp.n_vocab;
   if (n < 1) return floe_err(err, errlen, FLOE_E_INVALID, "eval: no tokens");
@@ -936,13 +934,9 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
   const double t_start = floe_time_s();
   double t_phases = 0;
   for (int i = 0; i < MODEL_PH_N; i++) t_phases += s->ph[i];
-  eval_job j = { s, tokens, n, logits, all_logits, err, errlen, 0 };
   s->greedy = -1;
-  /* resident experts: the workers spin between the parallel regions of the whole evaluation;
-   * streaming waits on I/O inside layers, where spinning workers would only burn CPU */
-  if (!m->xs) layer_spin_eval(s, eval_chunks, &j);
-  else eval_chunks(&j);
-  if (j.rc) return j.rc;
+  int rc = eval_chunks(s, tokens, n, logits, all_logits, hidden, err, errlen);
+  if (rc) return rc;
   /* "other": whatever the timed phases did not cover (embedding, driver) */
   double t_now = 0;
   for (int i = 0; i < MODEL_PH_N; i++) t_now += s->ph[i];

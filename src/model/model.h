@@ -37,13 +37,12 @@
 #include <stdint.h>
 
 #include "base/base.h"
-#include "kernels/cpu/kernels.h"
+#include "experts/experts.h"
+#include "quant/mat.h"
 #include "kv/kv.h"
-#include "model/hparams.h"
+#include "model/backend.h"
+#include "base/hparams.h"
 
-typedef struct gguf_file gguf_file;
-typedef struct st_model st_model;
-typedef struct xpack xpack;
 typedef struct xstream xstream;
 
 typedef struct model_layer {
@@ -104,7 +103,8 @@ typedef struct model_tref {
 typedef struct model model;
 typedef struct model_session model_session;
 
-/* One architecture: binds its tensors (GGUF and HF names) and runs one decoder layer. */
+/* One architecture: binds its tensors (GGUF and HF names) and builds one decoder layer from the
+ * backend's blocks (s->be: attention, gdn, moe), never touching a device itself. */
 typedef struct model_arch {
   int arch;
   int (*bind)(model *m, const model_src *src, char *err, size_t errlen);
@@ -133,6 +133,8 @@ struct model {
   xpack *pack;               /* routed experts bound into DIR/experts.floepack (src/experts/pack.c) */
   xstream *xs;               /* streaming: routed experts read into a cache, never through the mapping
                               * (set by model_stream_start; NULL: every expert is used in place) */
+  const model_backend *be;   /* the device its sessions run on (model_use_backend; the CPU by default) */
+  void *dev;                 /* the backend's per-model state (device copies of the weights) */
 };
 
 /* A recurrent-state checkpoint of a session (model_session_checkpoint). TURN checkpoints (prompt
@@ -151,9 +153,10 @@ typedef struct model_ckpt {
 
 struct model_session {
   const model *m;
-  kv_state kv;
+  const model_backend *be;   /* m->be */
+  void *dev;                 /* the backend's session state (a device backend: its buffers, streams) */
+  kv_state kv;               /* dimensions and n_past always; the buffers only on the CPU backend */
   floe_pool *pool;           /* NULL: single thread */
-  void *spin;                /* layers.c: the spinning dispatch of layer_spin_eval (own cache lines) */
   float *buf;                /* one arena for all scratch below */
   float *h, *out, *y;        /* [B][n_embd] */
   float *q, *k, *v, *att;    /* [B][...] attention */
@@ -211,6 +214,12 @@ int model_load_ex(const char *path, int load, model **out, char *err, size_t err
 struct xs_params;
 int model_stream_start(model *m, const struct xs_params *p, char *err, size_t errlen);
 void model_free(model *m);
+/* src/experts' view of m (its routed experts and sources): arrays allocated for the call. */
+int model_xs_view(const model *m, xs_model *v);
+void model_xs_view_free(xs_model *v);
+/* xs_store_open / xpack_write of m's experts (through model_xs_view). */
+int model_store_open(const model *m, bool direct, xs_store **out, char *err, size_t errlen);
+int model_pack_write(const model *m, const char *source, const char *dir, char *err, size_t errlen);
 
 /* ---- sessions ---- */
 /* n_ctx <= 0: the model's trained context (capped at 4096). kv_type: enum kv_type; callers use
@@ -258,6 +267,14 @@ size_t layer_task_bytes(void);
  * else [n_vocab] for the last token. A prompt that does not fit the context is refused. */
 int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, char *err,
                size_t errlen);
+/* model_eval that also copies every position's final hidden state (the residual stream after the
+ * last layer, before the output norm: what an MTP head reads) into hidden [n][n_embd] when not NULL. */
+int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, float *hidden,
+                 char *err, size_t errlen);
+/* Moves the model onto backend be (device dev_index for a GPU): uploads what the backend needs.
+ * Call after loading (and model_stream_start, which only the CPU backend supports), before any
+ * session exists. 0 or FLOE_E_*; on failure the model stays on the CPU. */
+int model_use_backend(model *m, const model_backend *be, int dev_index, char *err, size_t errlen);
 
 /* ---- binding helpers for arch/<arch>.c ---- */
 int model_src_find(const model_src *src, const char *name, model_tref *t);
@@ -309,9 +326,4 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
 void layer_gdn(model_session *s, int64_t l, float *x, int64_t n);
 /* MoE block (routed experts, plus the sigmoid-gated shared expert when present). x += moe(norm(x)). */
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n);
-/* Runs body(arg) on the calling thread while the session's other threads wait for its parallel
- * regions by spinning instead of sleeping in the pool between them (see layers.c). 0 or
- * FLOE_E_NOMEM (then body ran through the plain pool). */
-int layer_spin_eval(model_session *s, void (*body)(void *arg), void *arg);
-void layer_spin_free(model_session *s);
 #endif

@@ -25,7 +25,7 @@
 
 #include "floe.h"
 #include "format/gguf.h"
-#include "model/hparams.h"
+#include "base/hparams.h"
 
 /* ---- presets ---- */
 /* Fills *hp with the named preset (real hyper-parameters of a released model, or a tiny test

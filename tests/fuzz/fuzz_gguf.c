@@ -8,7 +8,7 @@
 
 #include "base/base.h"
 #include "format/gguf.h"
-#include "model/hparams.h"
+#include "base/hparams.h"
 #include "model/model_meta.h"
 #include "tok/tokenizer.h"
 

@@ -29,19 +29,8 @@
 #include <string.h>
 #include <math.h>
 
+#include "quant/mat.h"
 #include "quant/quant.h"
-
-/* A weight matrix: rows x cols, row-major, cols = the contiguous (ggml ne0) dimension. */
-typedef struct floe_mat {
-  uint32_t type;        /* FLOE_TYPE_* (incl. FLOE_TYPE_MLX) */
-  int64_t rows, cols;
-  const void *data;     /* row r at data + r * row_bytes */
-  size_t row_bytes;
-  /* MLX only */
-  quant_mlx_fmt mlx;
-  const void *scales, *biases; /* row r at + r * sb_row_bytes */
-  size_t sb_row_bytes;
-} floe_mat;
 
 enum floe_isa { FLOE_ISA_SCALAR = 0, FLOE_ISA_AVX2 = 1, FLOE_ISA_AVX512 = 2 };
 

@@ -54,10 +54,10 @@ static int bind(model *m, const model_src *src, char *err, size_t errlen) {
 
 static void layer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
   if (s->m->hp.recurrent[l])
-    layer_gdn(s, l, x, n);
+    s->be->gdn(s, l, x, n);
   else
-    layer_attention(s, l, x, n, pos0, true);
-  layer_moe(s, l, x, n);
+    s->be->attention(s, l, x, n, pos0, true);
+  s->be->moe(s, l, x, n);
 }
 
 const model_arch model_arch_qwen35moe = { FLOE_ARCH_QWEN35MOE, bind, layer };

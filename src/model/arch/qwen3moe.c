@@ -19,8 +19,8 @@ static int bind(model *m, const model_src *src, char *err, size_t errlen) {
 }
 
 static void layer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
-  layer_attention(s, l, x, n, pos0, false);
-  layer_moe(s, l, x, n);
+  s->be->attention(s, l, x, n, pos0, false);
+  s->be->moe(s, l, x, n);
 }
 
 const model_arch model_arch_qwen3moe = { FLOE_ARCH_QWEN3MOE, bind, layer };

@@ -1,7 +1,7 @@
 /* Architecture names: the GGUF `general.architecture` spelling of each FLOE_ARCH_*. */
 #include <string.h>
 
-#include "model/hparams.h"
+#include "base/hparams.h"
 
 static const char *const arch_names[] = {
     [FLOE_ARCH_UNKNOWN] = "unknown",

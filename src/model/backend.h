@@ -1,0 +1,72 @@
+/* The backend seam: the block operations of a forward pass, one table per device.
+ *
+ * The architecture files (arch/<arch>.c) build a layer from these blocks and never touch a device;
+ * model_eval (model.c) drives a chunk of tokens through them: eval_begin, embed, the arch's layers,
+ * then logits / hidden, eval_end. A backend owns everything of a session that lives on its device:
+ * the KV cache and recurrent state, the scratch, and the copies of the recurrent state that
+ * checkpoints keep. The CPU backend (backend_cpu.c, the block math in layers.c) is the reference
+ * implementation; every other backend is checked against it op by op.
+ *
+ * The residual stream `x` handed to the blocks is the backend's own buffer ([B][n_embd] floats in
+ * the backend's memory: host memory for the CPU, device memory for CUDA): only the backend reads
+ * or writes it. Tokens, logits and hidden states cross the seam in host memory.
+ *
+ * Row-exactness is every backend's contract: the n rows of one call give, row for row, the bits
+ * that n calls of one row give (model.h). */
+#ifndef FLOE_BACKEND_H
+#define FLOE_BACKEND_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct model model;
+typedef struct model_session model_session;
+typedef struct kv_ckpt kv_ckpt;
+
+enum model_device { MODEL_DEV_CPU = 0, MODEL_DEV_CUDA = 1 };
+
+typedef struct model_backend {
+  const char *name;          /* "cpu", "cuda" */
+  int device;                /* enum model_device */
+  /* Per-model state (the weights' device copies): model_use_backend calls model_init once the
+   * model is bound, model_free calls model_fini. NULL: nothing to do (the CPU uses the binding). */
+  int (*model_init)(model *m, int dev_index, char *err, size_t errlen);
+  void (*model_fini)(model *m);
+  /* Per-session state (KV, recurrent state, scratch): made by model_session_new after the
+   * generic fields are set (s->m, s->kv's dimensions and n_ctx), freed by model_session_free. */
+  int (*session_init)(model_session *s, int n_threads, char *err, size_t errlen);
+  void (*session_free)(model_session *s);
+  /* Forgets every token: the recurrent state is zeroed (attention rows past n_past are dead). */
+  void (*state_reset)(model_session *s);
+  /* Checkpoints: an exact copy of the recurrent state at the current position (kv.h kv_ckpt:
+   * c->data is the backend's; ckpt_free releases it). */
+  size_t (*ckpt_bytes)(const model_session *s);
+  int (*ckpt_save)(model_session *s, kv_ckpt *c);
+  void (*ckpt_restore)(model_session *s, const kv_ckpt *c);
+  void (*ckpt_free)(model_session *s, kv_ckpt *c);
+  /* One chunk of n tokens at positions pos0..pos0+n-1. eval_begin returns the residual buffer
+   * and whether the blocks must be called (false: the backend replayed a recorded step itself,
+   * see backend_cuda.c); eval_end finishes the chunk (logits/hidden are valid after it). */
+  float *(*eval_begin)(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, bool *run_blocks);
+  int (*eval_end)(model_session *s, int64_t n, char *err, size_t errlen);
+  /* x[t] = embedding of tokens[t], t < n */
+  void (*embed)(model_session *s, const int32_t *tokens, int64_t n, float *x);
+  /* x += attn(norm(x)) (gated: sigmoid output gate of qwen3next / qwen35moe) */
+  void (*attention)(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated);
+  /* x += gdn(norm(x)): the GatedDeltaNet layer, recurrent state advanced token by token */
+  void (*gdn)(model_session *s, int64_t l, float *x, int64_t n);
+  /* x += moe(norm(x)): router, exact top-k, routed experts, sigmoid-gated shared expert */
+  void (*moe)(model_session *s, int64_t l, float *x, int64_t n);
+  /* Rows [first, n) of the chunk: logits[t - first] = output(norm(x[t])) into host memory
+   * (n_vocab floats a row). greedy: also the argmax of the last row (s->greedy). */
+  void (*logits)(model_session *s, const float *x, int64_t first, int64_t n, float *logits, bool greedy);
+  /* The final hidden states (the residual stream after the last layer, before the output norm)
+   * of rows [first, n) into host memory (n_embd floats a row). */
+  void (*hidden)(model_session *s, const float *x, int64_t first, int64_t n, float *dst);
+} model_backend;
+
+extern const model_backend model_backend_cpu;
+#ifdef FLOE_HAVE_CUDA
+extern const model_backend model_backend_cuda;
+#endif
+#endif
