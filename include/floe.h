@@ -46,6 +46,10 @@ enum { FLOE_CACHE_LRU = 0, FLOE_CACHE_LFU = 1 };
  * comfortably (MemAvailable minus max(2 GiB, 20 %)) and no memory budget is set, else maps it;
  * MMAP maps it (pages load on first use, 4 KiB pages: slower decode); COPY always reads it in. */
 enum { FLOE_LOAD_AUTO = 0, FLOE_LOAD_MMAP = 1, FLOE_LOAD_COPY = 2 };
+/* Where the forward pass runs. AUTO: a CUDA GPU when one is present, the binary was built with
+ * CUDA, and the model fits the GPU's free memory (no --mem-budget); otherwise the CPU, and
+ * floe_model_info.device_note says why. CUDA: the GPU device_index, or an error. */
+enum { FLOE_DEVICE_AUTO = 0, FLOE_DEVICE_CPU = 1, FLOE_DEVICE_CUDA = 2 };
 
 typedef struct floe_engine_params {
   const char *model; /* GGUF file, HF / MLX safetensors directory, or a `floe pack` directory */
@@ -69,6 +73,8 @@ typedef struct floe_engine_params {
   bool io_verify;    /* pack layout: check each expert block's checksum */
   bool io_no_prefault; /* don't populate the expert cache's memory in the background at start
                         * (then slots fault their pages in on first fill, on the decode's time) */
+  int device;          /* FLOE_DEVICE_* (default AUTO) */
+  int device_index;    /* the GPU of FLOE_DEVICE_CUDA (cuda:N; default 0) */
 } floe_engine_params;
 
 void floe_engine_params_init(floe_engine_params *p);
@@ -87,6 +93,10 @@ typedef struct floe_model_info {
   uint64_t mem_budget, resident_bytes, cache_bytes, expert_slot_bytes;
   int64_t cache_slots;
   bool copied;           /* weights read into huge-page memory (FLOE_LOAD_COPY, or AUTO chose it) */
+  const char *device;    /* "cpu" or "cuda" */
+  char gpu_name[128];    /* the GPU's name ("" on the CPU) */
+  uint64_t vram_bytes;   /* the GPU's total memory (0 on the CPU) */
+  char device_note[256]; /* FLOE_DEVICE_AUTO chose the CPU while CUDA support was built: why */
 } floe_model_info;
 void floe_engine_info(const floe_engine *e, floe_model_info *out);
 /* The read bandwidth of the memory the weights sit in: every byte of the model file's resident

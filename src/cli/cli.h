@@ -17,6 +17,9 @@ int cmd_pack(int argc, char **argv);
 #include "floe.h"
 int cli_stream_option(const char *a, const char *v, floe_engine_params *p);
 const char *cli_stream_help(void);
+/* --device VALUE into p (0, or -1 for a bad value); the engine's device line on stderr. */
+int cli_device_option(const char *v, floe_engine_params *p);
+void cli_device_note(const floe_engine *e);
 void cli_stream_stats(FILE *f, const floe_engine *e, const floe_session_stats *st, int64_t n_tok, double secs, bool json);
 /* A whole decimal integer in [lo, hi] (no sign-only, empty, trailing or out-of-range text). */
 bool cli_parse_int(const char *s, long long lo, long long hi, long long *out);

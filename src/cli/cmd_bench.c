@@ -163,6 +163,7 @@ int cmd_bench(int argc, char **argv) {
   const double t_load = now_s() - t0;
   floe_model_info info;
   floe_engine_info(e, &info);
+  cli_device_note(e);
   if (floe_session_new(e, &sp, &s, err, sizeof err)) {
     cli_fail("%s", err);
     goto done;
@@ -301,6 +302,9 @@ int cmd_bench(int argc, char **argv) {
            ep.n_threads, (long long)n_prompt, (long long)n_gen, (long long)depth, reps, sp.exact_act ? "true" : "false",
            sp.kv_f32 ? "f32" : "bf16", info.copied ? "copy" : "mmap", t_load, pf_tps, dc_tps, t_pf * 1e3, rss, (unsigned long long)info.decode_bytes,
            gbps);
+    printf("\"device\":\"%s\",\"gpu_name\":", info.device ? info.device : "cpu");
+    json_str(info.gpu_name);
+    printf(",\"vram_bytes\":%llu,", (unsigned long long)info.vram_bytes);
     if (bw > 0) printf("\"bw_gbps\":%.2f,\"roofline_frac\":%.4f,", bw, gbps / bw);
     else printf("\"bw_gbps\":null,\"roofline_frac\":null,");
     if (wgbps > 0)

@@ -51,6 +51,24 @@ int cmd_pack(int argc, char **argv) {
   return 0;
 }
 
+int cli_device_option(const char *v, floe_engine_params *p) {
+  long long idx = 0;
+  if (!strcmp(v, "auto")) p->device = FLOE_DEVICE_AUTO;
+  else if (!strcmp(v, "cpu")) p->device = FLOE_DEVICE_CPU;
+  else if (!strcmp(v, "cuda")) p->device = FLOE_DEVICE_CUDA;
+  else if (!strncmp(v, "cuda:", 5) && cli_parse_int(v + 5, 0, 255, &idx)) p->device = FLOE_DEVICE_CUDA;
+  else return -1;
+  p->device_index = (int)idx;
+  return 0;
+}
+
+void cli_device_note(const floe_engine *e) {
+  floe_model_info info;
+  floe_engine_info(e, &info);
+  if (info.device_note[0]) fprintf(stderr, "floe: %s\n", info.device_note);
+  else if (info.gpu_name[0]) fprintf(stderr, "floe: running on %s\n", info.gpu_name);
+}
+
 int cli_stream_option(const char *a, const char *v, floe_engine_params *p) {
   uint64_t sz;
   if (!strcmp(a, "--direct")) return p->io_direct = true, 1;
@@ -58,6 +76,13 @@ int cli_stream_option(const char *a, const char *v, floe_engine_params *p) {
   if (!strcmp(a, "--no-prefault")) return p->io_no_prefault = true, 1;
   if (!strcmp(a, "--mmap")) return p->load = FLOE_LOAD_MMAP, 1;
   if (!strcmp(a, "--no-mmap")) return p->load = FLOE_LOAD_COPY, 1;
+  if (!strcmp(a, "--device")) {
+    if (!v || cli_device_option(v, p)) {
+      fprintf(stderr, "floe: option --device needs cpu, cuda, cuda:N or auto\n");
+      return -1;
+    }
+    return 2;
+  }
   if (strcmp(a, "--mem-budget") && strcmp(a, "--io") && strcmp(a, "--prefetch") && strcmp(a, "--cache") &&
       strcmp(a, "--io-depth") && strcmp(a, "--io-threads") && strcmp(a, "--io-chunk"))
     return 0;
@@ -108,7 +133,8 @@ bad:
 }
 
 const char *cli_stream_help(void) {
-  return "  --mmap               map the model file (default: read it into huge-page memory when it fits)\n"
+  return "  --device D           cpu | cuda | cuda:N | auto (default: the GPU when there is one and the model fits)\n"
+         "  --mmap               map the model file (default: read it into huge-page memory when it fits)\n"
          "  --no-mmap            always read the model file into memory\n"
          "  --mem-budget SIZE    stream routed experts from disk within SIZE bytes of memory (2G, 512M, ...)\n"
          "  --io uring|pread     expert read engine (default pread: a thread pool, measured faster than uring)\n"

@@ -164,6 +164,7 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   double t_load = now_s() - t0;
+  cli_device_note(e);
   if (chat) {
     char *rendered = NULL;
     floe_chat_msg msg = {.role = "user", .content = text};

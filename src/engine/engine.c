@@ -98,6 +98,53 @@ static int is_dir(const char *path) {
   return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* The device of p->device (FLOE_DEVICE_*): moves the model onto the GPU when asked or when AUTO
+ * finds one it fits; AUTO falls back to the CPU with info.device_note saying why. */
+static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, size_t errlen) {
+  e->info.device = "cpu";
+  if (p->device == FLOE_DEVICE_CPU) return 0;
+#ifndef FLOE_HAVE_CUDA
+  if (p->device == FLOE_DEVICE_CUDA)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "--device cuda: this floe was built without CUDA");
+  return 0;
+#else
+  const bool force = p->device == FLOE_DEVICE_CUDA;
+  char why[256] = "";
+  const int n = model_cuda_devices();
+  int rc = 0;
+  if (n <= 0) {
+    snprintf(why, sizeof why, "no CUDA device (or no driver)");
+  } else if (p->device_index < 0 || p->device_index >= n) {
+    snprintf(why, sizeof why, "cuda:%d: there are %d CUDA devices", p->device_index, n);
+  } else if (p->mem_budget > 0) {
+    snprintf(why, sizeof why, "streamed experts (--mem-budget) run on the CPU");
+  } else {
+    size_t fr = 0, tot = 0;
+    char e2[160];
+    if (model_cuda_mem(p->device_index, e->info.gpu_name, sizeof e->info.gpu_name, &fr, &tot, e2, sizeof e2)) {
+      snprintf(why, sizeof why, "%s", e2);
+    } else {
+      const uint64_t need = model_weight_bytes(e->m) + (1ull << 30); /* + KV and scratch */
+      e->info.vram_bytes = tot;
+      if (!force && need > fr)
+        snprintf(why, sizeof why, "the model needs ~%.1f GiB, the GPU has %.1f GiB free", (double)need / (1u << 30),
+                 (double)fr / (1u << 30));
+      else if ((rc = model_use_backend(e->m, &model_backend_cuda, p->device_index, e2, sizeof e2)))
+        snprintf(why, sizeof why, "%s", e2);
+      else {
+        e->info.device = "cuda";
+        return 0;
+      }
+    }
+  }
+  e->info.gpu_name[0] = 0;
+  e->info.vram_bytes = 0;
+  if (force) return floe_err(err, errlen, rc ? rc : FLOE_E_UNSUPPORTED, "--device cuda: %s", why);
+  snprintf(e->info.device_note, sizeof e->info.device_note, "running on the CPU: %s", why);
+  return 0;
+#endif
+}
+
 int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, size_t errlen) {
   *out = NULL;
   if (!p || !p->model) return floe_err(err, errlen, FLOE_E_INVALID, "no model given");
@@ -152,6 +199,12 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
       return rc;
     }
     e->info.mem_budget = p->mem_budget;
+  }
+  if ((rc = pick_device(e, p, err, errlen))) {
+    tok_free(e->tok);
+    model_free(e->m);
+    free(e);
+    return rc;
   }
   e->im_start = tok_find(e->tok, "<|im_start|>");
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);

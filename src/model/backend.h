@@ -24,6 +24,7 @@ typedef struct model_session model_session;
 typedef struct kv_ckpt kv_ckpt;
 
 enum model_device { MODEL_DEV_CPU = 0, MODEL_DEV_CUDA = 1 };
+enum { MODEL_EVAL_LOGITS = 1, MODEL_EVAL_HIDDEN = 2, MODEL_EVAL_GREEDY = 4 };
 
 typedef struct model_backend {
   const char *name;          /* "cpu", "cuda" */
@@ -44,10 +45,12 @@ typedef struct model_backend {
   int (*ckpt_save)(model_session *s, kv_ckpt *c);
   void (*ckpt_restore)(model_session *s, const kv_ckpt *c);
   void (*ckpt_free)(model_session *s, kv_ckpt *c);
-  /* One chunk of n tokens at positions pos0..pos0+n-1. eval_begin returns the residual buffer
-   * and whether the blocks must be called (false: the backend replayed a recorded step itself,
-   * see backend_cuda.c); eval_end finishes the chunk (logits/hidden are valid after it). */
-  float *(*eval_begin)(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, bool *run_blocks);
+  /* One chunk of n tokens at positions pos0..pos0+n-1 (flags: MODEL_EVAL_*, what the driver will
+   * ask of the chunk). eval_begin returns the residual buffer; eval_end finishes the chunk: the
+   * logits, greedy pick and hidden states asked for are in host memory after it. Between them the
+   * driver calls embed, the arch's layers, then logits / hidden (a backend that replays a
+   * recorded step may ignore those calls: backend_cuda.c). */
+  float *(*eval_begin)(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int flags);
   int (*eval_end)(model_session *s, int64_t n, char *err, size_t errlen);
   /* x[t] = embedding of tokens[t], t < n */
   void (*embed)(model_session *s, const int32_t *tokens, int64_t n, float *x);

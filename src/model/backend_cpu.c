@@ -112,9 +112,8 @@ static void cpu_ckpt_free(model_session *s, kv_ckpt *c) {
   kv_ckpt_free(c);
 }
 
-static float *cpu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, bool *run_blocks) {
-  (void)tokens, (void)n, (void)pos0;
-  *run_blocks = true;
+static float *cpu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int flags) {
+  (void)tokens, (void)n, (void)pos0, (void)flags;
   return s->x;
 }
 

@@ -572,6 +572,26 @@ int model_pack_write(const model *m, const char *source, const char *dir, char *
   return rc;
 }
 
+static uint64_t mat_bytes(const floe_mat *W) {
+  if (!W || !W->data) return 0;
+  return (uint64_t)W->rows * (W->row_bytes + (W->type == FLOE_TYPE_MLX ? 2 * W->sb_row_bytes : 0));
+}
+
+uint64_t model_weight_bytes(const model *m) {
+  const floe_hparams *hp = &m->hp;
+  uint64_t n = mat_bytes(&m->tok_embd) + mat_bytes(&m->output);
+  for (int64_t l = 0; l < hp->n_layer; l++) {
+    const model_layer *L = &m->layers[l];
+    const floe_mat *one[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->ssm_qkvz, &L->ssm_ba, &L->ssm_qkv, &L->ssm_z,
+                              &L->ssm_b, &L->ssm_alpha, &L->ssm_out, &L->router, &L->sh_gate, &L->sh_up,
+                              &L->sh_down, &L->sh_gate_inp };
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) n += mat_bytes(one[i]);
+    for (int64_t e = 0; e < hp->n_expert && L->exp_gate; e++)
+      n += mat_bytes(&L->exp_gate[e]) + mat_bytes(&L->exp_up[e]) + mat_bytes(&L->exp_down[e]);
+  }
+  return n;
+}
+
 int model_use_backend(model *m, const model_backend *be, int dev_index, char *err, size_t errlen) {
   if (be == m->be) return 0;
   if (m->be != &model_backend_cpu)
@@ -884,25 +904,23 @@ static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float
     const bool last = c0 + nb == n;
     if (m->xs) xs_lock(m->xs);
     s->xs_err = 0;
-    bool run = true;
-    float *x = be->eval_begin(s, tokens + c0, nb, pos0, &run);
-    if (run) {
-      be->embed(s, tokens + c0, nb, x);
-      for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
-    }
+    const int64_t first = all_logits ? 0 : (last ? nb - 1 : nb);
+    const bool greedy = logits && nb - first == 1 && last; /* the evaluation's last position alone */
+    const int flags = (logits && nb - first > 0 ? MODEL_EVAL_LOGITS : 0) | (hidden ? MODEL_EVAL_HIDDEN : 0) |
+                      (greedy ? MODEL_EVAL_GREEDY : 0);
+    float *x = be->eval_begin(s, tokens + c0, nb, pos0, flags);
+    be->embed(s, tokens + c0, nb, x);
+    for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
     if (s->xs_err) { /* an expert could not be read: the state is undefined, the caller resets */
       if (m->xs) xs_unlock(m->xs);
       return floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
     }
-    if (run && logits) {
+    if (flags & MODEL_EVAL_LOGITS) {
       const double t0 = floe_time_s();
-      int64_t first = all_logits ? 0 : (last ? nb - 1 : nb);
-      float *dst = all_logits ? logits + c0 * V : logits;
-      /* the evaluation's last position alone: its greedy pick too */
-      if (nb - first > 0) be->logits(s, x, first, nb, dst, nb - first == 1 && last);
+      be->logits(s, x, first, nb, all_logits ? logits + c0 * V : logits, greedy);
       s->ph[MODEL_PH_LMHEAD] += floe_time_s() - t0;
     }
-    if (run && hidden) be->hidden(s, x, 0, nb, hidden + c0 * E);
+    if (hidden) be->hidden(s, x, 0, nb, hidden + c0 * E);
     int rc = be->eval_end(s, nb, err, errlen);
     if (m->xs) xs_unlock(m->xs); /* held through the logits: the stream times whole evaluations */
     if (rc) return rc;

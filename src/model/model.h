@@ -275,6 +275,13 @@ int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logi
  * Call after loading (and model_stream_start, which only the CPU backend supports), before any
  * session exists. 0 or FLOE_E_*; on failure the model stays on the CPU. */
 int model_use_backend(model *m, const model_backend *be, int dev_index, char *err, size_t errlen);
+/* Bytes of every matrix of the trunk (what a device backend copies). */
+uint64_t model_weight_bytes(const model *m);
+#ifdef FLOE_HAVE_CUDA
+/* backend_cuda.c: CUDA devices present (0 without a driver); name and memory of device dev. */
+int model_cuda_devices(void);
+int model_cuda_mem(int dev, char *name, size_t name_len, size_t *free_b, size_t *total_b, char *err, size_t errlen);
+#endif
 
 /* ---- binding helpers for arch/<arch>.c ---- */
 int model_src_find(const model_src *src, const char *name, model_tref *t);

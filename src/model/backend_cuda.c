@@ -1,0 +1,791 @@
+/* The CUDA backend: the block operations of backend.h on one NVIDIA GPU, over the kernels of
+ * src/kernels/cuda (cuda_mm.h: quantized matmuls and the MoE expert kernels; cuda_ops.h: norms,
+ * attention, GatedDeltaNet, routing, embedding, argmax).
+ *
+ * What it mirrors: each block issues the same matmuls as the CPU's layers.c, with the same choice
+ * of input per matrix (quantized activation rows when the matrix shares the layout the CPU
+ * quantized for, else the float path), so every quantized matmul row is bit-identical to the
+ * CPU's. The other ops follow the CPU's order of float operations where that costs nothing (the
+ * attention softmax is split-K: rounding-level differences, cuda_ops.h).
+ *
+ * Fusion: the residual add of every block is fused with the next block's input norm
+ * (cuda_add_rmsnorm after attention / GDN, cuda_moe_combine after the MoE, whose norm is the next
+ * layer's attn_norm or, after the last layer, the output norm), so `h` always holds the normed
+ * input of the block that comes next; only the embedding needs a norm of its own.
+ *
+ * CUDA graph: a one-token evaluation (decode) is captured once per session and per kind (with or
+ * without logits) and replayed afterwards: the token and position are copied from pinned host
+ * memory by the graph's first nodes, every kernel reads them from device memory, and the logits
+ * and greedy pick land in pinned memory that eval_end copies out. While a graph is replayed the
+ * block calls of the driver do nothing.
+ *
+ * Memory: the model's device copies (weights, expert stacks with a fixed stride per expert) belong
+ * to cu_model (model->dev); a session's (KV cache, recurrent state, scratch for MODEL_MAX_BATCH
+ * rows, rope table, graphs) to cu_sess (session->dev). */
+#ifdef FLOE_HAVE_CUDA
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_graph.h"
+#include "kernels/cuda/cuda_mm.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_rt.h"
+#include "model/model.h"
+
+/* A device matrix and the host matrix it copies (the CPU's layout decisions read the host one). */
+typedef struct dmat {
+  cuda_mat d;
+  const floe_mat *h;
+} dmat;
+
+typedef struct cu_layer {
+  float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* device copies, [n_embd] / [head_dim] */
+  dmat wq, wk, wv, wo;
+  /* GDN input projections: q|k|v rows, z, b, a. Grouped sources (Qwen3-Next HF / GGUF) have
+   * their rows permuted at upload into this order, so no unpacking runs per token (each row's dot
+   * product is unchanged). lay: the matrix whose layout the CPU quantizes the input for. */
+  dmat qkv, z, b, a;
+  const floe_mat *lay_gdn, *src_ba; /* host: the qkv(z) and b(a) matrices as the CPU sees them */
+  float *conv_wt, *dt_bias, *ssm_a, *ssm_norm;
+  dmat ssm_out;
+  dmat router, sh_gate, sh_up, sh_down, sh_gate_inp;
+  dmat gate, up, down; /* routed experts: stacks of n_expert, expert e at data + e * expert_stride */
+} cu_layer;
+
+typedef struct cu_model {
+  int dev;
+  cu_layer *L;
+  dmat tok_embd, output;
+  float *output_norm;
+  void **allocs;
+  size_t n_alloc, cap_alloc;
+  uint64_t bytes; /* device bytes of the weights */
+  char name[128];
+} cu_model;
+
+#define AB 16 /* attention rows per launch in prefill (its split-K scratch grows with the rows) */
+#define LB 16 /* logits rows per launch (the [LB][n_vocab] device buffer) */
+
+typedef struct cu_sess {
+  void *stream;
+  int n_split;
+  cuda_attn_shape ash;
+  cuda_gdn_shape gsh;
+  /* device */
+  float *x, *h, *out;          /* [B][E] residual, normed input of the next block, block output */
+  float *q, *k, *v, *att;      /* attention */
+  float *mix, *z, *b, *a, *raw, *o; /* GDN */
+  float *rlog, *selw, *shg;    /* router logits [B][NE], top-k weights [B][K], shared gate logit [B] */
+  int32_t *sel;                /* [B][K] */
+  float *hr, *hs, *yr, *ys;    /* GLU rows routed [B*K][I], shared [B][Is]; down outputs [B*K][E], [B][E] */
+  uint8_t *xq[2];              /* quantized activation rows [B][xq_row] (two inputs alive at once) */
+  uint8_t *xqd;                /* down inputs [B*K][xq_row] */
+  size_t xq_row;
+  const float *xq_src[2];      /* what each xq buffer holds (the input, and its layout) */
+  const floe_mat *xq_lay[2];
+  int64_t xq_n[2];
+  float *logits;               /* [LB][V] */
+  int32_t *tok, *pos, *greedy; /* [B], [B] positions pos0 + t, [1] */
+  void *attn_scr, *amax_scr;
+  float *rope;                 /* [n_ctx][n_rot] */
+  void **kc, **vc;             /* [n_layer] caches (attention layers) */
+  float **S, **conv;           /* [n_layer] recurrent state, conv window (GDN layers) */
+  size_t s_bytes, conv_bytes;
+  uint64_t bytes;
+  /* pinned host */
+  int32_t *tok_h, *pos_h, *greedy_h;
+  float *logits_h;             /* [LB][V] */
+  /* the chunk in flight */
+  int64_t n;
+  int flags;
+  float *dst;                  /* where eval_end copies the logits staged in logits_h */
+  int64_t dst_rows;
+  bool staged;                 /* logits_h holds dst_rows rows to copy out at eval_end */
+  bool want_greedy;
+  /* graphs: [0] one token without logits, [1] with logits + greedy */
+  void *graph[2];
+  int capturing;               /* -1 none, else the graph slot being captured */
+  bool replay;
+  int err;
+  char msg[256];
+} cu_sess;
+
+static int g_n_dev = -1;
+
+/* ---- model upload ---- */
+static void *cu_alloc(cu_model *cm, size_t n, char *err, size_t errlen) {
+  if (cm->n_alloc == cm->cap_alloc) {
+    size_t cap = cm->cap_alloc ? cm->cap_alloc * 2 : 256;
+    void **a = realloc(cm->allocs, cap * sizeof *a);
+    if (!a) {
+      floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+      return NULL;
+    }
+    cm->allocs = a;
+    cm->cap_alloc = cap;
+  }
+  void *p = NULL;
+  if (cuda_rt_malloc(&p, n ? n : 16, err, errlen)) return NULL;
+  cm->allocs[cm->n_alloc++] = p;
+  cm->bytes += n;
+  return p;
+}
+
+static float *up_vec(cu_model *cm, const float *v, int64_t n, char *err, size_t errlen) {
+  if (!v) return NULL;
+  float *d = cu_alloc(cm, (size_t)n * sizeof(float), err, errlen);
+  if (d && cuda_rt_h2d(d, v, (size_t)n * sizeof(float), err, errlen)) return NULL;
+  return d;
+}
+
+static const char *type_name(uint32_t t) {
+  const floe_type_traits *tr = floe_type_info(t);
+  return t == FLOE_TYPE_MLX ? "mlx" : tr ? tr->name : "unknown";
+}
+
+/* n matrices W[0..n) of one shape (n > 1: an expert stack) into one device allocation; perm: NULL,
+ * or the source row of each destination row (rows of the first n_perm rows; grouped GDN). */
+static int up_mats(cu_model *cm, const floe_mat *W, int n, const int64_t *perm, int64_t prow0, int64_t nrows,
+                   dmat *out, const char *what, int64_t l, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  out->h = W;
+  if (!W || !W->data) return 0;
+  char e2[160];
+  if (cuda_mm_type_supported(W->type, W->cols, &W->mlx, e2, sizeof e2))
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "layer %lld %s: type %s has no CUDA kernel (%s)", (long long)l,
+                    what, type_name(W->type), e2);
+  const int64_t rows = perm ? nrows : W->rows;
+  const size_t mb = (size_t)rows * W->row_bytes, sb = (size_t)rows * W->sb_row_bytes;
+  cuda_mat *d = &out->d;
+  d->type = W->type;
+  d->rows = rows;
+  d->cols = W->cols;
+  d->row_bytes = W->row_bytes;
+  d->mlx = W->mlx;
+  d->sb_row_bytes = W->sb_row_bytes;
+  d->n_expert = n;
+  d->expert_stride = n > 1 ? mb : 0;
+  d->sb_expert_stride = n > 1 ? sb : 0;
+  uint8_t *dd = cu_alloc(cm, mb * (size_t)n, err, errlen);
+  if (!dd) return FLOE_E_NOMEM;
+  d->data = dd;
+  uint8_t *ds = NULL, *db = NULL;
+  if (W->type == FLOE_TYPE_MLX) {
+    if (!(ds = cu_alloc(cm, sb * (size_t)n, err, errlen)) || !(db = cu_alloc(cm, sb * (size_t)n, err, errlen)))
+      return FLOE_E_NOMEM;
+    d->scales = ds;
+    d->biases = db;
+  }
+  uint8_t *tmp = NULL;
+  if (perm && !(tmp = malloc(mb > sb ? mb : sb))) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  int rc = 0;
+  for (int e = 0; e < n && !rc; e++) {
+    const floe_mat *M = &W[e];
+    struct { const void *src; size_t rb; uint8_t *dst; } part[3] = {
+      { M->data, M->row_bytes, dd + (size_t)e * mb }, { M->scales, M->sb_row_bytes, ds ? ds + (size_t)e * sb : NULL },
+      { M->biases, M->sb_row_bytes, db ? db + (size_t)e * sb : NULL } };
+    for (int p = 0; p < 3 && !rc; p++) {
+      if (!part[p].dst) continue;
+      const uint8_t *src = part[p].src;
+      if (perm) {
+        for (int64_t r = 0; r < rows; r++)
+          memcpy(tmp + (size_t)r * part[p].rb, src + (size_t)(perm[prow0 + r]) * part[p].rb, part[p].rb);
+        src = tmp;
+      }
+      rc = cuda_rt_h2d(part[p].dst, src, (size_t)rows * part[p].rb, err, errlen);
+    }
+  }
+  free(tmp);
+  return rc;
+}
+
+static void cu_model_fini(model *m) {
+  cu_model *cm = m->dev;
+  if (!cm) return;
+  for (size_t i = 0; i < cm->n_alloc; i++) cuda_rt_free(cm->allocs[i]);
+  free(cm->allocs);
+  free(cm->L);
+  free(cm);
+  m->dev = NULL;
+}
+
+static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
+  const floe_hparams *hp = &m->hp;
+  if (g_n_dev < 0) g_n_dev = cuda_rt_device_count();
+  if (g_n_dev <= 0) return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "no CUDA device");
+  if (dev < 0 || dev >= g_n_dev)
+    return floe_err(err, errlen, FLOE_E_INVALID, "cuda:%d: there are %d CUDA devices", dev, g_n_dev);
+  int rc;
+  if ((rc = cuda_rt_init(dev, err, errlen)) || (rc = cuda_mm_init(err, errlen))) return rc;
+  cu_model *cm = calloc(1, sizeof *cm);
+  if (!cm) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  m->dev = cm;
+  cm->dev = dev;
+  cuda_rt_device_name(dev, cm->name, sizeof cm->name, NULL, 0);
+  cm->L = calloc((size_t)hp->n_layer, sizeof *cm->L);
+  if (!cm->L) {
+    rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    goto fail;
+  }
+  const int64_t E = hp->n_embd, Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state;
+  const int64_t vd = hp->ssm_d_inner, dv = Nv ? vd / Nv : 0, r = Nk ? Nv / Nk : 0, kd = Nk * dk, C = 2 * kd + vd;
+  int64_t *perm = NULL;
+  if ((rc = up_mats(cm, &m->tok_embd, 1, NULL, 0, 0, &cm->tok_embd, "token_embd", -1, err, errlen)) ||
+      (rc = up_mats(cm, &m->output, 1, NULL, 0, 0, &cm->output, "output", -1, err, errlen)))
+    goto fail;
+  if (!(cm->output_norm = up_vec(cm, m->output_norm, E, err, errlen))) {
+    rc = FLOE_E_NOMEM;
+    goto fail;
+  }
+  for (int64_t l = 0; l < hp->n_layer; l++) {
+    const model_layer *H = &m->layers[l];
+    cu_layer *L = &cm->L[l];
+    if (!(L->attn_norm = up_vec(cm, H->attn_norm, E, err, errlen)) ||
+        !(L->ffn_norm = up_vec(cm, H->ffn_norm, E, err, errlen))) {
+      rc = FLOE_E_NOMEM;
+      goto fail;
+    }
+    if (!hp->recurrent[l]) {
+      if ((rc = up_mats(cm, &H->wq, 1, NULL, 0, 0, &L->wq, "attn_q", l, err, errlen)) ||
+          (rc = up_mats(cm, &H->wk, 1, NULL, 0, 0, &L->wk, "attn_k", l, err, errlen)) ||
+          (rc = up_mats(cm, &H->wv, 1, NULL, 0, 0, &L->wv, "attn_v", l, err, errlen)) ||
+          (rc = up_mats(cm, &H->wo, 1, NULL, 0, 0, &L->wo, "attn_output", l, err, errlen)))
+        goto fail;
+      if (!(L->q_norm = up_vec(cm, H->q_norm, hp->head_dim, err, errlen)) ||
+          !(L->k_norm = up_vec(cm, H->k_norm, hp->head_dim, err, errlen))) {
+        rc = FLOE_E_NOMEM;
+        goto fail;
+      }
+    } else {
+      if (H->qkvz_grouped) {
+        /* per key head g: [q(dk) | k(dk) | v(r*dv) | z(r*dv)] -> q of all heads | k | v, then z */
+        const int64_t gq = 2 * dk + 2 * r * dv;
+        if (!(perm = malloc((size_t)(C + vd) * sizeof *perm))) {
+          rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+          goto fail;
+        }
+        for (int64_t i = 0; i < kd; i++) perm[i] = (i / dk) * gq + i % dk;
+        for (int64_t i = 0; i < kd; i++) perm[kd + i] = (i / dk) * gq + dk + i % dk;
+        for (int64_t i = 0; i < vd; i++) perm[2 * kd + i] = (i / (r * dv)) * gq + 2 * dk + i % (r * dv);
+        for (int64_t i = 0; i < vd; i++) perm[C + i] = (i / (r * dv)) * gq + 2 * dk + r * dv + i % (r * dv);
+        rc = up_mats(cm, &H->ssm_qkvz, 1, perm, 0, C, &L->qkv, "ssm_in", l, err, errlen);
+        if (!rc) rc = up_mats(cm, &H->ssm_qkvz, 1, perm, C, vd, &L->z, "ssm_in", l, err, errlen);
+        free(perm);
+        perm = NULL;
+        L->lay_gdn = &H->ssm_qkvz;
+      } else {
+        rc = up_mats(cm, &H->ssm_qkv, 1, NULL, 0, 0, &L->qkv, "attn_qkv", l, err, errlen);
+        if (!rc) rc = up_mats(cm, &H->ssm_z, 1, NULL, 0, 0, &L->z, "attn_gate", l, err, errlen);
+        L->lay_gdn = &H->ssm_qkv;
+      }
+      if (rc) goto fail;
+      if (H->ba_grouped) {
+        /* per key head g: [b(r) | a(r)] -> b of all value heads, then a */
+        if (!(perm = malloc((size_t)(2 * Nv) * sizeof *perm))) {
+          rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+          goto fail;
+        }
+        for (int64_t i = 0; i < Nv; i++) perm[i] = (i / r) * 2 * r + i % r;
+        for (int64_t i = 0; i < Nv; i++) perm[Nv + i] = (i / r) * 2 * r + r + i % r;
+        rc = up_mats(cm, &H->ssm_ba, 1, perm, 0, Nv, &L->b, "ssm_ba", l, err, errlen);
+        if (!rc) rc = up_mats(cm, &H->ssm_ba, 1, perm, Nv, Nv, &L->a, "ssm_ba", l, err, errlen);
+        free(perm);
+        perm = NULL;
+        L->src_ba = &H->ssm_ba;
+      } else {
+        rc = up_mats(cm, &H->ssm_b, 1, NULL, 0, 0, &L->b, "ssm_beta", l, err, errlen);
+        if (!rc) rc = up_mats(cm, &H->ssm_alpha, 1, NULL, 0, 0, &L->a, "ssm_alpha", l, err, errlen);
+        L->src_ba = NULL;
+      }
+      if (rc || (rc = up_mats(cm, &H->ssm_out, 1, NULL, 0, 0, &L->ssm_out, "ssm_out", l, err, errlen))) goto fail;
+      const int64_t K = hp->ssm_conv_kernel;
+      if (!(L->conv_wt = up_vec(cm, H->conv_wt, K * C, err, errlen)) ||
+          !(L->dt_bias = up_vec(cm, H->dt_bias, Nv, err, errlen)) ||
+          !(L->ssm_a = up_vec(cm, H->ssm_a, Nv, err, errlen)) ||
+          !(L->ssm_norm = up_vec(cm, H->ssm_norm, dv, err, errlen))) {
+        rc = FLOE_E_NOMEM;
+        goto fail;
+      }
+    }
+    if ((rc = up_mats(cm, &H->router, 1, NULL, 0, 0, &L->router, "ffn_gate_inp", l, err, errlen)) ||
+        (rc = up_mats(cm, H->exp_gate, (int)hp->n_expert, NULL, 0, 0, &L->gate, "ffn_gate_exps", l, err, errlen)) ||
+        (rc = up_mats(cm, H->exp_up, (int)hp->n_expert, NULL, 0, 0, &L->up, "ffn_up_exps", l, err, errlen)) ||
+        (rc = up_mats(cm, H->exp_down, (int)hp->n_expert, NULL, 0, 0, &L->down, "ffn_down_exps", l, err, errlen)))
+      goto fail;
+    if (hp->n_ff_shexp > 0 &&
+        ((rc = up_mats(cm, &H->sh_gate, 1, NULL, 0, 0, &L->sh_gate, "ffn_gate_shexp", l, err, errlen)) ||
+         (rc = up_mats(cm, &H->sh_up, 1, NULL, 0, 0, &L->sh_up, "ffn_up_shexp", l, err, errlen)) ||
+         (rc = up_mats(cm, &H->sh_down, 1, NULL, 0, 0, &L->sh_down, "ffn_down_shexp", l, err, errlen)) ||
+         (rc = up_mats(cm, &H->sh_gate_inp, 1, NULL, 0, 0, &L->sh_gate_inp, "ffn_gate_inp_shexp", l, err, errlen))))
+      goto fail;
+  }
+  return 0;
+fail:
+  free(perm);
+  cu_model_fini(m);
+  return rc;
+}
+
+/* ---- sessions ---- */
+static void cu_session_free(model_session *s) {
+  cu_sess *c = s->dev;
+  if (!c) return;
+  if (c->stream) cuda_rt_stream_sync(c->stream, NULL, 0);
+  for (int i = 0; i < 2; i++) cuda_graph_destroy(c->graph[i]);
+  void *dev[] = { c->x, c->h, c->out, c->q, c->k, c->v, c->att, c->mix, c->z, c->b, c->a, c->raw, c->o,
+                  c->rlog, c->selw, c->shg, c->sel, c->hr, c->hs, c->yr, c->ys, c->xq[0], c->xq[1], c->xqd,
+                  c->logits, c->tok, c->pos, c->greedy, c->attn_scr, c->amax_scr, c->rope };
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cuda_rt_free(dev[i]);
+  const int64_t NL = s->m->hp.n_layer;
+  for (int64_t l = 0; l < NL; l++) {
+    if (c->kc) cuda_rt_free(c->kc[l]);
+    if (c->vc) cuda_rt_free(c->vc[l]);
+    if (c->S) cuda_rt_free(c->S[l]);
+    if (c->conv) cuda_rt_free(c->conv[l]);
+  }
+  free(c->kc);
+  free(c->vc);
+  free(c->S);
+  free(c->conv);
+  cuda_rt_host_free(c->tok_h);
+  cuda_rt_host_free(c->pos_h);
+  cuda_rt_host_free(c->greedy_h);
+  cuda_rt_host_free(c->logits_h);
+  if (c->stream) cuda_rt_stream_destroy(c->stream);
+  free(c);
+  s->dev = NULL;
+}
+
+static int dalloc(cu_sess *c, void *pp, size_t n, char *err, size_t errlen) {
+  void **p = pp;
+  if (cuda_rt_malloc(p, n ? n : 16, err, errlen)) return FLOE_E_NOMEM;
+  c->bytes += n;
+  return 0;
+}
+
+static size_t act_bytes_of(const dmat *W) { return W->h && W->h->data ? cuda_mm_act_bytes(&W->d) : 0; }
+
+static int cu_session_init(model_session *s, int n_threads, char *err, size_t errlen) {
+  (void)n_threads;
+  const model *m = s->m;
+  const cu_model *cm = m->dev;
+  const floe_hparams *hp = &m->hp;
+  cu_sess *c = calloc(1, sizeof *c);
+  if (!c) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  s->dev = c;
+  c->capturing = -1;
+  int rc = cuda_rt_init(cm->dev, err, errlen);
+  if (rc || (rc = cuda_rt_stream_create(&c->stream, err, errlen))) return rc;
+  const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
+  const int64_t nh = hp->n_head, hd = hp->head_dim, qdim = nh * hd * 2, kvd = hp->n_head_kv * hd;
+  const int64_t Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state, vd = hp->ssm_d_inner;
+  const int64_t C = 2 * Nk * dk + vd, I = hp->n_ff_exp, Is = hp->n_ff_shexp, V = hp->n_vocab;
+  const int64_t n_ctx = s->kv.n_ctx;
+  /* attention shape: the split count scales with the context (parts past a row's length exit) */
+  bool has_attn = false, has_gdn = false;
+  for (int64_t l = 0; l < hp->n_layer; l++) has_attn |= !hp->recurrent[l], has_gdn |= hp->recurrent[l];
+  c->n_split = (int)(n_ctx / 512);
+  if (c->n_split < 1) c->n_split = 1;
+  if (c->n_split > 128) c->n_split = 128;
+  c->ash = (cuda_attn_shape){ (int)nh, (int)hp->n_head_kv, (int)hd, (int)hp->n_rot, hp->attn_gate ? 1 : 0,
+                              s->kv.kv_type == KV_BF16, n_ctx, hp->rms_eps, c->n_split };
+  c->gsh = (cuda_gdn_shape){ (int)Nk, (int)Nv, (int)dk, Nv ? (int)(vd / Nv) : 0, (int)hp->ssm_conv_kernel,
+                             m->v_tiled ? 1 : 0, hp->rms_eps };
+  if (has_attn && (rc = cuda_attn_check(&c->ash, err, errlen))) return rc;
+  if (has_gdn && (rc = cuda_gdn_check(&c->gsh, err, errlen))) return rc;
+  /* quantized activation rows: the largest any matrix needs */
+  size_t xr = 64;
+  for (int64_t l = 0; l < hp->n_layer; l++) {
+    const cu_layer *L = &cm->L[l];
+    const dmat *all[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->qkv, &L->z, &L->b, &L->a, &L->ssm_out, &L->router,
+                          &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_gate_inp, &L->gate, &L->up, &L->down };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+      size_t ab = act_bytes_of(all[i]);
+      if (ab > xr) xr = ab;
+    }
+  }
+  if (act_bytes_of(&cm->output) > xr) xr = act_bytes_of(&cm->output);
+  c->xq_row = (xr + 255) / 256 * 256;
+  const int64_t ffm = I > Is ? I : Is;
+  struct { void *p; size_t n; } parts[] = {
+    { &c->x, B * E * 4 }, { &c->h, B * E * 4 }, { &c->out, B * E * 4 }, { &c->q, B * qdim * 4 },
+    { &c->k, B * kvd * 4 }, { &c->v, B * kvd * 4 }, { &c->att, B * nh * hd * 4 }, { &c->mix, B * C * 4 },
+    { &c->z, B * vd * 4 }, { &c->b, B * Nv * 4 }, { &c->a, B * Nv * 4 }, { &c->raw, B * C * 4 },
+    { &c->o, B * vd * 4 }, { &c->rlog, B * NE * 4 }, { &c->selw, B * K * 4 }, { &c->shg, B * 4 },
+    { &c->sel, B * K * 4 }, { &c->hr, B * K * ffm * 4 }, { &c->hs, B * (Is > 0 ? Is : 1) * 4 },
+    { &c->yr, B * K * E * 4 }, { &c->ys, B * E * 4 }, { &c->xq[0], (size_t)B * c->xq_row },
+    { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * K) * c->xq_row }, { &c->logits, LB * V * 4 },
+    { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 },
+    { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16 },
+    { &c->amax_scr, cuda_argmax_scratch_bytes(V) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
+  };
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+    if ((rc = dalloc(c, parts[i].p, parts[i].n, err, errlen))) return rc;
+  if ((rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16, c->stream)) ||
+      (rc = cuda_rt_memset_async(c->amax_scr, 0, cuda_argmax_scratch_bytes(V), c->stream)))
+    return floe_err(err, errlen, FLOE_E_IO, "cuda: cannot clear the scratch");
+  if (has_attn) { /* the CPU's rope table bits, one row per position */
+    float *cs = malloc((size_t)(n_ctx * hp->n_rot) * sizeof(float));
+    if (!cs) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    for (int64_t p = 0; p < n_ctx; p++) layer_rope_table(cs + p * hp->n_rot, hp->n_rot, hp->rope_theta, p);
+    rc = cuda_rt_h2d(c->rope, cs, (size_t)(n_ctx * hp->n_rot) * sizeof(float), err, errlen);
+    free(cs);
+    if (rc) return rc;
+  }
+  const int64_t NL = hp->n_layer;
+  c->kc = calloc((size_t)NL, sizeof *c->kc);
+  c->vc = calloc((size_t)NL, sizeof *c->vc);
+  c->S = calloc((size_t)NL, sizeof *c->S);
+  c->conv = calloc((size_t)NL, sizeof *c->conv);
+  if (!c->kc || !c->vc || !c->S || !c->conv) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  const size_t kvb = (size_t)(n_ctx * kvd) * (s->kv.kv_type == KV_BF16 ? 2 : 4);
+  c->s_bytes = (size_t)(Nv * dk * c->gsh.dv) * 4;
+  c->conv_bytes = (size_t)((hp->ssm_conv_kernel - 1) * C) * 4;
+  for (int64_t l = 0; l < NL; l++) {
+    if (!hp->recurrent[l]) {
+      if ((rc = dalloc(c, &c->kc[l], kvb, err, errlen)) || (rc = dalloc(c, &c->vc[l], kvb, err, errlen))) return rc;
+    } else {
+      if ((rc = dalloc(c, &c->S[l], c->s_bytes, err, errlen)) ||
+          (rc = dalloc(c, &c->conv[l], c->conv_bytes, err, errlen)))
+        return rc;
+      cuda_rt_memset_async(c->S[l], 0, c->s_bytes, c->stream);
+      cuda_rt_memset_async(c->conv[l], 0, c->conv_bytes, c->stream);
+    }
+  }
+  if ((rc = cuda_rt_host_alloc((void **)&c->tok_h, B * 4, err, errlen)) ||
+      (rc = cuda_rt_host_alloc((void **)&c->pos_h, B * 4, err, errlen)) ||
+      (rc = cuda_rt_host_alloc((void **)&c->greedy_h, 16, err, errlen)) ||
+      (rc = cuda_rt_host_alloc((void **)&c->logits_h, (size_t)(LB * V) * 4, err, errlen)))
+    return rc;
+  if ((rc = cuda_rt_stream_sync(c->stream, err, errlen))) return rc;
+  s->bytes = c->bytes;
+  return 0;
+}
+
+static void cu_state_reset(model_session *s) {
+  cu_sess *c = s->dev;
+  for (int64_t l = 0; l < s->m->hp.n_layer; l++)
+    if (c->S[l]) {
+      cuda_rt_memset_async(c->S[l], 0, c->s_bytes, c->stream);
+      cuda_rt_memset_async(c->conv[l], 0, c->conv_bytes, c->stream);
+    }
+  cuda_rt_stream_sync(c->stream, NULL, 0);
+}
+
+/* Checkpoints: a device copy of every recurrent layer's S and conv window (layout as kv.c's). */
+static size_t cu_ckpt_bytes(const model_session *s) {
+  const cu_sess *c = s->dev;
+  size_t n = 0;
+  for (int64_t l = 0; l < s->m->hp.n_layer; l++)
+    if (c->S[l]) n += c->s_bytes + c->conv_bytes;
+  return n;
+}
+
+static int cu_ckpt_copy(model_session *s, kv_ckpt *ck, bool save) {
+  cu_sess *c = s->dev;
+  uint8_t *d = ck->data;
+  for (int64_t l = 0; l < s->m->hp.n_layer; l++) {
+    if (!c->S[l]) continue;
+    if (save) {
+      cuda_rt_d2d_async(d, c->S[l], c->s_bytes, c->stream);
+      cuda_rt_d2d_async(d + c->s_bytes, c->conv[l], c->conv_bytes, c->stream);
+    } else {
+      cuda_rt_d2d_async(c->S[l], d, c->s_bytes, c->stream);
+      cuda_rt_d2d_async(c->conv[l], d + c->s_bytes, c->conv_bytes, c->stream);
+    }
+    d += c->s_bytes + c->conv_bytes;
+  }
+  return cuda_rt_stream_sync(c->stream, NULL, 0) ? FLOE_E_IO : 0;
+}
+
+static int cu_ckpt_save(model_session *s, kv_ckpt *ck) {
+  const size_t nb = cu_ckpt_bytes(s);
+  if (!ck->data && cuda_rt_malloc((void **)&ck->data, nb ? nb : 16, NULL, 0)) {
+    ck->data = NULL;
+    return FLOE_E_NOMEM;
+  }
+  int rc = cu_ckpt_copy(s, ck, true);
+  if (!rc) ck->pos = s->kv.n_past;
+  return rc;
+}
+
+static void cu_ckpt_restore(model_session *s, const kv_ckpt *ck) { cu_ckpt_copy(s, (kv_ckpt *)ck, false); }
+
+static void cu_ckpt_free(model_session *s, kv_ckpt *ck) {
+  (void)s;
+  cuda_rt_free(ck->data);
+  ck->data = NULL;
+  ck->pos = -1;
+}
+
+/* ---- blocks ---- */
+static bool same_act(const floe_mat *a, const floe_mat *b) { /* layers.c same_act */
+  if (a->type != b->type || a->cols != b->cols) return false;
+  if (a->type != FLOE_TYPE_MLX) return true;
+  return a->mlx.bits == b->mlx.bits && a->mlx.group == b->mlx.group && a->mlx.sb_type == b->mlx.sb_type;
+}
+
+/* The quantized rows of X (n rows, ldx) for matrices of lay's layout, in buffer slot: NULL when the
+ * CPU would take the float path (exact mode, or a type without a quantized path). */
+static const uint8_t *act(model_session *s, int slot, const dmat *lay, int64_t n, const float *X, int64_t ldx,
+                          size_t *stride) {
+  cu_sess *c = s->dev;
+  *stride = 0;
+  if (!s->act_q) return NULL;
+  const size_t ab = cuda_mm_act_bytes(&lay->d);
+  if (!ab) return NULL;
+  *stride = ab;
+  cuda_mm_act_quantize(&lay->d, n, X, ldx, c->xq[slot], ab, c->stream);
+  return c->xq[slot];
+}
+
+/* Y = W X through the input prepared for layout lay (quantized when W shares it), else float. */
+static void mm(model_session *s, const dmat *W, int64_t n, const float *X, int64_t ldx, const floe_mat *lay,
+               const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
+  cu_sess *c = s->dev;
+  const bool q = xq && lay && same_act(W->h, lay);
+  cuda_mm_matmul(&W->d, n, X, ldx, q ? xq : NULL, q ? xs : 0, Y, ldy, c->stream);
+}
+
+/* layer_matmul: a matrix with its own input layout */
+static void mm_own(model_session *s, const dmat *W, int64_t n, const float *X, int64_t ldx, float *Y, int64_t ldy) {
+  size_t xs;
+  const uint8_t *xq = act(s, 1, W, n, X, ldx, &xs);
+  mm(s, W, n, X, ldx, W->h, xq, xs, Y, ldy);
+}
+
+static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int flags) {
+  cu_sess *c = s->dev;
+  c->n = n;
+  c->flags = flags;
+  c->staged = false;
+  c->dst = NULL;
+  c->want_greedy = false;
+  c->replay = false;
+  c->capturing = -1;
+  c->err = 0;
+  memcpy(c->tok_h, tokens, (size_t)n * sizeof *tokens);
+  for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
+  /* one token, no hidden states: a recorded step (per kind: with or without logits) */
+  const int slot = (flags & MODEL_EVAL_LOGITS) ? 1 : 0;
+  const bool graphable = n == 1 && !(flags & MODEL_EVAL_HIDDEN) && getenv("FLOE_CUDA_NO_GRAPH") == NULL;
+  if (graphable && c->graph[slot]) {
+    c->replay = true;
+    c->capturing = slot;
+    return c->x;
+  }
+  if (graphable && cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) c->capturing = slot;
+  cuda_rt_h2d_async(c->tok, c->tok_h, (size_t)n * 4, c->stream);
+  cuda_rt_h2d_async(c->pos, c->pos_h, (size_t)n * 4, c->stream);
+  return c->x;
+}
+
+static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *x) {
+  (void)tokens;
+  cu_sess *c = s->dev;
+  if (c->replay) return;
+  const model *m = s->m;
+  const cu_model *cm = m->dev;
+  const int64_t E = m->hp.n_embd;
+  const cuda_mat *T = &cm->tok_embd.d;
+  if (cuda_embed_check(T->type, E, NULL, 0) == 0)
+    cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, x, c->stream);
+  else
+    cuda_mm_dequant_rows(T, c->tok, n, x, E, c->stream);
+  cuda_rmsnorm(x, cm->L[0].attn_norm, c->h, n, E, m->hp.rms_eps, c->stream);
+}
+
+/* After a block: x += out, h = the next block's normed input (this layer's ffn_norm). */
+static void residual(model_session *s, int64_t l, float *x, int64_t n) {
+  cu_sess *c = s->dev;
+  const cu_model *cm = s->m->dev;
+  cuda_add_rmsnorm(x, c->out, cm->L[l].ffn_norm, c->h, n, s->m->hp.n_embd, s->m->hp.rms_eps, c->stream);
+}
+
+static void cu_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
+  (void)pos0;
+  cu_sess *c = s->dev;
+  if (c->replay) return;
+  const model *m = s->m;
+  const floe_hparams *hp = &m->hp;
+  const cu_layer *L = &((const cu_model *)m->dev)->L[l];
+  const int64_t E = hp->n_embd, nh = hp->n_head, hd = hp->head_dim, kvd = hp->n_head_kv * hd;
+  const int64_t qdim = nh * hd * (gated ? 2 : 1);
+  size_t xs;
+  const uint8_t *xq = act(s, 0, &L->wq, n, c->h, E, &xs);
+  mm(s, &L->wq, n, c->h, E, L->wq.h, xq, xs, c->q, qdim);
+  mm(s, &L->wk, n, c->h, E, L->wq.h, xq, xs, c->k, kvd);
+  mm(s, &L->wv, n, c->h, E, L->wq.h, xq, xs, c->v, kvd);
+  cuda_attn_shape sh = c->ash;
+  sh.gated = gated ? 1 : 0;
+  for (int64_t t0 = 0; t0 < n; t0 += AB) {
+    const int64_t nb = n - t0 < AB ? n - t0 : AB;
+    cuda_attn_prep(&sh, c->q + t0 * qdim, c->k + t0 * kvd, c->v + t0 * kvd, L->q_norm, L->k_norm, c->rope, c->kc[l],
+                   c->vc[l], c->pos + t0, nb, c->stream);
+    cuda_attn(&sh, c->q + t0 * qdim, c->kc[l], c->vc[l], c->pos + t0, nb, c->att + t0 * nh * hd, c->attn_scr,
+              c->stream);
+  }
+  mm_own(s, &L->wo, n, c->att, nh * hd, c->out, E);
+  residual(s, l, x, n);
+}
+
+static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
+  cu_sess *c = s->dev;
+  if (c->replay) return;
+  const model *m = s->m;
+  const floe_hparams *hp = &m->hp;
+  const cu_layer *L = &((const cu_model *)m->dev)->L[l];
+  const int64_t E = hp->n_embd, Nv = hp->ssm_dt_rank, vd = hp->ssm_d_inner;
+  const int64_t C = 2 * hp->ssm_n_group * hp->ssm_d_state + vd;
+  const floe_mat *lay = L->lay_gdn;
+  size_t xs;
+  /* the CPU: q|k|v and z from one matrix (grouped) or two, b and a likewise; each quantized iff
+   * its source matrix shares the layout of the first (L->*.h is that source) */
+  const uint8_t *xq = act(s, 0, &L->qkv, n, c->h, E, &xs);
+  mm(s, &L->qkv, n, c->h, E, lay, xq, xs, c->mix, C);
+  mm(s, &L->z, n, c->h, E, lay, xq, xs, c->z, vd);
+  mm(s, &L->b, n, c->h, E, lay, xq, xs, c->b, Nv);
+  mm(s, &L->a, n, c->h, E, lay, xq, xs, c->a, Nv);
+  cuda_gdn_conv(&c->gsh, c->mix, L->conv_wt, c->conv[l], c->raw, n, c->stream);
+  cuda_gdn_recur(&c->gsh, c->raw, c->z, c->b, c->a, L->dt_bias, L->ssm_a, L->ssm_norm, c->S[l], c->o, n, c->stream);
+  mm_own(s, &L->ssm_out, n, c->o, vd, c->out, E);
+  residual(s, l, x, n);
+}
+
+static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
+  cu_sess *c = s->dev;
+  if (c->replay) return;
+  const model *m = s->m;
+  const floe_hparams *hp = &m->hp;
+  const cu_model *cm = m->dev;
+  const cu_layer *L = &cm->L[l];
+  const model_layer *H = &m->layers[l];
+  const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, I = hp->n_ff_exp, Is = hp->n_ff_shexp;
+  size_t xs_r, xs_e;
+  const uint8_t *xq_r = act(s, 0, &L->router, n, c->h, E, &xs_r), *xq_e;
+  const floe_mat *lay_e = &H->exp_gate[0];
+  if (xq_r && same_act(lay_e, &H->router)) {
+    xq_e = xq_r;
+    xs_e = xs_r;
+  } else {
+    xq_e = act(s, 1, &L->gate, n, c->h, E, &xs_e);
+  }
+  mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
+  if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, c->shg, 1);
+  cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
+  const bool qe = xq_e && same_act(&H->exp_up[0], lay_e);
+  cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, (int)K, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
+                      c->stream);
+  if (Is > 0) {
+    const bool qs = xq_e && same_act(&H->sh_gate, lay_e) && same_act(&H->sh_up, lay_e);
+    cuda_mm_moe_gate_up(&L->sh_gate.d, &L->sh_up.d, n, 1, NULL, c->h, E, qs ? xq_e : NULL, qs ? xs_e : 0, c->hs, Is,
+                        c->stream);
+  }
+  cuda_mm_moe_down(&L->down.d, n, (int)K, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+  if (Is > 0) cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
+  const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : cm->output_norm;
+  cuda_moe_combine(x, c->yr, c->selw, (int)K, Is > 0 ? c->ys : NULL, Is > 0 ? c->shg : NULL, next, c->h,
+                   hp->rms_eps, n, E, c->stream);
+}
+
+/* Logits of rows [first, n): h holds their output-normed rows (the last MoE's combine). */
+static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n, float *logits, bool greedy) {
+  (void)x;
+  cu_sess *c = s->dev;
+  const model *m = s->m;
+  const cu_model *cm = m->dev;
+  const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
+  if (c->replay) { /* the recorded step computes them; eval_end copies them out */
+    c->dst = logits;
+    c->dst_rows = n - first;
+    c->staged = true;
+    c->want_greedy = greedy;
+    return;
+  }
+  for (int64_t r0 = first; r0 < n; r0 += LB) {
+    const int64_t nb = n - r0 < LB ? n - r0 : LB;
+    mm_own(s, &cm->output, nb, c->h + r0 * E, E, c->logits, V);
+    if (greedy && r0 + nb == n) {
+      cuda_argmax(c->logits + (nb - 1) * V, V, c->greedy, c->amax_scr, c->stream);
+      cuda_rt_d2h_async(c->greedy_h, c->greedy, 4, c->stream);
+      c->want_greedy = true;
+    }
+    cuda_rt_d2h_async(c->logits_h, c->logits, (size_t)(nb * V) * 4, c->stream);
+    if (c->capturing >= 0) { /* one row: copied out after the replay */
+      c->dst = logits + (r0 - first) * V;
+      c->dst_rows = nb;
+      c->staged = true;
+      continue;
+    }
+    if (cuda_rt_stream_sync(c->stream, c->msg, sizeof c->msg)) {
+      c->err = FLOE_E_IO;
+      return;
+    }
+    memcpy(logits + (r0 - first) * V, c->logits_h, (size_t)(nb * V) * 4);
+  }
+}
+
+static void cu_hidden(model_session *s, const float *x, int64_t first, int64_t n, float *dst) {
+  cu_sess *c = s->dev;
+  const int64_t E = s->m->hp.n_embd;
+  cuda_rt_d2h_async(dst, x + first * E, (size_t)((n - first) * E) * 4, c->stream);
+  if (cuda_rt_stream_sync(c->stream, c->msg, sizeof c->msg)) c->err = FLOE_E_IO;
+}
+
+static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
+  (void)n;
+  cu_sess *c = s->dev;
+  int rc = 0;
+  if (c->capturing >= 0 && !c->replay) {
+    void *g = NULL;
+    rc = cuda_graph_end(c->stream, &g, err, errlen);
+    if (!rc) c->graph[c->capturing] = g;
+  }
+  if (!rc && c->capturing >= 0) {
+    rc = cuda_graph_launch(c->graph[c->capturing], c->stream, err, errlen);
+  }
+  if (!rc && cuda_rt_stream_sync(c->stream, err, errlen)) rc = FLOE_E_IO;
+  if (!rc && (rc = cuda_rt_check("decode step", err, errlen))) rc = FLOE_E_IO;
+  if (!rc && c->err) rc = floe_err(err, errlen, c->err, "cuda: %s", c->msg);
+  if (rc) return rc;
+  if (c->staged && c->dst) memcpy(c->dst, c->logits_h, (size_t)(c->dst_rows * s->m->hp.n_vocab) * 4);
+  if (c->want_greedy) s->greedy = c->greedy_h[0];
+  return 0;
+}
+
+const model_backend model_backend_cuda = {
+  .name = "cuda",
+  .device = MODEL_DEV_CUDA,
+  .model_init = cu_model_init,
+  .model_fini = cu_model_fini,
+  .session_init = cu_session_init,
+  .session_free = cu_session_free,
+  .state_reset = cu_state_reset,
+  .ckpt_bytes = cu_ckpt_bytes,
+  .ckpt_save = cu_ckpt_save,
+  .ckpt_restore = cu_ckpt_restore,
+  .ckpt_free = cu_ckpt_free,
+  .eval_begin = cu_eval_begin,
+  .eval_end = cu_eval_end,
+  .embed = cu_embed,
+  .attention = cu_attention,
+  .gdn = cu_gdn,
+  .moe = cu_moe,
+  .logits = cu_logits,
+  .hidden = cu_hidden,
+};
+
+int model_cuda_devices(void) {
+  if (g_n_dev < 0) g_n_dev = cuda_rt_device_count();
+  return g_n_dev;
+}
+
+int model_cuda_mem(int dev, char *name, size_t name_len, size_t *free_b, size_t *total_b, char *err, size_t errlen) {
+  int rc = cuda_rt_init(dev, err, errlen);
+  if (!rc) rc = cuda_rt_device_name(dev, name, name_len, err, errlen);
+  if (!rc) rc = cuda_rt_mem_info(free_b, total_b, err, errlen);
+  return rc;
+}
+#endif
