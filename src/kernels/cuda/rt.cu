@@ -3,9 +3,13 @@
  * so cudaGetDeviceCount() is the first call that needs a driver: with none it returns an error,
  * which cuda_rt_device_count() maps to 0 devices. */
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 
+extern "C" {
 #include "base/base.h"
+}
 #include "kernels/cuda/cuda_rt.h"
 
 static int rt_fail(char *err, size_t errlen, cudaError_t e, const char *what) {
