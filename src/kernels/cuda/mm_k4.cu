@@ -18,11 +18,59 @@
 
 namespace {
 
+/* The exact S1, S2 parts of thread u (code bytes 16u .. 16u+15) of superblock k, for the nb
+ * activation rows; d, dmin of the superblock. */
+template <int T, int NB>
+__device__ __forceinline__ void k4_part(const KArgs &a, const uint8_t *row, const uint8_t *xq, size_t xs, int nb, int k,
+                                        int u, int S1[NB], int S2[NB], float *d, float *dmin) {
+  constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176; /* block bytes */
+  constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;   /* offset of qs */
+  const uint8_t *blk = row + (size_t)k * BB;
+  const uint32_t dd = ld_u32(blk);
+  *d = mm_f16(dd & 0xFFFF);
+  *dmin = mm_f16(dd >> 16);
+  /* 6-bit scales and mins (get_scale_min_k4): this thread needs sc[2j], sc[2j+1] (j = u / 2)
+   * and m[u] */
+  const uint32_t w0 = ld_u32(blk + 4), w1 = ld_u32(blk + 8), w2 = ld_u32(blk + 12);
+  auto qb = [&](int i) -> int { /* scale byte q[i], i < 12 */
+    const uint32_t w = i < 4 ? w0 : i < 8 ? w1 : w2;
+    return (int)((w >> (8 * (i & 3))) & 0xFF);
+  };
+  auto scale = [&](int jj) -> int { return jj < 4 ? qb(jj) & 63 : (qb(jj + 4) & 0xF) | ((qb(jj - 4) >> 6) << 4); };
+  auto minv = [&](int jj) -> int { return jj < 4 ? qb(jj + 4) & 63 : (qb(jj + 4) >> 4) | ((qb(jj) >> 6) << 4); };
+  const int j = u >> 1;
+  const int sc0 = scale(2 * j), sc1 = scale(2 * j + 1), mu = minv(u);
+  const uint4 qs = *(const uint4 *)(blk + QS + 16 * u);
+  uint32_t lo[4] = {qs.x & 0x0F0F0F0Fu, qs.y & 0x0F0F0F0Fu, qs.z & 0x0F0F0F0Fu, qs.w & 0x0F0F0F0Fu};
+  uint32_t hi[4] = {(qs.x >> 4) & 0x0F0F0F0Fu, (qs.y >> 4) & 0x0F0F0F0Fu, (qs.z >> 4) & 0x0F0F0F0Fu,
+                    (qs.w >> 4) & 0x0F0F0F0Fu};
+  if constexpr (T == FLOE_TYPE_Q5_K) {
+    const uint4 qh = *(const uint4 *)(blk + 16 + 16 * (u & 1));
+    const uint32_t h4[4] = {qh.x, qh.y, qh.z, qh.w};
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+      lo[w] |= ((h4[w] >> (2 * j)) & 0x01010101u) << 4;
+      hi[w] |= ((h4[w] >> (2 * j + 1)) & 0x01010101u) << 4;
+    }
+  }
+  const size_t xo = 256 * (size_t)k + 128 * (u >> 2) + 16 * (u & 3);
+#pragma unroll
+  for (int b = 0; b < NB; b++) {
+    if (b >= nb) break;
+    const uint8_t *x = xq + (size_t)b * xs;
+    const uint4 xl = *(const uint4 *)(x + xo), xh = *(const uint4 *)(x + xo + 64);
+    const int sl = dp4(lo[3], xl.w, dp4(lo[2], xl.z, dp4(lo[1], xl.y, dp4(lo[0], xl.x, 0))));
+    const int sh = dp4(hi[3], xh.w, dp4(hi[2], xh.z, dp4(hi[1], xh.y, dp4(hi[0], xh.x, 0))));
+    S1[b] = sc0 * sl + sc1 * sh;
+    const int16_t *bs = (const int16_t *)(x + a.off_s) + 16 * (size_t)k;
+    S2[b] = mu * (bs[2 * u] + bs[2 * u + 1]);
+  }
+}
+
 template <int T, int NB>
 __device__ __forceinline__ void k4_dot(const KArgs &a, const uint8_t *row, const uint8_t *xq, size_t xs, int nb,
                                        float y[NB]) {
-  constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176; /* block bytes */
-  constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;   /* offset of qs */
+  constexpr int UNR = NB == 1 ? 2 : 1; /* superblocks per group per round (loads in flight) */
   const int lane = threadIdx.x & 31, g = lane >> 3, u = lane & 7;
   const int nsb = (int)(a.cols / 256);
   float acc[NB][4];
@@ -30,69 +78,36 @@ __device__ __forceinline__ void k4_dot(const KArgs &a, const uint8_t *row, const
   for (int b = 0; b < NB; b++)
 #pragma unroll
     for (int q = 0; q < 4; q++) acc[b][q] = 0.0f;
-  for (int m0 = 0; m0 < nsb; m0 += 4) {
-    const int k = m0 + g, mm = (m0 >> 2) & 3;
-    const bool v = k < nsb;
-    int S1[NB], S2[NB];
+  for (int m0 = 0; m0 < nsb; m0 += 4 * UNR) {
+    int S1[UNR][NB], S2[UNR][NB];
+    float d[UNR], dmin[UNR];
 #pragma unroll
-    for (int b = 0; b < NB; b++) S1[b] = S2[b] = 0;
-    float d = 0.0f, dmin = 0.0f;
-    if (v) {
-      const uint8_t *blk = row + (size_t)k * BB;
-      const uint32_t dd = ld_u32(blk);
-      d = mm_f16(dd & 0xFFFF);
-      dmin = mm_f16(dd >> 16);
-      /* 6-bit scales and mins (get_scale_min_k4): this thread needs sc[2j], sc[2j+1] (j = u / 2)
-       * and m[u] */
-      const uint32_t w0 = ld_u32(blk + 4), w1 = ld_u32(blk + 8), w2 = ld_u32(blk + 12);
-      auto qb = [&](int i) -> int { /* scale byte q[i], i < 12 */
-        const uint32_t w = i < 4 ? w0 : i < 8 ? w1 : w2;
-        return (int)((w >> (8 * (i & 3))) & 0xFF);
-      };
-      auto scale = [&](int jj) -> int { return jj < 4 ? qb(jj) & 63 : (qb(jj + 4) & 0xF) | ((qb(jj - 4) >> 6) << 4); };
-      auto minv = [&](int jj) -> int { return jj < 4 ? qb(jj + 4) & 63 : (qb(jj + 4) >> 4) | ((qb(jj) >> 6) << 4); };
-      const int j = u >> 1;
-      const int sc0 = scale(2 * j), sc1 = scale(2 * j + 1), mu = minv(u);
-      const uint4 qs = *(const uint4 *)(blk + QS + 16 * u);
-      uint32_t lo[4] = {qs.x & 0x0F0F0F0Fu, qs.y & 0x0F0F0F0Fu, qs.z & 0x0F0F0F0Fu, qs.w & 0x0F0F0F0Fu};
-      uint32_t hi[4] = {(qs.x >> 4) & 0x0F0F0F0Fu, (qs.y >> 4) & 0x0F0F0F0Fu, (qs.z >> 4) & 0x0F0F0F0Fu,
-                        (qs.w >> 4) & 0x0F0F0F0Fu};
-      if constexpr (T == FLOE_TYPE_Q5_K) {
-        const uint4 qh = *(const uint4 *)(blk + 16 + 16 * (u & 1));
-        const uint32_t h4[4] = {qh.x, qh.y, qh.z, qh.w};
+    for (int uu = 0; uu < UNR; uu++) {
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-          lo[w] |= ((h4[w] >> (2 * j)) & 0x01010101u) << 4;
-          hi[w] |= ((h4[w] >> (2 * j + 1)) & 0x01010101u) << 4;
-        }
-      }
-      const size_t xo = 256 * (size_t)k + 128 * (u >> 2) + 16 * (u & 3);
-#pragma unroll
-      for (int b = 0; b < NB; b++) {
-        if (b >= nb) break;
-        const uint8_t *x = xq + (size_t)b * xs;
-        const uint4 xl = *(const uint4 *)(x + xo), xh = *(const uint4 *)(x + xo + 64);
-        const int sl = dp4(lo[3], xl.w, dp4(lo[2], xl.z, dp4(lo[1], xl.y, dp4(lo[0], xl.x, 0))));
-        const int sh = dp4(hi[3], xh.w, dp4(hi[2], xh.z, dp4(hi[1], xh.y, dp4(hi[0], xh.x, 0))));
-        S1[b] = sc0 * sl + sc1 * sh;
-        const int16_t *bs = (const int16_t *)(x + a.off_s) + 16 * (size_t)k;
-        S2[b] = mu * (bs[2 * u] + bs[2 * u + 1]);
-      }
+      for (int b = 0; b < NB; b++) S1[uu][b] = S2[uu][b] = 0;
+      d[uu] = dmin[uu] = 0.0f;
+      const int k = m0 + 4 * uu + g;
+      if (k < nsb) k4_part<T, NB>(a, row, xq, xs, nb, k, u, S1[uu], S2[uu], &d[uu], &dmin[uu]);
     }
 #pragma unroll
-    for (int b = 0; b < NB; b++) {
+    for (int uu = 0; uu < UNR; uu++) {
+      /* superblock k = m0 + 4uu + g goes to slot k % 16 = 4 mm + g */
+      const int k = m0 + 4 * uu + g, mm = ((m0 >> 2) + uu) & 3;
 #pragma unroll
-      for (int o = 1; o < 8; o <<= 1) {
-        S1[b] += __shfl_xor_sync(MM_FULL, S1[b], o);
-        S2[b] += __shfl_xor_sync(MM_FULL, S2[b], o);
-      }
-      if (v && u == 0 && b < nb) {
-        const float dx = ((const float *)(xq + (size_t)b * xs + a.off_d))[k];
-        const float dd = d * dx, dm = dmin * dx;
-        const float t = (float)S1[b] * dd - (float)S2[b] * dm;
+      for (int b = 0; b < NB; b++) {
 #pragma unroll
-        for (int q = 0; q < 4; q++)
-          if (q == mm) acc[b][q] = acc[b][q] + t;
+        for (int o = 1; o < 8; o <<= 1) {
+          S1[uu][b] += __shfl_xor_sync(MM_FULL, S1[uu][b], o);
+          S2[uu][b] += __shfl_xor_sync(MM_FULL, S2[uu][b], o);
+        }
+        if (k < nsb && u == 0 && b < nb) {
+          const float dx = ((const float *)(xq + (size_t)b * xs + a.off_d))[k];
+          const float dd = d[uu] * dx, dm = dmin[uu] * dx;
+          const float t = (float)S1[uu][b] * dd - (float)S2[uu][b] * dm;
+#pragma unroll
+          for (int q = 0; q < 4; q++)
+            if (q == mm) acc[b][q] = acc[b][q] + t;
+        }
       }
     }
   }
