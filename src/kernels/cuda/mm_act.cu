@@ -40,10 +40,13 @@ __global__ void __launch_bounds__(256) k_act(KArgs a, int kind, const float *X, 
   const int64_t n = a.cols;
   const int U = kind == KACT_A32 ? 32 : kind == KACT_A256 ? 256 : a.group;
   const int64_t nu = n / U;
-  for (int64_t k = threadIdx.x; k < nu; k += blockDim.x) {
+  /* a warp per unit: a maximum is the same whatever the order it is taken in */
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int64_t k = warp; k < nu; k += nw) {
     float m = 0.0f;
-    for (int j = 0; j < U; j++) m = fmaxf(m, fabsf(x[k * U + j]));
-    s_amax[k] = m;
+    for (int j = lane; j < U; j += 32) m = fmaxf(m, fabsf(x[k * U + j]));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(MM_FULL, m, o));
+    if (lane == 0) s_amax[k] = m;
   }
   __syncthreads();
   if (kind == KACT_A32) {
@@ -82,12 +85,15 @@ __global__ void __launch_bounds__(256) k_act(KArgs a, int kind, const float *X, 
       }
       q[c] = (int8_t)nat(j);
     }
-    for (int64_t k = threadIdx.x; k < nu; k += blockDim.x) {
-      const float dk = d8(s_amax[k]);
+    for (int64_t k = warp; k < nu; k += nw) { /* a warp per group: an exact integer sum */
       int32_t isum = 0;
-      for (int i = 0; i < g; i++) isum += nat(k * g + i);
-      d[k] = dk;
-      sx[k] = dk * (float)isum;
+      for (int i = lane; i < g; i += 32) isum += nat(k * g + i);
+      for (int o = 16; o > 0; o >>= 1) isum += __shfl_xor_sync(MM_FULL, isum, o);
+      if (lane == 0) {
+        const float dk = d8(s_amax[k]);
+        d[k] = dk;
+        sx[k] = dk * (float)isum;
+      }
     }
     const int64_t nst = a.nq / step;
     for (int64_t id = threadIdx.x; id < nst * 16; id += blockDim.x) {
