@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine): builds floe with the CUDA backend and runs the GPU steps.
+#
+#   D=/path/to/.debs bash scripts/gpu-test.sh [SECTION ...]
+#
+# Sections, run in the order given (default: build test bench-mm):
+#   build     unpack the .debs (scripts/gpu-deps.sh made them) into $DEPS, configure with
+#             -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS=$ARCHS, build everything with -j$JOBS
+#   test      ctest -L cuda --output-on-failure (the CUDA tests; each compares with the CPU)
+#   test-all  the whole ctest suite (CPU tests too)
+#   bench-mm  bench_cuda_mm (copy bandwidth, then GB/s and us per launch of each mm kernel)
+# To add a step: write a function sec_NAME (its output goes to $LOG/NAME.log, its exit status
+# decides ok / FAIL) and name it on the command line. Logs go to $OUT when set (the device
+# tool brings $OUT back), else build-gpu/logs. A summary is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+D=${D:-$ROOT/.debs}
+DEPS=${DEPS:-/tmp/deps}
+BUILD=${BUILD:-$ROOT/build-gpu}
+ARCHS=${ARCHS:-90-real}
+JOBS=${JOBS:-16}
+LOG=${OUT:-$BUILD/logs}
+mkdir -p "$LOG"
+export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=$PATH:/usr/local/cuda/bin
+
+sec_build() {
+  if [ ! -d "$DEPS/usr/include/cjson" ]; then
+    ls "$D"/*.deb >/dev/null || { echo "no .deb files in $D (run scripts/gpu-deps.sh here first)"; return 1; }
+    for d in "$D"/*.deb; do dpkg -x "$d" "$DEPS" || return 1; done
+  fi
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+  nvcc --version | tail -1
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS="$ARCHS" \
+    -DCMAKE_PREFIX_PATH="$DEPS/usr" || return 1
+  cmake --build "$BUILD" -j"$JOBS"
+}
+sec_test() { ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 900; }
+sec_test-all() { ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure; }
+sec_bench-mm() { "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
+
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(build test bench-mm)
+summary=()
+fail=0
+for s in "${sections[@]}"; do
+  if ! declare -F "sec_$s" >/dev/null; then
+    summary+=("$s: unknown section")
+    fail=1
+    continue
+  fi
+  t0=$(date +%s)
+  echo "=== $s (log: $LOG/$s.log)"
+  "sec_$s" >"$LOG/$s.log" 2>&1
+  rc=$?
+  t1=$(date +%s)
+  tail -n 40 "$LOG/$s.log"
+  if [ $rc -eq 0 ]; then
+    summary+=("$s: ok ($((t1 - t0)) s)")
+  else
+    summary+=("$s: FAIL rc=$rc ($((t1 - t0)) s)")
+    fail=1
+    [ "$s" = build ] && break # nothing else can run
+  fi
+done
+[ -f "$LOG/bench-mm.log" ] && { echo "=== bench-mm"; cat "$LOG/bench-mm.log"; }
+if [ -f "$LOG/test.log" ]; then
+  echo "=== test checks"
+  grep -E "^FAIL|passed, [0-9]+ failed|tests passed|tests failed|\*\*\*" "$LOG/test.log" | tail -n 30
+fi
+echo "=== summary"
+for l in "${summary[@]}"; do echo "$l"; done
+exit $fail

@@ -1,0 +1,110 @@
+/* CUDA matrix x vector / small-batch matmuls for every weight type floe reads, the GPU twin of
+ * src/kernels/cpu (kernels.h): activation quantization, quantized-activation matmuls, the exact
+ * float path, exact row dequantization, and the MoE expert kernels (fused gate+up+SiLU-GLU, down).
+ *
+ * Results (what the tests check, tests/test_cuda_mm.c):
+ *  - cuda_mm_act_quantize writes the same bytes as kern_act_quantize_rows.
+ *  - quantized path (xq != NULL; types with cuda_mm_act_bytes != 0: Q8_0, Q4_0, IQ4_NL, MXFP4,
+ *    Q4_K, Q5_K, Q6_K, IQ4_XS, MLX 4/8-bit): every output is bit-identical to kern_matmul with
+ *    the same xq, on every CPU ISA: each output runs its own copy of the canonical sequence of
+ *    float operations (kernels_internal.h, "16-lane model" / "superblock model"); only the exact
+ *    integer lane sums are computed in a GPU-friendly grouping.
+ *  - float path (xq == NULL; every type, required for the others: F32, F16, BF16, Q4_1, Q5_0,
+ *    Q5_1, Q2_K, Q3_K, the IQ1/IQ2/IQ3 types, MLX 2/3/5/6-bit): weights decoded exactly (the
+ *    quant reference's float operations) into on-chip shared memory, 256 values of 32 rows at a
+ *    time, then each output accumulates in element order: bit-identical to the CPU's SCALAR float
+ *    path (kern_isa_set(FLOE_ISA_SCALAR), = quant_dot_ref); the CPU's AVX2/AVX-512 float paths
+ *    differ from it within 1e-5 * sum|w x| (kernels.h).
+ *  - cuda_mm_dequant_rows equals quant_dequant_row / quant_mlx_dequant_row bit for bit.
+ *  - MoE: each output row is the same bits as the CPU: gate and up by the matmul above, then
+ *    g = x / (1 + vexpf(-x)) * u with the CPU's vexpf (src/model/layers.c) operation by operation;
+ *    the down input is quantized per slot by the activation quantizer, as the CPU does.
+ *
+ * Calls: all launchers are asynchronous on `stream` (a cudaStream_t, NULL = default stream),
+ * return void and never synchronize; launch errors surface at cuda_rt_check(). They never take
+ * per-step values as host arguments where a decode step would change them: expert ids (and the
+ * embedding row) are read from device memory, so a step can be captured in a CUDA graph once
+ * and replayed. cuda_mm_init() must have run once on the current device before any launch (it
+ * uploads the IQ grid tables); cuda_mm_type_supported() tells the loader which matrices can go
+ * to the GPU. Shapes are checked by the caller (the loader): launchers assume a supported type.
+ *
+ * Speed: a warp per weight row (16-lane types: lanes 0-15 own the 16 lane accumulators, lanes
+ * 16-31 compute the odd steps and hand their products over by shuffle, so each lane's sequence
+ * of adds stays in order in one thread; Q4_K/Q5_K: 4 superblocks at once, 8 threads each, the
+ * exact S1/S2 reduced by shuffles, superblock k added to slot k % 16 in order). Activation rows
+ * are taken in tiles of 1, 4 or 16 per launch block, so nb <= 16 reads each weight once. */
+#ifndef FLOE_CUDA_MM_H
+#define FLOE_CUDA_MM_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant/quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight matrix in device memory: floe_mat's layout with device pointers. For a stack of
+ * experts (one projection of one layer), expert e's matrix starts at data + e * expert_stride
+ * (and its MLX scales/biases at scales/biases + e * sb_expert_stride); n_expert = 1 and strides 0
+ * for a plain matrix. */
+typedef struct cuda_mat {
+  uint32_t type;            /* FLOE_TYPE_* (incl. FLOE_TYPE_MLX) */
+  int64_t rows, cols;       /* of one expert */
+  const void *data;         /* device; row r at data + r * row_bytes */
+  size_t row_bytes;
+  quant_mlx_fmt mlx;        /* MLX only */
+  const void *scales, *biases; /* device, MLX only; row r at + r * sb_row_bytes */
+  size_t sb_row_bytes;
+  int32_t n_expert;         /* experts in the stack (1: a plain matrix) */
+  size_t expert_stride, sb_expert_stride; /* bytes between experts */
+} cuda_mat;
+
+/* Uploads the lookup tables (IQ grids, 4-bit value tables) to the current device; once per
+ * device, before any launch (idempotent). */
+int cuda_mm_init(char *err, size_t errlen);
+
+/* 0 when W (a host floe_mat: type, cols, MLX format) can be computed on the GPU, else
+ * FLOE_E_UNSUPPORTED with a one-line reason (say, "iq1_m: no CUDA kernel"). */
+int cuda_mm_type_supported(uint32_t type, int64_t cols, const quant_mlx_fmt *mlx, char *err, size_t errlen);
+
+/* Bytes of one quantized activation row for W (= kern_act_bytes of the same layout); 0 when the
+ * type has no quantized-activation path (then use the float path, xq = NULL). */
+size_t cuda_mm_act_bytes(const cuda_mat *W);
+
+/* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb). */
+void cuda_mm_act_quantize(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, void *xq, size_t xq_stride,
+                          void *stream);
+
+/* Y[b * ldy + r] = dot(W row r, X row b) for r in [0, W->rows), b in [0, nb), any nb >= 1.
+ * xq != NULL: the quantized path (xq rows xq_stride bytes apart, from cuda_mm_act_quantize with
+ * a matrix of the same layout; X unused). xq == NULL: the float path on X (rows ldx floats apart). */
+void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                    float *Y, int64_t ldy, void *stream);
+
+/* out[i * ldo + j] = dequantized W row rows[i], element j (j < cols), i in [0, n): rows is a
+ * DEVICE array (say, the token ids, for the embedding), or NULL for rows 0 .. n-1. A row id
+ * outside [0, W->rows) gives a row of NaN. */
+void cuda_mm_dequant_rows(const cuda_mat *W, const int32_t *rows, int64_t n, float *out, int64_t ldo, void *stream);
+
+/* MoE gate+up+SiLU-GLU for T tokens x K slots: slot s = t * K + j uses expert e = ids[s] (a
+ * DEVICE array of T * K int32; ids == NULL: expert 0 for every slot, K = 1, the shared expert)
+ * and writes H[s * ldh + i] = silu(gate_e row i . x_t) * (up_e row i . x_t), i < gate->rows.
+ * x_t: xq + t * xq_stride (quantized path, gate and up of one layout) or X + t * ldx (xq NULL).
+ * An id outside [0, n_expert) gives a row of NaN. */
+void cuda_mm_moe_gate_up(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
+                         const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H, int64_t ldh,
+                         void *stream);
+
+/* MoE down for T * K slots: Y[s * ldy + r] = down_e row r . h_s, with h_s = H + s * ldh and
+ * e = ids[s] (ids NULL: expert 0). When the down type has a quantized path each h_s is first
+ * quantized into xq_scratch (T * K rows of xq_stride >= cuda_mm_act_bytes(down) bytes), as the
+ * CPU does; otherwise xq_scratch is unused (may be NULL) and the float path runs.
+ * The weighted sum of the K outputs is not done here. */
+void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const float *H, int64_t ldh,
+                      void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,134 @@
+/* cuda_mm.h: the host side. Builds the kernel argument block (KArgs) from a cuda_mat, with the
+ * activation layout computed by the CPU's own kact_layout_of (so the byte layouts cannot drift
+ * apart), and dispatches each call to the quantized kernels (mm_q16.cu, mm_k4.cu), the float
+ * path (mm_float.cu) or the activation quantizer (mm_act.cu). */
+#include "kernels/cuda/mm_common.cuh"
+
+static floe_mat host_layout(const cuda_mat *W) {
+  floe_mat m;
+  memset(&m, 0, sizeof m);
+  m.type = W->type;
+  m.rows = W->rows;
+  m.cols = W->cols;
+  m.row_bytes = W->row_bytes;
+  m.mlx = W->mlx;
+  m.sb_row_bytes = W->sb_row_bytes;
+  return m;
+}
+
+KArgs mm_kargs(const cuda_mat *W) {
+  KArgs a;
+  memset(&a, 0, sizeof a);
+  a.data = (const uint8_t *)W->data;
+  a.row_bytes = W->row_bytes;
+  a.sc = (const uint8_t *)W->scales;
+  a.bi = (const uint8_t *)W->biases;
+  a.sb_row_bytes = W->sb_row_bytes;
+  a.rows = W->rows;
+  a.cols = W->cols;
+  a.type = (int)W->type;
+  a.bits = W->mlx.bits;
+  a.group = W->mlx.group;
+  a.sb_type = (int)W->mlx.sb_type;
+  a.n_expert = W->n_expert > 0 ? W->n_expert : 1;
+  a.estride = W->expert_stride;
+  a.sb_estride = W->sb_expert_stride;
+  const floe_mat m = host_layout(W);
+  const kact_layout L = kact_layout_of(&m);
+  a.nblk = W->type == FLOE_TYPE_MLX && W->mlx.group > 0 ? W->cols / W->mlx.group : L.nblk;
+  a.nq = L.nq;
+  a.off_d = L.off_d;
+  a.off_s = L.off_s;
+  a.off_c = L.off_c;
+  a.off_e = L.off_e;
+  if (W->type == FLOE_TYPE_MXFP4) memcpy(a.kv, kvalues_mxfp4, 16);
+  else memcpy(a.kv, kvalues_iq4nl, 16);
+  return a;
+}
+
+int cuda_mm_type_supported(uint32_t type, int64_t cols, const quant_mlx_fmt *mlx, char *err, size_t errlen) {
+  if (cols <= 0) return floe_err(err, errlen, FLOE_E_INVALID, "CUDA matmul: %lld columns", (long long)cols);
+  if (type == FLOE_TYPE_MLX) {
+    if (!mlx || !quant_mlx_fmt_valid(mlx))
+      return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "CUDA matmul: invalid MLX format");
+    if (cols % mlx->group)
+      return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "CUDA matmul: MLX row of %lld values is not whole groups of %d",
+                      (long long)cols, mlx->group);
+    return 0;
+  }
+  const floe_type_traits *tt = floe_type_info(type);
+  if (!tt) return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "CUDA matmul: unknown tensor type %u", type);
+  switch (type) {
+    case FLOE_TYPE_F32: case FLOE_TYPE_F16: case FLOE_TYPE_BF16: case FLOE_TYPE_Q4_0: case FLOE_TYPE_Q4_1:
+    case FLOE_TYPE_Q5_0: case FLOE_TYPE_Q5_1: case FLOE_TYPE_Q8_0: case FLOE_TYPE_MXFP4: case FLOE_TYPE_IQ4_NL:
+    case FLOE_TYPE_Q2_K: case FLOE_TYPE_Q3_K: case FLOE_TYPE_Q4_K: case FLOE_TYPE_Q5_K: case FLOE_TYPE_Q6_K:
+    case FLOE_TYPE_IQ4_XS: case FLOE_TYPE_IQ2_XXS: case FLOE_TYPE_IQ2_XS: case FLOE_TYPE_IQ2_S:
+    case FLOE_TYPE_IQ3_XXS: case FLOE_TYPE_IQ3_S: case FLOE_TYPE_IQ1_S: case FLOE_TYPE_IQ1_M:
+      break;
+    default:
+      return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "CUDA matmul: tensor type %s has no CUDA kernel", tt->name);
+  }
+  if (cols % tt->blck)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "CUDA matmul: %s row of %lld values is not whole blocks of %d",
+                    tt->name, (long long)cols, tt->blck);
+  return 0;
+}
+
+size_t cuda_mm_act_bytes(const cuda_mat *W) {
+  const floe_mat m = host_layout(W);
+  return kern_act_bytes(&m);
+}
+
+void cuda_mm_act_quantize(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, void *xq, size_t xq_stride,
+                          void *stream) {
+  if (nb <= 0 || !cuda_mm_act_bytes(W)) return;
+  mm_act_launch(mm_kargs(W), nb, X, ldx, (uint8_t *)xq, xq_stride, (cudaStream_t)stream);
+}
+
+/* The quantized kernels, or false when the type has none. */
+static bool q_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
+                     const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
+  return mm_k4_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st) ||
+         mm_q16_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
+}
+
+void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                    float *Y, int64_t ldy, void *stream) {
+  if (nb <= 0 || W->rows <= 0) return;
+  const KArgs a = mm_kargs(W);
+  const cudaStream_t st = (cudaStream_t)stream;
+  if (xq && cuda_mm_act_bytes(W) &&
+      q_launch(a, a, MM_PLAIN, nb, 1, nullptr, (const uint8_t *)xq, xq_stride, Y, ldy, st))
+    return;
+  mm_float_launch(a, a, MM_PLAIN, nb, 1, nullptr, X, ldx, Y, ldy, st);
+}
+
+void cuda_mm_dequant_rows(const cuda_mat *W, const int32_t *rows, int64_t n, float *out, int64_t ldo, void *stream) {
+  mm_dequant_launch(mm_kargs(W), rows, n, out, ldo, (cudaStream_t)stream);
+}
+
+void cuda_mm_moe_gate_up(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
+                         const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H, int64_t ldh,
+                         void *stream) {
+  if (T <= 0 || K <= 0 || gate->rows <= 0) return;
+  const KArgs a = mm_kargs(gate), a2 = mm_kargs(up);
+  const cudaStream_t st = (cudaStream_t)stream;
+  const int64_t slots = T * K;
+  if (xq && cuda_mm_act_bytes(gate) &&
+      q_launch(a, a2, MM_GLU, slots, K, ids, (const uint8_t *)xq, xq_stride, H, ldh, st))
+    return;
+  mm_float_launch(a, a2, MM_GLU, slots, K, ids, X, ldx, H, ldh, st);
+}
+
+void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const float *H, int64_t ldh,
+                      void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream) {
+  if (T <= 0 || K <= 0 || down->rows <= 0) return;
+  const KArgs a = mm_kargs(down);
+  const cudaStream_t st = (cudaStream_t)stream;
+  const int64_t slots = T * K;
+  if (xq_scratch && cuda_mm_act_bytes(down)) {
+    mm_act_launch(a, slots, H, ldh, (uint8_t *)xq_scratch, xq_stride, st);
+    if (q_launch(a, a, MM_DOWN, slots, 1, ids, (const uint8_t *)xq_scratch, xq_stride, Y, ldy, st)) return;
+  }
+  mm_float_launch(a, a, MM_DOWN, slots, 1, ids, H, ldh, Y, ldy, st);
+}

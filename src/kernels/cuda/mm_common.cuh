@@ -1,0 +1,155 @@
+/* Shared by the mm_*.cu files (not part of the API, cuda_mm.h): the kernel argument block, byte
+ * loads, exact half / E8M0 conversions, the fixed reductions, the CPU's vexpf / SiLU, and the
+ * per-file launch entry points that mm_api.cu dispatches to.
+ *
+ * Float rules: the files are compiled with --fmad=false, so every a * b + c below is a multiply
+ * then an add, as on the CPU (-ffp-contract=off); divisions are IEEE (no fast math). */
+#ifndef FLOE_MM_COMMON_CUH
+#define FLOE_MM_COMMON_CUH
+#include <cuda_runtime.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* floe's C headers, with C linkage (the system headers above are included first, outside) */
+extern "C" {
+#include "base/base.h"
+#include "kernels/cpu/kernels_internal.h"
+#include "kernels/cuda/cuda_mm.h"
+#include "quant/tables.h"
+}
+
+#define MM_FULL 0xffffffffu
+
+/* Everything a kernel needs about one weight matrix (or expert stack) and its activation layout
+ * (kact_layout_of of kernels_internal.h, computed on the host). */
+struct KArgs {
+  const uint8_t *data;
+  size_t row_bytes;
+  const uint8_t *sc, *bi; /* MLX scales / biases */
+  size_t sb_row_bytes;
+  int64_t rows, cols;
+  int type, bits, group, sb_type;
+  int n_expert;
+  size_t estride, sb_estride;
+  /* activation layout */
+  int64_t nblk, nq;
+  size_t off_d, off_s, off_c, off_e;
+  /* the type's 16-entry value table (kvalues_iq4nl / kvalues_mxfp4) as 4 little-endian words:
+   * kernel arguments live in the constant bank, so no per-file __constant__ copy is needed */
+  uint32_t kv[4];
+};
+
+KArgs mm_kargs(const cuda_mat *W); /* mm_api.cu */
+
+/* MoE addressing: which x row and which expert a launch row (blockIdx.y) uses. */
+enum { MM_PLAIN = 0, MM_GLU = 1, MM_DOWN = 2 };
+
+/* ---- loads ---- */
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t *p) { return *(const uint16_t *)p; }
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) { return *(const uint32_t *)p; }
+/* 4 bytes at a 2-byte aligned address */
+__device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p) {
+  return (uint32_t)((const uint16_t *)p)[0] | ((uint32_t)((const uint16_t *)p)[1] << 16);
+}
+/* 4 bytes at any address */
+__device__ __forceinline__ uint32_t ld_u32_a1(const uint8_t *p) {
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* ---- exact conversions (base.c floe_f16_to_f32, quant kq_e8m0_half) ---- */
+__device__ __forceinline__ float mm_f16(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    const float v = (float)m * 5.9604644775390625e-8f; /* m * 2^-24: exact */
+    return sign ? -v : v;
+  }
+  return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+}
+__device__ __forceinline__ float mm_bf16(uint32_t h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ float mm_e8m0_half(uint32_t e) {
+  return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+/* MLX scale / bias element j of a row of sb_type values */
+__device__ __forceinline__ float mm_sb(int sb_type, const uint8_t *p, int64_t j) {
+  if (sb_type == FLOE_TYPE_F32) return ((const float *)p)[j];
+  const uint32_t h = ((const uint16_t *)p)[j];
+  return sb_type == FLOE_TYPE_F16 ? mm_f16(h) : mm_bf16(h);
+}
+
+/* ---- integer dot products of 4 bytes (exact) ---- */
+__device__ __forceinline__ int dp4(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
+/* unsigned bytes of a times signed bytes of b */
+__device__ __forceinline__ int dp4us(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+/* ---- the CPU's reductions, over lanes of a warp (value of lane i = v[i]; result in lane 0) ---- */
+/* kred16: a[i]=v[i]+v[i+8]; b[i]=a[i]+a[i+4]; c[i]=b[i]+b[i+2]; c[0]+c[1] */
+__device__ __forceinline__ float warp_red16(float v) {
+  v = v + __shfl_down_sync(MM_FULL, v, 8);
+  v = v + __shfl_down_sync(MM_FULL, v, 4);
+  v = v + __shfl_down_sync(MM_FULL, v, 2);
+  return v + __shfl_down_sync(MM_FULL, v, 1);
+}
+/* kred8: a[i]=v[i]+v[i+4]; b[i]=a[i]+a[i+2]; b[0]+b[1] */
+__device__ __forceinline__ float warp_red8(float v) {
+  v = v + __shfl_down_sync(MM_FULL, v, 4);
+  v = v + __shfl_down_sync(MM_FULL, v, 2);
+  return v + __shfl_down_sync(MM_FULL, v, 1);
+}
+
+/* ---- src/model/layers.c vexpf / siluf, operation by operation ---- */
+__device__ __forceinline__ float mm_vexpf(float x) {
+  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * (r * r) + r) + 1.0f;
+  const int32_t e = ((int32_t)n + 127) << 23;
+  const float sc = __int_as_float(e);
+  return x != x ? x : x < -87.3f ? 0.0f : p * sc;
+}
+__device__ __forceinline__ float mm_siluf(float x) { return x / (1.0f + mm_vexpf(-x)); }
+
+/* 4 bytes of 4-bit indices (each byte 0..15) -> 4 bytes of the table t[16] (4 words). */
+__device__ __forceinline__ uint32_t lut16(uint32_t nib, const uint32_t *t) {
+  const uint32_t x = nib & 0x07070707u, s1 = x | (x >> 4);
+  const uint32_t sel = (s1 & 0xFFu) | ((s1 >> 8) & 0xFF00u);
+  const uint32_t lo = __byte_perm(t[0], t[1], sel), hi = __byte_perm(t[2], t[3], sel);
+  const uint32_t m = ((nib >> 3) & 0x01010101u) * 0xFFu;
+  return (lo & ~m) | (hi & m);
+}
+
+/* ---- launch entry points per file ---- */
+/* mm_q16.cu: the 16-lane types (Q8_0, Q4_0, IQ4_NL, MXFP4, Q6_K, IQ4_XS, MLX 4/8-bit);
+ * mm_k4.cu: Q4_K, Q5_K. mode MM_PLAIN: Y rows for nb activation rows; MM_GLU: slots (grid y),
+ * gate a / up a2, x row slot / K; MM_DOWN: slots, x row = slot. Return false for another type. */
+bool mm_q16_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
+                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
+                  const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+/* mm_float.cu: the float path (any type), same modes, X float rows ldx apart */
+void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
+                     const float *X, int64_t ldx, float *Y, int64_t ldy, cudaStream_t st);
+void mm_dequant_launch(const KArgs &a, const int32_t *rows, int64_t n, float *out, int64_t ldo, cudaStream_t st);
+/* mm_act.cu */
+void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st);
+
+/* Weight row r of expert e (bounds checked by the caller) */
+__device__ __forceinline__ const uint8_t *mm_row(const KArgs &a, int e, int64_t r) {
+  return a.data + (size_t)e * a.estride + (size_t)r * a.row_bytes;
+}
+#endif

@@ -1,0 +1,167 @@
+/* Quantized-activation matmuls of Q4_K and Q5_K: the "superblock model" (kernels_internal.h).
+ *
+ * The CPU's order, per output: acc[16] = 0; for each superblock k the exact integers
+ * S1 = sum w * x * sc (over the 256 positions) and S2 = sum_j m[j] * (bsum[2j] + bsum[2j+1]),
+ * t = (float)S1 * (d * dx) - (float)S2 * (dmin * dx), acc[k % 16] = acc[k % 16] + t; then
+ * reduce16. Here 8 threads compute one weight row (a warp: 4 rows) for up to NB activation rows:
+ * thread j takes whole superblocks k = j, j+8, j+16, ... in order (9 loads of 16 bytes each,
+ * all in flight), so it owns slots j (k % 16 = j) and j + 8 and adds their terms in superblock
+ * order; S1 and S2 need no cross-thread sums. The end is kred16's tree: a[j] = slot j + slot j+8
+ * in thread j, then b, c and the last add across threads 4, 2, 1 apart.
+ *
+ * Code byte q of a superblock (qs[q], q < 128): its low nibble is natural value 64 (q / 32) +
+ * q % 32 (sub-block 2 (q / 32)) at activation position 128 (q / 64) + q % 64, its high nibble
+ * natural 64 (q / 32) + 32 + q % 32 (sub-block 2 (q / 32) + 1) at position 128 (q / 64) + 64 +
+ * q % 64 (the activation order 0,2,1,3 of 32-runs). Q5_K's fifth bit of both comes from
+ * qh[q % 32], bits 2 (q / 32) and 2 (q / 32) + 1. */
+#include "kernels/cuda/mm_common.cuh"
+
+namespace {
+
+/* Row `row` . nb (<= NB) activation rows by the 8 threads j = 0..7 of its group; y valid in
+ * thread j = 0. */
+template <int T, int NB>
+__device__ __forceinline__ void k4_dot(const KArgs &a, const uint8_t *row, const uint8_t *xq, size_t xs, int nb, int j,
+                                       float y[NB]) {
+  constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176; /* block bytes */
+  constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;   /* offset of qs */
+  const int nsb = (int)(a.cols / 256);
+  float acc0[NB], acc1[NB]; /* slots j and j + 8 */
+#pragma unroll
+  for (int b = 0; b < NB; b++) acc0[b] = acc1[b] = 0.0f;
+  for (int k = j; k < nsb; k += 8) {
+    const uint4 *blk = (const uint4 *)(row + (size_t)k * BB);
+    const uint4 h = blk[0]; /* d, dmin, scales[12] */
+    uint4 q[8];
+#pragma unroll
+    for (int w = 0; w < 8; w++) q[w] = blk[QS / 16 + w];
+    uint4 qh0, qh1;
+    if constexpr (T == FLOE_TYPE_Q5_K) {
+      qh0 = blk[1];
+      qh1 = blk[2];
+    }
+    const float d = mm_f16(h.x & 0xFFFF), dmin = mm_f16(h.x >> 16);
+    /* get_scale_min_k4 on the 12 scale bytes (h.y, h.z, h.w) */
+    int sc[8], mn[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int qi = (h.y >> (8 * i)) & 0xFF, qi4 = (h.z >> (8 * i)) & 0xFF, qi8 = (h.w >> (8 * i)) & 0xFF;
+      sc[i] = qi & 63;
+      mn[i] = qi4 & 63;
+      sc[i + 4] = (qi8 & 0xF) | ((qi >> 6) << 4);
+      mn[i + 4] = (qi8 >> 4) | ((qi4 >> 6) << 4);
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      if (b >= nb) break;
+      const uint8_t *x = xq + (size_t)b * xs;
+      const uint4 *xv = (const uint4 *)(x + 256 * (size_t)k);
+      int S1 = 0;
+#pragma unroll
+      for (int w = 0; w < 8; w++) { /* code bytes 16w .. 16w+15: sub-blocks 2(w/2), 2(w/2)+1 */
+        uint32_t lo[4] = {q[w].x & 0x0F0F0F0Fu, q[w].y & 0x0F0F0F0Fu, q[w].z & 0x0F0F0F0Fu, q[w].w & 0x0F0F0F0Fu};
+        uint32_t hi[4] = {(q[w].x >> 4) & 0x0F0F0F0Fu, (q[w].y >> 4) & 0x0F0F0F0Fu, (q[w].z >> 4) & 0x0F0F0F0Fu,
+                          (q[w].w >> 4) & 0x0F0F0F0Fu};
+        if constexpr (T == FLOE_TYPE_Q5_K) {
+          const uint4 qh = (w & 1) ? qh1 : qh0; /* qh[q % 32] */
+          const uint32_t h4[4] = {qh.x, qh.y, qh.z, qh.w};
+          const int sh = 2 * (w >> 1);
+#pragma unroll
+          for (int t = 0; t < 4; t++) {
+            lo[t] |= ((h4[t] >> sh) & 0x01010101u) << 4;
+            hi[t] |= ((h4[t] >> (sh + 1)) & 0x01010101u) << 4;
+          }
+        }
+        const uint4 xl = xv[8 * (w >> 2) + (w & 3)], xh = xv[8 * (w >> 2) + 4 + (w & 3)];
+        const int sl = dp4(lo[3], xl.w, dp4(lo[2], xl.z, dp4(lo[1], xl.y, dp4(lo[0], xl.x, 0))));
+        const int shv = dp4(hi[3], xh.w, dp4(hi[2], xh.z, dp4(hi[1], xh.y, dp4(hi[0], xh.x, 0))));
+        S1 += sc[2 * (w >> 1)] * sl + sc[2 * (w >> 1) + 1] * shv;
+      }
+      const uint4 *bs4 = (const uint4 *)(x + a.off_s + 32 * (size_t)k); /* int16 bsum[16] */
+      const uint4 b0 = bs4[0], b1 = bs4[1];
+      const uint32_t bw[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      int S2 = 0;
+#pragma unroll
+      for (int i = 0; i < 8; i++) S2 += mn[i] * ((int)(int16_t)(bw[i] & 0xFFFF) + (int)(int16_t)(bw[i] >> 16));
+      const float dx = ((const float *)(x + a.off_d))[k];
+      const float dd = d * dx, dm = dmin * dx;
+      const float t = (float)S1 * dd - (float)S2 * dm;
+      if ((k >> 3) & 1) acc1[b] = acc1[b] + t;
+      else acc0[b] = acc0[b] + t;
+    }
+  }
+  /* kred16: a[j] = v[j] + v[j+8] here; b[i] = a[i] + a[i+4]; c[i] = b[i] + b[i+2]; c[0] + c[1] */
+#pragma unroll
+  for (int b = 0; b < NB; b++) {
+    float v = acc0[b] + acc1[b];
+    v = v + __shfl_down_sync(MM_FULL, v, 4);
+    v = v + __shfl_down_sync(MM_FULL, v, 2);
+    y[b] = v + __shfl_down_sync(MM_FULL, v, 1);
+  }
+}
+
+#define RPB 16 /* rows per block: 4 warps x 4 rows of 8 threads */
+
+template <int T, int NB, int MODE>
+__global__ void __launch_bounds__(128) k_k4(KArgs a, KArgs a2, int64_t nb, int K, const int32_t *ids,
+                                            const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
+  const int j = threadIdx.x & 7;
+  const int64_t r0 = (int64_t)blockIdx.x * RPB + (threadIdx.x >> 3);
+  const bool live = r0 < a.rows; /* dead groups still take part in the shuffles */
+  const int64_t r = live ? r0 : a.rows - 1;
+  if constexpr (MODE == MM_PLAIN) {
+    const int64_t b0 = (int64_t)blockIdx.y * NB;
+    const int nbt = (int)(nb - b0 < NB ? nb - b0 : NB);
+    float y[NB];
+    k4_dot<T, NB>(a, mm_row(a, 0, r), xq + (size_t)b0 * xs, xs, nbt, j, y);
+    if (live && j == 0)
+#pragma unroll
+      for (int b = 0; b < NB; b++)
+        if (b < nbt) Y[(b0 + b) * ldy + r] = y[b];
+  } else {
+    const int64_t slot = blockIdx.y;
+    const int e = ids ? ids[slot] : 0;
+    if (e < 0 || e >= a.n_expert) { /* uniform over the block */
+      if (live && j == 0) Y[slot * ldy + r] = __int_as_float(0x7fc00000);
+      return;
+    }
+    const uint8_t *x = xq + (size_t)(MODE == MM_GLU ? slot / K : slot) * xs;
+    float g[1];
+    k4_dot<T, 1>(a, mm_row(a, e, r), x, xs, 1, j, g);
+    if constexpr (MODE == MM_GLU) {
+      float up[1];
+      k4_dot<T, 1>(a2, mm_row(a2, e, r), x, xs, 1, j, up);
+      if (live && j == 0) Y[slot * ldy + r] = mm_siluf(g[0]) * up[0];
+    } else {
+      if (live && j == 0) Y[slot * ldy + r] = g[0];
+    }
+  }
+}
+
+template <int T>
+void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
+              size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
+  const unsigned gx = (unsigned)((a.rows + RPB - 1) / RPB);
+  if (mode == MM_GLU) {
+    k_k4<T, 1, MM_GLU><<<dim3(gx, (unsigned)nb), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+  } else if (mode == MM_DOWN) {
+    k_k4<T, 1, MM_DOWN><<<dim3(gx, (unsigned)nb), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+  } else if (nb == 1) {
+    k_k4<T, 1, MM_PLAIN><<<dim3(gx, 1), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+  } else if (nb <= 4) {
+    k_k4<T, 4, MM_PLAIN><<<dim3(gx, 1), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+  } else {
+    k_k4<T, 16, MM_PLAIN><<<dim3(gx, (unsigned)((nb + 15) / 16)), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+  }
+}
+
+} // namespace
+
+bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
+                  const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
+  switch (a.type) {
+    case FLOE_TYPE_Q4_K: launch_t<FLOE_TYPE_Q4_K>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); return true;
+    case FLOE_TYPE_Q5_K: launch_t<FLOE_TYPE_Q5_K>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); return true;
+    default: return false;
+  }
+}

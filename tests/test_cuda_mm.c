@@ -1,0 +1,532 @@
+/* CUDA matmul layer (src/kernels/cuda/cuda_mm.h) against the CPU kernels, on fresh random weights
+ * and activations of awkward sizes, for every weight type floe reads.
+ *
+ *  - activation quantization: the GPU's bytes equal kern_act_quantize_rows' (every format);
+ *  - quantized path: Y from cuda_mm_matmul equals kern_matmul_batch with the same quantized rows
+ *    bit for bit, with the CPU's best ISA and with the scalar ISA, nb in {1,2,3,7,16,33};
+ *  - float path (every type, incl. those with a quantized path): bit-identical to the CPU's scalar
+ *    float path; within 1e-5 * sum|w x| of the CPU's best ISA;
+ *  - cuda_mm_dequant_rows equals quant_dequant_row / quant_mlx_dequant_row bit for bit (row ids
+ *    from device memory; an id out of range gives NaN);
+ *  - MoE: gate+up+SiLU-GLU and down over an expert stack, ids from device memory, equal a CPU loop
+ *    of kern_matmul + the CPU's GLU (layers.c siluf, written out below) + kern_act_quantize, bit
+ *    for bit; the shared-expert form (ids NULL); an invalid id gives NaN rows;
+ *  - outputs are poisoned (NaN bytes) before each launch, so an unwritten element fails;
+ *  - sensitivity: every block's f16 scales vary (test_vary_f16), and changing one scale of the
+ *    device copy must change the GPU result (a comparison that cannot fail would pass it). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/cuda_mm.h"
+#include "kernels/cuda/cuda_rt.h"
+#include "test.h"
+
+static floe_rng rng, rng_sc;
+static char err[256];
+
+static void fill_x(float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = floe_rng_normal(&rng);
+    if (floe_rng_uniform(&rng) < 1.0f / 64) x[i] = (floe_rng_uniform(&rng) < 0.5f ? -1 : 1) * (6 + 18 * floe_rng_uniform(&rng));
+  }
+}
+
+/* ---- host matrices (the helpers of test_kernels.c) ---- */
+typedef struct {
+  floe_mat W;
+  uint8_t *data, *scales, *biases;
+  size_t bytes, sb_bytes; /* of all rows (of all experts) */
+} tmat;
+
+static void vary_f16(uint8_t *p) { test_vary_f16(&rng_sc, p); }
+static void vary_scales(uint32_t type, uint8_t *b, int64_t nblocks) {
+  const size_t bytes = floe_type_info(type)->bytes;
+  for (int64_t i = 0; i < nblocks; i++, b += bytes) switch (type) {
+      case FLOE_TYPE_Q4_0: case FLOE_TYPE_Q5_0: case FLOE_TYPE_Q8_0: case FLOE_TYPE_IQ4_NL: case FLOE_TYPE_IQ4_XS:
+      case FLOE_TYPE_IQ2_XXS: case FLOE_TYPE_IQ2_XS: case FLOE_TYPE_IQ2_S: case FLOE_TYPE_IQ3_XXS: case FLOE_TYPE_IQ3_S:
+      case FLOE_TYPE_IQ1_S:
+        vary_f16(b);
+        break;
+      case FLOE_TYPE_Q4_1: case FLOE_TYPE_Q5_1: case FLOE_TYPE_Q4_K: case FLOE_TYPE_Q5_K:
+        vary_f16(b);
+        vary_f16(b + 2);
+        break;
+      case FLOE_TYPE_Q6_K: case FLOE_TYPE_Q3_K: vary_f16(b + bytes - 2); break;
+      case FLOE_TYPE_Q2_K: vary_f16(b + bytes - 4); vary_f16(b + bytes - 2); break;
+      default: break;
+    }
+}
+
+/* nexp matrices of rows x cols, contiguous (expert e at data + e * rows * row_bytes) */
+static tmat make_mat(uint32_t type, int bits, int group, uint32_t sbt, int64_t rows, int64_t cols, int nexp) {
+  tmat m;
+  memset(&m, 0, sizeof m);
+  m.W.type = type;
+  m.W.rows = rows;
+  m.W.cols = cols;
+  if (type == FLOE_TYPE_MLX) {
+    m.W.mlx = (quant_mlx_fmt){bits, group, sbt};
+    m.W.row_bytes = quant_mlx_row_bytes(&m.W.mlx, cols);
+    m.W.sb_row_bytes = (size_t)(cols / group) * (sbt == FLOE_TYPE_F32 ? 4 : 2);
+    m.bytes = m.W.row_bytes * (size_t)(rows * nexp);
+    m.sb_bytes = m.W.sb_row_bytes * (size_t)(rows * nexp);
+    m.data = malloc(m.bytes + 64);
+    m.scales = malloc(m.sb_bytes + 64);
+    m.biases = malloc(m.sb_bytes + 64);
+    float *src = malloc(sizeof(float) * (size_t)cols);
+    for (int64_t r = 0; r < rows * nexp; r++) {
+      fill_x(src, cols);
+      quant_mlx_quantize_row(&m.W.mlx, src, m.data + r * m.W.row_bytes, m.scales + r * m.W.sb_row_bytes,
+                             m.biases + r * m.W.sb_row_bytes, cols);
+    }
+    free(src);
+  } else {
+    const floe_type_traits *tt = floe_type_info(type);
+    m.W.row_bytes = floe_row_bytes(type, cols);
+    m.bytes = m.W.row_bytes * (size_t)(rows * nexp);
+    m.data = malloc(m.bytes + 64);
+    quant_fill_random(type, &rng, m.data, rows * nexp * (cols / tt->blck), 1.0f);
+    if (tt->quantized) vary_scales(type, m.data, rows * nexp * (cols / tt->blck));
+  }
+  m.W.data = m.data;
+  m.W.scales = m.scales;
+  m.W.biases = m.biases;
+  return m;
+}
+
+static floe_mat expert_of(const tmat *m, int e) {
+  floe_mat W = m->W;
+  W.data = m->data + (size_t)e * m->W.row_bytes * (size_t)m->W.rows;
+  if (m->scales) {
+    W.scales = m->scales + (size_t)e * m->W.sb_row_bytes * (size_t)m->W.rows;
+    W.biases = m->biases + (size_t)e * m->W.sb_row_bytes * (size_t)m->W.rows;
+  }
+  return W;
+}
+
+static void tmat_free(tmat *m) {
+  free(m->data);
+  free(m->scales);
+  free(m->biases);
+}
+
+/* ---- device helpers ---- */
+static void *dev_put(const void *src, size_t n) {
+  void *p = NULL;
+  if (cuda_rt_malloc(&p, n + 64, err, sizeof err) || (src && cuda_rt_h2d(p, src, n, err, sizeof err))) {
+    printf("FATAL %s\n", err);
+    exit(1);
+  }
+  return p;
+}
+static void dev_get(void *dst, const void *src, size_t n) {
+  if (cuda_rt_device_sync(err, sizeof err) || cuda_rt_d2h(dst, src, n, err, sizeof err)) {
+    printf("FATAL %s\n", err);
+    exit(1);
+  }
+}
+static void dev_poison(void *p, size_t n) { cuda_rt_memset_async(p, 0xFF, n, NULL); }
+
+typedef struct {
+  cuda_mat M;
+  void *d, *s, *b;
+} dmat;
+
+static dmat upload(const tmat *m, int nexp) {
+  dmat g;
+  memset(&g, 0, sizeof g);
+  g.d = dev_put(m->data, m->bytes);
+  if (m->scales) {
+    g.s = dev_put(m->scales, m->sb_bytes);
+    g.b = dev_put(m->biases, m->sb_bytes);
+  }
+  g.M.type = m->W.type;
+  g.M.rows = m->W.rows;
+  g.M.cols = m->W.cols;
+  g.M.data = g.d;
+  g.M.row_bytes = m->W.row_bytes;
+  g.M.mlx = m->W.mlx;
+  g.M.scales = g.s;
+  g.M.biases = g.b;
+  g.M.sb_row_bytes = m->W.sb_row_bytes;
+  g.M.n_expert = nexp;
+  g.M.expert_stride = m->W.row_bytes * (size_t)m->W.rows;
+  g.M.sb_expert_stride = m->W.sb_row_bytes * (size_t)m->W.rows;
+  return g;
+}
+static void dmat_free(dmat *g) {
+  cuda_rt_free(g->d);
+  cuda_rt_free(g->s);
+  cuda_rt_free(g->b);
+}
+
+static const char *tname(const floe_mat *W, char *buf, size_t n) {
+  if (W->type == FLOE_TYPE_MLX)
+    snprintf(buf, n, "mlx%d/g%d/%s", W->mlx.bits, W->mlx.group, floe_type_info(W->mlx.sb_type)->name);
+  else snprintf(buf, n, "%s", floe_type_info(W->type)->name);
+  return buf;
+}
+
+static int64_t first_diff(const float *a, const float *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(a + i, b + i, 4)) return i;
+  return -1;
+}
+
+/* ---- matmul, activation quantization, dequantization of one matrix ---- */
+static const int NBS[] = {1, 2, 3, 7, 16, 33};
+#define NBMAX 33
+
+static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64_t rows, int64_t cols) {
+  tmat m = make_mat(type, bits, group, sbt, rows, cols, 1);
+  const floe_mat *W = &m.W;
+  char nm[64];
+  tname(W, nm, sizeof nm);
+  dmat g = upload(&m, 1);
+  const int64_t ldx = cols + 3, ldy = rows + 5;
+  float *X = malloc(sizeof(float) * (size_t)(ldx * NBMAX));
+  fill_x(X, ldx * NBMAX);
+  float *dX = dev_put(X, sizeof(float) * (size_t)(ldx * NBMAX));
+  const size_t ab = kern_act_bytes(W);
+  CHECK(cuda_mm_act_bytes(&g.M) == ab, "%s %lldx%lld: act bytes %zu == %zu", nm, (long long)rows, (long long)cols,
+        cuda_mm_act_bytes(&g.M), ab);
+  CHECK(cuda_mm_type_supported(W->type, cols, &W->mlx, err, sizeof err) == 0, "%s supported: %s", nm, err);
+  uint8_t *xq = NULL, *xq_g = NULL;
+  void *dxq = NULL;
+  if (ab) {
+    xq = malloc(ab * NBMAX);
+    xq_g = malloc(ab * NBMAX);
+    memset(xq, 0xA5, ab * NBMAX);
+    memset(xq_g, 0xA5, ab * NBMAX);
+    kern_act_quantize_rows(W, NBMAX, X, ldx, xq, ab);
+    dxq = dev_put(xq_g, ab * NBMAX); /* the same 0xA5 padding as the CPU buffer */
+    cuda_mm_act_quantize(&g.M, NBMAX, dX, ldx, dxq, ab, NULL);
+    dev_get(xq_g, dxq, ab * NBMAX);
+    size_t bad = 0;
+    while (bad < ab * NBMAX && xq[bad] == xq_g[bad]) bad++;
+    CHECK(bad == ab * NBMAX, "%s %lldx%lld: act quantize bytes equal (first diff at %zu of %zu)", nm, (long long)rows,
+          (long long)cols, bad, ab * NBMAX);
+  }
+  float *Yc = malloc(sizeof(float) * (size_t)(ldy * NBMAX)), *Ys = malloc(sizeof(float) * (size_t)(ldy * NBMAX));
+  float *Yg = malloc(sizeof(float) * (size_t)(ldy * NBMAX));
+  float *dY = dev_put(NULL, sizeof(float) * (size_t)(ldy * NBMAX));
+  const int best = kern_isa_get();
+  for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
+    const int nb = NBS[t];
+    for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
+      const uint8_t *q = path == 0 ? xq : NULL;
+      memset(Yc, 0, sizeof(float) * (size_t)(ldy * nb));
+      memset(Ys, 0, sizeof(float) * (size_t)(ldy * nb));
+      kern_matmul_batch(W, nb, X, ldx, q, ab, Yc, ldy, 0, rows);
+      kern_isa_set(FLOE_ISA_SCALAR);
+      kern_matmul_batch(W, nb, X, ldx, q, ab, Ys, ldy, 0, rows);
+      kern_isa_set(best);
+      dev_poison(dY, sizeof(float) * (size_t)(ldy * nb));
+      cuda_mm_matmul(&g.M, nb, dX, ldx, path == 0 ? dxq : NULL, ab, dY, ldy, NULL);
+      CHECK(cuda_rt_check("matmul", err, sizeof err) == 0, "%s launch: %s", nm, err);
+      dev_get(Yg, dY, sizeof(float) * (size_t)(ldy * nb));
+      int64_t bad_s = -1, bad_c = -1;
+      double worst = 0;
+      for (int b = 0; b < nb && bad_s < 0; b++) {
+        int64_t d = first_diff(Ys + b * ldy, Yg + b * ldy, rows);
+        if (d >= 0) bad_s = b * ldy + d;
+      }
+      if (path == 0) {
+        for (int b = 0; b < nb && bad_c < 0; b++) {
+          int64_t d = first_diff(Yc + b * ldy, Yg + b * ldy, rows);
+          if (d >= 0) bad_c = b * ldy + d;
+        }
+      } else { /* the best ISA's float path: within 1e-5 * sum |w x| */
+        float *buf = malloc(sizeof(float) * (size_t)cols);
+        for (int b = 0; b < nb; b++)
+          for (int64_t r = 0; r < rows; r++) {
+            if (W->type == FLOE_TYPE_MLX)
+              quant_mlx_dequant_row(&W->mlx, m.data + r * W->row_bytes, m.scales + r * W->sb_row_bytes,
+                                    m.biases + r * W->sb_row_bytes, buf, cols);
+            else quant_dequant_row(W->type, m.data + r * W->row_bytes, buf, cols);
+            double S = 0;
+            for (int64_t j = 0; j < cols; j++) S += fabs((double)buf[j] * X[b * ldx + j]);
+            const double e = fabs((double)Yg[b * ldy + r] - Yc[b * ldy + r]) / (S > 0 ? S : 1);
+            if (!(e <= worst)) worst = e;
+          }
+        free(buf);
+      }
+      CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path: GPU == CPU scalar bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
+            nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized", (long long)bad_s,
+            bad_s >= 0 ? Yg[bad_s] : 0.0, bad_s >= 0 ? Ys[bad_s] : 0.0);
+      if (path == 0)
+        CHECK(bad_c < 0, "%s %lldx%lld nb=%d quantized: GPU == CPU %s bit for bit (first diff at %lld)", nm,
+              (long long)rows, (long long)cols, nb, kern_isa_name(best), (long long)bad_c);
+      else
+        CHECK(worst <= 1e-5, "%s %lldx%lld nb=%d float: |GPU - CPU %s| <= 1e-5 sum|wx| (%.3g)", nm, (long long)rows,
+              (long long)cols, nb, kern_isa_name(best), worst);
+    }
+  }
+  /* a changed scale must change the result: the comparisons above can fail */
+  if (floe_type_info(type) && floe_type_info(type)->quantized) {
+    uint8_t *row0 = malloc(W->row_bytes);
+    memcpy(row0, m.data, W->row_bytes);
+    const int doff = type == FLOE_TYPE_Q6_K || type == FLOE_TYPE_Q3_K ? (int)floe_type_info(type)->bytes - 2
+                     : type == FLOE_TYPE_Q2_K ? (int)floe_type_info(type)->bytes - 4
+                     : type == FLOE_TYPE_IQ1_M ? 55 : 0;
+    row0[doff] ^= 0x10;
+    if (type == FLOE_TYPE_MXFP4) row0[0] ^= 0x11; /* the E8M0 exponent */
+    cuda_rt_h2d(g.d, row0, W->row_bytes, err, sizeof err);
+    cuda_mm_matmul(&g.M, 1, dX, ldx, ab ? dxq : NULL, ab, dY, ldy, NULL);
+    kern_isa_set(FLOE_ISA_SCALAR);
+    kern_matmul_batch(W, 1, X, ldx, ab ? xq : NULL, ab, Ys, ldy, 0, rows);
+    kern_isa_set(best);
+    dev_get(Yg, dY, sizeof(float) * (size_t)rows);
+    CHECK(memcmp(Yg, Ys, 4) != 0, "%s: a changed block scale changes row 0 (gpu %.9g, cpu of the unchanged %.9g)", nm,
+          Yg[0], Ys[0]);
+    cuda_rt_h2d(g.d, m.data, W->row_bytes, err, sizeof err);
+    free(row0);
+  } else if (type == FLOE_TYPE_MLX) {
+    uint8_t sv[4];
+    memcpy(sv, m.scales, 4);
+    sv[1] ^= 0x08;
+    cuda_rt_h2d(g.s, sv, 4, err, sizeof err);
+    cuda_mm_matmul(&g.M, 1, dX, ldx, ab ? dxq : NULL, ab, dY, ldy, NULL);
+    kern_isa_set(FLOE_ISA_SCALAR);
+    kern_matmul_batch(W, 1, X, ldx, ab ? xq : NULL, ab, Ys, ldy, 0, rows);
+    kern_isa_set(best);
+    dev_get(Yg, dY, sizeof(float) * (size_t)rows);
+    CHECK(memcmp(Yg, Ys, 4) != 0, "%s: a changed group scale changes row 0", nm);
+    cuda_rt_h2d(g.s, m.scales, 4, err, sizeof err);
+  }
+  /* exact dequantization of rows named by a device array (the last one out of range) */
+  {
+    const int32_t ids[4] = {(int32_t)rows - 1, 0, (int32_t)(rows / 2), (int32_t)rows};
+    int32_t *dids = dev_put(ids, sizeof ids);
+    const int64_t ldo = cols + 1;
+    float *D = malloc(sizeof(float) * (size_t)(4 * ldo)), *R = malloc(sizeof(float) * (size_t)cols);
+    float *dD = dev_put(NULL, sizeof(float) * (size_t)(4 * ldo));
+    dev_poison(dD, sizeof(float) * (size_t)(4 * ldo));
+    cuda_mm_dequant_rows(&g.M, dids, 4, dD, ldo, NULL);
+    dev_get(D, dD, sizeof(float) * (size_t)(4 * ldo));
+    int ok = 1;
+    for (int i = 0; i < 3; i++) {
+      const int64_t r = ids[i];
+      if (W->type == FLOE_TYPE_MLX)
+        quant_mlx_dequant_row(&W->mlx, m.data + r * W->row_bytes, m.scales + r * W->sb_row_bytes,
+                              m.biases + r * W->sb_row_bytes, R, cols);
+      else quant_dequant_row(W->type, m.data + r * W->row_bytes, R, cols);
+      ok &= memcmp(R, D + i * ldo, sizeof(float) * (size_t)cols) == 0;
+    }
+    int nan = 1;
+    for (int64_t j = 0; j < cols; j++) nan &= isnan(D[3 * ldo + j]);
+    CHECK(ok, "%s %lldx%lld: dequant rows == quant_dequant_row bit for bit", nm, (long long)rows, (long long)cols);
+    CHECK(nan, "%s: dequant of an out-of-range row id gives NaN", nm);
+    free(D);
+    free(R);
+    cuda_rt_free(dD);
+    cuda_rt_free(dids);
+  }
+  cuda_rt_free(dY);
+  cuda_rt_free(dX);
+  cuda_rt_free(dxq);
+  free(Yc);
+  free(Ys);
+  free(Yg);
+  free(X);
+  free(xq);
+  free(xq_g);
+  dmat_free(&g);
+  tmat_free(&m);
+}
+
+/* ---- MoE ---- */
+/* src/model/layers.c vexpf and siluf, operation by operation (the CPU GLU the GPU must match) */
+static float cpu_vexpf(float x) {
+  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * (r * r) + r) + 1.0f;
+  const int32_t e = ((int32_t)n + 127) << 23;
+  float sc;
+  memcpy(&sc, &e, 4);
+  return x != x ? x : x < -87.3f ? 0.0f : p * sc;
+}
+static float cpu_siluf(float x) { return x / (1.0f + cpu_vexpf(-x)); }
+
+static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t E, int64_t I, int T, int K, int shared) {
+  const int NE = shared ? 1 : 5;
+  tmat mg = make_mat(type, bits, group, sbt, I, E, NE), mu = make_mat(type, bits, group, sbt, I, E, NE);
+  tmat md = make_mat(type, bits, group, sbt, E, I, NE);
+  char nm[64];
+  tname(&mg.W, nm, sizeof nm);
+  dmat gg = upload(&mg, NE), gu = upload(&mu, NE), gd = upload(&md, NE);
+  const int S = T * K;
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)S);
+  for (int t = 0; t < T; t++)
+    for (int j = 0; j < K; j++) {
+      int e;
+      do { /* K distinct experts per token, as a top-k gives */
+        e = shared ? 0 : (int)(floe_rng_u64(&rng) % NE);
+        int dup = 0;
+        for (int u = 0; u < j; u++) dup |= ids[t * K + u] == e;
+        if (!dup) break;
+      } while (1);
+      ids[t * K + j] = e;
+    }
+  const int bad_slot = !shared && S > 1 ? S - 1 : -1; /* an id out of range: a NaN row */
+  int32_t *dids = NULL;
+  if (!shared) {
+    int32_t *ids2 = malloc(sizeof(int32_t) * (size_t)S);
+    memcpy(ids2, ids, sizeof(int32_t) * (size_t)S);
+    if (bad_slot >= 0) ids2[bad_slot] = NE;
+    dids = dev_put(ids2, sizeof(int32_t) * (size_t)S);
+    free(ids2);
+  }
+  float *X = malloc(sizeof(float) * (size_t)(E * T));
+  fill_x(X, E * T);
+  float *dX = dev_put(X, sizeof(float) * (size_t)(E * T));
+  const size_t ab = kern_act_bytes(&mg.W), abd = kern_act_bytes(&md.W);
+  uint8_t *xq = ab ? malloc(ab * (size_t)T) : NULL;
+  void *dxq = NULL, *dxqd = NULL;
+  if (ab) {
+    kern_act_quantize_rows(&mg.W, T, X, E, xq, ab);
+    dxq = dev_put(NULL, ab * (size_t)T);
+    cuda_mm_act_quantize(&gg.M, T, dX, E, dxq, ab, NULL);
+  }
+  if (abd) dxqd = dev_put(NULL, abd * (size_t)S);
+  /* CPU: per slot, gate and up rows, the GLU, the down input quantized, the down rows */
+  float *H = malloc(sizeof(float) * (size_t)(S * I)), *U = malloc(sizeof(float) * (size_t)I);
+  float *Y = malloc(sizeof(float) * (size_t)(S * E));
+  uint8_t *hq = abd ? malloc(abd) : NULL;
+  const int best = kern_isa_get();
+  kern_isa_set(FLOE_ISA_SCALAR); /* the float path's reference (the quantized path is the same on every ISA) */
+  for (int s = 0; s < S; s++) {
+    const int t = s / K, e = ids[s];
+    const floe_mat Wg = expert_of(&mg, e), Wu = expert_of(&mu, e), Wd = expert_of(&md, e);
+    float *h = H + (size_t)s * I;
+    kern_matmul(&Wg, 1, X + t * E, E, xq ? xq + (size_t)t * ab : NULL, ab, h, I, 0, I);
+    kern_matmul(&Wu, 1, X + t * E, E, xq ? xq + (size_t)t * ab : NULL, ab, U, I, 0, I);
+    for (int64_t i = 0; i < I; i++) h[i] = cpu_siluf(h[i]) * U[i];
+    if (abd) kern_act_quantize(&Wd, h, hq);
+    kern_matmul(&Wd, 1, h, I, hq, abd, Y + (size_t)s * E, E, 0, E);
+  }
+  kern_isa_set(best);
+  float *dH = dev_put(NULL, sizeof(float) * (size_t)(S * I)), *dY = dev_put(NULL, sizeof(float) * (size_t)(S * E));
+  float *Hg = malloc(sizeof(float) * (size_t)(S * I)), *Yg = malloc(sizeof(float) * (size_t)(S * E));
+  dev_poison(dH, sizeof(float) * (size_t)(S * I));
+  dev_poison(dY, sizeof(float) * (size_t)(S * E));
+  cuda_mm_moe_gate_up(&gg.M, &gu.M, T, K, dids, dX, E, dxq, ab, dH, I, NULL);
+  dev_get(Hg, dH, sizeof(float) * (size_t)(S * I));
+  /* the down kernel reads the CPU's h (so the two checks are independent) */
+  cuda_rt_h2d(dH, H, sizeof(float) * (size_t)(S * I), err, sizeof err);
+  cuda_mm_moe_down(&gd.M, T, K, dids, dH, I, dxqd, abd, dY, E, NULL);
+  CHECK(cuda_rt_check("moe", err, sizeof err) == 0, "moe %s launch: %s", nm, err);
+  dev_get(Yg, dY, sizeof(float) * (size_t)(S * E));
+  int ok_h = 1, ok_y = 1, nan_ok = 1;
+  for (int s = 0; s < S; s++) {
+    if (s == bad_slot) {
+      for (int64_t i = 0; i < I; i++) nan_ok &= isnan(Hg[(size_t)s * I + i]);
+      for (int64_t i = 0; i < E; i++) nan_ok &= isnan(Yg[(size_t)s * E + i]);
+      continue;
+    }
+    ok_h &= first_diff(H + (size_t)s * I, Hg + (size_t)s * I, I) < 0;
+    ok_y &= first_diff(Y + (size_t)s * E, Yg + (size_t)s * E, E) < 0;
+  }
+  CHECK(ok_h, "moe %s E=%lld I=%lld T=%d K=%d%s: gate+up+GLU == CPU bit for bit", nm, (long long)E, (long long)I, T, K,
+        shared ? " (shared)" : "");
+  CHECK(ok_y, "moe %s E=%lld I=%lld T=%d K=%d%s: down == CPU bit for bit", nm, (long long)E, (long long)I, T, K,
+        shared ? " (shared)" : "");
+  if (bad_slot >= 0) CHECK(nan_ok, "moe %s: an expert id out of range gives NaN rows", nm);
+  free(ids);
+  free(X);
+  free(xq);
+  free(H);
+  free(U);
+  free(Y);
+  free(hq);
+  free(Hg);
+  free(Yg);
+  cuda_rt_free(dids);
+  cuda_rt_free(dX);
+  cuda_rt_free(dxq);
+  cuda_rt_free(dxqd);
+  cuda_rt_free(dH);
+  cuda_rt_free(dY);
+  dmat_free(&gg);
+  dmat_free(&gu);
+  dmat_free(&gd);
+  tmat_free(&mg);
+  tmat_free(&mu);
+  tmat_free(&md);
+}
+
+int main(void) {
+  if (cuda_rt_device_count() == 0) {
+    printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  if (cuda_rt_init(0, err, sizeof err) || cuda_mm_init(err, sizeof err)) {
+    printf("FAIL cannot initialise the device: %s\n0 passed, 1 failed\n", err);
+    return 1;
+  }
+  char dn[128];
+  cuda_rt_device_name(0, dn, sizeof dn, err, sizeof err);
+  printf("device: %s; CPU ISA %s\n", dn, kern_isa_name(kern_isa_get()));
+  floe_rng_seed(&rng, 20261201);
+  floe_rng_seed(&rng_sc, 7);
+
+  SECTION("unsupported types are refused");
+  CHECK(cuda_mm_type_supported(FLOE_TYPE_Q8_K, 256, NULL, err, sizeof err) == FLOE_E_UNSUPPORTED && err[0],
+        "q8_K refused: %s", err);
+  CHECK(cuda_mm_type_supported(FLOE_TYPE_Q4_K, 200, NULL, err, sizeof err) == FLOE_E_UNSUPPORTED, "q4_K 200 cols refused: %s", err);
+
+  static const uint32_t types[] = {FLOE_TYPE_Q8_0, FLOE_TYPE_Q4_0, FLOE_TYPE_IQ4_NL, FLOE_TYPE_MXFP4, FLOE_TYPE_Q4_K,
+                                   FLOE_TYPE_Q5_K, FLOE_TYPE_Q6_K, FLOE_TYPE_IQ4_XS, FLOE_TYPE_F32, FLOE_TYPE_F16,
+                                   FLOE_TYPE_BF16, FLOE_TYPE_Q4_1, FLOE_TYPE_Q5_0, FLOE_TYPE_Q5_1, FLOE_TYPE_Q2_K,
+                                   FLOE_TYPE_Q3_K, FLOE_TYPE_IQ2_XXS, FLOE_TYPE_IQ2_XS, FLOE_TYPE_IQ2_S,
+                                   FLOE_TYPE_IQ3_XXS, FLOE_TYPE_IQ3_S, FLOE_TYPE_IQ1_S, FLOE_TYPE_IQ1_M};
+  /* rows: not multiples of 4, 16, 32; columns: 1, 3, odd and 16+ blocks (a Q4_K slot gets two
+   * superblocks past 16) */
+  static const int64_t rows_of[] = {1, 19, 67};
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const uint32_t t = types[ti];
+    const int blck = floe_type_info(t)->blck;
+    SECTION("%s", floe_type_info(t)->name);
+    const int64_t cols_of[] = {blck == 1 ? 13 : blck, blck == 1 ? 200 : 3 * blck, blck == 1 ? 1000 : (blck == 32 ? 13 : 18) * blck,
+                               blck == 256 ? 256 * 37 : 32 * 71};
+    for (int ci = 0; ci < 4; ci++)
+      for (int ri = 0; ri < 3; ri++) {
+        if (ci == 3 && ri != 1) continue; /* the long rows once */
+        check_matrix(t, 0, 0, 0, rows_of[ri], cols_of[ci]);
+      }
+  }
+  SECTION("mlx");
+  static const int mbits[] = {4, 8, 2, 3, 5, 6};
+  static const int mgroups[] = {32, 64, 128};
+  static const uint32_t msb[] = {FLOE_TYPE_BF16, FLOE_TYPE_F16, FLOE_TYPE_F32};
+  for (int bi = 0; bi < 6; bi++)
+    for (int gi = 0; gi < 3; gi++) {
+      const int g = mgroups[gi];
+      const uint32_t sb = msb[(bi + gi) % 3];
+      check_matrix(FLOE_TYPE_MLX, mbits[bi], g, sb, 19, g);            /* one group, a partial chunk */
+      check_matrix(FLOE_TYPE_MLX, mbits[bi], g, sb, 67, g < 128 ? 64 * 7 : 128 * 7); /* a partial last chunk */
+      check_matrix(FLOE_TYPE_MLX, mbits[bi], g, sb, 5, 128 * 21);      /* > 16 groups per bias lane */
+    }
+
+  SECTION("moe");
+  static const uint32_t moe_types[] = {FLOE_TYPE_Q4_K, FLOE_TYPE_Q5_K, FLOE_TYPE_Q6_K, FLOE_TYPE_Q8_0, FLOE_TYPE_IQ4_XS,
+                                       FLOE_TYPE_MXFP4, FLOE_TYPE_Q3_K, FLOE_TYPE_BF16};
+  for (size_t i = 0; i < sizeof moe_types / sizeof moe_types[0]; i++) {
+    check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0);
+    check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0);
+    check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1);
+  }
+  check_moe(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 512, 256, 3, 2, 0);
+  check_moe(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 256, 512, 2, 3, 0);
+  check_moe(FLOE_TYPE_MLX, 6, 64, FLOE_TYPE_BF16, 256, 512, 2, 2, 0);
+  return TEST_DONE();
+}
