@@ -55,7 +55,7 @@ extern "C" size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_t
   const int hb = attn_hb(sh), nhb = sh->n_head / sh->n_head_kv / hb;
   const size_t parts = (size_t)n_tok * (size_t)sh->n_head * (size_t)sh->n_split * part_floats(sh) * sizeof(float);
   const size_t cnt = (size_t)n_tok * (size_t)sh->n_head_kv * (size_t)nhb * sizeof(int);
-  return (parts + 255) / 256 * 256 + cnt;
+  return (cnt + 255) / 256 * 256 + parts;
 }
 
 /* ---- prep: q/k norm + RoPE, K/V into the cache ---- */
@@ -330,9 +330,12 @@ extern "C" void cuda_attn(const cuda_attn_shape *sh, const float *q, const void 
                           const int32_t *pos0, int64_t n_tok, float *out, void *scratch, void *stream) {
   if (n_tok <= 0) return;
   const int hb = attn_hb(sh);
-  const size_t parts = (size_t)n_tok * (size_t)sh->n_head * (size_t)sh->n_split * part_floats(sh) * sizeof(float);
-  float *part = (float *)scratch;
-  int *cnt = (int *)((char *)scratch + (parts + 255) / 256 * 256);
+  /* the counters first: their place must not depend on n_tok (a decode launch after a prefill
+   * launch finds them at zero), the partials after them */
+  const int nhb = sh->n_head / sh->n_head_kv / hb;
+  const size_t cnt_bytes = (size_t)n_tok * (size_t)sh->n_head_kv * (size_t)nhb * sizeof(int);
+  int *cnt = (int *)scratch;
+  float *part = (float *)((char *)scratch + (cnt_bytes + 255) / 256 * 256);
 #define ATT_CASE(H, L) launch_attn<H, L>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream)
   if (sh->head_dim == 256) {
     switch (hb) {

@@ -155,6 +155,7 @@ static __global__ void __launch_bounds__(AMAX_THREADS)
 extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream) {
   if (n <= 0) return;
   const int nb = amax_blocks(n);
-  unsigned long long *part = (unsigned long long *)scratch;
-  k_argmax<<<nb, AMAX_THREADS, 0, OPS_STREAM(stream)>>>(x, n, out, part, (unsigned int *)(part + nb));
+  /* the counter first: its place must not depend on n */
+  unsigned long long *part = (unsigned long long *)scratch + 1;
+  k_argmax<<<nb, AMAX_THREADS, 0, OPS_STREAM(stream)>>>(x, n, out, part, (unsigned int *)scratch);
 }
