@@ -282,9 +282,9 @@ VEC_FN void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, 
 }
 
 /* NeoX rotation of dims [0, n_rot) of one head: pairs (j, j + n_rot/2). HF computes
- * inv_freq = 1/theta^(2i/R) and cos/sin of pos*inv_freq in float32; rope_table computes them once
- * per position for all heads (cs: [n_rot/2] cos, then [n_rot/2] sin). */
-static void rope_table(float *cs, int64_t n_rot, float theta, int64_t pos) {
+ * inv_freq = 1/theta^(2i/R) and cos/sin of pos*inv_freq in float32; layer_rope_table computes them
+ * once per position for all heads (and, uploaded, for the GPU kernels: the same bits) (cs: [n_rot/2] cos, then [n_rot/2] sin). */
+void layer_rope_table(float *cs, int64_t n_rot, float theta, int64_t pos) {
   const int64_t h = n_rot / 2;
   for (int64_t j = 0; j < h; j++) {
     const float inv = 1.0f / powf(theta, (float)(2 * j) / (float)n_rot);
@@ -420,7 +420,7 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
   float *cs = s->kvtmp; /* [n_rot] (kvtmp holds 2*kvd >= n_rot floats) */
   for (int64_t t = 0; t < n; t++) {
     float *q = s->q + t * qdim, *k = s->k + t * kvd;
-    rope_table(cs, hp->n_rot, hp->rope_theta, pos0 + t);
+    layer_rope_table(cs, hp->n_rot, hp->rope_theta, pos0 + t);
     for (int64_t hh = 0; hh < nh; hh++) {
       float *qh = q + hh * hd * (gated ? 2 : 1);
       layer_rmsnorm(qh, L->q_norm, hd, eps, qh);

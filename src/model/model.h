@@ -327,6 +327,9 @@ void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *
  * over the rows each computed, while they are in its cache */
 int64_t layer_matmul_argmax(model_session *s, const floe_mat *W, const float *x, float *y);
 void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y);
+/* The NeoX RoPE table of one position: cs[0..n_rot/2) cos, cs[n_rot/2..n_rot) sin of pos*inv_freq
+ * (the CPU's float32 arithmetic; the CUDA kernels read rows of it, so both rotate by the same bits). */
+void layer_rope_table(float *cs, int64_t n_rot, float theta, int64_t pos);
 /* Full attention layer (with or without the sigmoid output gate). x += attn(norm(x)). */
 void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated);
 /* GatedDeltaNet layer. x += gdn(norm(x)). */

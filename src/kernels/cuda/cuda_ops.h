@@ -1,0 +1,131 @@
+/* CUDA kernels of every non-matmul operation of a decode step and of prefill (norms, attention,
+ * GatedDeltaNet, MoE routing and combine, embedding, argmax, SiLU-GLU), as a plain C API.
+ *
+ * Conventions (shared with the other CUDA headers):
+ *   - Pointers are device pointers; `stream` is a cudaStream_t (NULL: the legacy default stream).
+ *   - Launchers return void, never synchronize and never allocate; launch errors surface at the
+ *     next cuda_rt_sync. Shapes are checked once by the cuda_*_check functions (0 or FLOE_E_* and
+ *     a one-line message), not at every launch.
+ *   - Graph replay: everything that changes per step (position, KV length, token ids, selected
+ *     experts) is read by the kernels from device memory; host arguments are fixed shapes only,
+ *     so a captured step replays at every position.
+ *   - Scratch buffers that hold completion counters (attention, argmax) must be zeroed ONCE after
+ *     allocation (cuda_rt_memset); each launch leaves its counters at zero again.
+ *
+ * Math: each op mirrors the CPU's float operations in the CPU's order (src/model/layers.c), with
+ * --fmad=false and fmaf() where the CPU fuses, so GPU and CPU agree bit for bit unless stated:
+ *   bit-identical: RMSNorm (+residual add), q/k norm + RoPE + KV write, the GDN conv / L2 norm /
+ *     delta rule / gated norm (apart from the decay, below), MoE softmax / top-k / renorm /
+ *     combine, embedding rows (F32, F16, BF16, Q8_0, Q4_K, Q6_K), argmax, SiLU-GLU.
+ *   - GDN decay exp(A * softplus(a + dt_bias)): the CPU calls libm expf/log1pf; the GPU computes each
+ *     in double and rounds to float (correctly rounded in practice; libm is within 0.5 ulp), so
+ *     the two agree except, rarely, by one ulp of the decay.
+ *   - Attention: the scores are the CPU's bits (16-lane FMA dot + fixed tree), the softmax and
+ *     the weighted sum are split-K (flash decoding), so the output differs from the CPU's single
+ *     pass by rounding only (test bound: 1e-4 of max|V|). Decode and prefill use the same split
+ *     (it depends only on the row's KV length), so a prefill row equals the decode of that
+ *     position bit for bit.
+ *
+ * Row-exactness: every kernel computes each row (token) with arithmetic that does not depend on
+ * how many rows a launch has, so prefill rows equal decode rows. */
+#ifndef FLOE_CUDA_OPS_H
+#define FLOE_CUDA_OPS_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- RMSNorm (ops_norm.cu) ----
+ * y[r] = (x[r] * (1/sqrtf(sumsq16(x[r])/n + eps))) * w, rows of n floats, contiguous.
+ * cuda_add_rmsnorm first does x[r] += delta[r] (stored back into x), the residual add of the
+ * previous block fused with the next block's norm; w == NULL: only the add (y unused). */
+void cuda_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps, void *stream);
+void cuda_add_rmsnorm(float *x, const float *delta, const float *w, float *y, int64_t n_rows, int64_t n, float eps,
+                      void *stream);
+
+/* ---- full attention (ops_attn.cu) ---- */
+typedef struct cuda_attn_shape {
+  int n_head, n_head_kv, head_dim, n_rot;
+  int gated;        /* wq rows hold per head [q(hd) | gate(hd)]; output *= sigmoid(gate) */
+  int kv_bf16;      /* cache elements: 1 bfloat16, 0 float32 */
+  int64_t n_ctx;    /* positions per head in the cache: K, V are [n_head_kv][n_ctx][head_dim] */
+  float eps;        /* q/k norm */
+  int n_split;      /* split-K parts per (row, kv head), fixed for a session (say 2*SMs/n_head_kv) */
+} cuda_attn_shape;
+/* 0 or FLOE_E_UNSUPPORTED / FLOE_E_INVALID: head_dim 128 or 256, n_head % n_head_kv == 0,
+ * group <= 16, n_rot even and <= head_dim, n_split in [1, 256]. */
+int cuda_attn_check(const cuda_attn_shape *sh, char *err, size_t errlen);
+/* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once. */
+size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_tok);
+/* Rows t < n_tok at positions pos = *pos0 + t (pos0: device int32):
+ *   q [n_tok][n_head * hd * (gated ? 2 : 1)]: each head's q part RMS-normed with q_norm and
+ *     rotated (NeoX, dims < n_rot) IN PLACE; the gate parts are untouched.
+ *   k, v [n_tok][n_head_kv * hd]: k normed with k_norm and rotated, then k and v written to the
+ *     caches at position pos (bfloat16: round to nearest even, as floe_f32_to_bf16).
+ *   rope_cs: [>= n_ctx][n_rot] floats, row p = layer_rope_table(p) (uploaded once per theta). */
+void cuda_attn_prep(const cuda_attn_shape *sh, float *q, const float *k, const float *v, const float *q_norm,
+                    const float *k_norm, const float *rope_cs, void *kcache, void *vcache, const int32_t *pos0,
+                    int64_t n_tok, void *stream);
+/* out [n_tok][n_head * hd] = softmax(q k^T / sqrt(hd)) v over cache positions 0..pos (causal:
+ * row t sees *pos0 + t + 1 positions), times sigmoid(gate) when gated. q as left by
+ * cuda_attn_prep. One launch: split-K parts of ceil(np / n_split) positions (rounded up to 64),
+ * parts past the row's length exit at once, the last part to finish combines. */
+void cuda_attn(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
+               const int32_t *pos0, int64_t n_tok, float *out, void *scratch, void *stream);
+
+/* ---- GatedDeltaNet (ops_gdn.cu) ---- */
+typedef struct cuda_gdn_shape {
+  int Nk, Nv, dk, dv;  /* key heads, value heads, key / value head dims */
+  int conv_k;          /* causal conv kernel K (window K-1) */
+  int v_tiled;         /* value head hv uses key head hv % Nk (qwen35moe), else hv / (Nv/Nk) */
+  float eps;           /* gated RMSNorm */
+} cuda_gdn_shape;
+/* 0 or FLOE_E_UNSUPPORTED: dk in {64, 128}, dv <= 128 and a multiple of 32, Nv % Nk == 0, 2 <= K <= 8. */
+int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen);
+/* Causal conv + SiLU + q/k L2 norms (q also * dk^-0.5) of n_tok tokens in order, C = 2*Nk*dk + Nv*dv:
+ *   mix [n_tok][C] (q | k | v before the conv), conv_wt [K][C], conv_state [K-1][C] (updated),
+ *   raw [n_tok][C] (out). */
+void cuda_gdn_conv(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state, float *raw,
+                   int64_t n_tok, void *stream);
+/* Delta-rule recurrence, token by token, and the gated RMSNorm:
+ *   raw [n_tok][C] from cuda_gdn_conv, z [n_tok][Nv*dv], b, a [n_tok][Nv], dt_bias, ssm_a [Nv]
+ *   (ssm_a = -exp(A_log)), norm_w [dv], S [Nv][dk][dv] (updated), o [n_tok][Nv*dv] (out). */
+void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b, const float *a,
+                    const float *dt_bias, const float *ssm_a, const float *norm_w, float *S, float *o,
+                    int64_t n_tok, void *stream);
+
+/* ---- MoE (ops_moe.cu) ---- */
+/* logits [n_tok][n_expert] -> softmax -> the K largest (descending, ties to the lower index) ->
+ * renormalised when norm_topk -> sel [n_tok][K] in ascending expert order, w [n_tok][K] beside.
+ * n_expert <= 1024, K <= n_expert, K <= 64. */
+void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert, int K, int norm_topk, int32_t *sel, float *w,
+                    void *stream);
+/* x[t] += (sum_j w[t*K+j] * y[t*K+j]  +  sigmoid(sh_logit[t]) * sh[t]) in the CPU's order
+ * (j ascending, then the shared expert); sh / sh_logit NULL: no shared expert. Then, when norm_w
+ * is not NULL, h[t] = rmsnorm(x[t]) * norm_w (the next block's input norm, fused).
+ * y [n_tok*K][n], sh [n_tok][n], x, h [n_tok][n]. */
+void cuda_moe_combine(float *x, const float *y, const float *w, int K, const float *sh, const float *sh_logit,
+                      const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n, void *stream);
+/* g[r] = silu(g[r]) * u[r] elementwise over n floats (the SiLU-GLU of glu_row). */
+void cuda_silu_glu(float *g, const float *u, int64_t n, void *stream);
+
+/* ---- embedding, argmax (ops_misc.cu) ---- */
+/* 0 when cuda_embed_rows handles type (FLOE_TYPE_F32, F16, BF16, Q8_0, Q4_K, Q6_K) for rows of
+ * n_embd elements, else FLOE_E_UNSUPPORTED (route the type to the matmul helper's dequant). */
+int cuda_embed_check(uint32_t type, int64_t n_embd, char *err, size_t errlen);
+/* out[t] = row tokens[t] of the table (n_vocab rows of row_bytes, type's blocks), dequantized
+ * exactly as quant_dequant_row. tokens: device int32 [n_tok]; ids outside [0, n_vocab) give a
+ * row of NaN (a visible error, never a read out of bounds). */
+void cuda_embed_rows(uint32_t type, const void *data, size_t row_bytes, int64_t n_vocab, int64_t n_embd,
+                     const int32_t *tokens, int64_t n_tok, float *out, void *stream);
+/* Scratch of cuda_argmax over n floats. Zero once. */
+size_t cuda_argmax_scratch_bytes(int64_t n);
+/* *out = kern_argmax(x, n): the first index of the largest value, NaN never chosen, 0 when
+ * nothing is larger than -inf. One launch (the last block to finish reduces). n < 2^31. */
+void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

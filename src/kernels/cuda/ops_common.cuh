@@ -1,0 +1,65 @@
+/* Device helpers shared by the ops_*.cu files: the CPU's float primitives (layers.c) as device
+ * functions with the same operations in the same order, so kernels reproduce the CPU's bits.
+ * Compiled with --fmad=false: a * b + c is a multiply then an add, as on the CPU. */
+#ifndef FLOE_OPS_COMMON_CUH
+#define FLOE_OPS_COMMON_CUH
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define OPS_STREAM(s) ((cudaStream_t)(s))
+
+/* layers.c vexpf: Cephes exp with a magic-constant rounding; the same bits as the CPU. */
+static __device__ __forceinline__ float ops_vexpf(float x) {
+  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+  const float n = __fsub_rn(__fadd_rn(__fmul_rn(xc, 1.44269504f), 12582912.0f), 12582912.0f);
+  const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(n, 0.693359375f)), __fmul_rn(n, -2.12194440e-4f));
+  float p = 1.9875691500e-4f;
+  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
+  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
+  p = __fadd_rn(__fadd_rn(__fmul_rn(p, __fmul_rn(r, r)), r), 1.0f);
+  const int32_t e = ((int32_t)n + 127) << 23;
+  const float sc = __int_as_float(e);
+  return x != x ? x : x < -87.3f ? 0.0f : __fmul_rn(p, sc);
+}
+static __device__ __forceinline__ float ops_sigmoidf(float x) { return 1.0f / (1.0f + ops_vexpf(-x)); }
+static __device__ __forceinline__ float ops_siluf(float x) { return x / (1.0f + ops_vexpf(-x)); }
+
+static __device__ __forceinline__ float ops_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* floe_f32_to_bf16: round to nearest even, NaN kept quiet */
+static __device__ __forceinline__ uint16_t ops_f32_to_bf16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* layers.c fold16 on lanes 0..15 of a warp (lane k holds acc[k]): halves 8, 4, 2, 1; lane 0 gets
+ * the result. Lanes 16..31 take part in the shuffles only. */
+static __device__ __forceinline__ float ops_fold16(float v) {
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 8, 16));
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 4, 16));
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2, 16));
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 16));
+  return v;
+}
+
+/* layers.c sumsq16 of xs[0..n) (shared or global memory), called by ONE WHOLE WARP: lane k < 16
+ * sums xs[k], xs[k+16], ... in order (a multiply then an add each), then fold16. Every lane
+ * returns the result. */
+static __device__ __forceinline__ float ops_sumsq16_warp(const float *xs, int n) {
+  const int lane = threadIdx.x & 31;
+  float acc = 0.0f;
+  if (lane < 16) {
+    int i = lane;
+#pragma unroll 8
+    for (; i < n; i += 16) {
+      const float v = xs[i];
+      acc = __fadd_rn(acc, __fmul_rn(v, v));
+    }
+  }
+  acc = ops_fold16(acc);
+  return __shfl_sync(0xffffffffu, acc, 0);
+}
+#endif

@@ -1,0 +1,192 @@
+/* GatedDeltaNet step on the GPU (cuda_ops.h): two launches per layer, each over all n tokens in
+ * order (token-by-token recurrence, as the CPU: prefill rows equal decode rows).
+ *   k_gdn_conv: block per dk channels (one key head of q or k, or dk channels of v), a thread
+ *     per channel: the causal conv over [window, mix_t] oldest first, SiLU, the window shift
+ *     (kept in registers across tokens), and for q / k heads the L2 norm (sumsq16 order, eps
+ *     1e-6; q also times dk^-0.5). Same operations and order as gdn_conv_worker.
+ *   k_gdn_recur: block per value head, a thread per column jj of S (its dk values in registers
+ *     and shared memory across tokens): decay and S^T k summed over i in order, the delta, the rank-1 update and
+ *     S^T q in order, then the gated RMSNorm with silu(z) (warp 0, sumsq16 order). Same
+ *     operations and order as gdn_heads_worker; the columns are independent, so a thread per
+ *     column is the CPU's loop order exactly. The decay's exp / log1p are computed in double and
+ *     rounded (libm expf / log1pf on the CPU): see cuda_ops.h. */
+#include <math.h>
+
+extern "C" {
+#include "base/base.h"
+}
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ops_common.cuh"
+
+#define GDN_KMAX 8
+
+extern "C" int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen) {
+  if (sh->dk != 64 && sh->dk != 128)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: dk %d (64 or 128 supported)", sh->dk);
+  if (sh->dv <= 0 || sh->dv > 128 || sh->dv % 32)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: dv %d (a multiple of 32 up to 128)", sh->dv);
+  if (sh->Nk <= 0 || sh->Nv <= 0 || sh->Nv % sh->Nk)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: %d value heads over %d key heads", sh->Nv, sh->Nk);
+  if (sh->conv_k < 2 || sh->conv_k > GDN_KMAX)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: conv kernel %d (2..%d)", sh->conv_k, GDN_KMAX);
+  return 0;
+}
+
+static __global__ void __launch_bounds__(128)
+    k_gdn_conv(const float *mix, const float *wt, float *state, float *raw, int C, int K, int dk, int Nk,
+               int n_tok, float qscale) {
+  __shared__ float xs[128];
+  const int g = blockIdx.x, tid = threadIdx.x, ch = g * dk + tid;
+  const bool ok = ch < C, norm = g < 2 * Nk;
+  float win[GDN_KMAX - 1], w[GDN_KMAX];
+#pragma unroll
+  for (int q = 0; q < GDN_KMAX; q++) {
+    w[q] = ok && q < K ? wt[(int64_t)q * C + ch] : 0.0f;
+    if (q < GDN_KMAX - 1) win[q] = ok && q < K - 1 ? state[(int64_t)q * C + ch] : 0.0f;
+  }
+  for (int t = 0; t < n_tok; t++) {
+    const float m = ok ? mix[(int64_t)t * C + ch] : 0.0f;
+    float c = 0.0f;
+#pragma unroll
+    for (int q = 0; q < GDN_KMAX - 1; q++)
+      if (q < K - 1) c = __fadd_rn(c, __fmul_rn(w[q], win[q]));
+    float wl = w[0];
+#pragma unroll
+    for (int q = 1; q < GDN_KMAX; q++)
+      if (q == K - 1) wl = w[q];
+    c = ops_siluf(__fadd_rn(c, __fmul_rn(wl, m)));
+#pragma unroll
+    for (int q = 0; q < GDN_KMAX - 2; q++)
+      if (q < K - 2) win[q] = win[q + 1];
+#pragma unroll
+    for (int q = 0; q < GDN_KMAX - 1; q++)
+      if (q == K - 2) win[q] = m;
+    if (norm) { /* block-uniform */
+      xs[tid] = c;
+      __syncthreads();
+      __shared__ float rn;
+      if (tid < 32) {
+        const float ss = ops_sumsq16_warp(xs, dk);
+        if (tid == 0) rn = 1.0f / sqrtf(__fadd_rn(ss, 1e-6f));
+      }
+      __syncthreads();
+      c = g < Nk ? __fmul_rn(__fmul_rn(c, rn), qscale) : __fmul_rn(c, rn);
+      __syncthreads();
+    }
+    if (ok) raw[(int64_t)t * C + ch] = c;
+  }
+  if (ok)
+#pragma unroll
+    for (int q = 0; q < GDN_KMAX - 1; q++)
+      if (q < K - 1) state[(int64_t)q * C + ch] = win[q];
+}
+
+extern "C" void cuda_gdn_conv(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
+                              float *raw, int64_t n_tok, void *stream) {
+  if (n_tok <= 0) return;
+  const int C = 2 * sh->Nk * sh->dk + sh->Nv * sh->dv;
+  const float qscale = (float)(1.0 / sqrt((double)sh->dk));
+  k_gdn_conv<<<(C + sh->dk - 1) / sh->dk, sh->dk, 0, OPS_STREAM(stream)>>>(mix, conv_wt, conv_state, raw, C,
+                                                                          sh->conv_k, sh->dk, sh->Nk, (int)n_tok,
+                                                                          qscale);
+}
+
+/* expf / log1pf as libm computes them (correctly rounded float results, in practice) */
+static __device__ __forceinline__ float gdn_expf(float x) { return (float)exp((double)x); }
+static __device__ __forceinline__ float gdn_softplus(float x) {
+  return x > 20.0f ? x : (float)log1p((double)gdn_expf(x));
+}
+
+template <int DK>
+static __global__ void __launch_bounds__(128)
+    k_gdn_recur(const float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
+                const float *ssm_a, const float *norm_w, float *Sg, float *o, int Nk, int Nv, int dv, int v_tiled,
+                float eps, int n_tok) {
+  __shared__ float qk[2 * DK];
+  __shared__ float os[128];
+  __shared__ float s_rr;
+  const int hv = blockIdx.x, jj = threadIdx.x, r = Nv / Nk;
+  const int kh = v_tiled ? hv % Nk : hv / r;
+  const int64_t kd = (int64_t)Nk * DK, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  /* beta and the decay of every token first, parked in o[t][hv*dv + 0, 1] (overwritten by token
+   * t's output only after they are read): the double-precision exp / log1p beside the 128
+   * registers of S's column made the token loop spill */
+  {
+    const float A = ssm_a[hv], dtb = dt_bias[hv];
+    for (int t = jj; t < n_tok; t += blockDim.x) {
+      float *st = o + (int64_t)t * vd + (int64_t)hv * dv;
+      st[0] = ops_sigmoidf(b[(int64_t)t * Nv + hv]);
+      st[1] = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)t * Nv + hv], dtb))));
+    }
+    __syncthreads();
+  }
+  /* S's column: rows i < SR in registers, the rest in shared memory (ssh[i - SR][jj]: no bank
+   * conflicts); all 128 in registers spilled */
+  constexpr int SR = DK < 64 ? DK : 64;
+  extern __shared__ float ssh[];
+  float *S = Sg + (int64_t)hv * DK * dv + jj;
+  float s[SR];
+#pragma unroll
+  for (int i = 0; i < SR; i++) s[i] = S[(int64_t)i * dv];
+  for (int i = SR; i < DK; i++) ssh[(i - SR) * dv + jj] = S[(int64_t)i * dv];
+  const float wn = norm_w[jj];
+  for (int t = 0; t < n_tok; t++) {
+    const float *c = raw + (int64_t)t * C;
+    for (int i = jj; i < DK; i += blockDim.x) {
+      qk[i] = c[kh * DK + i];
+      qk[DK + i] = c[kd + kh * DK + i];
+    }
+    const float vv = c[2 * kd + (int64_t)hv * dv + jj];
+    const float zz = z[(int64_t)t * vd + (int64_t)hv * dv + jj];
+    const float beta = o[(int64_t)t * vd + (int64_t)hv * dv], decay = o[(int64_t)t * vd + (int64_t)hv * dv + 1];
+    __syncthreads();
+    float kv = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SR; i++) {
+      s[i] = __fmul_rn(s[i], decay);
+      kv = __fadd_rn(kv, __fmul_rn(s[i], qk[DK + i]));
+    }
+#pragma unroll 8
+    for (int i = SR; i < DK; i++) {
+      const float v = __fmul_rn(ssh[(i - SR) * dv + jj], decay);
+      ssh[(i - SR) * dv + jj] = v;
+      kv = __fadd_rn(kv, __fmul_rn(v, qk[DK + i]));
+    }
+    const float delta = __fmul_rn(__fsub_rn(vv, kv), beta);
+    float oo = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SR; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(qk[DK + i], delta));
+      oo = __fadd_rn(oo, __fmul_rn(s[i], qk[i]));
+    }
+#pragma unroll 8
+    for (int i = SR; i < DK; i++) {
+      const float v = __fadd_rn(ssh[(i - SR) * dv + jj], __fmul_rn(qk[DK + i], delta));
+      ssh[(i - SR) * dv + jj] = v;
+      oo = __fadd_rn(oo, __fmul_rn(v, qk[i]));
+    }
+    os[jj] = oo;
+    __syncthreads();
+    if (jj < 32) {
+      const float ss = ops_sumsq16_warp(os, dv);
+      if (jj == 0) s_rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
+    }
+    __syncthreads();
+    o[(int64_t)t * vd + (int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), ops_siluf(zz));
+  }
+#pragma unroll
+  for (int i = 0; i < SR; i++) S[(int64_t)i * dv] = s[i];
+  for (int i = SR; i < DK; i++) S[(int64_t)i * dv] = ssh[(i - SR) * dv + jj];
+}
+
+extern "C" void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
+                               const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w,
+                               float *S, float *o, int64_t n_tok, void *stream) {
+  if (n_tok <= 0) return;
+  if (sh->dk == 128)
+    k_gdn_recur<128><<<sh->Nv, sh->dv, (size_t)(128 - 64) * sh->dv * sizeof(float), OPS_STREAM(stream)>>>(raw, z, b, a, dt_bias, ssm_a, norm_w, S, o, sh->Nk,
+                                                               sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
+  else
+    k_gdn_recur<64><<<sh->Nv, sh->dv, 0, OPS_STREAM(stream)>>>(raw, z, b, a, dt_bias, ssm_a, norm_w, S, o, sh->Nk,
+                                                              sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
+}

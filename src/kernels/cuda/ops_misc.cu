@@ -1,0 +1,161 @@
+/* Token embedding rows and greedy argmax on the GPU (cuda_ops.h).
+ *   k_embed: block per token, a thread per element; dequantization with quant_dequant_row's
+ *     operations (src/quant/quant.c: Q8_0 q*d; Q4_K (d*sc)*q - dmin*m; Q6_K (d*sc)*q), so rows are
+ *     bit-identical. Other types go to the matmul helper's row dequant (cuda_embed_check says).
+ *   k_argmax: each block the largest kern_argmax_key of its share, the last block to finish the
+ *     largest of those (a counter in scratch it resets): kern_argmax's index. */
+#include <cuda_fp16.h>
+
+extern "C" {
+#include "base/base.h"
+#include "quant/quant.h"
+}
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ops_common.cuh"
+
+extern "C" int cuda_embed_check(uint32_t type, int64_t n_embd, char *err, size_t errlen) {
+  int blck = 0;
+  switch (type) {
+  case FLOE_TYPE_F32: case FLOE_TYPE_F16: case FLOE_TYPE_BF16: blck = 1; break;
+  case FLOE_TYPE_Q8_0: blck = 32; break;
+  case FLOE_TYPE_Q4_K: case FLOE_TYPE_Q6_K: blck = 256; break;
+  default: return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda embedding: type %u not handled here", type);
+  }
+  if (n_embd <= 0 || n_embd % blck)
+    return floe_err(err, errlen, FLOE_E_INVALID, "cuda embedding: %lld elements per row", (long long)n_embd);
+  return 0;
+}
+
+static __device__ __forceinline__ float f16_at(const uint8_t *p) {
+  const uint16_t u = (uint16_t)p[0] | ((uint16_t)p[1] << 8);
+  return __half2float(__ushort_as_half(u)); /* exact, subnormals included */
+}
+
+static __device__ float embed_elem(uint32_t type, const uint8_t *row, int64_t i) {
+  switch (type) {
+  case FLOE_TYPE_F32: return ((const float *)row)[i];
+  case FLOE_TYPE_F16: return f16_at(row + 2 * i);
+  case FLOE_TYPE_BF16: return ops_bf16_to_f32((uint16_t)row[2 * i] | ((uint16_t)row[2 * i + 1] << 8));
+  case FLOE_TYPE_Q8_0: {
+    const uint8_t *b = row + (i / 32) * 34;
+    return __fmul_rn((float)(int8_t)b[2 + i % 32], f16_at(b));
+  }
+  case FLOE_TYPE_Q4_K: {
+    const uint8_t *b = row + (i / 256) * 144;
+    const int e = (int)(i % 256), chunk = e / 64, w = e % 64, j = 2 * chunk + (w >= 32);
+    const uint8_t *sc = b + 4, qb = b[16 + chunk * 32 + (w % 32)];
+    const int q = w < 32 ? (qb & 0xF) : (qb >> 4);
+    int s, m;
+    if (j < 4) {
+      s = sc[j] & 63;
+      m = sc[j + 4] & 63;
+    } else {
+      s = (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
+      m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+    const float d1 = __fmul_rn(f16_at(b), (float)s), m1 = __fmul_rn(f16_at(b + 2), (float)m);
+    return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+  }
+  case FLOE_TYPE_Q6_K: {
+    const uint8_t *b = row + (i / 256) * 210;
+    const int e = (int)(i % 256), n = e / 128, quarter = (e % 128) / 32, l = e % 32, is = l / 16;
+    const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+    const int8_t *sc = (const int8_t *)(b + 192) + 8 * n;
+    const int lo = (quarter & 1) ? ql[l + 32] : ql[l];
+    const int q = (((quarter & 2) ? (lo >> 4) : (lo & 0xF)) | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
+    return __fmul_rn(__fmul_rn(f16_at(b + 208), (float)sc[is + 2 * quarter]), (float)q);
+  }
+  default: return __int_as_float(0x7fc00000);
+  }
+}
+
+static __global__ void k_embed(uint32_t type, const uint8_t *data, size_t row_bytes, int64_t n_vocab, int64_t n_embd,
+                               const int32_t *tokens, float *out) {
+  const int64_t t = blockIdx.x;
+  const int32_t tok = tokens[t];
+  const bool ok = tok >= 0 && tok < n_vocab;
+  const uint8_t *row = data + (size_t)(ok ? tok : 0) * row_bytes;
+  for (int64_t i = threadIdx.x; i < n_embd; i += blockDim.x)
+    out[t * n_embd + i] = ok ? embed_elem(type, row, i) : __int_as_float(0x7fc00000);
+}
+
+extern "C" void cuda_embed_rows(uint32_t type, const void *data, size_t row_bytes, int64_t n_vocab, int64_t n_embd,
+                                const int32_t *tokens, int64_t n_tok, float *out, void *stream) {
+  if (n_tok <= 0) return;
+  k_embed<<<(unsigned)n_tok, 256, 0, OPS_STREAM(stream)>>>(type, (const uint8_t *)data, row_bytes, n_vocab, n_embd,
+                                                           tokens, out);
+}
+
+/* ---- argmax ---- */
+#define AMAX_THREADS 256
+#define AMAX_PER_BLOCK 4096
+#define AMAX_MAX_BLOCKS 1024
+
+static int amax_blocks(int64_t n) {
+  int64_t b = (n + AMAX_PER_BLOCK - 1) / AMAX_PER_BLOCK;
+  if (b < 1) b = 1;
+  return (int)(b < AMAX_MAX_BLOCKS ? b : AMAX_MAX_BLOCKS);
+}
+
+extern "C" size_t cuda_argmax_scratch_bytes(int64_t n) { return (size_t)amax_blocks(n) * 8 + 8; }
+
+/* kern_argmax_key: value order, then the lower index; 0 for NaN and -inf; -0 counts as +0 */
+static __device__ __forceinline__ unsigned long long amax_key(float v, uint32_t i) {
+  if (!(v > -INFINITY)) return 0ull;
+  if (v == 0.0f) v = 0.0f;
+  uint32_t b = __float_as_uint(v);
+  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return ((unsigned long long)b << 32) | (unsigned long long)(0xFFFFFFFFu - i);
+}
+
+static __device__ __forceinline__ unsigned long long block_max_u64(unsigned long long k) {
+  __shared__ unsigned long long wk[AMAX_THREADS / 32];
+#pragma unroll
+  for (int s = 16; s >= 1; s >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(0xffffffffu, k, s);
+    k = o > k ? o : k;
+  }
+  if ((threadIdx.x & 31) == 0) wk[threadIdx.x >> 5] = k;
+  __syncthreads();
+  k = 0;
+  for (int w = 0; w < AMAX_THREADS / 32; w++) k = wk[w] > k ? wk[w] : k;
+  __syncthreads();
+  return k;
+}
+
+static __global__ void __launch_bounds__(AMAX_THREADS)
+    k_argmax(const float *x, int64_t n, int32_t *out, unsigned long long *part, unsigned int *cnt) {
+  __shared__ bool last;
+  unsigned long long best = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const unsigned long long k = amax_key(x[i], (uint32_t)i);
+    best = k > best ? k : best;
+  }
+  best = block_max_u64(best);
+  if (threadIdx.x == 0) {
+    part[blockIdx.x] = best;
+    __threadfence();
+    last = atomicAdd(cnt, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  best = 0;
+  for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+    const unsigned long long k = __ldcg(part + b);
+    best = k > best ? k : best;
+  }
+  best = block_max_u64(best);
+  if (threadIdx.x == 0) {
+    *out = best ? (int32_t)(0xFFFFFFFFu - (uint32_t)best) : 0;
+    *cnt = 0;
+  }
+}
+
+extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream) {
+  if (n <= 0) return;
+  const int nb = amax_blocks(n);
+  /* the counter first: its place must not depend on n */
+  unsigned long long *part = (unsigned long long *)scratch + 1;
+  k_argmax<<<nb, AMAX_THREADS, 0, OPS_STREAM(stream)>>>(x, n, out, part, (unsigned int *)scratch);
+}

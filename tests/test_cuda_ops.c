@@ -1,0 +1,617 @@
+/* CUDA ops (src/kernels/cuda/cuda_ops.h) against the CPU math of src/model/layers.c, on fresh
+ * random inputs of awkward sizes, every output poisoned (NaN) before each launch.
+ * Bounds: bit-identical everywhere except
+ *   - attention output: |gpu - cpu| <= 1e-4 * max|V| + 1e-6 (split-K softmax vs the CPU's single
+ *     pass: rounding only); prefill rows vs decode of the same position: bit-identical;
+ *   - GDN: |gpu - cpu| <= 1e-5 * (1 + |cpu|) (the decay's libm expf/log1pf vs the GPU's
+ *     correctly-rounded double evaluation may differ by an ulp); how many elements are
+ *     bit-identical is printed. Prefill vs token-by-token on the GPU: bit-identical.
+ * The CPU references below mirror layers.c line by line (its helpers are static there): vexpf,
+ * sumsq16, the attention softmax of attn_one, the conv / delta rule / gated norm of
+ * gdn_conv_worker and gdn_heads_worker, router_softmax and the sorted top-k insert, the combine. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_rt.h"
+#include "model/model.h"
+#include "quant/quant.h"
+#include "test.h"
+
+static floe_rng R;
+static float urand(float lo, float hi) { return lo + (hi - lo) * floe_rng_uniform(&R); }
+
+/* ---- device helpers ---- */
+static void *dup_dev(const void *h, size_t n) {
+  void *d = cuda_rt_malloc(n);
+  if (d && h) cuda_rt_memcpy_htod(d, h, n);
+  return d;
+}
+static void poison(void *d, size_t n) { cuda_rt_memset(d, 0xff, n); } /* 0xffffffff: NaN */
+static int sync_ok(void) {
+  char err[256];
+  const int rc = cuda_rt_sync(err, sizeof err);
+  if (rc) printf("device error: %s\n", err);
+  return rc == 0;
+}
+static void get(void *h, const void *d, size_t n) { cuda_rt_memcpy_dtoh(h, d, n); }
+static size_t n_diff_bits(const float *a, const float *b, size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) k += memcmp(&a[i], &b[i], 4) != 0;
+  return k;
+}
+static size_t n_nan(const float *a, size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) k += a[i] != a[i];
+  return k;
+}
+
+/* ---- CPU mirrors of layers.c ---- */
+static float vexpf(float x) {
+  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * (r * r) + r) + 1.0f;
+  const int32_t e = ((int32_t)n + 127) << 23;
+  float sc;
+  memcpy(&sc, &e, 4);
+  return x != x ? x : x < -87.3f ? 0.0f : p * sc;
+}
+static float sigmoidf_(float x) { return 1.0f / (1.0f + vexpf(-x)); }
+static float siluf_(float x) { return x / (1.0f + vexpf(-x)); }
+static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static float fold16(float acc[16]) {
+  for (int w = 8; w >= 1; w /= 2)
+    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+  return acc[0];
+}
+static float sumsq16(const float *x, int64_t n) {
+  float acc[16] = { 0 };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; k++) acc[k] += x[i + k] * x[i + k];
+  for (int k = 0; i + k < n; k++) acc[k] += x[i + k] * x[i + k];
+  return fold16(acc);
+}
+static void rope_head(float *x, int64_t n_rot, const float *cs) {
+  const int64_t h = n_rot / 2;
+  for (int64_t j = 0; j < h; j++) {
+    const float c = cs[j], sn = cs[h + j], a = x[j], b = x[j + h];
+    x[j] = a * c - b * sn;
+    x[j + h] = b * c + a * sn;
+  }
+}
+
+/* ---- RMSNorm ---- */
+static void test_norm(void) {
+  SECTION("rmsnorm (3 rows of 2050) and the fused residual add");
+  const int64_t rows = 3, n = 2050;
+  const float eps = 1e-6f;
+  float *x = malloc(rows * n * 4), *d = malloc(rows * n * 4), *w = malloc(n * 4), *y = malloc(rows * n * 4),
+        *g = malloc(rows * n * 4), *gx = malloc(rows * n * 4);
+  for (int64_t i = 0; i < rows * n; i++) x[i] = urand(-3, 3), d[i] = urand(-1, 1);
+  for (int64_t i = 0; i < n; i++) w[i] = urand(0.5f, 1.5f);
+  float *dx = dup_dev(x, rows * n * 4), *dd = dup_dev(d, rows * n * 4), *dw = dup_dev(w, n * 4), *dy = dup_dev(NULL, rows * n * 4);
+  poison(dy, rows * n * 4);
+  cuda_rmsnorm(dx, dw, dy, rows, n, eps, NULL);
+  CHECK(sync_ok(), "rmsnorm ran");
+  get(g, dy, rows * n * 4);
+  for (int64_t r = 0; r < rows; r++) layer_rmsnorm(x + r * n, w, n, eps, y + r * n);
+  CHECK(n_diff_bits(g, y, rows * n) == 0, "rmsnorm bit-identical (%zu differ)", n_diff_bits(g, y, rows * n));
+  poison(dy, rows * n * 4);
+  cuda_add_rmsnorm(dx, dd, dw, dy, rows, n, eps, NULL);
+  CHECK(sync_ok(), "add_rmsnorm ran");
+  get(g, dy, rows * n * 4);
+  get(gx, dx, rows * n * 4);
+  for (int64_t i = 0; i < rows * n; i++) x[i] += d[i];
+  for (int64_t r = 0; r < rows; r++) layer_rmsnorm(x + r * n, w, n, eps, y + r * n);
+  CHECK(n_diff_bits(gx, x, rows * n) == 0, "residual add bit-identical");
+  CHECK(n_diff_bits(g, y, rows * n) == 0, "norm after add bit-identical (%zu differ)", n_diff_bits(g, y, rows * n));
+  cuda_rt_free(dx), cuda_rt_free(dd), cuda_rt_free(dw), cuda_rt_free(dy);
+  free(x), free(d), free(w), free(y), free(g), free(gx);
+}
+
+/* ---- attention ---- */
+/* CPU attention of one row (attn_one's arithmetic) for all heads: out [nh][hd] */
+static void attn_ref(const cuda_attn_shape *sh, const float *q, const void *K, const void *V, int64_t np, float *out,
+                     float *scr) {
+  const int64_t hd = sh->head_dim, G = sh->n_head / sh->n_head_kv, qs = hd * (sh->gated ? 2 : 1);
+  const size_t esz = sh->kv_bf16 ? 2 : 4;
+  const float scale = (float)(1.0 / sqrt((double)hd));
+  for (int64_t kh = 0; kh < sh->n_head_kv; kh++) {
+    const void *Kh = (const char *)K + (size_t)kh * sh->n_ctx * hd * esz, *Vh = (const char *)V + (size_t)kh * sh->n_ctx * hd * esz;
+    const float *q0 = q + kh * G * qs;
+    float *o0 = out + kh * G * hd;
+    kern_dot16_rows(q0, qs, (int)G, Kh, sh->kv_bf16, hd, np, hd, scr, sh->n_ctx);
+    for (int64_t h = 0; h < G; h++) {
+      float *sc = scr + h * sh->n_ctx, acc[16] = { 0 }, mx[16];
+      const int64_t n16 = np / 16 * 16;
+      for (int i = 0; i < 16; i++) mx[i] = -INFINITY;
+      for (int64_t p = 0; p < n16; p += 16)
+        for (int i = 0; i < 16; i++) {
+          const float v = sc[p + i] * scale;
+          sc[p + i] = v;
+          mx[i] = v > mx[i] ? v : mx[i];
+        }
+      for (int64_t p = n16; p < np; p++) {
+        const float v = sc[p] * scale;
+        sc[p] = v;
+        mx[0] = v > mx[0] ? v : mx[0];
+      }
+      float m0 = mx[0];
+      for (int i = 1; i < 16; i++) m0 = mx[i] > m0 ? mx[i] : m0;
+      for (int64_t p = 0; p < n16; p += 16)
+        for (int i = 0; i < 16; i++) {
+          sc[p + i] = vexpf(sc[p + i] - m0);
+          acc[i] += sc[p + i];
+        }
+      float sm = 0.0f;
+      for (int i = 0; i < 16; i++) sm += acc[i];
+      for (int64_t p = n16; p < np; p++) {
+        sc[p] = vexpf(sc[p] - m0);
+        sm += sc[p];
+      }
+      for (int64_t p = 0; p < np; p++) sc[p] = sc[p] / sm;
+      memset(o0 + h * hd, 0, (size_t)hd * 4);
+    }
+    kern_wsum_rows(scr, sh->n_ctx, (int)G, Vh, sh->kv_bf16, hd, np, hd, o0, hd);
+    if (sh->gated)
+      for (int64_t h = 0; h < G; h++)
+        for (int64_t i = 0; i < hd; i++) o0[h * hd + i] *= sigmoidf_(q0[h * qs + hd + i]);
+  }
+}
+
+/* Fills the cache with n0 random positions, then prefills n_tok rows at pos0 = n0 (prep + attn)
+ * and checks q, the written cache rows, the outputs, and the decode of each row alone. */
+static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf16, int64_t n0, int n_tok, int n_split) {
+  SECTION("attention: %d/%d heads, hd %d, rot %d, %s, %s cache, %lld cached + %d rows, %d parts", nh, nkv, hd, n_rot,
+          gated ? "gated" : "plain", bf16 ? "bf16" : "f32", (long long)n0, n_tok, n_split);
+  cuda_attn_shape sh = { nh, nkv, hd, n_rot, gated, bf16, n0 + n_tok + 3, 1e-6f, n_split };
+  char err[256];
+  CHECK(cuda_attn_check(&sh, err, sizeof err) == 0, "shape accepted");
+  const int64_t qdim = (int64_t)nh * hd * (gated ? 2 : 1), kvd = (int64_t)nkv * hd, nctx = sh.n_ctx;
+  const size_t esz = bf16 ? 2 : 4, cbytes = (size_t)nkv * nctx * hd * esz;
+  const float theta = 1e7f;
+  void *Kc = calloc(1, cbytes), *Vc = calloc(1, cbytes);
+  float vmax = 0.0f;
+  for (int64_t kh = 0; kh < nkv; kh++)
+    for (int64_t p = 0; p < n0; p++)
+      for (int64_t i = 0; i < hd; i++) {
+        const size_t at = ((size_t)kh * nctx + p) * hd + i;
+        const float kv = urand(-2, 2), vv = urand(-1, 1);
+        if (bf16) {
+          ((uint16_t *)Kc)[at] = floe_f32_to_bf16(kv);
+          ((uint16_t *)Vc)[at] = floe_f32_to_bf16(vv);
+        } else {
+          ((float *)Kc)[at] = kv;
+          ((float *)Vc)[at] = vv;
+        }
+      }
+  float *q = malloc(n_tok * qdim * 4), *k = malloc(n_tok * kvd * 4), *v = malloc(n_tok * kvd * 4);
+  float *qn = malloc(hd * 4), *kn = malloc(hd * 4);
+  for (int64_t i = 0; i < n_tok * qdim; i++) q[i] = urand(-1, 1);
+  for (int64_t i = 0; i < n_tok * kvd; i++) k[i] = urand(-1, 1), v[i] = urand(-1, 1);
+  for (int i = 0; i < hd; i++) qn[i] = urand(0.5f, 4.0f), kn[i] = urand(0.5f, 2.0f);
+  for (int64_t i = 0; i < n_tok * kvd; i++) vmax = fmaxf(vmax, fabsf(v[i]));
+  vmax = fmaxf(vmax, 1.0f);
+  float *cs = malloc((size_t)nctx * n_rot * 4);
+  for (int64_t p = 0; p < nctx; p++) layer_rope_table(cs + p * n_rot, n_rot, theta, p);
+  const int32_t pos0 = (int32_t)n0;
+  float *dq = dup_dev(q, n_tok * qdim * 4), *dk = dup_dev(k, n_tok * kvd * 4), *dv = dup_dev(v, n_tok * kvd * 4);
+  float *dqn = dup_dev(qn, hd * 4), *dkn = dup_dev(kn, hd * 4), *dcs = dup_dev(cs, (size_t)nctx * n_rot * 4);
+  void *dK = dup_dev(Kc, cbytes), *dV = dup_dev(Vc, cbytes);
+  int32_t *dpos = dup_dev(&pos0, 4);
+  const size_t scb = cuda_attn_scratch_bytes(&sh, n_tok);
+  void *dscr = dup_dev(NULL, scb);
+  cuda_rt_memset(dscr, 0, scb);
+  float *dout = dup_dev(NULL, n_tok * (int64_t)nh * hd * 4);
+  poison(dout, n_tok * (int64_t)nh * hd * 4);
+  cuda_attn_prep(&sh, dq, dk, dv, dqn, dkn, dcs, dK, dV, dpos, n_tok, NULL);
+  cuda_attn(&sh, dq, dK, dV, dpos, n_tok, dout, dscr, NULL);
+  CHECK(sync_ok(), "prep + attention ran");
+  /* CPU: norms, rope, cache rows */
+  for (int64_t t = 0; t < n_tok; t++) {
+    float *qt = q + t * qdim, *kt = k + t * kvd;
+    const float *c = cs + (n0 + t) * n_rot;
+    for (int h = 0; h < nh; h++) {
+      float *qh = qt + (int64_t)h * hd * (gated ? 2 : 1);
+      layer_rmsnorm(qh, qn, hd, 1e-6f, qh);
+      rope_head(qh, n_rot, c);
+    }
+    for (int h = 0; h < nkv; h++) {
+      layer_rmsnorm(kt + h * hd, kn, hd, 1e-6f, kt + h * hd);
+      rope_head(kt + h * hd, n_rot, c);
+      for (int64_t i = 0; i < hd; i++) {
+        const size_t at = ((size_t)h * nctx + n0 + t) * hd + i;
+        if (bf16) {
+          ((uint16_t *)Kc)[at] = floe_f32_to_bf16(kt[h * hd + i]);
+          ((uint16_t *)Vc)[at] = floe_f32_to_bf16(v[t * kvd + h * hd + i]);
+        } else {
+          ((float *)Kc)[at] = kt[h * hd + i];
+          ((float *)Vc)[at] = v[t * kvd + h * hd + i];
+        }
+      }
+    }
+  }
+  float *gq = malloc(n_tok * qdim * 4);
+  get(gq, dq, n_tok * qdim * 4);
+  CHECK(n_diff_bits(gq, q, n_tok * qdim) == 0, "q normed + rotated in place: bit-identical (%zu differ)",
+        n_diff_bits(gq, q, n_tok * qdim));
+  void *gK = malloc(cbytes), *gV = malloc(cbytes);
+  get(gK, dK, cbytes);
+  get(gV, dV, cbytes);
+  CHECK(memcmp(gK, Kc, cbytes) == 0, "K cache (all positions) bit-identical");
+  CHECK(memcmp(gV, Vc, cbytes) == 0, "V cache (all positions) bit-identical");
+  const int64_t od = (int64_t)nh * hd;
+  float *go = malloc(n_tok * od * 4), *ro = malloc(od * 4), *scr = malloc((size_t)(nh / nkv) * nctx * 4);
+  get(go, dout, n_tok * od * 4);
+  CHECK(n_nan(go, n_tok * od) == 0, "every output written");
+  double worst = 0.0;
+  for (int64_t t = 0; t < n_tok; t++) {
+    attn_ref(&sh, q + t * qdim, Kc, Vc, n0 + t + 1, ro, scr);
+    for (int64_t i = 0; i < od; i++) worst = fmax(worst, fabs((double)go[t * od + i] - ro[i]));
+  }
+  const double bound = 1e-4 * vmax + 1e-6;
+  CHECK(worst <= bound, "output vs CPU: max |diff| %.3g <= %.3g", worst, bound);
+  /* decode of each row alone: the same bits as the prefill row */
+  float *g1 = malloc(od * 4);
+  size_t ndiff = 0;
+  for (int64_t t = 0; t < n_tok; t++) {
+    const int32_t p = (int32_t)(n0 + t);
+    cuda_rt_memcpy_htod(dpos, &p, 4);
+    poison(dout, od * 4);
+    cuda_attn(&sh, dq + t * qdim, dK, dV, dpos, 1, dout, dscr, NULL);
+    if (!sync_ok()) break;
+    get(g1, dout, od * 4);
+    ndiff += n_diff_bits(g1, go + t * od, od);
+  }
+  CHECK(ndiff == 0, "decode of each row == its prefill row, bit for bit (%zu differ)", ndiff);
+  printf("   max |diff| vs CPU %.3g (max|V| %.3g)\n", worst, vmax);
+  cuda_rt_free(dq), cuda_rt_free(dk), cuda_rt_free(dv), cuda_rt_free(dqn), cuda_rt_free(dkn), cuda_rt_free(dcs);
+  cuda_rt_free(dK), cuda_rt_free(dV), cuda_rt_free(dpos), cuda_rt_free(dscr), cuda_rt_free(dout);
+  free(Kc), free(Vc), free(q), free(k), free(v), free(qn), free(kn), free(cs), free(gq), free(gK), free(gV);
+  free(go), free(ro), free(scr), free(g1);
+}
+
+/* ---- GatedDeltaNet ---- */
+typedef struct gdn_ref {
+  cuda_gdn_shape sh;
+  int64_t C;
+  float *wt, *conv, *S, *dtb, *A, *nw;
+} gdn_ref;
+
+/* gdn_conv_worker + gdn_heads_worker for one token */
+static void gdn_ref_token(gdn_ref *g, const float *mix, const float *z, const float *b, const float *a, float *raw, float *o) {
+  const cuda_gdn_shape *s = &g->sh;
+  const int64_t C = g->C, K = s->conv_k, dk = s->dk, dv = s->dv, Nk = s->Nk, Nv = s->Nv, kd = Nk * dk, r = Nv / Nk;
+  const float qscale = (float)(1.0 / sqrt((double)dk));
+  for (int64_t ch = 0; ch < C; ch++) {
+    float c = 0.0f;
+    for (int64_t q = 0; q < K - 1; q++) c += g->wt[q * C + ch] * g->conv[q * C + ch];
+    raw[ch] = siluf_(c + g->wt[(K - 1) * C + ch] * mix[ch]);
+    for (int64_t q = 0; q + 1 < K - 1; q++) g->conv[q * C + ch] = g->conv[(q + 1) * C + ch];
+    g->conv[(K - 2) * C + ch] = mix[ch];
+  }
+  for (int64_t h0 = 0; h0 < 2 * kd; h0 += dk) {
+    float *v = raw + h0;
+    const float rn = 1.0f / sqrtf(sumsq16(v, dk) + 1e-6f);
+    for (int64_t i = 0; i < dk; i++) v[i] = h0 < kd ? (v[i] * rn) * qscale : v[i] * rn;
+  }
+  float kvv[1024];
+  for (int64_t hv = 0; hv < Nv; hv++) {
+    const int64_t kh = s->v_tiled ? hv % Nk : hv / r;
+    const float *kk = raw + kd + kh * dk, *qq = raw + kh * dk, *vv = raw + 2 * kd + hv * dv;
+    const float beta = sigmoidf_(b[hv]);
+    const float decay = expf(g->A[hv] * softplusf_(a[hv] + g->dtb[hv]));
+    float *S = g->S + hv * dk * dv, *oh = o + hv * dv;
+    for (int64_t j = 0; j < dv; j++) kvv[j] = 0.0f;
+    for (int64_t i = 0; i < dk; i++)
+      for (int64_t j = 0; j < dv; j++) {
+        S[i * dv + j] *= decay;
+        kvv[j] += S[i * dv + j] * kk[i];
+      }
+    for (int64_t j = 0; j < dv; j++) kvv[j] = (vv[j] - kvv[j]) * beta;
+    for (int64_t j = 0; j < dv; j++) oh[j] = 0.0f;
+    for (int64_t i = 0; i < dk; i++)
+      for (int64_t j = 0; j < dv; j++) {
+        S[i * dv + j] += kk[i] * kvv[j];
+        oh[j] += S[i * dv + j] * qq[i];
+      }
+    const float rr = 1.0f / sqrtf(sumsq16(oh, dv) / (float)dv + s->eps);
+    for (int64_t j = 0; j < dv; j++) oh[j] = (g->nw[j] * (oh[j] * rr)) * siluf_(z[hv * dv + j]);
+  }
+}
+
+static void test_gdn_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int n_pre, int n_dec) {
+  SECTION("gdn: Nk %d Nv %d dk %d dv %d K %d %s, %d prefill rows then %d decode steps", Nk, Nv, dk, dv, K,
+          tiled ? "tiled" : "grouped", n_pre, n_dec);
+  gdn_ref g = { { Nk, Nv, dk, dv, K, tiled, 1e-6f }, 0, 0, 0, 0, 0, 0, 0 };
+  char err[256];
+  CHECK(cuda_gdn_check(&g.sh, err, sizeof err) == 0, "shape accepted");
+  const int64_t C = 2 * (int64_t)Nk * dk + (int64_t)Nv * dv, vd = (int64_t)Nv * dv, n = n_pre + n_dec;
+  const size_t Sn = (size_t)Nv * dk * dv;
+  g.C = C;
+  g.wt = malloc(K * C * 4), g.conv = malloc((K - 1) * C * 4), g.S = malloc(Sn * 4);
+  g.dtb = malloc(Nv * 4), g.A = malloc(Nv * 4), g.nw = malloc(dv * 4);
+  for (int64_t i = 0; i < K * C; i++) g.wt[i] = urand(-0.6f, 0.6f);
+  for (int64_t i = 0; i < (K - 1) * C; i++) g.conv[i] = urand(-2, 2);
+  for (size_t i = 0; i < Sn; i++) g.S[i] = urand(-0.5f, 0.5f);
+  for (int i = 0; i < Nv; i++) g.dtb[i] = urand(-1, 1), g.A[i] = -expf(urand(-2, 1));
+  for (int i = 0; i < dv; i++) g.nw[i] = urand(0.5f, 1.5f);
+  float *mix = malloc(n * C * 4), *z = malloc(n * vd * 4), *b = malloc(n * Nv * 4), *a = malloc(n * Nv * 4);
+  for (int64_t i = 0; i < n * C; i++) mix[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n * vd; i++) z[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n * Nv; i++) b[i] = urand(-4, 4), a[i] = urand(-4, 25); /* softplus above 20 too */
+  float *dwt = dup_dev(g.wt, K * C * 4), *dconv = dup_dev(g.conv, (K - 1) * C * 4), *dS = dup_dev(g.S, Sn * 4);
+  float *ddtb = dup_dev(g.dtb, Nv * 4), *dA = dup_dev(g.A, Nv * 4), *dnw = dup_dev(g.nw, dv * 4);
+  float *dmix = dup_dev(mix, n * C * 4), *dz = dup_dev(z, n * vd * 4), *db = dup_dev(b, n * Nv * 4), *da = dup_dev(a, n * Nv * 4);
+  float *draw = dup_dev(NULL, n * C * 4), *dout = dup_dev(NULL, n * vd * 4);
+  /* a second state for the token-by-token run of the prefill rows */
+  float *dconv2 = dup_dev(g.conv, (K - 1) * C * 4), *dS2 = dup_dev(g.S, Sn * 4), *dout2 = dup_dev(NULL, n * vd * 4);
+  poison(draw, n * C * 4), poison(dout, n * vd * 4), poison(dout2, n * vd * 4);
+  cuda_gdn_conv(&g.sh, dmix, dwt, dconv, draw, n_pre, NULL);
+  cuda_gdn_recur(&g.sh, draw, dz, db, da, ddtb, dA, dnw, dS, dout, n_pre, NULL);
+  for (int64_t t = 0; t < n_dec; t++) {
+    const int64_t r = n_pre + t;
+    cuda_gdn_conv(&g.sh, dmix + r * C, dwt, dconv, draw + r * C, 1, NULL);
+    cuda_gdn_recur(&g.sh, draw + r * C, dz + r * vd, db + r * Nv, da + r * Nv, ddtb, dA, dnw, dS, dout + r * vd, 1, NULL);
+  }
+  CHECK(sync_ok(), "gdn ran");
+  float *graw = malloc(n * C * 4), *go = malloc(n * vd * 4), *gS = malloc(Sn * 4), *gconv = malloc((K - 1) * C * 4);
+  get(graw, draw, n * C * 4), get(go, dout, n * vd * 4), get(gS, dS, Sn * 4), get(gconv, dconv, (K - 1) * C * 4);
+  CHECK(n_nan(go, n * vd) == 0 && n_nan(graw, n * C) == 0, "every output written");
+  float *rraw = malloc(n * C * 4), *ro = malloc(n * vd * 4);
+  for (int64_t t = 0; t < n; t++) gdn_ref_token(&g, mix + t * C, z + t * vd, b + t * Nv, a + t * Nv, rraw + t * C, ro + t * vd);
+  CHECK(n_diff_bits(graw, rraw, n * C) == 0, "conv + SiLU + L2 norms bit-identical (%zu differ)", n_diff_bits(graw, rraw, n * C));
+  CHECK(n_diff_bits(gconv, g.conv, (K - 1) * C) == 0, "conv window bit-identical");
+  double wo = 0, ws = 0;
+  for (int64_t i = 0; i < n * vd; i++) wo = fmax(wo, fabs((double)go[i] - ro[i]) / (1.0 + fabs((double)ro[i])));
+  for (size_t i = 0; i < Sn; i++) ws = fmax(ws, fabs((double)gS[i] - g.S[i]) / (1.0 + fabs((double)g.S[i])));
+  CHECK(wo <= 1e-5, "o vs CPU: max rel diff %.3g (%zu of %lld not bit-identical)", wo, n_diff_bits(go, ro, n * vd),
+        (long long)(n * vd));
+  CHECK(ws <= 1e-5, "S vs CPU: max rel diff %.3g (%zu of %zu not bit-identical)", ws, n_diff_bits(gS, g.S, Sn), Sn);
+  /* GPU prefill rows == the same rows token by token */
+  for (int64_t t = 0; t < n_pre; t++) {
+    cuda_gdn_conv(&g.sh, dmix + t * C, dwt, dconv2, draw + t * C, 1, NULL);
+    cuda_gdn_recur(&g.sh, draw + t * C, dz + t * vd, db + t * Nv, da + t * Nv, ddtb, dA, dnw, dS2, dout2 + t * vd, 1, NULL);
+  }
+  CHECK(sync_ok(), "token-by-token run");
+  float *go2 = malloc(n * vd * 4);
+  get(go2, dout2, n_pre * vd * 4);
+  CHECK(n_diff_bits(go2, go, n_pre * vd) == 0, "prefill rows == token-by-token rows, bit for bit");
+  cuda_rt_free(dwt), cuda_rt_free(dconv), cuda_rt_free(dS), cuda_rt_free(ddtb), cuda_rt_free(dA), cuda_rt_free(dnw);
+  cuda_rt_free(dmix), cuda_rt_free(dz), cuda_rt_free(db), cuda_rt_free(da), cuda_rt_free(draw), cuda_rt_free(dout);
+  cuda_rt_free(dconv2), cuda_rt_free(dS2), cuda_rt_free(dout2);
+  free(g.wt), free(g.conv), free(g.S), free(g.dtb), free(g.A), free(g.nw), free(mix), free(z), free(b), free(a);
+  free(graw), free(go), free(gS), free(gconv), free(rraw), free(ro), free(go2);
+}
+
+/* ---- MoE ---- */
+static void route_ref(float *p, int64_t NE, int64_t K, bool norm, int32_t *sel, float *w) {
+  float mx = -INFINITY, acc[16] = { 0 };
+  for (int64_t e = 0; e < NE; e++) mx = p[e] > mx ? p[e] : mx;
+  int64_t e = 0;
+  for (; e + 16 <= NE; e += 16)
+    for (int k = 0; k < 16; k++) p[e + k] = vexpf(p[e + k] - mx), acc[k] += p[e + k];
+  for (int k = 0; e + k < NE; k++) p[e + k] = vexpf(p[e + k] - mx), acc[k] += p[e + k];
+  const float sum = fold16(acc);
+  for (e = 0; e < NE; e++) p[e] /= sum;
+  int64_t nk = 0;
+  for (e = 0; e < NE; e++) {
+    const float pe = p[e];
+    if (nk == K && !(pe > w[K - 1])) continue;
+    int64_t u = nk < K ? nk++ : K - 1;
+    for (; u > 0 && pe > w[u - 1]; u--) w[u] = w[u - 1], sel[u] = sel[u - 1];
+    w[u] = pe, sel[u] = (int32_t)e;
+  }
+  if (norm) {
+    float ws = 0.0f;
+    for (int64_t j = 0; j < K; j++) ws += w[j];
+    for (int64_t j = 0; j < K; j++) w[j] /= ws;
+  }
+  for (int64_t j = 1; j < K; j++)
+    for (int64_t u = j; u > 0 && sel[u - 1] > sel[u]; u--) {
+      int32_t ti = sel[u]; sel[u] = sel[u - 1]; sel[u - 1] = ti;
+      float tw = w[u]; w[u] = w[u - 1]; w[u - 1] = tw;
+    }
+}
+
+static void test_route(int NE, int K, int norm, int T, int levels) {
+  SECTION("moe route: %d experts, top-%d, %s, %d tokens, logits of %d levels (ties)", NE, K, norm ? "renormalised" : "raw",
+          T, levels);
+  float *lg = malloc(T * NE * 4), *p = malloc(NE * 4), *rw = malloc(T * K * 4), *gw = malloc(T * K * 4);
+  int32_t *rs = malloc(T * K * 4), *gs = malloc(T * K * 4);
+  for (int i = 0; i < T * NE; i++) lg[i] = levels ? (float)(floe_rng_u64(&R) % levels) * 0.25f : urand(-4, 4);
+  float *dl = dup_dev(lg, T * NE * 4), *dw = dup_dev(NULL, T * K * 4);
+  int32_t *ds = dup_dev(NULL, T * K * 4);
+  poison(dw, T * K * 4), poison(ds, T * K * 4);
+  cuda_moe_route(dl, T, NE, K, norm, ds, dw, NULL);
+  CHECK(sync_ok(), "route ran");
+  get(gw, dw, T * K * 4), get(gs, ds, T * K * 4);
+  for (int t = 0; t < T; t++) {
+    memcpy(p, lg + t * NE, NE * 4);
+    route_ref(p, NE, K, norm, rs + t * K, rw + t * K);
+  }
+  CHECK(memcmp(gs, rs, T * K * 4) == 0, "selected experts identical (ascending, ties to the lower index)");
+  CHECK(n_diff_bits(gw, rw, T * K) == 0, "weights bit-identical");
+  cuda_rt_free(dl), cuda_rt_free(dw), cuda_rt_free(ds);
+  free(lg), free(p), free(rw), free(gw), free(rs), free(gs);
+}
+
+static void test_combine(int T, int K, int64_t n, int shared, int norm) {
+  SECTION("moe combine: %d tokens, K %d, n %lld, %s, %s", T, K, (long long)n, shared ? "shared expert" : "no shared",
+          norm ? "next norm fused" : "no norm");
+  float *x = malloc(T * n * 4), *y = malloc(T * K * n * 4), *w = malloc(T * K * 4), *sh = malloc(T * n * 4);
+  float *shl = malloc(T * 4), *nw = malloc(n * 4), *h = malloc(T * n * 4), *gx = malloc(T * n * 4), *gh = malloc(T * n * 4);
+  for (int64_t i = 0; i < T * n; i++) x[i] = urand(-2, 2), sh[i] = urand(-1, 1);
+  for (int64_t i = 0; i < T * K * n; i++) y[i] = urand(-1, 1);
+  for (int i = 0; i < T * K; i++) w[i] = urand(0, 0.3f);
+  for (int i = 0; i < T; i++) shl[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n; i++) nw[i] = urand(0.5f, 1.5f);
+  float *dx = dup_dev(x, T * n * 4), *dy = dup_dev(y, T * K * n * 4), *dw = dup_dev(w, T * K * 4), *dsh = dup_dev(sh, T * n * 4);
+  float *dshl = dup_dev(shl, T * 4), *dnw = dup_dev(nw, n * 4), *dh = dup_dev(NULL, T * n * 4);
+  poison(dh, T * n * 4);
+  cuda_moe_combine(dx, dy, dw, K, shared ? dsh : NULL, shared ? dshl : NULL, norm ? dnw : NULL, dh, 1e-6f, T, n, NULL);
+  CHECK(sync_ok(), "combine ran");
+  get(gx, dx, T * n * 4), get(gh, dh, T * n * 4);
+  float *acc = malloc(n * 4);
+  for (int t = 0; t < T; t++) {
+    memset(acc, 0, n * 4);
+    for (int j = 0; j < K; j++)
+      for (int64_t i = 0; i < n; i++) acc[i] += y[((int64_t)t * K + j) * n + i] * w[t * K + j];
+    if (shared)
+      for (int64_t i = 0; i < n; i++) acc[i] += sh[t * n + i] * sigmoidf_(shl[t]);
+    for (int64_t i = 0; i < n; i++) x[t * n + i] += acc[i];
+    if (norm) layer_rmsnorm(x + t * n, nw, n, 1e-6f, h + t * n);
+  }
+  CHECK(n_diff_bits(gx, x, T * n) == 0, "x bit-identical (%zu differ)", n_diff_bits(gx, x, T * n));
+  if (norm) CHECK(n_diff_bits(gh, h, T * n) == 0, "fused norm bit-identical");
+  /* SiLU-GLU on the same buffers */
+  float *g = malloc(T * n * 4);
+  cuda_rt_memcpy_htod(dh, sh, T * n * 4);
+  cuda_silu_glu(dh, dx, T * n, NULL);
+  CHECK(sync_ok(), "silu_glu ran");
+  get(g, dh, T * n * 4);
+  for (int64_t i = 0; i < T * n; i++) sh[i] = siluf_(sh[i]) * x[i];
+  CHECK(n_diff_bits(g, sh, T * n) == 0, "silu_glu bit-identical");
+  cuda_rt_free(dx), cuda_rt_free(dy), cuda_rt_free(dw), cuda_rt_free(dsh), cuda_rt_free(dshl), cuda_rt_free(dnw), cuda_rt_free(dh);
+  free(x), free(y), free(w), free(sh), free(shl), free(nw), free(h), free(gx), free(gh), free(acc), free(g);
+}
+
+/* ---- embedding ---- */
+static void test_embed(uint32_t type, int64_t n_embd) {
+  const floe_type_traits *tt = floe_type_info(type);
+  SECTION("embedding rows: type %s, n_embd %lld", tt ? tt->name : "?", (long long)n_embd);
+  char err[256];
+  CHECK(cuda_embed_check(type, n_embd, err, sizeof err) == 0, "type accepted");
+  const int64_t nv = 37;
+  const size_t rb = floe_row_bytes(type, n_embd);
+  uint8_t *tab = malloc(nv * rb);
+  for (size_t i = 0; i < nv * rb; i++) tab[i] = (uint8_t)floe_rng_u64(&R);
+  for (int64_t r = 0; r < nv; r++) { /* finite f16 scales / elements: NaN payloads are not the point */
+    uint8_t *row = tab + r * rb;
+    if (type == FLOE_TYPE_F16)
+      for (int64_t i = 0; i < n_embd; i++)
+        if ((row[2 * i + 1] & 0x7c) == 0x7c) row[2 * i + 1] &= 0xfb;
+    if (type == FLOE_TYPE_BF16)
+      for (int64_t i = 0; i < n_embd; i++)
+        if ((row[2 * i + 1] & 0x7f) == 0x7f) row[2 * i + 1] &= 0xfe;
+    if (type == FLOE_TYPE_F32)
+      for (int64_t i = 0; i < n_embd; i++) { float f = urand(-5, 5); memcpy(row + 4 * i, &f, 4); }
+    if (type == FLOE_TYPE_Q8_0 || type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q6_K) {
+      const size_t bb = tt->bytes;
+      for (size_t o = 0; o < rb; o += bb) {
+        const size_t at = type == FLOE_TYPE_Q6_K ? o + 208 : o;
+        uint16_t hf = floe_f32_to_f16(urand(-0.1f, 0.1f));
+        memcpy(row + at, &hf, 2);
+        if (type == FLOE_TYPE_Q4_K) { hf = floe_f32_to_f16(urand(0, 0.05f)); memcpy(row + o + 2, &hf, 2); }
+      }
+    }
+  }
+  const int32_t tok[5] = { 3, 0, 36, 17, 37 /* out of range: NaN row */ };
+  uint8_t *dt = dup_dev(tab, nv * rb);
+  int32_t *dtok = dup_dev(tok, sizeof tok);
+  float *dout = dup_dev(NULL, 5 * n_embd * 4), *go = malloc(5 * n_embd * 4), *ro = malloc(n_embd * 4);
+  poison(dout, 5 * n_embd * 4);
+  cuda_embed_rows(type, dt, rb, nv, n_embd, dtok, 5, dout, NULL);
+  CHECK(sync_ok(), "embed ran");
+  get(go, dout, 5 * n_embd * 4);
+  size_t nd = 0;
+  for (int t = 0; t < 4; t++) {
+    quant_dequant_row(type, tab + tok[t] * rb, ro, n_embd);
+    nd += n_diff_bits(go + t * n_embd, ro, n_embd);
+  }
+  CHECK(nd == 0, "rows bit-identical to quant_dequant_row (%zu differ)", nd);
+  CHECK(n_nan(go + 4 * n_embd, n_embd) == (size_t)n_embd, "an id out of range gives a NaN row");
+  cuda_rt_free(dt), cuda_rt_free(dtok), cuda_rt_free(dout);
+  free(tab), free(go), free(ro);
+}
+
+/* ---- argmax ---- */
+static void argmax_case(const char *what, float *x, int64_t n, float *dx, void *dscr, int32_t *dout) {
+  cuda_rt_memcpy_htod(dx, x, n * 4);
+  const int32_t bad = -7;
+  cuda_rt_memcpy_htod(dout, &bad, 4);
+  cuda_argmax(dx, n, dout, dscr, NULL);
+  int32_t g = -1;
+  CHECK(sync_ok(), "argmax ran");
+  get(&g, dout, 4);
+  const int64_t r = kern_argmax(x, n);
+  CHECK(g == r, "argmax %s: gpu %d cpu %lld", what, g, (long long)r);
+}
+
+static void test_argmax(void) {
+  const int64_t n = 248323;
+  SECTION("argmax over %lld", (long long)n);
+  float *x = malloc(n * 4), *dx = dup_dev(NULL, n * 4);
+  const size_t sb = cuda_argmax_scratch_bytes(n);
+  void *dscr = dup_dev(NULL, sb);
+  cuda_rt_memset(dscr, 0, sb);
+  int32_t *dout = dup_dev(NULL, 4);
+  for (int64_t i = 0; i < n; i++) x[i] = urand(-10, 10);
+  argmax_case("random", x, n, dx, dscr, dout);
+  x[1000] = 50.0f, x[200000] = 50.0f, x[n - 1] = 50.0f;
+  argmax_case("ties (first index)", x, n, dx, dscr, dout);
+  x[5] = NAN, x[6] = NAN;
+  argmax_case("with NaN", x, n, dx, dscr, dout);
+  x[0] = 50.0f;
+  argmax_case("max at 0 tied with later", x, n, dx, dscr, dout);
+  for (int64_t i = 0; i < n; i++) x[i] = NAN;
+  x[n - 1] = -1e30f;
+  argmax_case("all NaN but the last", x, n, dx, dscr, dout);
+  for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
+  argmax_case("all -inf (0)", x, n, dx, dscr, dout);
+  for (int64_t i = 0; i < n; i++) x[i] = (i % 3) ? -0.0f : 0.0f;
+  argmax_case("+0 / -0 ties", x, n, dx, dscr, dout);
+  float small[3] = { 1, 3, 3 };
+  argmax_case("n = 3", small, 3, dx, dscr, dout);
+  cuda_rt_free(dx), cuda_rt_free(dscr), cuda_rt_free(dout);
+  free(x);
+}
+
+int main(void) {
+  if (cuda_rt_device_count() <= 0) {
+    printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  char name[256], err[256];
+  if (cuda_rt_init(0, name, sizeof name, err, sizeof err)) {
+    printf("%s\n", err);
+    return 1;
+  }
+  printf("device: %s\n", name);
+  floe_rng_seed(&R, 0x0c0ffee5ull ^ (uint64_t)floe_time_s());
+  test_norm();
+  /* 35B-A3B shape at >= 32K positions, both cache types; then smaller awkward ones */
+  test_attn_case(16, 2, 256, 64, 1, 1, 32771, 5, 64);
+  test_attn_case(16, 2, 256, 64, 1, 0, 32771, 3, 64);
+  test_attn_case(16, 2, 256, 64, 1, 1, 0, 7, 64);
+  test_attn_case(32, 4, 128, 128, 0, 0, 1000, 9, 7);
+  test_attn_case(12, 4, 128, 32, 1, 1, 200, 3, 256);
+  test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
+  test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
+  test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);
+  test_route(256, 8, 1, 5, 0);
+  test_route(256, 8, 1, 5, 3);
+  test_route(100, 6, 0, 4, 2);
+  test_route(512, 10, 1, 3, 5);
+  test_combine(3, 8, 2050, 1, 1);
+  test_combine(2, 6, 1000, 0, 0);
+  test_embed(FLOE_TYPE_F32, 2048);
+  test_embed(FLOE_TYPE_F16, 2050);
+  test_embed(FLOE_TYPE_BF16, 2050);
+  test_embed(FLOE_TYPE_Q8_0, 2080);
+  test_embed(FLOE_TYPE_Q4_K, 2304);
+  test_embed(FLOE_TYPE_Q6_K, 2304);
+  test_argmax();
+  return TEST_DONE();
+}
