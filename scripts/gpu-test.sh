@@ -9,6 +9,9 @@
 #   test      ctest -L cuda --output-on-failure (the CUDA tests; each compares with the CPU)
 #   test-all  the whole ctest suite (CPU tests too)
 #   bench-mm  bench_cuda_mm (copy bandwidth, then GB/s and us per launch of each mm kernel)
+#   synth35   floe synth: the Qwen3.5-35B-A3B shape, Q4_K, all 40 layers, at $SYNTH (~18 GiB)
+#   test-synth  test_cuda_model with FLOE_TEST_SYNTH=$SYNTH (decode vs prefill greedy tokens)
+#   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096
 # To add a step: write a function sec_NAME (its output goes to $LOG/NAME.log, its exit status
 # decides ok / FAIL) and name it on the command line. Logs go to $OUT when set (the device
 # tool brings $OUT back), else build-gpu/logs. A summary is printed last.
@@ -39,6 +42,22 @@ sec_build() {
 sec_test() { ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 900; }
 sec_test-all() { ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure; }
 sec_bench-mm() { "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
+SYNTH=${SYNTH:-/tmp/floe-q35-q4k.gguf}
+sec_synth35() {
+  [ -f "$SYNTH" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --type q4_K -o "$SYNTH" || return 1
+  ls -l "$SYNTH"
+}
+sec_test-synth() { FLOE_TEST_SYNTH=$SYNTH FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model"; }
+sec_bench35() {
+  local rc=0
+  timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 128 -r 3 --json || rc=1
+  for d in ${DEPTHS:-8192}; do
+    timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -d "$d" -r 2 --json || rc=1
+  done
+  timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 4096 -n 0 -r 2 --json || rc=1
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader || true
+  return $rc
+}
 
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(build test bench-mm)
@@ -65,6 +84,7 @@ for s in "${sections[@]}"; do
   fi
 done
 [ -f "$LOG/bench-mm.log" ] && { echo "=== bench-mm"; cat "$LOG/bench-mm.log"; }
+[ -f "$LOG/bench35.log" ] && { echo "=== bench35"; grep -E '^\{' "$LOG/bench35.log" | cut -c1-600; }
 if [ -f "$LOG/test.log" ]; then
   echo "=== test checks"
   grep -E "^FAIL|passed, [0-9]+ failed|tests passed|tests failed|\*\*\*" "$LOG/test.log" | tail -n 30

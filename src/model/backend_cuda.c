@@ -485,7 +485,7 @@ static size_t cu_ckpt_bytes(const model_session *s) {
 
 static int cu_ckpt_copy(model_session *s, kv_ckpt *ck, bool save) {
   cu_sess *c = s->dev;
-  uint8_t *d = ck->data;
+  uint8_t *d = (uint8_t *)ck->data;
   for (int64_t l = 0; l < s->m->hp.n_layer; l++) {
     if (!c->S[l]) continue;
     if (save) {
