@@ -226,5 +226,5 @@ int main(void) {
   test_quantized(test_fixture("../../models/default.gguf"), "default model (Q8_0)", 64);
   const char *synth = getenv("FLOE_TEST_SYNTH");
   if (synth && *synth) test_quantized(synth, synth, 64);
-  return test_summary();
+  return TEST_DONE();
 }
