@@ -1,7 +1,7 @@
 /* POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API on the shared chat
  * path (chat_gen.h).
  *
- * Request: `system` (a string or text blocks), `messages` whose content is a string or blocks:
+ * Request: `system` (a string or text blocks; messages with role "system" join it), `messages` whose content is a string or blocks:
  * text, tool_use (assistant), tool_result (user; each becomes a tool message, in order with the
  * user's text), thinking (assistant reasoning; redacted_thinking is dropped); `tools` (name,
  * description, input_schema; Anthropic-defined tool types are skipped), `tool_choice` (auto, any,
@@ -256,21 +256,49 @@ static int assistant_blocks(chat_req *rq, const cJSON *c, size_t idx, srv_error 
   return rc;
 }
 
-static int parse_request(const cJSON *req, chat_req *rq, srv_error *e) {
+/* The system prompt: `system`, then the text of any message with role "system" (newer clients
+ * send some context that way, mid-conversation; the Qwen3.5 template takes one system message,
+ * first, so their text joins the system prompt). */
+static int system_prompt(chat_req *rq, const cJSON *req, const cJSON *msgs, srv_error *e) {
   const char *sys;
   if (text_of(rq, cJSON_GetObjectItemCaseSensitive(req, "system"), "system", &sys, e)) return -1;
-  if (sys && chat_req_msg(rq, "system", sys, e)) return -1;
+  sbuf b = {0};
+  if (sys) sb_str(&b, sys);
+  const cJSON *m;
+  cJSON_ArrayForEach(m, msgs) {
+    const char *role = str_field(m, "role"), *t;
+    if (!role || strcmp(role, "system")) continue;
+    if (text_of(rq, cJSON_GetObjectItemCaseSensitive(m, "content"), "a system message", &t, e)) {
+      sb_free(&b);
+      return -1;
+    }
+    if (!t || !t[0]) continue;
+    if (b.n) sb_str(&b, "\n\n");
+    sb_str(&b, t);
+  }
+  if (!b.n) return 0;
+  const char *all = chat_req_join(rq, &b);
+  if (!all) return srv_fail(e, 500, NULL, NULL, "out of memory");
+  return chat_req_msg(rq, "system", all, e);
+}
+
+static int parse_request(const cJSON *req, chat_req *rq, srv_error *e) {
   const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
   if (!cJSON_IsArray(msgs) || !cJSON_GetArraySize(msgs))
     return srv_fail(e, 400, "invalid_value", "messages", "'messages' must be a non-empty array");
+  if (system_prompt(rq, req, msgs, e)) return -1;
   size_t i = 0;
   const cJSON *m;
   cJSON_ArrayForEach(m, msgs) {
     const char *role = str_field(m, "role");
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
     bool user = role && !strcmp(role, "user");
+    if (role && !strcmp(role, "system")) { /* in the system prompt */
+      i++;
+      continue;
+    }
     if (!role || (!user && strcmp(role, "assistant")))
-      return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu].role must be user or assistant", i);
+      return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu].role must be user, assistant or system", i);
     if (cJSON_IsString(c)) {
       if (chat_req_msg(rq, user ? "user" : "assistant", c->valuestring, e)) return -1;
     } else if (cJSON_IsArray(c)) {
