@@ -99,6 +99,9 @@ typedef struct floe_model_info {
   char device_note[256]; /* FLOE_DEVICE_AUTO chose the CPU while CUDA support was built: why */
 } floe_model_info;
 void floe_engine_info(const floe_engine *e, floe_model_info *out);
+/* Is the engine still usable? FLOE_E_IO with the reason when a model file it maps shrank after
+ * loading (every evaluation would fail), else 0. Cheap (an fstat per file). */
+int floe_engine_check(const floe_engine *e, char *err, size_t errlen);
 /* The read bandwidth of the memory the weights sit in: every byte of the model file's resident
  * copy read front to back by n_threads threads (each its own contiguous part, the shape of
  * bench/membw), `passes` times; *gbps = the best pass. Decode streams from these very pages, so

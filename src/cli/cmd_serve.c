@@ -34,6 +34,7 @@ static void usage(FILE *f) {
           "  -n N                   default max_tokens when a request gives none (default: until the context is full)\n"
           "  -t N                   engine threads (default: all cores)\n"
           "  --mem-budget BYTES     memory budget; routed experts are streamed from disk (suffixes K M G)\n"
+          "  --direct               O_DIRECT expert reads (with --mem-budget; default buffered)\n"
           "  --kv-f32               F32 KV cache (default BF16)\n"
           "  --mmap                 map the model file (default: read it into huge-page memory when it fits)\n"
           "  --no-mmap              always read the model file into memory\n"
@@ -84,6 +85,7 @@ int cmd_serve(int argc, char **argv) {
       o.mem_budget = b;
     }
     else if (!strcmp(a, "--kv-f32")) o.kv_f32 = true;
+    else if (!strcmp(a, "--direct")) o.io_direct = true;
     else if (!strcmp(a, "--mmap")) o.load = FLOE_LOAD_MMAP;
     else if (!strcmp(a, "--no-mmap")) o.load = FLOE_LOAD_COPY;
     else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o.verbose = true;

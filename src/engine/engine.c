@@ -28,6 +28,7 @@
 #include "experts/experts.h"
 #include "floe.h"
 #include "format/gguf.h"
+#include "format/safetensors.h"
 #include "model/model.h"
 #include "sample/sampler.h"
 #include "tok/tokenizer.h"
@@ -240,6 +241,13 @@ void floe_engine_close(floe_engine *e) {
 void floe_engine_info(const floe_engine *e, floe_model_info *out) {
   *out = e->info;
   out->decode_bytes = layer_decode_bytes(e->m);
+}
+
+int floe_engine_check(const floe_engine *e, char *err, size_t errlen) {
+  /* the same test every evaluation makes before it touches the weights */
+  if (e->m->gguf && gguf_check_unchanged(e->m->gguf, err, errlen)) return FLOE_E_IO;
+  if (e->m->st && st_model_check_unchanged(e->m->st, err, errlen)) return FLOE_E_IO;
+  return 0;
 }
 
 #define RBW_MAX_THREADS 256

@@ -75,8 +75,12 @@ static enum MHD_Result send_json(struct MHD_Connection *c, srv *s, int status, c
   return send_text(c, s, status, "application/json", body, 0);
 }
 
+static enum MHD_Result send_error_shape(struct MHD_Connection *c, srv *s, const srv_error *e, int retry_after, int shape) {
+  return send_text(c, s, e->status, "application/json", srv_error_json_shape(e, shape), retry_after);
+}
+
 static enum MHD_Result send_error(struct MHD_Connection *c, srv *s, const srv_error *e, int retry_after) {
-  return send_text(c, s, e->status, "application/json", srv_error_json(e), retry_after);
+  return send_error_shape(c, s, e, retry_after, SRV_ERR_OPENAI);
 }
 
 /* SSE: the connection thread reads the job's output as the worker produces it. */
@@ -176,8 +180,13 @@ int srv_enqueue(srv *s, srv_job *j, srv_error *e, srv_reply *r) {
 /* ---- small endpoints ---- */
 static enum MHD_Result ep_health(struct MHD_Connection *c, srv *s) {
   int st = loaded_state(s);
-  if (st == 1) return send_text(c, s, 200, "application/json", strdup("{\"status\":\"ok\"}"), 0);
+  char why[384];
   srv_error e;
+  if (st == 1 && floe_engine_check(s->engine, why, sizeof why)) {
+    srv_fail(&e, 503, "model_unusable", NULL, "The model cannot be used: %s", why);
+    return send_error(c, s, &e, 0);
+  }
+  if (st == 1) return send_text(c, s, 200, "application/json", strdup("{\"status\":\"ok\"}"), 0);
   if (st == 0) srv_fail(&e, 503, "model_loading", NULL, "Loading model");
   else srv_fail(&e, 503, "model_failed", NULL, "The model failed to load: %s", s->load_err);
   return send_error(c, s, &e, 1);
@@ -338,7 +347,8 @@ static int route(const char *url, bool *post) {
       {"/chat/completions", SRV_EP_CHAT, true}, {"/completions", SRV_EP_COMPLETIONS, true},
       {"/models", SRV_EP_MODELS, false},       {"/health", SRV_EP_HEALTH, false},
       {"/metrics", SRV_EP_METRICS, false},     {"/tokenize", SRV_EP_TOKENIZE, true},
-      {"/detokenize", SRV_EP_DETOKENIZE, true},
+      {"/detokenize", SRV_EP_DETOKENIZE, true}, {"/responses", SRV_EP_RESPONSES, true},
+      {"/messages", SRV_EP_MESSAGES, true},    {"/messages/count_tokens", SRV_EP_COUNT_TOKENS, true},
   };
   for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
     if (!strcmp(url, routes[i].path)) {
@@ -353,21 +363,24 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, srv *s, const char *ur
   bool post = false;
   int ep = route(url, &post);
   metrics_request(&s->metrics, ep < 0 ? SRV_EP_OTHER : ep);
+  /* Anthropic's clients read errors in Anthropic's shape, the HTTP side's own ones included */
+  int shape = ep == SRV_EP_MESSAGES || ep == SRV_EP_COUNT_TOKENS || (ep < 0 && strstr(url, "/messages"))
+                  ? SRV_ERR_ANTHROPIC : SRV_ERR_OPENAI;
   if (ep < 0) {
     srv_fail(&e, 404, "not_found", NULL, "no endpoint %s", url);
-    return send_error(c, s, &e, 0);
+    return send_error_shape(c, s, &e, 0, shape);
   }
   if (strcmp(method, post ? "POST" : "GET") && !(!post && !strcmp(method, "HEAD"))) {
     srv_fail(&e, 405, "method_not_allowed", NULL, "%s %s is not supported (use %s)", method, url, post ? "POST" : "GET");
-    return send_error(c, s, &e, 0);
+    return send_error_shape(c, s, &e, 0, shape);
   }
   if (ep != SRV_EP_HEALTH && !auth_ok(c, s)) {
     srv_fail(&e, 401, "invalid_api_key", NULL, "Incorrect API key provided");
-    return send_error(c, s, &e, 0);
+    return send_error_shape(c, s, &e, 0, shape);
   }
   if (rc->too_large) {
     srv_fail(&e, 413, "request_too_large", NULL, "the request body exceeds %zu bytes", s->o.max_body);
-    return send_error(c, s, &e, 0);
+    return send_error_shape(c, s, &e, 0, shape);
   }
   const char *body = rc->body.p ? rc->body.p : "";
   size_t len = rc->body.n;
@@ -382,8 +395,13 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, srv *s, const char *ur
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
   int fd = ci ? ci->connect_fd : -1;
   srv_reply r = {0};
-  if (ep == SRV_EP_CHAT) openai_chat(s, body, len, fd, &r);
-  else openai_completions(s, body, len, fd, &r);
+  switch (ep) {
+  case SRV_EP_CHAT: openai_chat(s, body, len, fd, &r); break;
+  case SRV_EP_RESPONSES: openai_responses(s, body, len, fd, &r); break;
+  case SRV_EP_MESSAGES: anthropic_messages(s, body, len, fd, &r); break;
+  case SRV_EP_COUNT_TOKENS: anthropic_count_tokens(s, body, len, &r); break;
+  default: openai_completions(s, body, len, fd, &r); break;
+  }
   if (r.job) return send_job(c, s, rc, r.job);
   return send_text(c, s, r.status ? r.status : 500, r.content_type ? r.content_type : "application/json", r.body,
                    r.retry_after);
@@ -455,6 +473,7 @@ static void *loader_main(void *arg) {
   ep.n_threads = s->o.n_threads;
   ep.mem_budget = s->o.mem_budget;
   ep.load = s->o.load;
+  ep.io_direct = s->o.io_direct;
   floe_session_params sp;
   floe_session_params_init(&sp);
   sp.n_ctx = s->o.n_ctx;

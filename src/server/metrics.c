@@ -5,6 +5,8 @@
 
 #include "server/server.h"
 
+_Static_assert(sizeof ((srv_metrics *)0)->requests / sizeof(uint64_t) == SRV_EP_OTHER + 1, "one counter per endpoint");
+
 void metrics_init(srv_metrics *m) {
   memset(m, 0, sizeof *m);
   pthread_mutex_init(&m->mu, NULL);
@@ -53,7 +55,8 @@ static void metric(sbuf *o, const char *name, const char *type, const char *help
 
 void metrics_render(srv_metrics *m, sbuf *o, int queue_depth, int processing, bool loaded) {
   static const char *const ep_names[] = {"chat_completions", "completions", "models", "health",
-                                         "metrics", "tokenize", "detokenize", "other"};
+                                         "metrics", "tokenize", "detokenize", "responses",
+                                         "messages", "count_tokens", "other"};
   pthread_mutex_lock(&m->mu);
   srv_metrics c = *m;
   pthread_mutex_unlock(&m->mu);

@@ -17,130 +17,77 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/output_parse.h"
-#include "server/server.h"
+#include "server/chat_gen.h"
 
-typedef struct chat_call {
-  char id[40];
-  sbuf name, args;
-} chat_call;
+/* The chat API's own state beside the shared chat_gen (g->user). */
+typedef struct chat_api {
+  bool include_usage, logprobs;
+  cJSON *lp; /* logprob entries: all of them (non-streaming) or those not yet sent (streaming) */
+} chat_api;
 
-typedef struct chat_proto {
-  char id[48];
-  int64_t created;
-  char model[256];
-  const floe_engine *e;
-  srv_job *job;
-  bool stream, include_usage, logprobs;
-  cJSON *tools; /* owned copy of the request's tools (schemas for typing) */
-  outp parser;
-  sbuf content, reasoning;
-  chat_call *calls;
-  int n_calls, cap_calls;
-  cJSON *lp;       /* logprob entries: all of them (non-streaming) or those not yet sent (streaming) */
-  int64_t n_reasoning;
-  bool verbose;
-  bool think_open; /* the prompt opened a <think> block */
-  srv_queue *queue;
-} chat_proto;
-
-static void chat_free(void *pp) {
-  chat_proto *p = pp;
-  outp_free(&p->parser);
-  sb_free(&p->content);
-  sb_free(&p->reasoning);
-  for (int i = 0; i < p->n_calls; i++) {
-    sb_free(&p->calls[i].name);
-    sb_free(&p->calls[i].args);
-  }
-  free(p->calls);
-  cJSON_Delete(p->tools);
-  cJSON_Delete(p->lp);
-  free(p);
+static void chat_api_free(chat_gen *g) {
+  chat_api *c = g->user;
+  if (c) cJSON_Delete(c->lp);
+  free(c);
 }
 
 /* ---- streaming chunks ---- */
-static cJSON *chunk_root(chat_proto *p) {
-  return json_response_root(p->id, "chat.completion.chunk", p->created, p->model);
+static cJSON *chunk_root(chat_gen *g) {
+  return json_response_root(g->id, "chat.completion.chunk", g->created, g->model);
 }
 
 /* One chunk with a delta (taken) and an optional finish reason; carries pending logprobs. */
-static void chunk(chat_proto *p, cJSON *delta, const char *finish) {
-  cJSON *root = chunk_root(p);
+static void chunk(chat_gen *g, cJSON *delta, const char *finish) {
+  chat_api *c = g->user;
+  cJSON *root = chunk_root(g);
   cJSON *choices = cJSON_AddArrayToObject(root, "choices");
   cJSON *ch = cJSON_CreateObject();
   cJSON_AddItemToArray(choices, ch);
   cJSON_AddNumberToObject(ch, "index", 0);
   cJSON_AddItemToObject(ch, "delta", delta);
-  if (p->logprobs && p->lp && cJSON_GetArraySize(p->lp) > 0) {
+  if (c->logprobs && c->lp && cJSON_GetArraySize(c->lp) > 0) {
     cJSON *lo = cJSON_AddObjectToObject(ch, "logprobs");
-    cJSON_AddItemToObject(lo, "content", p->lp);
+    cJSON_AddItemToObject(lo, "content", c->lp);
     cJSON_AddNullToObject(lo, "refusal");
-    p->lp = cJSON_CreateArray();
+    c->lp = cJSON_CreateArray();
   } else {
     cJSON_AddNullToObject(ch, "logprobs");
   }
   if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
   else cJSON_AddNullToObject(ch, "finish_reason");
-  if (p->include_usage) cJSON_AddNullToObject(root, "usage");
-  job_emit_event(p->job, root);
+  if (c->include_usage) cJSON_AddNullToObject(root, "usage");
+  job_emit_event(g->job, root);
 }
 
-/* ---- parser sink ---- */
-static void on_content(void *u, const char *s, size_t n) {
-  chat_proto *p = u;
-  sb_add(&p->content, s, n);
-  if (!p->stream) return;
-  cJSON *d = cJSON_CreateObject();
-  cJSON_AddItemToObject(d, "content", json_str_n(s, n));
-  chunk(p, d, NULL);
-}
-
-static void on_reasoning(void *u, const char *s, size_t n) {
-  chat_proto *p = u;
-  sb_add(&p->reasoning, s, n);
-  if (!p->stream) return;
-  cJSON *d = cJSON_CreateObject();
-  cJSON_AddItemToObject(d, "reasoning_content", json_str_n(s, n));
-  chunk(p, d, NULL);
-}
-
-static void on_tool_start(void *u, int index, const char *id, const char *name) {
-  chat_proto *p = u;
-  if (p->n_calls == p->cap_calls) {
-    int nc = p->cap_calls ? p->cap_calls * 2 : 4;
-    chat_call *nb = realloc(p->calls, (size_t)nc * sizeof *nb);
-    if (!nb) return;
-    p->calls = nb;
-    p->cap_calls = nc;
-  }
-  chat_call *c = &p->calls[p->n_calls++];
-  memset(c, 0, sizeof *c);
-  snprintf(c->id, sizeof c->id, "%s", id);
-  sb_str(&c->name, name);
-  if (!p->stream) return;
-  cJSON *d = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(d, "tool_calls"), *tc = cJSON_CreateObject();
+/* ---- blocks: content / reasoning deltas, tool calls by index ---- */
+static cJSON *tool_delta(cJSON *d, int index) {
+  cJSON *arr = cJSON_AddArrayToObject(d, "tool_calls"), *tc = cJSON_CreateObject();
   cJSON_AddItemToArray(arr, tc);
   cJSON_AddNumberToObject(tc, "index", index);
-  cJSON_AddStringToObject(tc, "id", id);
+  return tc;
+}
+
+static void chat_open(chat_gen *g) {
+  if (g->blk_kind != OUTP_TOOL) return;
+  const gen_call *call = &g->calls[g->blk_call];
+  cJSON *d = cJSON_CreateObject(), *tc = tool_delta(d, g->blk_call);
+  cJSON_AddStringToObject(tc, "id", call->id);
   cJSON_AddStringToObject(tc, "type", "function");
   cJSON *f = cJSON_AddObjectToObject(tc, "function");
-  cJSON_AddItemToObject(f, "name", json_str_n(name, strlen(name)));
+  cJSON_AddItemToObject(f, "name", json_str_n(call->name.p ? call->name.p : "", call->name.n));
   cJSON_AddStringToObject(f, "arguments", "");
-  chunk(p, d, NULL);
+  chunk(g, d, NULL);
 }
 
-static void on_tool_args(void *u, int index, const char *s, size_t n) {
-  chat_proto *p = u;
-  if (index < 0 || index >= p->n_calls) return;
-  sb_add(&p->calls[index].args, s, n);
-  if (!p->stream) return;
-  cJSON *d = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(d, "tool_calls"), *tc = cJSON_CreateObject();
-  cJSON_AddItemToArray(arr, tc);
-  cJSON_AddNumberToObject(tc, "index", index);
-  cJSON *f = cJSON_AddObjectToObject(tc, "function");
-  cJSON_AddItemToObject(f, "arguments", json_str_n(s, n));
-  chunk(p, d, NULL);
+static void chat_delta(chat_gen *g, const char *s, size_t n) {
+  cJSON *d = cJSON_CreateObject();
+  if (g->blk_kind == OUTP_TOOL) {
+    cJSON *f = cJSON_AddObjectToObject(tool_delta(d, g->blk_call), "function");
+    cJSON_AddItemToObject(f, "arguments", json_str_n(s, n));
+  } else {
+    cJSON_AddItemToObject(d, g->blk_kind == OUTP_REASONING ? "reasoning_content" : "content", json_str_n(s, n));
+  }
+  chunk(g, d, NULL);
 }
 
 /* ---- logprobs ---- */
@@ -155,24 +102,25 @@ static cJSON *lp_entry(const floe_engine *e, int32_t id, float lp) {
   return t;
 }
 
-static void chat_on_token(srv_job *j, const floe_token_event *ev) {
-  chat_proto *p = j->proto;
-  if (ev->id >= 0 && outp_mode(&p->parser) == OUTP_REASONING) p->n_reasoning++;
-  if (p->logprobs && ev->id >= 0 && !floe_token_is_eog(p->e, ev->id)) {
-    cJSON *t = lp_entry(p->e, ev->id, ev->logprob);
-    cJSON *tops = cJSON_AddArrayToObject(t, "top_logprobs");
-    for (int k = 0; k < ev->n_top && k < j->gp.n_top_logprobs; k++)
-      if (ev->top_ids[k] >= 0) cJSON_AddItemToArray(tops, lp_entry(p->e, ev->top_ids[k], ev->top_logprobs[k]));
-    cJSON_AddItemToArray(p->lp, t);
-  }
-  outp_feed(&p->parser, ev->text, ev->text_len);
-  if (p->stream && p->logprobs && cJSON_GetArraySize(p->lp) > 0 && ev->text_len == 0 && ev->id >= 0 &&
-      !floe_token_is_eog(p->e, ev->id))
-    chunk(p, cJSON_CreateObject(), NULL); /* a token whose text is held back still reports its logprob */
+static void chat_token(chat_gen *g, const floe_token_event *ev) {
+  chat_api *c = g->user;
+  if (!c->logprobs || ev->id < 0 || floe_token_is_eog(g->e, ev->id)) return;
+  cJSON *t = lp_entry(g->e, ev->id, ev->logprob);
+  cJSON *tops = cJSON_AddArrayToObject(t, "top_logprobs");
+  for (int k = 0; k < ev->n_top && k < g->job->gp.n_top_logprobs; k++)
+    if (ev->top_ids[k] >= 0) cJSON_AddItemToArray(tops, lp_entry(g->e, ev->top_ids[k], ev->top_logprobs[k]));
+  cJSON_AddItemToArray(c->lp, t);
 }
 
-static const char *finish_reason(const chat_proto *p, const floe_gen_result *res) {
-  if (p->n_calls > 0) return "tool_calls";
+static void chat_token_after(chat_gen *g, const floe_token_event *ev) {
+  chat_api *c = g->user;
+  if (g->stream && c->logprobs && cJSON_GetArraySize(c->lp) > 0 && ev->text_len == 0 && ev->id >= 0 &&
+      !floe_token_is_eog(g->e, ev->id))
+    chunk(g, cJSON_CreateObject(), NULL); /* a token whose text is held back still reports its logprob */
+}
+
+static const char *finish_reason(const chat_gen *g, const floe_gen_result *res) {
+  if (g->n_calls > 0) return "tool_calls";
   return res->finish == FLOE_FINISH_LENGTH ? "length" : "stop";
 }
 
@@ -190,111 +138,74 @@ static cJSON *timings(const floe_gen_result *res) {
   return t;
 }
 
-static void chat_on_done(srv_job *j, int rc, const floe_gen_result *res, const char *err) {
-  chat_proto *p = j->proto;
-  bool client_gone = res->finish == FLOE_FINISH_CANCELLED;
-  if (rc) {
-    job_fail_generation(j, rc, err, "messages");
-    return;
-  }
-  outp_finish(&p->parser);
-  const char *fr = finish_reason(p, res);
-  if (p->n_calls && !client_gone) { /* remember the turn as sampled, for its tool-call ids */
-    sbuf t = {0};
-    if (p->think_open) sb_str(&t, "<think>\n");
-    size_t n = j->n_sampled;
-    while (n && floe_token_is_eog(p->e, j->sampled[n - 1])) n--;
-    for (size_t i = 0; i < n; i++) {
-      size_t pl;
-      const char *pc = floe_token_piece(p->e, j->sampled[i], &pl);
-      if (pc) sb_add(&t, pc, pl);
-    }
-    sb_add(&t, "", 0);
-    if (!t.oom && utf8_valid(t.p, t.n))
-      for (int i = 0; i < p->n_calls; i++) queue_remember_turn(p->queue, p->calls[i].id, t.p);
-    sb_free(&t);
-  }
-  if (p->verbose)
-    fprintf(stderr, "floe serve: chat %s: prompt %lld (cached %lld), generated %lld, %.1f tok/s, finish %s%s\n", p->id,
-            (long long)res->n_prompt, (long long)res->n_reused, (long long)res->n_gen,
-            res->decode_s > 0 && res->n_gen > 1 ? (double)(res->n_gen - 1) / res->decode_s : 0.0, fr,
-            client_gone ? " (client gone)" : "");
-  if (p->stream) {
-    chunk(p, cJSON_CreateObject(), fr);
-    if (p->include_usage) {
-      cJSON *root = chunk_root(p);
+static void chat_done(chat_gen *g, const floe_gen_result *res) {
+  chat_api *c = g->user;
+  const char *fr = finish_reason(g, res);
+  if (g->stream) {
+    chunk(g, cJSON_CreateObject(), fr);
+    if (c->include_usage) {
+      cJSON *root = chunk_root(g);
       cJSON_AddArrayToObject(root, "choices");
-      cJSON_AddItemToObject(root, "usage", json_usage(res, p->n_reasoning));
+      cJSON_AddItemToObject(root, "usage", json_usage(res, g->n_reasoning));
       cJSON_AddItemToObject(root, "timings", timings(res));
-      job_emit_event(j, root);
+      job_emit_event(g->job, root);
     }
-    job_emit(j, "data: [DONE]\n\n", 14);
+    job_emit(g->job, "data: [DONE]\n\n", 14);
     return;
   }
-  cJSON *root = json_response_root(p->id, "chat.completion", p->created, p->model);
+  cJSON *root = json_response_root(g->id, "chat.completion", g->created, g->model);
   cJSON *choices = cJSON_AddArrayToObject(root, "choices"), *ch = cJSON_CreateObject();
   cJSON_AddItemToArray(choices, ch);
   cJSON_AddNumberToObject(ch, "index", 0);
   cJSON *msg = cJSON_AddObjectToObject(ch, "message");
   cJSON_AddStringToObject(msg, "role", "assistant");
-  if (p->n_calls && p->content.n == 0) cJSON_AddNullToObject(msg, "content");
-  else cJSON_AddItemToObject(msg, "content", json_str_n(p->content.p ? p->content.p : "", p->content.n));
-  if (p->reasoning.n) cJSON_AddItemToObject(msg, "reasoning_content", json_str_n(p->reasoning.p, p->reasoning.n));
+  if (g->n_calls && g->content.n == 0) cJSON_AddNullToObject(msg, "content");
+  else cJSON_AddItemToObject(msg, "content", json_str_n(g->content.p ? g->content.p : "", g->content.n));
+  if (g->reasoning.n) cJSON_AddItemToObject(msg, "reasoning_content", json_str_n(g->reasoning.p, g->reasoning.n));
   cJSON_AddNullToObject(msg, "refusal");
-  if (p->n_calls) {
+  if (g->n_calls) {
     cJSON *arr = cJSON_AddArrayToObject(msg, "tool_calls");
-    for (int i = 0; i < p->n_calls; i++) {
+    for (int i = 0; i < g->n_calls; i++) {
+      const gen_call *call = &g->calls[i];
       cJSON *tc = cJSON_CreateObject();
       cJSON_AddItemToArray(arr, tc);
-      cJSON_AddStringToObject(tc, "id", p->calls[i].id);
+      cJSON_AddStringToObject(tc, "id", call->id);
       cJSON_AddStringToObject(tc, "type", "function");
       cJSON *f = cJSON_AddObjectToObject(tc, "function");
-      cJSON_AddItemToObject(f, "name", json_str_n(p->calls[i].name.p ? p->calls[i].name.p : "", p->calls[i].name.n));
-      cJSON_AddItemToObject(f, "arguments", json_str_n(p->calls[i].args.p ? p->calls[i].args.p : "{}",
-                                                       p->calls[i].args.p ? p->calls[i].args.n : 2));
+      cJSON_AddItemToObject(f, "name", json_str_n(call->name.p ? call->name.p : "", call->name.n));
+      cJSON_AddItemToObject(f, "arguments", json_str_n(call->args.p ? call->args.p : "{}", call->args.p ? call->args.n : 2));
     }
   }
-  if (p->logprobs) {
+  if (c->logprobs) {
     cJSON *lo = cJSON_AddObjectToObject(ch, "logprobs");
-    cJSON_AddItemToObject(lo, "content", p->lp);
+    cJSON_AddItemToObject(lo, "content", c->lp);
     cJSON_AddNullToObject(lo, "refusal");
-    p->lp = NULL;
+    c->lp = NULL;
   } else {
     cJSON_AddNullToObject(ch, "logprobs");
   }
   cJSON_AddStringToObject(ch, "finish_reason", fr);
-  cJSON_AddItemToObject(root, "usage", json_usage(res, p->n_reasoning));
+  cJSON_AddItemToObject(root, "usage", json_usage(res, g->n_reasoning));
   cJSON_AddItemToObject(root, "timings", timings(res));
-  job_emit_body(j, root);
+  job_emit_body(g->job, root);
 }
 
-static const srv_job_ops chat_ops = {chat_on_token, chat_on_done, chat_free};
+/* the role chunk */
+static void chat_start(chat_gen *g) {
+  cJSON *d = cJSON_CreateObject();
+  cJSON_AddStringToObject(d, "role", "assistant");
+  cJSON_AddStringToObject(d, "content", "");
+  chunk(g, d, NULL);
+}
+
+static const chat_gen_api chat_api_ops = {
+    .name = "chat", .param = "messages", .start = chat_start, .open = chat_open, .delta = chat_delta, .token = chat_token,
+    .token_after = chat_token_after, .done = chat_done, .free = chat_api_free};
 
 /* ---- request parsing ---- */
 
-/* Strings made for the messages (joined content parts, printed arguments), freed together. */
-typedef struct strpool { char **v; size_t n, cap; } strpool;
-static char *pool_keep(strpool *sp, char *s) {
-  if (!s) return NULL;
-  if (sp->n == sp->cap) {
-    size_t nc = sp->cap ? sp->cap * 2 : 16;
-    char **nb = realloc(sp->v, nc * sizeof *nb);
-    if (!nb) {
-      free(s);
-      return NULL;
-    }
-    sp->v = nb;
-    sp->cap = nc;
-  }
-  return sp->v[sp->n++] = s;
-}
-static void pool_free(strpool *sp) {
-  for (size_t i = 0; i < sp->n; i++) free(sp->v[i]);
-  free(sp->v);
-}
-
 /* content: string, null, or an array of {type:"text", text} parts. */
-static int msg_content(const cJSON *c, strpool *sp, const char **out, size_t idx, srv_error *e) {
+static int msg_content(chat_req *rq, const cJSON *c, const char **out, size_t idx, srv_error *e) {
   *out = NULL;
   if (!c || cJSON_IsNull(c)) return 0;
   if (cJSON_IsString(c)) {
@@ -319,12 +230,7 @@ static int msg_content(const cJSON *c, strpool *sp, const char **out, size_t idx
     }
     sb_str(&b, text->valuestring);
   }
-  sb_add(&b, "", 0);
-  if (b.oom) {
-    sb_free(&b);
-    return srv_fail(e, 500, NULL, NULL, "out of memory");
-  }
-  *out = pool_keep(sp, b.p);
+  *out = chat_req_join(rq, &b);
   return *out ? 0 : srv_fail(e, 500, NULL, NULL, "out of memory");
 }
 
@@ -333,99 +239,57 @@ static const char *str_field(const cJSON *o, const char *k) {
   return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static int parse_messages(srv *s, const cJSON *msgs, floe_chat_msg **out, size_t *n_out,
-                          floe_chat_tool_call **calls_out, strpool *sp, srv_error *e) {
-  *out = NULL;
-  *calls_out = NULL;
+static int parse_messages(const cJSON *msgs, chat_req *rq, srv_error *e) {
   if (!cJSON_IsArray(msgs)) return srv_fail(e, 400, "invalid_type", "messages", "'messages' must be an array");
-  size_t n = (size_t)cJSON_GetArraySize(msgs);
-  if (n == 0) return srv_fail(e, 400, "invalid_value", "messages", "'messages' must not be empty");
-  size_t n_calls = 0;
+  if (cJSON_GetArraySize(msgs) == 0) return srv_fail(e, 400, "invalid_value", "messages", "'messages' must not be empty");
+  size_t i = 0;
   const cJSON *m;
-  cJSON_ArrayForEach(m, msgs) {
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-    if (cJSON_IsArray(tc)) n_calls += (size_t)cJSON_GetArraySize(tc);
-  }
-  floe_chat_msg *v = calloc(n, sizeof *v);
-  floe_chat_tool_call *calls = calloc(n_calls ? n_calls : 1, sizeof *calls);
-  *out = v;
-  *calls_out = calls;
-  if (!v || !calls) return srv_fail(e, 500, NULL, NULL, "out of memory");
-  size_t i = 0, ci = 0;
   cJSON_ArrayForEach(m, msgs) {
     if (!cJSON_IsObject(m)) return srv_fail(e, 400, "invalid_type", "messages", "messages[%zu] must be an object", i);
     const char *role = str_field(m, "role");
     if (!role) return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu].role must be a string", i);
-    bool known = !strcmp(role, "system") || !strcmp(role, "developer") || !strcmp(role, "user") ||
-                 !strcmp(role, "assistant") || !strcmp(role, "tool");
-    if (!known) return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu]: unknown role '%s'", i, role);
-    floe_chat_msg *x = &v[i];
-    x->role = !strcmp(role, "developer") ? "system" : role;
-    if (msg_content(cJSON_GetObjectItemCaseSensitive(m, "content"), sp, &x->content, i, e)) return -1;
+    static const char *const roles[] = {"system", "user", "assistant", "tool"};
+    const char *r = !strcmp(role, "developer") ? "system" : NULL;
+    for (size_t k = 0; k < 4 && !r; k++)
+      if (!strcmp(role, roles[k])) r = roles[k];
+    if (!r) return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu]: unknown role '%s'", i, role);
+    const char *content;
+    if (msg_content(rq, cJSON_GetObjectItemCaseSensitive(m, "content"), &content, i, e)) return -1;
+    if (chat_req_msg(rq, r, content, e)) return -1;
+    floe_chat_msg *x = &rq->msgs[rq->n_msgs - 1];
     const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
     if (!rc) rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning");
     if (rc && !cJSON_IsNull(rc) && !cJSON_IsString(rc))
       return srv_fail(e, 400, "invalid_type", "messages", "messages[%zu].reasoning_content must be a string", i);
-    if (cJSON_IsString(rc) && !strcmp(role, "assistant")) x->reasoning = rc->valuestring;
-    const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-    if (tcs && !cJSON_IsNull(tcs)) {
-      if (!cJSON_IsArray(tcs) || strcmp(role, "assistant"))
-        return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu].tool_calls must be an array on an assistant message", i);
-      x->tool_calls = calls + ci;
-      const cJSON *tc;
-      cJSON_ArrayForEach(tc, tcs) {
-        const cJSON *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
-        const char *name = str_field(f, "name");
-        const cJSON *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
-        if (!name) return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu].tool_calls: function.name missing", i);
-        const char *atext = "{}";
-        if (cJSON_IsString(args)) {
-          cJSON *pj = cJSON_Parse(args->valuestring);
-          bool obj = cJSON_IsObject(pj);
-          cJSON_Delete(pj);
-          if (!obj)
-            return srv_fail(e, 400, "invalid_value", "messages",
-                            "messages[%zu].tool_calls: arguments must be a JSON object encoded as a string", i);
-          atext = args->valuestring;
-        } else if (cJSON_IsObject(args)) {
-          atext = pool_keep(sp, cJSON_PrintUnformatted(args));
-          if (!atext) return srv_fail(e, 500, NULL, NULL, "out of memory");
-        } else if (args && !cJSON_IsNull(args)) {
-          return srv_fail(e, 400, "invalid_type", "messages", "messages[%zu].tool_calls: arguments must be a string", i);
-        }
-        calls[ci].id = str_field(tc, "id");
-        calls[ci].name = name;
-        calls[ci].arguments = atext;
-        ci++;
-        x->n_tool_calls++;
-      }
-    }
-    if (x->n_tool_calls && x->tool_calls[0].id) {
-      /* a turn this server generated: render it from the text the model sampled */
-      char *raw = queue_lookup_turn(s->queue, x->tool_calls[0].id);
-      if (raw) {
-        x->content = pool_keep(sp, raw);
-        if (!x->content) return srv_fail(e, 500, NULL, NULL, "out of memory");
-        x->reasoning = NULL;
-        x->tool_calls = NULL;
-        x->n_tool_calls = 0;
-      }
-    }
-    if (!strcmp(role, "tool")) {
+    if (cJSON_IsString(rc) && !strcmp(r, "assistant")) x->reasoning = rc->valuestring;
+    if (!strcmp(r, "tool")) {
       x->tool_call_id = str_field(m, "tool_call_id");
       x->name = str_field(m, "name");
     }
-    if (!x->content && !x->n_tool_calls && strcmp(role, "assistant"))
+    const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (tcs && !cJSON_IsNull(tcs)) {
+      if (!cJSON_IsArray(tcs) || strcmp(r, "assistant"))
+        return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu].tool_calls must be an array on an assistant message", i);
+      const cJSON *tc;
+      cJSON_ArrayForEach(tc, tcs) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const char *name = str_field(f, "name"), *args;
+        if (!name) return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu].tool_calls: function.name missing", i);
+        if (chat_req_args(rq, cJSON_GetObjectItemCaseSensitive(f, "arguments"), "messages", &args, e) ||
+            chat_req_call(rq, str_field(tc, "id"), name, args, e))
+          return -1;
+      }
+    }
+    x = &rq->msgs[rq->n_msgs - 1];
+    if (!x->content && !x->n_tool_calls && strcmp(r, "assistant"))
       return srv_fail(e, 400, "invalid_value", "messages", "messages[%zu].content is missing", i);
     i++;
   }
-  *n_out = n;
   return 0;
 }
 
-static int parse_tools(const cJSON *req, cJSON **tools_out, bool *parse_calls, srv_error *e) {
-  *tools_out = NULL;
-  *parse_calls = false;
+static int parse_tools(const cJSON *req, chat_req *rq, srv_error *e) {
+  rq->parse_calls = false;
   const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
   if (!tools || cJSON_IsNull(tools)) return 0;
   if (!cJSON_IsArray(tools)) return srv_fail(e, 400, "invalid_type", "tools", "'tools' must be an array");
@@ -449,9 +313,10 @@ static int parse_tools(const cJSON *req, cJSON **tools_out, bool *parse_calls, s
   } else if (choice && !cJSON_IsNull(choice) && !cJSON_IsObject(choice)) {
     return srv_fail(e, 400, "invalid_type", "tool_choice", "tool_choice must be a string or an object");
   }
-  *tools_out = cJSON_Duplicate(tools, true);
-  if (!*tools_out) return srv_fail(e, 500, NULL, NULL, "out of memory");
-  *parse_calls = !none;
+  /* the request's own objects, as given: the template prints them */
+  rq->tools = cJSON_Duplicate(tools, true);
+  if (!rq->tools) return srv_fail(e, 500, NULL, NULL, "out of memory");
+  rq->parse_calls = !none;
   return 0;
 }
 
@@ -467,43 +332,17 @@ static int parse_thinking(const cJSON *req, bool *think, srv_error *e) {
   return 0;
 }
 
-/* Does the prompt end inside an open <think> block? */
-static bool think_open(const char *t, size_t n) {
-  const char *open = NULL, *close = NULL, *q = t;
-  while ((q = memmem(q, n - (size_t)(q - t), "<think>", 7))) open = q++;
-  q = t;
-  while ((q = memmem(q, n - (size_t)(q - t), "</think>", 8))) close = q++;
-  return open && (!close || close < open);
-}
-
 void openai_chat(srv *s, const char *body, size_t len, int fd, srv_reply *r) {
   srv_error e = {0};
-  cJSON *req = NULL, *tools = NULL;
-  floe_chat_msg *msgs = NULL;
-  floe_chat_tool_call *calls = NULL;
-  strpool sp = {0};
-  char *tools_json = NULL, *text = NULL;
+  cJSON *req = NULL;
+  chat_req rq = {.param = "messages"};
   srv_job *j = NULL;
-  chat_proto *p = NULL;
+  chat_gen *g = NULL;
+  bool stream = false, include_usage = false, logprobs = false;
 
-  if (!utf8_valid(body, len)) {
-    srv_fail(&e, 400, "invalid_encoding", NULL, "the request body is not valid UTF-8");
-    goto fail;
-  }
-  req = cJSON_ParseWithLength(body, len);
-  if (!req) {
-    srv_fail(&e, 400, "invalid_json", NULL, "the request body is not valid JSON");
-    goto fail;
-  }
-  if (!cJSON_IsObject(req)) {
-    srv_fail(&e, 400, "invalid_json", NULL, "the request body must be a JSON object");
-    goto fail;
-  }
-  if (srv_check_model(s, req, &e)) goto fail;
-  size_t n_msgs = 0;
-  if (parse_messages(s, cJSON_GetObjectItemCaseSensitive(req, "messages"), &msgs, &n_msgs, &calls, &sp, &e)) goto fail;
-  bool parse_calls, think, stream = false, include_usage = false, logprobs = false;
-  if (parse_tools(req, &tools, &parse_calls, &e) || parse_thinking(req, &think, &e)) goto fail;
+  if (srv_parse_request(body, len, &req, &e) || srv_check_model(s, req, &e)) goto fail;
+  if (parse_messages(cJSON_GetObjectItemCaseSensitive(req, "messages"), &rq, &e)) goto fail;
+  if (parse_tools(req, &rq, &e) || parse_thinking(req, &rq.think, &e)) goto fail;
   if (json_opt_bool(req, "stream", &stream, &e) || json_opt_bool(req, "logprobs", &logprobs, &e)) goto fail;
   const cJSON *so = cJSON_GetObjectItemCaseSensitive(req, "stream_options");
   if (so && !cJSON_IsNull(so)) {
@@ -534,77 +373,21 @@ void openai_chat(srv *s, const char *body, size_t len, int fd, srv_reply *r) {
   }
 
   j = job_new(s);
-  p = calloc(1, sizeof *p);
-  if (!j || !p) {
+  g = chat_gen_new(s, &chat_api_ops, "chatcmpl-");
+  chat_api *c = g ? calloc(1, sizeof *c) : NULL;
+  if (!j || !c) {
     srv_fail(&e, 500, NULL, NULL, "out of memory");
     goto fail;
   }
+  g->user = c;
+  c->include_usage = stream && include_usage;
+  c->logprobs = logprobs;
+  c->lp = cJSON_CreateArray();
   if (srv_parse_gen(s, req, j, &e)) goto fail;
   j->gp.logprobs = logprobs;
   j->gp.n_top_logprobs = logprobs ? (int)top : 0;
-
-  if (tools) tools_json = cJSON_PrintUnformatted(tools);
-  floe_chat_opts co = {.tools_json = tools_json, .add_generation_prompt = true, .enable_thinking = think};
-  char err[512];
-  int rc = floe_chat_render(s->engine, msgs, n_msgs, &co, &text, err, sizeof err);
-  if (rc) {
-    if (rc == FLOE_E_INVALID) srv_fail(&e, 400, "invalid_value", "messages", "%s", err);
-    else srv_fail(&e, 500, "template_error", NULL, "chat template: %s", err);
-    goto fail;
-  }
-  size_t tlen = strlen(text);
-  if (queue_tokenize_prompt(s->queue, s->engine, text, tlen, &j->ids, &j->n_ids, err, sizeof err)) {
-    srv_fail(&e, 500, NULL, NULL, "tokenizer: %s", err);
-    goto fail;
-  }
-  if (srv_check_context(s, j->n_ids, "messages", &e)) goto fail;
-
-  srv_rand_id(p->id, sizeof p->id, "chatcmpl-", 24);
-  p->created = (int64_t)time(NULL);
-  snprintf(p->model, sizeof p->model, "%s", s->model_id);
-  p->e = s->engine;
-  p->job = j;
-  p->stream = stream;
-  p->include_usage = stream && include_usage;
-  p->logprobs = logprobs;
-  p->tools = tools;
-  tools = NULL;
-  p->lp = cJSON_CreateArray();
-  p->verbose = s->o.verbose;
-  outp_sink sink = {p, on_content, on_reasoning, on_tool_start, on_tool_args};
-  p->think_open = think_open(text, tlen);
-  p->queue = s->queue;
-  outp_init(&p->parser, parse_calls, stream, p->think_open, p->tools, sink);
-  j->proto = p;
-  j->ops = &chat_ops;
-  p = NULL;
-  j->stream = stream;
-  j->fd = fd;
-  if (stream) { /* the role chunk goes out at once */
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "role", "assistant");
-    cJSON_AddStringToObject(d, "content", "");
-    chunk(j->proto, d, NULL);
-  }
-  if (srv_enqueue(s, j, &e, r)) {
-    r->status = e.status;
-    r->body = srv_error_json(&e);
-    job_unref(j);
-    j = NULL;
-  }
-  goto done;
-fail:
-  r->status = e.status ? e.status : 500;
-  r->body = srv_error_json(&e);
-  if (e.status == 503) r->retry_after = 1;
-  job_unref(j);
-  if (p) chat_free(p);
-done:
-  cJSON_Delete(tools);
+fail: /* the success path too: e.status is 0 there */
+  chat_gen_submit(s, &rq, j, g, stream, fd, &e, SRV_ERR_OPENAI, r);
   cJSON_Delete(req);
-  free(msgs);
-  free(calls);
-  pool_free(&sp);
-  free(tools_json);
-  free(text);
+  chat_req_free(&rq);
 }

@@ -118,10 +118,11 @@ void job_fail_generation(srv_job *j, int rc, const char *err, const char *param)
   if (rc == FLOE_E_CANCELLED) srv_fail(&e, 503, "cancelled", NULL, "the request was cancelled (server stopping)");
   else if (rc == FLOE_E_CONTEXT) srv_fail(&e, 400, "context_length_exceeded", param, "%s", err);
   else srv_fail(&e, 500, NULL, NULL, "generation failed: %s", err);
-  char *s = srv_error_json(&e);
+  char *s = srv_error_json_shape(&e, j->err_shape);
   if (j->stream) {
     sbuf b = {0};
-    sb_printf(&b, "data: %s\n\ndata: [DONE]\n\n", s ? s : "{}");
+    if (j->err_shape == SRV_ERR_ANTHROPIC) sb_printf(&b, "event: error\ndata: %s\n\n", s ? s : "{}");
+    else sb_printf(&b, "data: %s\n\ndata: [DONE]\n\n", s ? s : "{}");
     job_emit(j, b.p, b.n);
     sb_free(&b);
   } else {
@@ -139,6 +140,17 @@ void job_emit_event(srv_job *j, cJSON *root) {
   if (!js) return;
   sbuf b = {0};
   sb_printf(&b, "data: %s\n\n", js);
+  free(js);
+  if (!b.oom) job_emit(j, b.p, b.n);
+  sb_free(&b);
+}
+
+void job_emit_named(srv_job *j, const char *type, cJSON *root) {
+  char *js = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  if (!js) return;
+  sbuf b = {0};
+  sb_printf(&b, "event: %s\ndata: %s\n\n", type, js);
   free(js);
   if (!b.oom) job_emit(j, b.p, b.n);
   sb_free(&b);

@@ -41,6 +41,7 @@ typedef struct srv_opts {
   size_t max_body;     /* request body limit in bytes (default 8 MiB) */
   uint64_t mem_budget; /* engine memory budget (0: none; experts streamed from disk otherwise) */
   int load;            /* FLOE_LOAD_* (--mmap / --no-mmap) */
+  bool io_direct;      /* O_DIRECT expert reads (--direct, with a memory budget) */
   int max_conn;        /* connection limit (default 256) */
   int64_t default_max_tokens; /* when the request gives none; <= 0: until the context is full */
   bool verbose;        /* one log line per request */
@@ -84,11 +85,15 @@ int srv_fail(srv_error *e, int status, const char *code, const char *param, cons
     __attribute__((format(printf, 5, 6)));
 /* {"error":{"message","type","param","code"}} as malloc'ed text. */
 char *srv_error_json(const srv_error *e);
+/* The error in an API's shape: SRV_ERR_OPENAI as above, SRV_ERR_ANTHROPIC
+ * {"type":"error","error":{"type","message"}} with Anthropic's type for the status. */
+enum { SRV_ERR_OPENAI = 0, SRV_ERR_ANTHROPIC = 1 };
+char *srv_error_json_shape(const srv_error *e, int shape);
 
 /* ---- metrics ---- */
 typedef struct srv_metrics {
   pthread_mutex_t mu;
-  uint64_t requests[8]; /* by endpoint, see SRV_EP_* */
+  uint64_t requests[11]; /* by endpoint, see SRV_EP_* (SRV_EP_OTHER + 1 entries) */
   uint64_t responses_2xx, responses_4xx, responses_5xx;
   uint64_t rejected_queue_full, cancelled;
   uint64_t prompt_tokens, prompt_tokens_cached, gen_tokens;
@@ -97,7 +102,7 @@ typedef struct srv_metrics {
   uint64_t expert_hits, expert_misses, expert_bytes_read; /* engine-wide counters (streaming) */
 } srv_metrics;
 enum { SRV_EP_CHAT, SRV_EP_COMPLETIONS, SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS, SRV_EP_TOKENIZE,
-       SRV_EP_DETOKENIZE, SRV_EP_OTHER };
+       SRV_EP_DETOKENIZE, SRV_EP_RESPONSES, SRV_EP_MESSAGES, SRV_EP_COUNT_TOKENS, SRV_EP_OTHER };
 void metrics_init(srv_metrics *m);
 void metrics_request(srv_metrics *m, int ep);
 void metrics_status(srv_metrics *m, int status);
@@ -143,6 +148,7 @@ struct srv_job {
   sbuf out;           /* response bytes produced so far */
   size_t out_read;    /* streaming: bytes handed to the connection */
   int status;         /* HTTP status of a non-streaming response (0 until decided) */
+  int err_shape;      /* SRV_ERR_*: the shape of the job's error bodies */
   /* worker bookkeeping */
   int32_t *sampled;   /* ids the model sampled (for slot history and replay) */
   size_t n_sampled, cap_sampled;
@@ -159,6 +165,8 @@ void job_emit(srv_job *j, const char *d, size_t n);
 void job_fail_generation(srv_job *j, int rc, const char *err, const char *param);
 /* Emits root (taken) as one SSE event "data: <json>\n\n"; nothing when it cannot be printed. */
 void job_emit_event(srv_job *j, cJSON *root);
+/* The same with an event name: "event: <type>\ndata: <json>\n\n" (Responses, Anthropic). */
+void job_emit_named(srv_job *j, const char *type, cJSON *root);
 /* Ends a non-streaming job with root (taken) as its body: status 200, or 500 with an empty body
  * when it cannot be printed. */
 void job_emit_body(srv_job *j, cJSON *root);
@@ -218,8 +226,11 @@ typedef struct srv_reply {
   const char *content_type;
   srv_job *job;        /* set when the response is produced by a job */
   int retry_after;     /* seconds, for 503 */
+  int err_shape;       /* SRV_ERR_* of an error body (for the HTTP side's own errors too) */
 } srv_reply;
 
+/* Fills r with the error (status, body in the given SRV_ERR_* shape, Retry-After for 503). */
+void srv_reply_error(srv_reply *r, const srv_error *e, int shape);
 /* Common request checks: model name, n, and engine readiness. */
 int srv_check_model(srv *s, const cJSON *req, srv_error *e);
 /* Queue the job or fail with 503 (sets reply). */
@@ -247,4 +258,13 @@ int srv_check_context(srv *s, size_t n_prompt, const char *param, srv_error *e);
 cJSON *json_response_root(const char *id, const char *object, int64_t created, const char *model);
 /* Usage object from a result. */
 cJSON *json_usage(const floe_gen_result *res, int64_t reasoning_tokens);
+/* Parses a request body: valid UTF-8, JSON, an object. *out owned by the caller. */
+int srv_parse_request(const char *body, size_t len, cJSON **out, srv_error *e);
+/* Reads the stop strings of `key` (a string or an array of strings) into j->stops / j->gp. */
+int srv_parse_stops(const cJSON *req, const char *key, srv_job *j, srv_error *e);
+
+/* chat APIs beside openai_chat (their shared path: chat_gen.h) */
+void openai_responses(srv *s, const char *body, size_t len, int fd, srv_reply *r);
+void anthropic_messages(srv *s, const char *body, size_t len, int fd, srv_reply *r);
+void anthropic_count_tokens(srv *s, const char *body, size_t len, srv_reply *r);
 #endif

@@ -200,6 +200,38 @@ char *srv_error_json(const srv_error *e) {
   return s;
 }
 
+/* Anthropic's error types by HTTP status. */
+static const char *anthropic_error_type(int status) {
+  switch (status) {
+  case 401: return "authentication_error";
+  case 403: return "permission_error";
+  case 404: return "not_found_error";
+  case 413: return "request_too_large";
+  case 429: return "rate_limit_error";
+  case 503: return "overloaded_error";
+  default: return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
+char *srv_error_json_shape(const srv_error *e, int shape) {
+  if (shape != SRV_ERR_ANTHROPIC) return srv_error_json(e);
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "type", "error");
+  cJSON *o = cJSON_AddObjectToObject(root, "error");
+  cJSON_AddStringToObject(o, "type", anthropic_error_type(e->status));
+  cJSON_AddItemToObject(o, "message", json_str_n(e->message, strlen(e->message)));
+  char *s = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  return s;
+}
+
+void srv_reply_error(srv_reply *r, const srv_error *e, int shape) {
+  r->status = e->status ? e->status : 500;
+  r->body = srv_error_json_shape(e, shape);
+  r->err_shape = shape;
+  if (e->status == 503) r->retry_after = 1;
+}
+
 /* ---- request fields ---- */
 int json_opt_num(const cJSON *o, const char *key, double lo, double hi, double *out, bool *present, srv_error *e) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -255,26 +287,29 @@ int srv_parse_gen(srv *s, const cJSON *req, srv_job *j, srv_error *e) {
   for (const char *k = "frequency_penalty"; k; k = k[0] == 'f' ? "presence_penalty" : NULL)
     if (json_opt_num(req, k, -2, 2, &v, NULL, e)) return -1;
 
-  const cJSON *stop = cJSON_GetObjectItemCaseSensitive(req, "stop");
-  if (stop && !cJSON_IsNull(stop)) {
-    size_t n = cJSON_IsString(stop) ? 1 : cJSON_IsArray(stop) ? (size_t)cJSON_GetArraySize(stop) : 0;
-    if (!cJSON_IsString(stop) && !cJSON_IsArray(stop))
-      return srv_fail(e, 400, "invalid_type", "stop", "'stop' must be a string or an array of strings");
-    if (n > 16) return srv_fail(e, 400, "invalid_value", "stop", "at most 16 stop strings");
-    j->stops = calloc(n ? n : 1, sizeof *j->stops);
-    if (!j->stops) return srv_fail(e, 500, NULL, NULL, "out of memory");
-    const cJSON *it = cJSON_IsString(stop) ? stop : stop->child;
-    for (size_t i = 0; i < n; i++, it = it->next) {
-      if (!cJSON_IsString(it)) return srv_fail(e, 400, "invalid_type", "stop", "'stop' entries must be strings");
-      if (!it->valuestring[0]) continue; /* empty stop strings are ignored */
-      if (strlen(it->valuestring) > 256) return srv_fail(e, 400, "invalid_value", "stop", "stop string too long");
-      j->stops[j->n_stops] = strdup(it->valuestring);
-      if (!j->stops[j->n_stops]) return srv_fail(e, 500, NULL, NULL, "out of memory");
-      j->n_stops++;
-    }
-    gp->stop = (const char *const *)j->stops;
-    gp->n_stop = j->n_stops;
+  return srv_parse_stops(req, "stop", j, e);
+}
+
+int srv_parse_stops(const cJSON *req, const char *key, srv_job *j, srv_error *e) {
+  const cJSON *stop = cJSON_GetObjectItemCaseSensitive(req, key);
+  if (!stop || cJSON_IsNull(stop)) return 0;
+  size_t n = cJSON_IsString(stop) ? 1 : cJSON_IsArray(stop) ? (size_t)cJSON_GetArraySize(stop) : 0;
+  if (!cJSON_IsString(stop) && !cJSON_IsArray(stop))
+    return srv_fail(e, 400, "invalid_type", key, "'%s' must be a string or an array of strings", key);
+  if (n > 16) return srv_fail(e, 400, "invalid_value", key, "at most 16 stop strings");
+  j->stops = calloc(n ? n : 1, sizeof *j->stops);
+  if (!j->stops) return srv_fail(e, 500, NULL, NULL, "out of memory");
+  const cJSON *it = cJSON_IsString(stop) ? stop : stop->child;
+  for (size_t i = 0; i < n; i++, it = it->next) {
+    if (!cJSON_IsString(it)) return srv_fail(e, 400, "invalid_type", key, "'%s' entries must be strings", key);
+    if (!it->valuestring[0]) continue; /* empty stop strings are ignored */
+    if (strlen(it->valuestring) > 256) return srv_fail(e, 400, "invalid_value", key, "stop string too long");
+    j->stops[j->n_stops] = strdup(it->valuestring);
+    if (!j->stops[j->n_stops]) return srv_fail(e, 500, NULL, NULL, "out of memory");
+    j->n_stops++;
   }
+  j->gp.stop = (const char *const *)j->stops;
+  j->gp.n_stop = j->n_stops;
   return 0;
 }
 

@@ -1,12 +1,13 @@
 // floe serve test suite (driven by tests/test_server.sh): builds the test models, then runs the
 // groups against real servers on 127.0.0.1. Prints each check and "N passed, N failed" last.
 // Env: FLOE_BIN (floe binary), FLOE_SCRIPT_MODEL (tools/floe_script_model binary), FLOE_TMP,
-// FLOE_FIXTURES; FLOE_SERVER_TESTS=basic,tools,load,fuzz (default all); FLOE_SERVER_QUICK=1 for
+// FLOE_FIXTURES; FLOE_SERVER_TESTS=basic,tools,apis,load,fuzz (default all); FLOE_SERVER_QUICK=1 for
 // a smaller load / fuzz (sanitizer builds).
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 
+import { apiTests, healthTests } from './apis.mjs';
 import { basicTests } from './basic.mjs';
 import { allServers, check, counts, sanitizerReport, stopAll } from './lib.mjs';
 import { fuzzTest, loadTest } from './stress.mjs';
@@ -14,7 +15,7 @@ import { SCRIPTS, toolTests } from './tools.mjs';
 
 const tmp = process.env.FLOE_TMP || '/tmp';
 const fixtures = process.env.FLOE_FIXTURES;
-const groups = (process.env.FLOE_SERVER_TESTS || 'basic,tools,load,fuzz').split(',');
+const groups = (process.env.FLOE_SERVER_TESTS || 'basic,tools,apis,load,fuzz').split(',');
 const quick = process.env.FLOE_SERVER_QUICK === '1';
 const bin = process.env.FLOE_BIN;
 const dir = fs.mkdtempSync(path.join(tmp, 'floe-server-'));
@@ -39,6 +40,10 @@ async function main() {
   console.log(`models built in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
   if (groups.includes('basic')) servers.push(await basicTests(random, models));
   if (groups.includes('tools')) for (const arch of ['qwen3moe', 'qwen35moe']) await toolTests(arch, scripted[arch], path.basename(scripted[arch]));
+  if (groups.includes('apis')) {
+    for (const arch of ['qwen3moe', 'qwen35moe']) await apiTests(arch, scripted[arch], path.basename(scripted[arch]));
+    await healthTests(random, dir);
+  }
   if (groups.includes('load')) await loadTest(random, models.randomId, quick ? { clients: 32, perClient: 5 } : {});
   if (groups.includes('fuzz')) await fuzzTest(random, quick ? { mutations: 60 } : {});
 }
