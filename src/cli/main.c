@@ -41,7 +41,6 @@ static const struct {
     {"pack", cmd_pack, "pack MODEL -o DIR   rewrite routed experts expert-major (one aligned block each) for streaming"},
     {"convert", cmd_convert, "convert IN_DIR -o OUT.gguf [--type T] [--expert-type T]   HF/MLX directory to GGUF"},
     {"quantize", cmd_quantize, "quantize IN.gguf -o OUT.gguf --type T [--expert-type T] [--output-type T] [--force]   GGUF to GGUF"},
-    {"perplexity", cmd_perplexity, "perplexity -m MODEL -f TEXT [-c CTX] [--chunks N] [--json]   perplexity of a text"},
 };
 
 static void usage(FILE *f) {
