@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "format/gguf.h"
+#include "format/hf_config.h"
 #include "quant/quant.h"
 #include "model/model_meta.h"
 #include "test.h"
@@ -364,6 +365,168 @@ static void check_vocab(const synth_vocab *v, const char *what) {
   free(sorted);
 }
 
+/* Copies a GGUF (every key except skip, then edit(w), then every tensor byte for byte). */
+static int copy_gguf(const char *from, const char *to, const char *skip, edit_fn edit) {
+  gguf_file *g;
+  gguf_writer *w;
+  char err[256];
+  if (gguf_open(from, &g, err, sizeof err)) return -1;
+  if (gguf_writer_open(to, &w, err, sizeof err)) { gguf_close(g); return -1; }
+  gguf_writer_set_alignment(w, (uint32_t)g->alignment);
+  for (uint64_t i = 0; i < g->n_kv; i++)
+    if (!gguf_str_eq(g->kv[i].key, skip) && !gguf_str_eq(g->kv[i].key, "general.alignment")) gguf_writer_add_kv(w, &g->kv[i]);
+  if (edit) edit(w);
+  for (uint64_t i = 0; i < g->n_tensors; i++) {
+    const gguf_tensor *t = &g->tensors[i];
+    char name[128];
+    snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+    gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne);
+  }
+  for (uint64_t i = 0; i < g->n_tensors; i++) gguf_writer_write_data(w, g->tensors[i].data, g->tensors[i].size);
+  int rc = gguf_writer_finish(w);
+  gguf_close(g);
+  return rc;
+}
+
+static void ed_interval_2(gguf_writer *w) { gguf_writer_add_u32(w, "qwen35moe.full_attention_interval", 2); }
+
+/* Reads rope.dimension_sections of a qwen35moe file as stored (not through the hparams). */
+static bool file_sections(const char *path, int32_t out[4]) {
+  gguf_file *g;
+  char err[256];
+  if (gguf_open(path, &g, err, sizeof err)) return false;
+  uint32_t at;
+  uint64_t n;
+  const gguf_value *v = gguf_get_arr(g, "qwen35moe.rope.dimension_sections", &at, &n);
+  bool ok = v && n == 4;
+  for (uint64_t i = 0; ok && i < 4; i++) {
+    int64_t x;
+    ok = gguf_arr_i64(v, i, &x) == 0;
+    out[i] = (int32_t)x;
+  }
+  gguf_close(g);
+  return ok;
+}
+
+static void ed_sections_zero(gguf_writer *w) {
+  static const int32_t z[4] = {0, 0, 0, 0};
+  gguf_writer_add_arr(w, "qwen35moe.rope.dimension_sections", GGUF_TYPE_INT32, z, 4);
+}
+
+static void test_rope_sections(void) {
+  SECTION("qwen35moe rope sections: validity under llama.cpp's interleaved rule");
+  /* Brute-force oracle: pair i -> section s = i % sum; t/h/w per the interleave, else e. */
+  for (int a = 0; a <= 6; a++)
+    for (int b = 0; b <= 6; b++)
+      for (int c = 0; c <= 6; c++)
+        for (int d = 0; d <= 2; d++)
+          for (int64_t n_rot = 2; n_rot <= 40; n_rot += 2) {
+            const int32_t sec[4] = {a, b, c, d};
+            const int sum = a + b + c + d;
+            bool want = sum > 0 && sum <= 32;
+            for (int64_t i = 0; want && i < n_rot / 2; i++) {
+              int s = (int)(i % sum), k = s % 3;
+              want = (k == 0 && s / 3 < a) || (k == 1 && s / 3 < b) || (k == 2 && s / 3 < c);
+            }
+            if (model_rope_sections_valid(sec, n_rot, 32) != want) {
+              CHECK(0, "[%d,%d,%d,%d] n_rot %lld: valid should be %d", a, b, c, d, (long long)n_rot, want);
+              return;
+            }
+          }
+  CHECK(1, "validity matches the brute-force rule on 7x7x7x3 splits x 20 rotary sizes");
+  int32_t sec[4];
+  model_rope_sections_canonical(64, sec);
+  CHECK(sec[0] == 11 && sec[1] == 11 && sec[2] == 10 && sec[3] == 0, "canonical split of 32 pairs is [11,11,10,0]");
+  bool all = true;
+  for (int64_t n_rot = 2; n_rot <= 512; n_rot += 2) {
+    model_rope_sections_canonical(n_rot, sec);
+    all = all && model_rope_sections_valid(sec, n_rot, n_rot) && sec[0] + sec[1] + sec[2] == n_rot / 2;
+  }
+  CHECK(all, "the canonical split is valid and covers n_rot/2 for every n_rot up to 512");
+  const int32_t zero[4] = {0, 0, 0, 0}, hf422[4] = {4, 2, 2, 0}, real[4] = {11, 11, 10, 0};
+  CHECK(!model_rope_sections_valid(zero, 16, 64), "[0,0,0,0] is not valid (ggml asserts a positive section)");
+  CHECK(!model_rope_sections_valid(hf422, 16, 64), "[4,2,2,0] over 8 pairs leaves pair 7 on the 4th position");
+  CHECK(model_rope_sections_valid(real, 16, 64), "[11,11,10,0] is valid for 8 pairs (sum 32 <= head_dim 64)");
+  CHECK(!model_rope_sections_valid(real, 16, 16), "[11,11,10,0] is not valid when head_dim 16 < 32");
+
+  SECTION("qwen35moe rope sections: HF config -> hparams");
+  static const char *cfg_fmt =
+      "{\"model_type\":\"qwen3_5_moe_text\",\"vocab_size\":512,\"hidden_size\":64,\"num_hidden_layers\":4,"
+      "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":64,\"num_experts\":8,"
+      "\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,\"shared_expert_intermediate_size\":32,"
+      "\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,\"linear_key_head_dim\":16,"
+      "\"linear_value_head_dim\":16,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1e7,"
+      "\"partial_rotary_factor\":0.25%s}}";
+  char json[2048], err[512];
+  hf_config c;
+  snprintf(json, sizeof json, cfg_fmt, ",\"mrope_section\":[5,2,1],\"mrope_interleaved\":true");
+  int rc = hf_config_parse(json, strlen(json), "cfg", &c, err, sizeof err);
+  CHECK(rc == 0 && c.hp.rope_sections[0] == 5 && c.hp.rope_sections[1] == 2 && c.hp.rope_sections[2] == 1 &&
+            c.hp.rope_sections[3] == 0,
+        "mrope_section [5,2,1] is read as [5,2,1,0] (%s)", rc ? err : "");
+  if (!rc) hf_config_free(&c);
+  snprintf(json, sizeof json, cfg_fmt, "");
+  rc = hf_config_parse(json, strlen(json), "cfg", &c, err, sizeof err);
+  CHECK(rc == 0 && c.hp.n_rot == 16 && c.hp.rope_sections[0] == 3 && c.hp.rope_sections[1] == 3 &&
+            c.hp.rope_sections[2] == 2 && c.hp.rope_sections[3] == 0,
+        "no mrope_section: the canonical split of 8 pairs [3,3,2,0] (%s)", rc ? err : "");
+  if (!rc) hf_config_free(&c);
+  snprintf(json, sizeof json, cfg_fmt, ",\"mrope_section\":[1,2,3,4,5]");
+  rc = hf_config_parse(json, strlen(json), "cfg", &c, err, sizeof err);
+  CHECK(rc == FLOE_E_FORMAT && strstr(err, "mrope_section"), "5 sections refused: %s", err);
+  if (!rc) hf_config_free(&c);
+  snprintf(json, sizeof json, cfg_fmt, ",\"mrope_section\":[2,\"x\",1]");
+  rc = hf_config_parse(json, strlen(json), "cfg", &c, err, sizeof err);
+  CHECK(rc == FLOE_E_FORMAT && strstr(err, "mrope_section[1]"), "non-integer section refused: %s", err);
+  if (!rc) hf_config_free(&c);
+
+  SECTION("qwen35moe rope sections: GGUF writer and reader");
+  floe_hparams hp, back;
+  model_preset("tiny-qwen35moe", &hp, err, sizeof err);
+  const char *path = test_tmp("meta_sections.gguf");
+  int32_t got[4] = {-1, -1, -1, -1};
+  hp.rope_sections[0] = 4, hp.rope_sections[1] = 3, hp.rope_sections[2] = 2, hp.rope_sections[3] = 0;
+  CHECK(write_meta(path, &hp, NULL) == 0 && file_sections(path, got) && got[0] == 4 && got[1] == 3 && got[2] == 2 &&
+            got[3] == 0,
+        "a valid split is written as is: [%d,%d,%d,%d]", got[0], got[1], got[2], got[3]);
+  memset(hp.rope_sections, 0, sizeof hp.rope_sections);
+  CHECK(write_meta(path, &hp, NULL) == 0 && file_sections(path, got) && got[0] == 3 && got[1] == 3 && got[2] == 2 &&
+            got[3] == 0,
+        "[0,0,0,0] is written as the canonical split: [%d,%d,%d,%d]", got[0], got[1], got[2], got[3]);
+  hp.rope_sections[0] = 4, hp.rope_sections[1] = 2, hp.rope_sections[2] = 2;
+  CHECK(write_meta(path, &hp, NULL) == 0 && file_sections(path, got) && got[0] == 3 && got[1] == 3 && got[2] == 2,
+        "[4,2,2,0] over 8 pairs is written as the canonical split: [%d,%d,%d,%d]", got[0], got[1], got[2], got[3]);
+  /* An older floe file: [0,0,0,0] stored. floe still reads it (the forward pass does not use
+   * the sections: text positions are equal). */
+  model_preset("tiny-qwen35moe", &hp, err, sizeof err);
+  const char *src = test_tmp("meta_sections_src.gguf");
+  CHECK(write_meta(src, &hp, NULL) == 0, "write source");
+  CHECK(copy_gguf(src, path, "qwen35moe.rope.dimension_sections", ed_sections_zero) == 0 && file_sections(path, got) &&
+            !got[0] && !got[1] && !got[2] && !got[3],
+        "old-style file with [0,0,0,0] written");
+  rc = read_meta(path, &back, err, sizeof err);
+  CHECK(rc == 0 && !back.rope_sections[0] && !back.rope_sections[1] && !back.rope_sections[2],
+        "old-style [0,0,0,0] file still reads (%s)", rc ? err : "");
+
+  SECTION("layer pattern vs tensors");
+  const char *syn = test_tmp("meta_pattern_src.gguf");
+  const char *bin = getenv("FLOE_BIN");
+  if (!bin) {
+    printf("FLOE_BIN not set: skipping the layer pattern check\n");
+    return;
+  }
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "\"%s\" synth --preset tiny-qwen35moe -o \"%s\" >/dev/null", bin, syn);
+  CHECK(system(cmd) == 0, "%s", cmd);
+  CHECK(copy_gguf(syn, path, "qwen35moe.full_attention_interval", ed_interval_2) == 0, "copy with interval 2");
+  gguf_file *g = NULL;
+  rc = gguf_open(path, &g, err, sizeof err);
+  if (!rc) rc = model_hparams_from_gguf(g, &back, err, sizeof err);
+  if (g) gguf_close(g);
+  CHECK(rc == FLOE_E_FORMAT && strstr(err, "layer pattern mismatch") && strstr(err, "layer 1"),
+        "interval 2 on an interval-4 file is a clear error: %s", err);
+}
+
 static void test_vocab(void) {
   SECTION("generated vocab");
   synth_vocab v;
@@ -503,6 +666,7 @@ int main(void) {
   test_real_presets();
   test_tiny_and_truncate();
   test_roundtrip();
+  test_rope_sections();
   test_vocab();
   test_synth_file("tiny-qwen35moe", "q8_0");
   test_synth_file("tiny-qwen3next", "q4_K");

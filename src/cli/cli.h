@@ -10,6 +10,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 /* Streaming options of run / bench (cmd_pack.c): 0 not one, 1 a flag, 2 took the value v, -1 bad. */
 #include <stdbool.h>
 #include <stdint.h>
@@ -25,4 +26,17 @@ void cli_stream_stats(FILE *f, const floe_engine *e, const floe_session_stats *s
 bool cli_parse_int(const char *s, long long lo, long long hi, long long *out);
 /* Prints "floe: <msg>" to stderr and returns 1. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Progress bar on stderr (progress.c): drawn only when stderr is a TTY. */
+typedef struct cli_progress {
+  const char *what, *unit;
+  double scale, t0, last;
+  bool tty, drawn;
+} cli_progress;
+/* unit: what `done` counts after division by unit_scale ("MB" with 1e6, "tok" with 1). */
+void cli_progress_init(cli_progress *p, const char *what, const char *unit, double unit_scale);
+void cli_progress_update(cli_progress *p, uint64_t done, uint64_t total); /* total 0: unknown */
+void cli_progress_done(cli_progress *p); /* ends the line if one was drawn */
+/* Adapter for the library's progress callbacks: user is a cli_progress. */
+void cli_progress_cb(void *user, uint64_t done, uint64_t total);
 #endif

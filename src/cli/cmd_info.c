@@ -63,6 +63,11 @@ static void print_hparams(const floe_hparams *hp) {
   printf("experts                %lld, top-%lld, ff %lld, shared ff %lld%s\n", (long long)hp->n_expert,
          (long long)hp->n_expert_used, (long long)hp->n_ff_exp, (long long)hp->n_ff_shexp,
          hp->norm_topk ? ", renormalised" : "");
+  if (hp->arch == FLOE_ARCH_QWEN35MOE) {
+    const int32_t *s = hp->rope_sections;
+    printf("rope sections          [%d, %d, %d, %d]%s\n", s[0], s[1], s[2], s[3],
+           model_rope_sections_valid(s, hp->n_rot, hp->head_dim) ? "" : " (not a valid split: llama.cpp rejects or misreads it)");
+  }
   int n_rec = 0;
   for (int64_t i = 0; i < hp->n_layer && i < FLOE_MAX_LAYERS; i++) n_rec += hp->recurrent[i];
   if (n_rec) {

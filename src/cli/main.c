@@ -40,6 +40,7 @@ static const struct {
     {"synth", cmd_synth, "synth --preset P -o FILE.gguf [...]   write a random model with real shapes"},
     {"pack", cmd_pack, "pack MODEL -o DIR   rewrite routed experts expert-major (one aligned block each) for streaming"},
     {"convert", cmd_convert, "convert IN_DIR -o OUT.gguf [--type T] [--expert-type T]   HF/MLX directory to GGUF"},
+    {"quantize", cmd_quantize, "quantize IN.gguf -o OUT.gguf --type T [--expert-type T] [--output-type T] [--force]   GGUF to GGUF"},
 };
 
 static void usage(FILE *f) {

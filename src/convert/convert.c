@@ -86,7 +86,7 @@ bool convert_type_ok(int type) {
 
 /* llama-quantize's fallback for a row length the block size does not divide (llama-quant.cpp,
  * convert_incompatible_tensor), then F16 as the Python converter's QuantError fallback does. */
-static uint32_t fallback_type(uint32_t type, int64_t ne0) {
+uint32_t convert_fallback_type(uint32_t type, int64_t ne0) {
   uint32_t t = type;
   switch (type) {
   case FLOE_TYPE_Q2_K: case FLOE_TYPE_Q3_K: case FLOE_TYPE_IQ4_XS: t = FLOE_TYPE_IQ4_NL; break;
@@ -100,7 +100,7 @@ static uint32_t fallback_type(uint32_t type, int64_t ne0) {
 }
 
 /* general.file_type (llama.cpp enum llama_ftype) of a uniform type: the "_S" (all one type) variants. */
-static uint32_t file_type_of(uint32_t t) {
+uint32_t convert_file_type(uint32_t t) {
   switch (t) {
   case FLOE_TYPE_F32: return 0;
   case FLOE_TYPE_F16: return 1;
@@ -451,7 +451,7 @@ static void plan_type(conv *c, tplan *p) {
   if (t < 0) t = m->type == FLOE_TYPE_MLX ? FLOE_TYPE_Q8_0 : (int)m->type;
   p->type = (uint32_t)t;
   if (!floe_row_bytes(p->type, p->cols)) {
-    p->type = fallback_type(p->type, p->cols);
+    p->type = convert_fallback_type(p->type, p->cols);
     p->fallback = true;
   }
 }
@@ -601,8 +601,8 @@ int convert_model(const convert_opts *o, convert_stats *stats, char *err, size_t
 
   /* Header. */
   uint32_t ftype;
-  if (o->type >= 0) ftype = file_type_of((uint32_t)o->type);
-  else ftype = file_type_of(c->plans[0].type); /* token_embd: the source's float type, or q8_0 from MLX */
+  if (o->type >= 0) ftype = convert_file_type((uint32_t)o->type);
+  else ftype = convert_file_type(c->plans[0].type); /* token_embd: the source's float type, or q8_0 from MLX */
   char nbuf[256];
   if ((rc = gguf_writer_open(o->out_path, &w, err, errlen))) goto done;
   rc = model_hparams_to_gguf(w, &c->hp);

@@ -35,6 +35,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Progress of a long operation: done and total in bytes written (called from the calling thread). */
+typedef void (*convert_progress_fn)(void *user, uint64_t done, uint64_t total);
+
 typedef struct convert_opts {
   const char *in_dir;     /* model directory (config.json + *.safetensors) */
   const char *out_path;   /* .gguf to write */
@@ -43,6 +46,8 @@ typedef struct convert_opts {
   int n_threads;          /* >= 1 */
   const char *name;       /* general.name; NULL = the directory's base name */
   bool verbose;           /* one line per tensor on stderr */
+  convert_progress_fn progress; /* may be NULL */
+  void *progress_user;
 } convert_opts;
 
 typedef struct convert_stats {
@@ -56,8 +61,41 @@ typedef struct convert_stats {
 /* True for the types convert can write (f32, f16, bf16 and every type with a quantizer). */
 bool convert_type_ok(int type);
 
+/* llama-quantize's fallback when the block of `type` does not divide a row of ne0 elements. */
+uint32_t convert_fallback_type(uint32_t type, int64_t ne0);
+/* general.file_type (llama.cpp's llama_ftype) of a model mostly of type t; 0 when it has none. */
+uint32_t convert_file_type(uint32_t t);
+
 /* Runs the conversion. stats may be NULL. Returns 0 or a negative FLOE_E_* with a one-line err. */
 int convert_model(const convert_opts *o, convert_stats *stats, char *err, size_t errlen);
+
+/* floe quantize: GGUF -> GGUF like llama-quantize. Every key is copied (general.file_type set for
+ * `type`; a qwen35moe rope.dimension_sections that is not a valid split replaced by the canonical
+ * one). Tensors that llama.cpp keeps F32 (vectors, norms, router, conv1d) and tensors floe does
+ * not know are copied byte for byte; routed and shared experts take expert_type, output.weight
+ * output_type, every other matrix type. A tensor already in its target type is copied byte for
+ * byte; others are dequantized exactly and requantized (row-length fallback as convert). A source
+ * tensor quantized to fewer bits per weight than its target is refused unless force: requantizing
+ * cannot restore what was lost, and the result would only look precise. The output is written to
+ * "<out>.tmp.<pid>" and renamed when complete. */
+typedef struct quantize_opts {
+  const char *in_path, *out_path;
+  int type;        /* FLOE_TYPE_* (convert_type_ok) for the non-expert matrices */
+  int expert_type; /* routed + shared experts; -1 = type */
+  int output_type; /* output.weight; -1 = type */
+  bool force;      /* allow a lower-precision source */
+  int n_threads;   /* >= 1 */
+  bool verbose;    /* one line per tensor on stderr */
+  convert_progress_fn progress;
+  void *progress_user;
+} quantize_opts;
+
+typedef struct quantize_stats {
+  uint64_t n_tensors, n_copied, n_requantized, n_fallback;
+  uint64_t bytes_in, bytes_out; /* tensor data */
+} quantize_stats;
+
+int quantize_model(const quantize_opts *o, quantize_stats *stats, char *err, size_t errlen);
 
 /* Test-fixture generator: reads an HF directory (qwen3_next or qwen3_5_moe[_text]) and writes
  * out_dir/{config.json, model.safetensors} as mlx-lm would convert it with -q --q-bits 4

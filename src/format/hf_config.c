@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "model/model_meta.h"
 
 typedef struct pctx {
   const char *name; /* file name for messages */
@@ -296,6 +297,25 @@ static int parse_text(pctx *p, const cJSON *tc, const cJSON *root, int arch, hf_
     return floe_err(p->err, p->errlen, FLOE_E_INVALID,
                     "%s: head_dim %lld * partial_rotary_factor %g = %g rotary dims, not a positive even integer",
                     p->name, (long long)h->head_dim, prf, rot);
+  if (arch == FLOE_ARCH_QWEN35MOE) {
+    /* Qwen3_5RotaryEmbedding's mrope_section [t, h, w] (GGUF: padded to 4). Absent: the
+     * canonical split of the rotary pairs, as llama.cpp's converter writes for Qwen3.5. */
+    const cJSON *ms = rope_item(tc, "mrope_section");
+    if (ms) {
+      int n = cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : -1;
+      if (n < 1 || n > 4)
+        return floe_err(p->err, p->errlen, FLOE_E_FORMAT, "%s: mrope_section is not a list of 1 to 4 integers", p->name);
+      int i = 0;
+      for (const cJSON *e = ms->child; e; e = e->next, i++) {
+        if (!is_int(e, &v) || v < 0 || v > 4096)
+          return floe_err(p->err, p->errlen, FLOE_E_FORMAT, "%s: mrope_section[%d] is not an integer in [0, 4096]",
+                          p->name, i);
+        h->rope_sections[i] = (int32_t)v;
+      }
+    } else {
+      model_rope_sections_canonical(h->n_rot, h->rope_sections);
+    }
+  }
   h->attn_gate = hybrid;
   bool sw;
   if ((rc = get_bool(p, tc, "use_sliding_window", false, &sw))) return rc;

@@ -8,7 +8,9 @@
  *   {a}.context_length, embedding_length, feed_forward_length (absent for qwen35moe)
  *   {a}.attention.head_count, head_count_kv, key_length, value_length, layer_norm_rms_epsilon
  *   {a}.attention.recurrent_layers       optional bool array (block_count) overriding the interval
- *   {a}.rope.freq_base, rope.dimension_count, rope.dimension_sections (qwen35moe, 4 x int32)
+ *   {a}.rope.freq_base, rope.dimension_count, rope.dimension_sections (qwen35moe, 4 x int32;
+ *                                        read as stored, older floe files hold [0,0,0,0]; written
+ *                                        as a valid split, see model_rope_sections_valid)
  *   {a}.expert_count, expert_used_count, expert_feed_forward_length, expert_shared_feed_forward_length
  *   {a}.ssm.conv_kernel, ssm.state_size, ssm.group_count, ssm.time_step_rank, ssm.inner_size
  *   {a}.full_attention_interval          (default 4, as llama.cpp) */
@@ -163,6 +165,26 @@ int model_hparams_from_gguf(const gguf_file *g, floe_hparams *hp, char *err, siz
     } else {
       model_hparams_set_pattern(hp);
     }
+    /* The layer pattern must match the tensors. Some converters write full_attention_interval 4
+     * for a config that only lists layer_types; say so here rather than fail later on a missing
+     * tensor. */
+    if (g->n_tensors > 0) {
+      for (int64_t i = 0; i < hp->n_layer; i++) {
+        char tn[64];
+        snprintf(tn, sizeof tn, "blk.%lld.attn_q.weight", (long long)i);
+        const bool has_attn = gguf_find_tensor(g, tn) != NULL;
+        snprintf(tn, sizeof tn, "blk.%lld.ssm_a", (long long)i);
+        const bool has_ssm = gguf_find_tensor(g, tn) != NULL;
+        if (has_attn == has_ssm) continue; /* neither or both: left to the tensor binding */
+        if (has_ssm != hp->recurrent[i])
+          return floe_err(err, errlen, FLOE_E_FORMAT,
+                          "%s: layer pattern mismatch: the metadata (%s.full_attention_interval %lld%s) makes layer "
+                          "%lld %s, but its tensors are %s (the converter did not record the config's layer_types)",
+                          path, arch, (long long)hp->full_attn_interval, v ? ", attention.recurrent_layers" : "",
+                          (long long)i, hp->recurrent[i] ? "GatedDeltaNet" : "full attention",
+                          has_ssm ? "GatedDeltaNet" : "full attention");
+      }
+    }
   }
   /* Vocabulary size: explicit key, else the token list, else the embedding rows. */
   hp->n_vocab = 0;
@@ -190,6 +212,33 @@ int model_hparams_from_gguf(const gguf_file *g, floe_hparams *hp, char *err, siz
   return 0;
 }
 
+/* ---- qwen35moe rope sections ---- */
+
+bool model_rope_sections_valid(const int32_t sec[4], int64_t n_rot, int64_t head_dim) {
+  int64_t sum = 0;
+  for (int i = 0; i < 4; i++) {
+    if (sec[i] < 0) return false;
+    sum += sec[i];
+  }
+  if (sum <= 0 || sum > head_dim) return false; /* ggml asserts both */
+  for (int64_t i = 0; i < n_rot / 2; i++) {
+    const int64_t s = i % sum;
+    const bool t = s % 3 == 0 && s < 3 * (int64_t)sec[0];
+    const bool h = s % 3 == 1 && s < 3 * (int64_t)sec[1];
+    const bool w = s % 3 == 2 && s < 3 * (int64_t)sec[2];
+    if (!t && !h && !w) return false;
+  }
+  return true;
+}
+
+void model_rope_sections_canonical(int64_t n_rot, int32_t sec[4]) {
+  const int64_t p = n_rot / 2;
+  sec[0] = (int32_t)((p + 2) / 3);
+  sec[1] = (int32_t)((p + 1) / 3);
+  sec[2] = (int32_t)(p / 3);
+  sec[3] = 0;
+}
+
 /* ---- writing ---- */
 
 int model_hparams_to_gguf(gguf_writer *w, const floe_hparams *hp) {
@@ -214,7 +263,10 @@ int model_hparams_to_gguf(gguf_writer *w, const floe_hparams *hp) {
   F32("rope.freq_base", hp->rope_theta);
   U32("rope.dimension_count", hp->n_rot);
   if (hp->arch == FLOE_ARCH_QWEN35MOE) {
-    if ((rc = gguf_writer_add_arr(w, key(k, sizeof k, a, "rope.dimension_sections"), GGUF_TYPE_INT32, hp->rope_sections, 4)))
+    int32_t sec[4];
+    memcpy(sec, hp->rope_sections, sizeof sec);
+    if (!model_rope_sections_valid(sec, hp->n_rot, hp->head_dim)) model_rope_sections_canonical(hp->n_rot, sec);
+    if ((rc = gguf_writer_add_arr(w, key(k, sizeof k, a, "rope.dimension_sections"), GGUF_TYPE_INT32, sec, 4)))
       return rc;
   }
   U32("expert_count", hp->n_expert);

@@ -20,6 +20,7 @@
  * Memory: model_tensor_list() returns a malloc'ed array the caller frees with free(). */
 #ifndef FLOE_MODEL_META_H
 #define FLOE_MODEL_META_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -89,6 +90,20 @@ const char *model_tensor_kind_name(int kind);
 /* Reads and validates the architecture keys (and n_vocab from {arch}.vocab_size, the token
  * list or token_embd; tied_embeddings from the absence of output.weight). */
 int model_hparams_from_gguf(const gguf_file *g, floe_hparams *hp, char *err, size_t errlen);
-/* Writes general.architecture and the {arch}.* keys (not general.name, not the tokenizer). */
+/* Writes general.architecture and the {arch}.* keys (not general.name, not the tokenizer).
+ * qwen35moe's rope.dimension_sections is hp->rope_sections when that is a valid split, else the
+ * canonical split (older floe files carry [0,0,0,0], on which llama.cpp aborts). */
 int model_hparams_to_gguf(gguf_writer *w, const floe_hparams *hp);
+
+/* ---- qwen35moe rope sections ----
+ * Qwen3.5 applies interleaved multimodal RoPE; for text the t/h/w positions are equal, so every
+ * split gives the same result in HF. llama.cpp (ggml IMROPE) gives rotary pair i the angle of
+ * section s = i % sum(sections): t when s%3==0 && s < 3*sec[0], h when s%3==1 && s < 3*sec[1],
+ * w when s%3==2 && s < 3*sec[2], otherwise the 4th ("e") position, which is 0 for text. A split
+ * is valid (text-equivalent in llama.cpp) when every rotary pair falls in t, h or w and
+ * 0 < sum <= head_dim. */
+bool model_rope_sections_valid(const int32_t sec[4], int64_t n_rot, int64_t head_dim);
+/* The canonical interleaved split of n_rot/2 pairs: {ceil(P/3), ceil((P-1)/3), ceil((P-2)/3), 0}
+ * ({11,11,10,0} for the released models' 32 pairs, the default llama.cpp's converter writes). */
+void model_rope_sections_canonical(int64_t n_rot, int32_t sec[4]);
 #endif
