@@ -33,6 +33,7 @@ static void usage(FILE *f) {
           "  --max-conn N           connection limit (default 256)\n"
           "  -n N                   default max_tokens when a request gives none (default: until the context is full)\n"
           "  -t N                   engine threads (default: all cores)\n"
+          "  --device D             cpu | cuda | cuda:N | auto (default: the GPU when there is one and the model fits)\n"
           "  --mem-budget BYTES     memory budget; routed experts are streamed from disk (suffixes K M G)\n"
           "  --direct               O_DIRECT expert reads (with --mem-budget; default buffered)\n"
           "  --kv-f32               F32 KV cache (default BF16)\n"
@@ -86,6 +87,16 @@ int cmd_serve(int argc, char **argv) {
     }
     else if (!strcmp(a, "--kv-f32")) o.kv_f32 = true;
     else if (!strcmp(a, "--direct")) o.io_direct = true;
+    else if (!strcmp(a, "--device") && v) {
+      floe_engine_params dp;
+      floe_engine_params_init(&dp);
+      if (cli_device_option(argv[++i], &dp)) {
+        fprintf(stderr, "floe serve: --device needs cpu, cuda, cuda:N or auto\n");
+        return 2;
+      }
+      o.device = dp.device;
+      o.device_index = dp.device_index;
+    }
     else if (!strcmp(a, "--mmap")) o.load = FLOE_LOAD_MMAP;
     else if (!strcmp(a, "--no-mmap")) o.load = FLOE_LOAD_COPY;
     else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o.verbose = true;

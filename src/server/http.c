@@ -474,6 +474,8 @@ static void *loader_main(void *arg) {
   ep.mem_budget = s->o.mem_budget;
   ep.load = s->o.load;
   ep.io_direct = s->o.io_direct;
+  ep.device = s->o.device;
+  ep.device_index = s->o.device_index;
   floe_session_params sp;
   floe_session_params_init(&sp);
   sp.n_ctx = s->o.n_ctx;

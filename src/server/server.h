@@ -42,6 +42,7 @@ typedef struct srv_opts {
   uint64_t mem_budget; /* engine memory budget (0: none; experts streamed from disk otherwise) */
   int load;            /* FLOE_LOAD_* (--mmap / --no-mmap) */
   bool io_direct;      /* O_DIRECT expert reads (--direct, with a memory budget) */
+  int device, device_index; /* FLOE_DEVICE_* and the GPU index (--device) */
   int max_conn;        /* connection limit (default 256) */
   int64_t default_max_tokens; /* when the request gives none; <= 0: until the context is full */
   bool verbose;        /* one log line per request */
