@@ -1,30 +1,69 @@
-/* Minimal CUDA runtime wrapper (plain C, no CUDA types): device discovery that never crashes on a
- * machine without a driver, memory, copies, streams, events. The ops helper's branch carries only
- * what its tests and benchmark need; the kernels helper owns the full version of this file.
- * Streams and events are void * (cudaStream_t / cudaEvent_t); device pointers are plain pointers.
- * Every call returns 0 or a negative FLOE_E_* with a one-line message in err (where it takes one). */
+/* CUDA runtime helpers for the CUDA backend: device discovery, memory, copies, streams, events
+ * and error reporting, as plain C (no CUDA types: a stream or event is a void *, device memory a
+ * plain pointer).
+ *
+ * Every function is safe to call on a machine with no NVIDIA driver or no device: the runtime
+ * is linked statically, cuda_rt_device_count() then returns 0 and the other calls fail with
+ * FLOE_E_UNSUPPORTED and a one-line message. Nothing here exits or aborts.
+ *
+ * Asynchronous copies and memsets are enqueued on the given stream (NULL: the legacy default
+ * stream) and never synchronize; host buffers of async copies should be pinned
+ * (cuda_rt_host_alloc) for the copy to be truly asynchronous. Kernel launchers elsewhere return
+ * void; a step's launch errors surface at cuda_rt_check() / cuda_rt_stream_sync().
+ * Ownership: what cuda_rt_*_alloc / *_create return is the caller's, freed by the matching
+ * free / destroy. */
 #ifndef FLOE_CUDA_RT_H
 #define FLOE_CUDA_RT_H
 #include <stddef.h>
 #include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* Number of usable CUDA devices; 0 without a driver or a device (never fails). */
+
+/* Number of usable devices; 0 when there is no driver, no device, or the driver is too old. */
 int cuda_rt_device_count(void);
-/* Selects device dev; name (may be NULL) gets its name. */
-int cuda_rt_init(int dev, char *name, size_t name_len, char *err, size_t errlen);
-void *cuda_rt_malloc(size_t bytes);   /* NULL on failure */
-void cuda_rt_free(void *p);
-int cuda_rt_memcpy_htod(void *dst, const void *src, size_t bytes);
-int cuda_rt_memcpy_dtoh(void *dst, const void *src, size_t bytes);
-int cuda_rt_memset(void *dst, int byte, size_t bytes);
-/* Waits for the device; reports the first asynchronous error (kernel faults, bad launches). */
-int cuda_rt_sync(char *err, size_t errlen);
-void *cuda_rt_event_new(void);
-void cuda_rt_event_free(void *ev);
-void cuda_rt_event_record(void *ev, void *stream);
-float cuda_rt_event_ms(void *start, void *end); /* after both completed; < 0 on error */
+/* Makes device dev current for the calling thread and creates its context. */
+int cuda_rt_init(int dev, char *err, size_t errlen);
+/* "NVIDIA H200 (sm_90, 139.8 GiB)"-style description of device dev into buf. */
+int cuda_rt_device_name(int dev, char *buf, size_t n, char *err, size_t errlen);
+/* Compute capability major * 10 + minor of device dev, or a negative FLOE_E_*. */
+int cuda_rt_device_cc(int dev);
+/* L2 cache bytes of device dev (0 when unknown). */
+size_t cuda_rt_l2_bytes(int dev);
+/* Free and total device memory of the current device. */
+int cuda_rt_mem_info(size_t *free_b, size_t *total_b, char *err, size_t errlen);
+
+int cuda_rt_malloc(void **p, size_t n, char *err, size_t errlen);
+void cuda_rt_free(void *p);                 /* NULL is fine */
+int cuda_rt_host_alloc(void **p, size_t n, char *err, size_t errlen); /* pinned host memory */
+void cuda_rt_host_free(void *p);
+
+/* Enqueued on stream; return 0 or FLOE_E_* when the enqueue itself fails. */
+int cuda_rt_h2d_async(void *dst, const void *src, size_t n, void *stream);
+int cuda_rt_d2h_async(void *dst, const void *src, size_t n, void *stream);
+int cuda_rt_d2d_async(void *dst, const void *src, size_t n, void *stream);
+int cuda_rt_memset_async(void *dst, int byte, size_t n, void *stream);
+/* Blocking copies (tests, weight upload). */
+int cuda_rt_h2d(void *dst, const void *src, size_t n, char *err, size_t errlen);
+int cuda_rt_d2h(void *dst, const void *src, size_t n, char *err, size_t errlen);
+
+int cuda_rt_stream_create(void **stream, char *err, size_t errlen); /* non-blocking stream */
+void cuda_rt_stream_destroy(void *stream);
+int cuda_rt_stream_sync(void *stream, char *err, size_t errlen);
+int cuda_rt_device_sync(char *err, size_t errlen);
+
+int cuda_rt_event_create(void **ev, char *err, size_t errlen);
+void cuda_rt_event_destroy(void *ev);
+int cuda_rt_event_record(void *ev, void *stream);
+int cuda_rt_event_sync(void *ev, char *err, size_t errlen);
+/* Milliseconds between two recorded, completed events. */
+int cuda_rt_event_ms(void *start, void *stop, float *ms, char *err, size_t errlen);
+
+/* The first pending error of the runtime (launch failures, faults), cleared; 0 when none.
+ * what names the step in the message ("decode step: ..."). */
+int cuda_rt_check(const char *what, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

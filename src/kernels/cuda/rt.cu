@@ -1,5 +1,10 @@
-/* Minimal CUDA runtime wrapper: see cuda_rt.h. */
+/* CUDA runtime helpers (cuda_rt.h): thin wrappers over the CUDA runtime API that turn every
+ * cudaError_t into a FLOE_E_* code and a one-line message. The runtime is static (cudart_static),
+ * so cudaGetDeviceCount() is the first call that needs a driver: with none it returns an error,
+ * which cuda_rt_device_count() maps to 0 devices. */
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 extern "C" {
@@ -7,64 +12,164 @@ extern "C" {
 }
 #include "kernels/cuda/cuda_rt.h"
 
-extern "C" int cuda_rt_device_count(void) {
+static int rt_fail(char *err, size_t errlen, cudaError_t e, const char *what) {
+  if (err && errlen) snprintf(err, errlen, "CUDA: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+  return e == cudaErrorMemoryAllocation ? FLOE_E_NOMEM : FLOE_E_UNSUPPORTED;
+}
+
+#define RT_TRY(call, what)                                 \
+  do {                                                     \
+    cudaError_t e_ = (call);                               \
+    if (e_ != cudaSuccess) return rt_fail(err, errlen, e_, what); \
+  } while (0)
+
+int cuda_rt_device_count(void) {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) { /* no driver / no device: clear the sticky error */
-    cudaGetLastError();
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError(); /* no driver / no device: not sticky, clear it */
     return 0;
   }
   return n;
 }
 
-extern "C" int cuda_rt_init(int dev, char *name, size_t name_len, char *err, size_t errlen) {
-  cudaError_t e = cudaSetDevice(dev);
-  if (e != cudaSuccess) return floe_err(err, errlen, FLOE_E_IO, "cuda: device %d: %s", dev, cudaGetErrorString(e));
-  if (name && name_len) {
-    cudaDeviceProp p;
-    if (cudaGetDeviceProperties(&p, dev) == cudaSuccess) snprintf(name, name_len, "%s", p.name);
-    else snprintf(name, name_len, "?");
+int cuda_rt_init(int dev, char *err, size_t errlen) {
+  const int n = cuda_rt_device_count();
+  if (dev < 0 || dev >= n)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "CUDA: device %d does not exist (%d device%s found)", dev, n,
+                    n == 1 ? "" : "s");
+  RT_TRY(cudaSetDevice(dev), "cudaSetDevice");
+  RT_TRY(cudaFree(0), "creating the device context");
+  return 0;
+}
+
+int cuda_rt_device_name(int dev, char *buf, size_t n, char *err, size_t errlen) {
+  cudaDeviceProp p;
+  RT_TRY(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+  snprintf(buf, n, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor, (double)p.totalGlobalMem / (1u << 30));
+  return 0;
+}
+
+int cuda_rt_device_cc(int dev) {
+  int ma = 0, mi = 0;
+  if (cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return FLOE_E_UNSUPPORTED;
+  }
+  return ma * 10 + mi;
+}
+
+size_t cuda_rt_l2_bytes(int dev) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return (size_t)v;
+}
+
+int cuda_rt_mem_info(size_t *free_b, size_t *total_b, char *err, size_t errlen) {
+  RT_TRY(cudaMemGetInfo(free_b, total_b), "cudaMemGetInfo");
+  return 0;
+}
+
+int cuda_rt_malloc(void **p, size_t n, char *err, size_t errlen) {
+  *p = NULL;
+  cudaError_t e = cudaMalloc(p, n ? n : 1);
+  if (e != cudaSuccess) {
+    *p = NULL;
+    if (err && errlen) snprintf(err, errlen, "CUDA: cannot allocate %zu bytes of device memory: %s", n, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return FLOE_E_NOMEM;
   }
   return 0;
 }
 
-extern "C" void *cuda_rt_malloc(size_t bytes) {
-  void *p = NULL;
-  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
-    cudaGetLastError();
-    return NULL;
-  }
-  return p;
-}
-extern "C" void cuda_rt_free(void *p) {
+void cuda_rt_free(void *p) {
   if (p) cudaFree(p);
 }
-extern "C" int cuda_rt_memcpy_htod(void *dst, const void *src, size_t bytes) {
-  return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : FLOE_E_IO;
-}
-extern "C" int cuda_rt_memcpy_dtoh(void *dst, const void *src, size_t bytes) {
-  return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : FLOE_E_IO;
-}
-extern "C" int cuda_rt_memset(void *dst, int byte, size_t bytes) {
-  return cudaMemset(dst, byte, bytes) == cudaSuccess ? 0 : FLOE_E_IO;
-}
-extern "C" int cuda_rt_sync(char *err, size_t errlen) {
-  cudaError_t e = cudaDeviceSynchronize();
-  if (e == cudaSuccess) e = cudaGetLastError();
-  if (e != cudaSuccess) return floe_err(err, errlen, FLOE_E_IO, "cuda: %s", cudaGetErrorString(e));
+
+int cuda_rt_host_alloc(void **p, size_t n, char *err, size_t errlen) {
+  *p = NULL;
+  cudaError_t e = cudaMallocHost(p, n ? n : 1);
+  if (e != cudaSuccess) {
+    *p = NULL;
+    if (err && errlen) snprintf(err, errlen, "CUDA: cannot allocate %zu bytes of pinned host memory: %s", n, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return FLOE_E_NOMEM;
+  }
   return 0;
 }
-extern "C" void *cuda_rt_event_new(void) {
-  cudaEvent_t ev = NULL;
-  if (cudaEventCreate(&ev) != cudaSuccess) return NULL;
-  return (void *)ev;
+
+void cuda_rt_host_free(void *p) {
+  if (p) cudaFreeHost(p);
 }
-extern "C" void cuda_rt_event_free(void *ev) {
+
+static int rt_code(cudaError_t e) { return e == cudaSuccess ? 0 : FLOE_E_UNSUPPORTED; }
+
+int cuda_rt_h2d_async(void *dst, const void *src, size_t n, void *stream) {
+  return rt_code(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, (cudaStream_t)stream));
+}
+int cuda_rt_d2h_async(void *dst, const void *src, size_t n, void *stream) {
+  return rt_code(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, (cudaStream_t)stream));
+}
+int cuda_rt_d2d_async(void *dst, const void *src, size_t n, void *stream) {
+  return rt_code(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, (cudaStream_t)stream));
+}
+int cuda_rt_memset_async(void *dst, int byte, size_t n, void *stream) {
+  return rt_code(cudaMemsetAsync(dst, byte, n, (cudaStream_t)stream));
+}
+
+int cuda_rt_h2d(void *dst, const void *src, size_t n, char *err, size_t errlen) {
+  RT_TRY(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "copy to the device");
+  return 0;
+}
+int cuda_rt_d2h(void *dst, const void *src, size_t n, char *err, size_t errlen) {
+  RT_TRY(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost), "copy from the device");
+  return 0;
+}
+
+int cuda_rt_stream_create(void **stream, char *err, size_t errlen) {
+  cudaStream_t s = NULL;
+  *stream = NULL;
+  RT_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  *stream = s;
+  return 0;
+}
+void cuda_rt_stream_destroy(void *stream) {
+  if (stream) cudaStreamDestroy((cudaStream_t)stream);
+}
+int cuda_rt_stream_sync(void *stream, char *err, size_t errlen) {
+  RT_TRY(cudaStreamSynchronize((cudaStream_t)stream), "stream synchronize");
+  return 0;
+}
+int cuda_rt_device_sync(char *err, size_t errlen) {
+  RT_TRY(cudaDeviceSynchronize(), "device synchronize");
+  return 0;
+}
+
+int cuda_rt_event_create(void **ev, char *err, size_t errlen) {
+  cudaEvent_t e = NULL;
+  *ev = NULL;
+  RT_TRY(cudaEventCreate(&e), "cudaEventCreate");
+  *ev = e;
+  return 0;
+}
+void cuda_rt_event_destroy(void *ev) {
   if (ev) cudaEventDestroy((cudaEvent_t)ev);
 }
-extern "C" void cuda_rt_event_record(void *ev, void *stream) { cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream); }
-extern "C" float cuda_rt_event_ms(void *start, void *end) {
-  float ms = -1.0f;
-  if (cudaEventSynchronize((cudaEvent_t)end) != cudaSuccess) return -1.0f;
-  if (cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end) != cudaSuccess) return -1.0f;
-  return ms;
+int cuda_rt_event_record(void *ev, void *stream) { return rt_code(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream)); }
+int cuda_rt_event_sync(void *ev, char *err, size_t errlen) {
+  RT_TRY(cudaEventSynchronize((cudaEvent_t)ev), "event synchronize");
+  return 0;
+}
+int cuda_rt_event_ms(void *start, void *stop, float *ms, char *err, size_t errlen) {
+  RT_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)stop), "cudaEventElapsedTime");
+  return 0;
+}
+
+int cuda_rt_check(const char *what, char *err, size_t errlen) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return 0;
+  return rt_fail(err, errlen, e, what ? what : "kernel");
 }
