@@ -84,7 +84,8 @@ extern "C" int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm) {
   return s < 1 ? 1 : (s > ATT_MAX_SPLIT ? ATT_MAX_SPLIT : s);
 }
 
-static size_t part_floats(const cuda_attn_shape *sh) { return (size_t)attn_hd(sh->head_dim) + 2; }
+/* a part: o[HD], m, l, 2 floats of padding (16-byte aligned rows for the combine's float4 loads) */
+static size_t part_floats(const cuda_attn_shape *sh) { return (size_t)attn_hd(sh->head_dim) + 4; }
 
 extern "C" size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_tok) {
   const int hb = attn_hb(sh), nhb = sh->n_head / sh->n_head_kv / hb;
@@ -200,7 +201,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   const int64_t p0 = (int64_t)c * CH, p1 = p0 + CH < np ? p0 + CH : np;
   const int qs = hd * (gated ? 2 : 1);
   const int64_t qrow = (int64_t)t * nh * qs;
-  const size_t PF = (size_t)HD + 2;
+  const size_t PF = (size_t)HD + 4; /* part_floats */
   const bool exact = hd == HD; /* rows straight from the cache with cp.async; else zero-padded copies */
   /* part (t, y, c) holds HB heads: o[HB][HD], then m[HB], l[HB] */
   float *mypart = part + (((size_t)t * gridDim.y + y) * n_split + c) * HB * PF;
@@ -394,29 +395,46 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   const float *P = part + ((size_t)t * gridDim.y + y) * n_split * HB * PF;
   __shared__ float f[HB][ATT_MAX_SPLIT];
   __shared__ float s_inv[HB];
+  /* the combine reads nparts * HB * HD floats from L2 in one block: loads are issued many at a
+   * time (float4, parts unrolled), the sums still run in part order */
+  __shared__ float fl[HB][ATT_MAX_SPLIT];
   for (int h = warp; h < HB; h += ATT_THREADS / 32) {
     float M = -INFINITY;
     for (int cc = lane; cc < nparts; cc += 32) M = fmaxf(M, __ldcg(P + ((size_t)cc * HB + h) * PF + HD));
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, s));
-    for (int cc = lane; cc < nparts; cc += 32) f[h][cc] = ops_vexpf(__fsub_rn(__ldcg(P + ((size_t)cc * HB + h) * PF + HD), M));
+    for (int cc = lane; cc < nparts; cc += 32) {
+      const float fc = ops_vexpf(__fsub_rn(__ldcg(P + ((size_t)cc * HB + h) * PF + HD), M));
+      f[h][cc] = fc;
+      fl[h][cc] = __fmul_rn(fc, __ldcg(P + ((size_t)cc * HB + h) * PF + HD + 1));
+    }
     __syncwarp();
     if (lane == 0) {
       float L = 0.0f;
-      for (int cc = 0; cc < nparts; cc++) L = __fadd_rn(L, __fmul_rn(f[h][cc], __ldcg(P + ((size_t)cc * HB + h) * PF + HD + 1)));
+      for (int cc = 0; cc < nparts; cc++) L = __fadd_rn(L, fl[h][cc]);
       s_inv[h] = L;
     }
   }
   __syncthreads();
-  for (int e = tid; e < HB * HD; e += ATT_THREADS) {
+  for (int e = 4 * tid; e < HB * HD; e += 4 * ATT_THREADS) {
     const int h = e / HD, d = e % HD;
-    if (d >= hd) continue;
-    float O = 0.0f;
+    float O[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 #pragma unroll 8
-    for (int cc = 0; cc < nparts; cc++) O = __fadd_rn(O, __fmul_rn(f[h][cc], __ldcg(P + ((size_t)cc * HB + h) * PF + d)));
-    float r = O / s_inv[h];
-    if (gated) r = __fmul_rn(r, ops_sigmoidf(q[qrow + (int64_t)(head0 + h) * qs + hd + d]));
-    out[((int64_t)t * nh + head0 + h) * hd + d] = r;
+    for (int cc = 0; cc < nparts; cc++) {
+      const float4 pv = __ldcg((const float4 *)(P + ((size_t)cc * HB + h) * PF + d));
+      const float fc = f[h][cc];
+      O[0] = __fadd_rn(O[0], __fmul_rn(fc, pv.x));
+      O[1] = __fadd_rn(O[1], __fmul_rn(fc, pv.y));
+      O[2] = __fadd_rn(O[2], __fmul_rn(fc, pv.z));
+      O[3] = __fadd_rn(O[3], __fmul_rn(fc, pv.w));
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (d + u >= hd) continue;
+      float r = O[u] / s_inv[h];
+      if (gated) r = __fmul_rn(r, ops_sigmoidf(q[qrow + (int64_t)(head0 + h) * qs + hd + d + u]));
+      out[((int64_t)t * nh + head0 + h) * hd + d + u] = r;
+    }
   }
   if (tid == 0) *ctr = 0; /* ready for the next launch (graph replay) */
 }
