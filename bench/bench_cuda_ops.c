@@ -14,13 +14,18 @@
 #define REPS 200
 
 static void *zdev(size_t n) {
-  void *p = cuda_rt_malloc(n);
-  if (!p) {
-    fprintf(stderr, "cuda_rt_malloc(%zu) failed\n", n);
+  void *p = NULL;
+  char err[256];
+  if (cuda_rt_malloc(&p, n, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
     exit(1);
   }
-  cuda_rt_memset(p, 0, n);
+  cuda_rt_memset_async(p, 0, n, NULL);
   return p;
+}
+static void h2d(void *d, const void *h, size_t n) {
+  char err[256];
+  if (cuda_rt_h2d(d, h, n, err, sizeof err)) fprintf(stderr, "%s\n", err);
 }
 
 static void *ev0, *ev1;
@@ -30,9 +35,10 @@ static void *ev0, *ev1;
     cuda_rt_event_record(ev0, NULL);                                                     \
     for (int r_ = 0; r_ < (reps); r_++) call;                                            \
     cuda_rt_event_record(ev1, NULL);                                                     \
-    const float ms_ = cuda_rt_event_ms(ev0, ev1);                                        \
+    float ms_ = 0.0f;                                                                    \
     char e_[256];                                                                        \
-    if (cuda_rt_sync(e_, sizeof e_)) printf("%-44s ERROR %s\n", label, e_);             \
+    if (cuda_rt_device_sync(e_, sizeof e_) || cuda_rt_event_ms(ev0, ev1, &ms_, e_, sizeof e_)) \
+      printf("%-44s ERROR %s\n", label, e_);                                            \
     else printf("%-44s %9.2f us\n", label, 1000.0 * ms_ / (reps));                      \
     fflush(stdout);                                                                      \
   } while (0)
@@ -43,12 +49,15 @@ int main(void) {
     return 0;
   }
   char name[256], err[256];
-  if (cuda_rt_init(0, name, sizeof name, err, sizeof err)) {
+  if (cuda_rt_init(0, err, sizeof err) || cuda_rt_device_name(0, name, sizeof name, err, sizeof err)) {
     printf("%s\n", err);
     return 1;
   }
   printf("device: %s, %d launches per figure\n", name, REPS);
-  ev0 = cuda_rt_event_new(), ev1 = cuda_rt_event_new();
+  if (cuda_rt_event_create(&ev0, err, sizeof err) || cuda_rt_event_create(&ev1, err, sizeof err)) {
+    printf("%s\n", err);
+    return 1;
+  }
   const int E = 2048, NE = 256, K = 8, I = 512, V = 248320;
 
   /* norms */
@@ -60,7 +69,7 @@ int main(void) {
 
   /* attention */
   const int64_t ctxs[4] = { 1, 8192, 32768, 131072 };
-  const int splits[3] = { 32, 64, 128 };
+  const int splits[3] = { 33, 64, 128 }; /* 33: cuda_attn_split_hint for 132 SMs at this shape */
   const int64_t nctx = 131072 + 16;
   cuda_attn_shape sh = { 16, 2, 256, 64, 1, 1, nctx, 1e-6f, 64 };
   const size_t cb = (size_t)2 * nctx * 256 * 2;
@@ -69,6 +78,12 @@ int main(void) {
   float *q = zdev(512 * 16 * 512 * 4), *kk = zdev(512 * 512 * 4), *vv = zdev(512 * 512 * 4);
   float *qn = zdev(256 * 4), *kn = zdev(256 * 4), *ao = zdev(512 * 16 * 256 * 4);
   int32_t *pos = zdev(4);
+  if (cuda_attn_check(&sh, err, sizeof err)) {
+    printf("%s\n", err);
+    return 1;
+  }
+  printf("attn split hint for 132 SMs: %d; floor of a decode = K+V bytes / 4.3 TB/s: kv 128K bf16 %.1f us\n",
+         cuda_attn_split_hint(&sh, 132), 2.0 * 2 * 256 * 131072 * 2 / 4.3e6);
   cuda_attn_shape sh128 = sh;
   sh128.n_split = 128;
   void *scr = zdev(cuda_attn_scratch_bytes(&sh128, 512));
@@ -77,7 +92,7 @@ int main(void) {
     sh.n_split = splits[s];
     for (int c = 0; c < 4; c++) {
       const int32_t p = (int32_t)ctxs[c] - 1;
-      cuda_rt_memcpy_htod(pos, &p, 4);
+      h2d(pos, &p, 4);
       char lab[96];
       snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d", (long long)ctxs[c], splits[s]);
       TIME(lab, 100, cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL));
@@ -88,7 +103,7 @@ int main(void) {
   void *kc32 = zdev(cb * 2), *vc32 = zdev(cb * 2);
   for (int c = 0; c < 4; c++) {
     const int32_t p = (int32_t)ctxs[c] - 1;
-    cuda_rt_memcpy_htod(pos, &p, 4);
+    h2d(pos, &p, 4);
     char lab[96];
     snprintf(lab, sizeof lab, "attn decode f32 kv %lld split 64", (long long)ctxs[c]);
     TIME(lab, 100, cuda_attn(&sh, q, kc32, vc32, pos, 1, ao, scr, NULL));
@@ -96,10 +111,10 @@ int main(void) {
   sh.kv_bf16 = 1;
   {
     const int32_t p = 32768 - 128;
-    cuda_rt_memcpy_htod(pos, &p, 4);
+    h2d(pos, &p, 4);
     TIME("attn prefill 128 rows at kv 32K bf16 split 64", 5, cuda_attn(&sh, q, kc, vc, pos, 128, ao, scr, NULL));
     const int32_t p0 = 0;
-    cuda_rt_memcpy_htod(pos, &p0, 4);
+    h2d(pos, &p0, 4);
     TIME("attn prefill 512 rows at kv 0..512 split 64", 5, cuda_attn(&sh, q, kc, vc, pos, 512, ao, scr, NULL));
     TIME("attn_prep prefill 512 rows", 20, cuda_attn_prep(&sh, q, kk, vv, qn, kn, cs, kc, vc, pos, 512, NULL));
   }

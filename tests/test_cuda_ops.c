@@ -25,19 +25,33 @@ static floe_rng R;
 static float urand(float lo, float hi) { return lo + (hi - lo) * floe_rng_uniform(&R); }
 
 /* ---- device helpers ---- */
-static void *dup_dev(const void *h, size_t n) {
-  void *d = cuda_rt_malloc(n);
-  if (d && h) cuda_rt_memcpy_htod(d, h, n);
+static void *dmalloc(size_t n) {
+  void *d = NULL;
+  char err[256];
+  if (cuda_rt_malloc(&d, n, err, sizeof err)) printf("%s\n", err);
   return d;
 }
-static void poison(void *d, size_t n) { cuda_rt_memset(d, 0xff, n); } /* 0xffffffff: NaN */
+static void h2d(void *d, const void *h, size_t n) {
+  char err[256];
+  if (cuda_rt_h2d(d, h, n, err, sizeof err)) printf("%s\n", err);
+}
+static void dmemset(void *d, int byte, size_t n) { cuda_rt_memset_async(d, byte, n, NULL); }
+static void *dup_dev(const void *h, size_t n) {
+  void *d = dmalloc(n);
+  if (d && h) h2d(d, h, n);
+  return d;
+}
+static void poison(void *d, size_t n) { dmemset(d, 0xff, n); } /* 0xffffffff: NaN */
 static int sync_ok(void) {
   char err[256];
-  const int rc = cuda_rt_sync(err, sizeof err);
+  const int rc = cuda_rt_device_sync(err, sizeof err);
   if (rc) printf("device error: %s\n", err);
   return rc == 0;
 }
-static void get(void *h, const void *d, size_t n) { cuda_rt_memcpy_dtoh(h, d, n); }
+static void get(void *h, const void *d, size_t n) {
+  char err[256];
+  if (cuda_rt_d2h(h, d, n, err, sizeof err)) printf("%s\n", err);
+}
 static size_t n_diff_bits(const float *a, const float *b, size_t n) {
   size_t k = 0;
   for (size_t i = 0; i < n; i++) k += memcmp(&a[i], &b[i], 4) != 0;
@@ -92,9 +106,8 @@ static void rope_head(float *x, int64_t n_rot, const float *cs) {
 }
 
 /* ---- RMSNorm ---- */
-static void test_norm(void) {
-  SECTION("rmsnorm (3 rows of 2050) and the fused residual add");
-  const int64_t rows = 3, n = 2050;
+static void test_norm(int64_t rows, int64_t n) {
+  SECTION("rmsnorm (%lld rows of %lld) and the fused residual add", (long long)rows, (long long)n);
   const float eps = 1e-6f;
   float *x = malloc(rows * n * 4), *d = malloc(rows * n * 4), *w = malloc(n * 4), *y = malloc(rows * n * 4),
         *g = malloc(rows * n * 4), *gx = malloc(rows * n * 4);
@@ -212,7 +225,7 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
   int32_t *dpos = dup_dev(&pos0, 4);
   const size_t scb = cuda_attn_scratch_bytes(&sh, n_tok);
   void *dscr = dup_dev(NULL, scb);
-  cuda_rt_memset(dscr, 0, scb);
+  dmemset(dscr, 0, scb);
   float *dout = dup_dev(NULL, n_tok * (int64_t)nh * hd * 4);
   poison(dout, n_tok * (int64_t)nh * hd * 4);
   cuda_attn_prep(&sh, dq, dk, dv, dqn, dkn, dcs, dK, dV, dpos, n_tok, NULL);
@@ -267,7 +280,7 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
   size_t ndiff = 0;
   for (int64_t t = 0; t < n_tok; t++) {
     const int32_t p = (int32_t)(n0 + t);
-    cuda_rt_memcpy_htod(dpos, &p, 4);
+    h2d(dpos, &p, 4);
     poison(dout, od * 4);
     cuda_attn(&sh, dq + t * qdim, dK, dV, dpos, 1, dout, dscr, NULL);
     if (!sync_ok()) break;
@@ -477,7 +490,7 @@ static void test_combine(int T, int K, int64_t n, int shared, int norm) {
   if (norm) CHECK(n_diff_bits(gh, h, T * n) == 0, "fused norm bit-identical");
   /* SiLU-GLU on the same buffers */
   float *g = malloc(T * n * 4);
-  cuda_rt_memcpy_htod(dh, sh, T * n * 4);
+  h2d(dh, sh, T * n * 4);
   cuda_silu_glu(dh, dx, T * n, NULL);
   CHECK(sync_ok(), "silu_glu ran");
   get(g, dh, T * n * 4);
@@ -538,9 +551,9 @@ static void test_embed(uint32_t type, int64_t n_embd) {
 
 /* ---- argmax ---- */
 static void argmax_case(const char *what, float *x, int64_t n, float *dx, void *dscr, int32_t *dout) {
-  cuda_rt_memcpy_htod(dx, x, n * 4);
+  h2d(dx, x, n * 4);
   const int32_t bad = -7;
-  cuda_rt_memcpy_htod(dout, &bad, 4);
+  h2d(dout, &bad, 4);
   cuda_argmax(dx, n, dout, dscr, NULL);
   int32_t g = -1;
   CHECK(sync_ok(), "argmax ran");
@@ -555,7 +568,7 @@ static void test_argmax(void) {
   float *x = malloc(n * 4), *dx = dup_dev(NULL, n * 4);
   const size_t sb = cuda_argmax_scratch_bytes(n);
   void *dscr = dup_dev(NULL, sb);
-  cuda_rt_memset(dscr, 0, sb);
+  dmemset(dscr, 0, sb);
   int32_t *dout = dup_dev(NULL, 4);
   for (int64_t i = 0; i < n; i++) x[i] = urand(-10, 10);
   argmax_case("random", x, n, dx, dscr, dout);
@@ -584,29 +597,50 @@ int main(void) {
     return 77;
   }
   char name[256], err[256];
-  if (cuda_rt_init(0, name, sizeof name, err, sizeof err)) {
+  if (cuda_rt_init(0, err, sizeof err) || cuda_rt_device_name(0, name, sizeof name, err, sizeof err)) {
     printf("%s\n", err);
     return 1;
   }
   printf("device: %s\n", name);
   floe_rng_seed(&R, 0x0c0ffee5ull ^ (uint64_t)floe_time_s());
-  test_norm();
+  test_norm(3, 2050);
+  test_norm(2, 64); /* E = 64: the fixtures' n_embd */
   /* 35B-A3B shape at >= 32K positions, both cache types; then smaller awkward ones */
   test_attn_case(16, 2, 256, 64, 1, 1, 32771, 5, 64);
   test_attn_case(16, 2, 256, 64, 1, 0, 32771, 3, 64);
   test_attn_case(16, 2, 256, 64, 1, 1, 0, 7, 64);
   test_attn_case(32, 4, 128, 128, 0, 0, 1000, 9, 7);
   test_attn_case(12, 4, 128, 32, 1, 1, 200, 3, 256);
+  /* the fixtures' and the default model's shapes: head_dim 16 / 32 / 64, groups 1..16 */
+  test_attn_case(4, 2, 16, 16, 0, 0, 37, 3, 5);
+  test_attn_case(4, 2, 16, 8, 1, 1, 300, 2, 3);
+  test_attn_case(8, 2, 32, 32, 1, 0, 129, 4, 2);
+  test_attn_case(16, 1, 32, 16, 0, 1, 5000, 2, 33);
+  test_attn_case(16, 4, 64, 64, 1, 1, 2100, 3, 33);
+  test_attn_case(6, 6, 64, 32, 0, 0, 70, 5, 1);
+  test_attn_case(12, 1, 128, 64, 1, 1, 1500, 2, 16);
+  test_attn_case(32, 2, 128, 64, 0, 1, 4000, 2, 33);
+  test_attn_case(8, 2, 80, 32, 1, 1, 300, 2, 4); /* not a power of two: zero-padded to 128 */
   test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
   test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
   test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);
+  /* the fixtures' and the default model's shapes: dk 16, dv 24 (not a multiple of 32), Nk 2 Nv 4 */
+  test_gdn_case(2, 4, 16, 24, 4, 1, 6, 3);
+  test_gdn_case(2, 4, 16, 24, 4, 0, 6, 3);
+  test_gdn_case(4, 8, 64, 64, 4, 1, 5, 2);
+  test_gdn_case(3, 9, 32, 40, 2, 0, 4, 2);
+  test_gdn_case(2, 2, 128, 100, 8, 1, 3, 2);
   test_route(256, 8, 1, 5, 0);
   test_route(256, 8, 1, 5, 3);
   test_route(100, 6, 0, 4, 2);
   test_route(512, 10, 1, 3, 5);
   test_combine(3, 8, 2050, 1, 1);
   test_combine(2, 6, 1000, 0, 0);
+  test_combine(2, 4, 64, 1, 1); /* E = 64: the fixtures' n_embd */
+  test_route(64, 4, 1, 3, 2);
   test_embed(FLOE_TYPE_F32, 2048);
+  test_embed(FLOE_TYPE_F32, 64);
+  test_embed(FLOE_TYPE_Q8_0, 64);
   test_embed(FLOE_TYPE_F16, 2050);
   test_embed(FLOE_TYPE_BF16, 2050);
   test_embed(FLOE_TYPE_Q8_0, 2080);

@@ -4,13 +4,13 @@
  * Conventions (shared with the other CUDA headers):
  *   - Pointers are device pointers; `stream` is a cudaStream_t (NULL: the legacy default stream).
  *   - Launchers return void, never synchronize and never allocate; launch errors surface at the
- *     next cuda_rt_sync. Shapes are checked once by the cuda_*_check functions (0 or FLOE_E_* and
+ *     next cuda_rt_check. Shapes are checked once by the cuda_*_check functions (0 or FLOE_E_* and
  *     a one-line message), not at every launch.
  *   - Graph replay: everything that changes per step (position, KV length, token ids, selected
  *     experts) is read by the kernels from device memory; host arguments are fixed shapes only,
  *     so a captured step replays at every position.
  *   - Scratch buffers that hold completion counters (attention, argmax) must be zeroed ONCE after
- *     allocation (cuda_rt_memset); each launch leaves its counters at zero again.
+ *     allocation (cuda_rt_memset_async); each launch leaves its counters at zero again.
  *
  * Math: each op mirrors the CPU's float operations in the CPU's order (src/model/layers.c), with
  * --fmad=false and fmaf() where the CPU fuses, so GPU and CPU agree bit for bit unless stated:
@@ -53,9 +53,14 @@ typedef struct cuda_attn_shape {
   float eps;        /* q/k norm */
   int n_split;      /* split-K parts per (row, kv head), fixed for a session (say 2*SMs/n_head_kv) */
 } cuda_attn_shape;
-/* 0 or FLOE_E_UNSUPPORTED / FLOE_E_INVALID: head_dim 128 or 256, n_head % n_head_kv == 0,
- * group <= 16, n_rot even and <= head_dim, n_split in [1, 256]. */
+/* 0 or FLOE_E_UNSUPPORTED / FLOE_E_INVALID: head_dim 1..256 (kernels for 16, 32, 64, 128, 256;
+ * others run zero-padded to the next), n_head % n_head_kv == 0 (any group), n_rot even and
+ * <= head_dim, n_split in [1, 256]. Call it once at setup, before any graph capture: on a device
+ * it also grants the kernel its shared memory (up to ~200 KiB, an opt-in above 48 KiB). */
 int cuda_attn_check(const cuda_attn_shape *sh, char *err, size_t errlen);
+/* A good n_split for a device of n_sm SMs: one wave of blocks at long context (the kernel runs
+ * one block per SM). Parts past a row's length exit at once, so it suits every length. */
+int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm);
 /* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once. */
 size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_tok);
 /* Rows t < n_tok at positions pos = *pos0 + t (pos0: device int32):
@@ -69,7 +74,7 @@ void cuda_attn_prep(const cuda_attn_shape *sh, float *q, const float *k, const f
                     int64_t n_tok, void *stream);
 /* out [n_tok][n_head * hd] = softmax(q k^T / sqrt(hd)) v over cache positions 0..pos (causal:
  * row t sees *pos0 + t + 1 positions), times sigmoid(gate) when gated. q as left by
- * cuda_attn_prep. One launch: split-K parts of ceil(np / n_split) positions (rounded up to 64),
+ * cuda_attn_prep. One launch: split-K parts of ceil(np / n_split) positions (rounded up to 128),
  * parts past the row's length exit at once, the last part to finish combines. */
 void cuda_attn(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
                const int32_t *pos0, int64_t n_tok, float *out, void *scratch, void *stream);
@@ -81,7 +86,7 @@ typedef struct cuda_gdn_shape {
   int v_tiled;         /* value head hv uses key head hv % Nk (qwen35moe), else hv / (Nv/Nk) */
   float eps;           /* gated RMSNorm */
 } cuda_gdn_shape;
-/* 0 or FLOE_E_UNSUPPORTED: dk in {64, 128}, dv <= 128 and a multiple of 32, Nv % Nk == 0, 2 <= K <= 8. */
+/* 0 or FLOE_E_UNSUPPORTED: dk 1..128, dv 2..128, Nv % Nk == 0 (any ratio), 2 <= K <= 8. */
 int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen);
 /* Causal conv + SiLU + q/k L2 norms (q also * dk^-0.5) of n_tok tokens in order, C = 2*Nk*dk + Nv*dv:
  *   mix [n_tok][C] (q | k | v before the conv), conv_wt [K][C], conv_state [K-1][C] (updated),

@@ -4,63 +4,100 @@
  *
  * cuda_attn: block (part c, kv head kh / head batch, row t), 256 threads, HB query heads of the
  * group at once so each K/V row is read once for them. Row t sees np = *pos0 + t + 1 positions,
- * cut into parts of CH = roundup64(ceil(np / n_split)) positions: the cut depends only on np, so
+ * cut into parts of CH = roundup128(ceil(np / n_split)) positions: the cut depends only on np, so
  * a prefill row and the decode of the same position run the same arithmetic (bit-identical).
+ *   - K/V tiles of TP positions stream into shared memory through cp.async, ATT_STAGES deep:
+ *     the loads of the next tiles are in flight while a tile is computed (the earlier version
+ *     loaded K and V straight into registers between barriers and reached ~0.85 TB/s).
  *   - Scores: a half-warp per position, lane l holds q[l + 16 j] in registers and computes the
  *     CPU's kern_dot16_rows lane (fmaf over j), then the fixed 16-lane tree: the CPU's bits,
  *     times the scale.
- *   - Softmax and V sum: tiles of 128 positions with a running maximum (online softmax, vexpf),
- *     V summed with fmaf in position order per thread group; the part's (o, max, sum) go to
+ *   - Softmax and V sum: online softmax per tile (running maximum, vexpf); V summed with fmaf in
+ *     position order per thread position group, 4 dims a thread; the part's (o, max, sum) go to
  *     scratch. Not the CPU's single pass (which normalises before summing): rounding differs.
  *   - The last block of a (row, kv head batch) to finish (a counter in scratch, reset by it)
  *     combines the parts in part order, divides, applies sigmoid(gate), writes out.
- * Parts past the row's length only count themselves done. */
+ * Parts past the row's length only count themselves done.
+ * head_dim: kernels for HD = 16, 32, 64, 128, 256; another head_dim runs the next larger one with
+ * the rows zero-padded (loaded without cp.async). The padded lanes add fmaf(0, 0, acc) terms, which
+ * change no score; but the CPU scores a head_dim that is not a multiple of 16 with one sequential
+ * fmaf chain, so there the scores differ from the CPU's by rounding. */
 #include <stdio.h>
 
 extern "C" {
 #include "base/base.h"
 }
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_rt.h"
 #include "kernels/cuda/ops_common.cuh"
 
 #define ATT_THREADS 256
-#define ATT_TILE 128    /* positions per online-softmax tile */
+#define ATT_STAGES 4     /* cp.async pipeline depth (tiles) */
+#define ATT_PAD 16       /* elements of padding per shared row: two half-warps reading two rows hit other banks */
+#define ATT_CH 128       /* parts are multiples of this many positions (every TP divides it) */
 #define ATT_MAX_SPLIT 256
 
+static int attn_hd(int head_dim) { /* kernel head dim: the power of two >= head_dim, >= 16 */
+  int h = 16;
+  while (h < head_dim) h *= 2;
+  return h;
+}
 static int attn_hb(const cuda_attn_shape *sh) { /* query heads per block: a power of two dividing the group */
-  const int G = sh->n_head / sh->n_head_kv, cap = 2048 / sh->head_dim;
+  const int G = sh->n_head / sh->n_head_kv, cap = 2048 / attn_hd(sh->head_dim);
   int hb = 1;
   while (hb * 2 <= cap && G % (hb * 2) == 0 && hb * 2 <= 8) hb *= 2;
   return hb;
 }
+/* positions per tile: ~32 KiB of K + V per stage, 16..128 */
+static __host__ __device__ constexpr int att_tp(int hd, int es) {
+  return 32768 / (2 * hd * es) > 128 ? 128 : (32768 / (2 * hd * es) < 16 ? 16 : 32768 / (2 * hd * es));
+}
+static __host__ __device__ constexpr size_t att_smem(int hd, int es) {
+  return (size_t)ATT_STAGES * 2 * att_tp(hd, es) * (hd + ATT_PAD) * es;
+}
+static int attn_set_smem(const cuda_attn_shape *sh);
 
 extern "C" int cuda_attn_check(const cuda_attn_shape *sh, char *err, size_t errlen) {
-  if (sh->head_dim != 128 && sh->head_dim != 256)
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda attention: head_dim %d (128 or 256 supported)", sh->head_dim);
-  if (sh->n_head_kv <= 0 || sh->n_head % sh->n_head_kv || sh->n_head / sh->n_head_kv > 16)
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda attention: %d heads over %d kv heads (group <= 16)",
+  if (sh->head_dim < 1 || sh->head_dim > 256)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda attention: head_dim %d (1..256 supported)", sh->head_dim);
+  if (sh->n_head_kv <= 0 || sh->n_head <= 0 || sh->n_head % sh->n_head_kv)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda attention: %d heads over %d kv heads (must divide)",
                     sh->n_head, sh->n_head_kv);
   if (sh->n_rot < 0 || sh->n_rot % 2 || sh->n_rot > sh->head_dim)
-    return floe_err(err, errlen, FLOE_E_INVALID, "cuda attention: n_rot %d", sh->n_rot);
+    return floe_err(err, errlen, FLOE_E_INVALID, "cuda attention: n_rot %d (even, <= head_dim %d)", sh->n_rot,
+                    sh->head_dim);
   if (sh->n_split < 1 || sh->n_split > ATT_MAX_SPLIT)
     return floe_err(err, errlen, FLOE_E_INVALID, "cuda attention: n_split %d (1..%d)", sh->n_split, ATT_MAX_SPLIT);
   if (sh->n_ctx <= 0 || sh->n_ctx > INT32_MAX)
     return floe_err(err, errlen, FLOE_E_INVALID, "cuda attention: n_ctx %lld", (long long)sh->n_ctx);
+  /* the kernel's shared memory above 48 KiB needs an opt-in: done here, at setup, so that no
+   * attribute call happens inside a graph capture (the launcher repeats it only if this failed) */
+  if (cuda_rt_device_count() > 0 && attn_set_smem(sh))
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda attention: the device refused %zu bytes of shared memory",
+                    att_smem(attn_hd(sh->head_dim), sh->kv_bf16 ? 2 : 4));
   return 0;
 }
 
-static size_t part_floats(const cuda_attn_shape *sh) { return (size_t)sh->head_dim + 2; }
+extern "C" int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm) {
+  const int blocks = sh->n_head_kv * (sh->n_head / sh->n_head_kv / attn_hb(sh));
+  int s = n_sm / (blocks > 0 ? blocks : 1);
+  return s < 1 ? 1 : (s > ATT_MAX_SPLIT ? ATT_MAX_SPLIT : s);
+}
+
+/* a part: o[HD], m, l, 2 floats of padding (16-byte aligned rows for the combine's float4 loads) */
+static size_t part_floats(const cuda_attn_shape *sh) { return (size_t)attn_hd(sh->head_dim) + 4; }
 
 extern "C" size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_tok) {
   const int hb = attn_hb(sh), nhb = sh->n_head / sh->n_head_kv / hb;
-  const size_t parts = (size_t)n_tok * (size_t)sh->n_head * (size_t)sh->n_split * part_floats(sh) * sizeof(float);
+  const size_t parts = (size_t)n_tok * (size_t)sh->n_head_kv * nhb * hb * (size_t)sh->n_split * part_floats(sh) * sizeof(float);
   const size_t cnt = (size_t)n_tok * (size_t)sh->n_head_kv * (size_t)nhb * sizeof(int);
   return (cnt + 255) / 256 * 256 + parts;
 }
 
 /* ---- prep: q/k norm + RoPE, K/V into the cache ---- */
 /* block (row t, head hh): hh < n_head a query head (in place), else kv head hh - n_head (k normed and
- * rotated into the K cache, v copied into the V cache). blockDim = head_dim. */
+ * rotated into the K cache, v copied into the V cache). blockDim = head_dim rounded up to a whole
+ * warp (the sumsq16 warp needs all 32 lanes); threads i >= head_dim only take part in barriers. */
 static __global__ void __launch_bounds__(256)
     k_attn_prep(float *q, const float *k, const float *v, const float *qn, const float *kn, const float *cs,
                 void *kc, void *vc, const int32_t *pos0, int nh, int nkv, int hd, int n_rot, int gated,
@@ -68,6 +105,7 @@ static __global__ void __launch_bounds__(256)
   __shared__ float xs[256];
   __shared__ float rs;
   const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
+  const bool in = i < hd;
   const int64_t pos = (int64_t)*pos0 + t;
   if (pos < 0 || pos >= n_ctx) return; /* the caller's bug; never write outside the cache */
   const bool isq = hh < nh;
@@ -75,17 +113,18 @@ static __global__ void __launch_bounds__(256)
   const int64_t qdim = (int64_t)nh * hd * (gated ? 2 : 1), kvd = (int64_t)nkv * hd;
   float *qh = isq ? q + t * qdim + (int64_t)hh * hd * (gated ? 2 : 1) : NULL;
   const float *src = isq ? qh : k + t * kvd + (int64_t)kh * hd;
-  xs[i] = src[i];
+  if (in) xs[i] = src[i];
   __syncthreads();
   if (i < 32) {
     const float ss = ops_sumsq16_warp(xs, hd);
     if (i == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)hd, eps));
   }
   __syncthreads();
-  const float y = __fmul_rn(__fmul_rn(xs[i], rs), (isq ? qn : kn)[i]);
+  const float y = in ? __fmul_rn(__fmul_rn(xs[i], rs), (isq ? qn : kn)[i]) : 0.0f;
   __syncthreads();
-  xs[i] = y;
+  if (in) xs[i] = y;
   __syncthreads();
+  if (!in) return;
   float o = y;
   const int h2 = n_rot / 2;
   const float *c = cs + pos * n_rot;
@@ -113,93 +152,144 @@ extern "C" void cuda_attn_prep(const cuda_attn_shape *sh, float *q, const float 
                                void *vcache, const int32_t *pos0, int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
   dim3 grid((unsigned)n_tok, (unsigned)(sh->n_head + sh->n_head_kv));
-  k_attn_prep<<<grid, sh->head_dim, 0, OPS_STREAM(stream)>>>(q, k, v, q_norm, k_norm, rope_cs, kcache, vcache, pos0,
-                                                              sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_rot,
-                                                              sh->gated, sh->n_ctx, sh->kv_bf16, sh->eps);
+  const int nt = (sh->head_dim + 31) / 32 * 32;
+  k_attn_prep<<<grid, nt, 0, OPS_STREAM(stream)>>>(q, k, v, q_norm, k_norm, rope_cs, kcache, vcache, pos0,
+                                                   sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_rot,
+                                                   sh->gated, sh->n_ctx, sh->kv_bf16, sh->eps);
 }
 
 /* ---- attention ---- */
-template <bool BF>
-static __device__ __forceinline__ float ld_kv(const void *p, int64_t i) {
-  if (BF) return ops_bf16_to_f32(((const uint16_t *)p)[i]);
-  return ((const float *)p)[i];
+static __device__ __forceinline__ void att_cp16(void *smem, const void *g) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g));
 }
+static __device__ __forceinline__ void att_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void att_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 template <bool BF>
-static __device__ __forceinline__ float2 ld_kv2(const void *p, int64_t i) { /* i even */
-  if (BF) {
-    const uint32_t u = ((const uint32_t *)p)[i / 2];
-    return make_float2(ops_bf16_to_f32((uint16_t)(u & 0xffffu)), ops_bf16_to_f32((uint16_t)(u >> 16)));
-  }
-  return ((const float2 *)p)[i / 2];
+static __device__ __forceinline__ float att_cvt(const void *row, int i) {
+  if (BF) return ops_bf16_to_f32(((const uint16_t *)row)[i]);
+  return ((const float *)row)[i];
 }
 
-/* HB query heads per block, LPT = head_dim / 16 elements per lane. */
-template <int HB, int LPT, bool BF>
-static __global__ void __launch_bounds__(ATT_THREADS)
+/* HB query heads per block, HD the kernel's head dim (hd <= HD the real one), BF: bfloat16 cache. */
+template <int HB, int HD, bool BF>
+static __global__ void __launch_bounds__(ATT_THREADS, 1)
     k_attn(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
-           int nh, int nkv, int64_t n_ctx, int gated, int n_split, float scale) {
-  constexpr int HD = LPT * 16;
-  constexpr int NPG = 2 * ATT_THREADS / HD; /* PV: each thread 2 dims, NPG position groups */
-  __shared__ float sc[HB][ATT_TILE];
+           int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale) {
+  constexpr int ES = BF ? 2 : 4;
+  constexpr int TP = att_tp(HD, ES);
+  constexpr int RS = HD + ATT_PAD;          /* shared row stride, elements */
+  constexpr int RB = RS * ES;               /* bytes */
+  constexpr int TB = TP * RB;               /* one tile of K (or V) */
+  constexpr int LPT = HD / 16;              /* score lanes: elements per lane */
+  constexpr int DPT = HD >= 64 ? 4 : 2;     /* V sum: dims per thread */
+  constexpr int ND = HD / DPT, NPG = ATT_THREADS / ND; /* dim groups, position groups */
+  static_assert((size_t)(NPG - 1) * HB * HD * 4 <= att_smem(HD, ES), "group sums alias the tile stages");
+  extern __shared__ __align__(16) unsigned char att_sm[];
+  __shared__ __align__(16) float sc[TP][HB];
   __shared__ float s_alpha[HB], s_m[HB], s_l[HB];
-  __shared__ float red[NPG > 1 ? NPG - 1 : 1][HB][HD];
   __shared__ int s_last;
   const int tid = threadIdx.x, lane16 = tid & 15, hw = tid >> 4, warp = tid >> 5, lane = tid & 31;
   const int G = nh / nkv, nhb = G / HB;
   const int c = blockIdx.x, y = blockIdx.y, t = blockIdx.z;
   const int kh = y / nhb, head0 = kh * G + (y % nhb) * HB;
   const int64_t np = (int64_t)*pos0 + t + 1;
-  const int64_t per = (np + n_split - 1) / n_split, CH = (per + 63) / 64 * 64;
+  const int64_t per = (np + n_split - 1) / n_split, CH = (per + ATT_CH - 1) / ATT_CH * ATT_CH;
   const int nparts = (int)((np + CH - 1) / CH);
   const int64_t p0 = (int64_t)c * CH, p1 = p0 + CH < np ? p0 + CH : np;
-  const int qs = HD * (gated ? 2 : 1);
+  const int qs = hd * (gated ? 2 : 1);
   const int64_t qrow = (int64_t)t * nh * qs;
-  const size_t PF = (size_t)HD + 2;
+  const size_t PF = (size_t)HD + 4; /* part_floats */
+  const bool exact = hd == HD; /* rows straight from the cache with cp.async; else zero-padded copies */
   /* part (t, y, c) holds HB heads: o[HB][HD], then m[HB], l[HB] */
   float *mypart = part + (((size_t)t * gridDim.y + y) * n_split + c) * HB * PF;
-  const void *K = BF ? (const void *)((const uint16_t *)kc + (size_t)kh * n_ctx * HD)
-                     : (const void *)((const float *)kc + (size_t)kh * n_ctx * HD);
-  const void *V = BF ? (const void *)((const uint16_t *)vc + (size_t)kh * n_ctx * HD)
-                     : (const void *)((const float *)vc + (size_t)kh * n_ctx * HD);
+  const unsigned char *K = (const unsigned char *)kc + (size_t)kh * n_ctx * hd * ES;
+  const unsigned char *V = (const unsigned char *)vc + (size_t)kh * n_ctx * hd * ES;
 
   if (p0 < np) {
+    const int ntiles = (int)((p1 - p0 + TP - 1) / TP);
+    /* tile i into stage st: K rows then V rows */
+    auto issue = [&](int i, int st) {
+      const int64_t tp0 = p0 + (int64_t)i * TP;
+      const int npos = (int)(p1 - tp0 < TP ? p1 - tp0 : TP);
+      unsigned char *ks = att_sm + (size_t)st * 2 * TB, *vs = ks + TB;
+      if (exact) {
+        constexpr int CPR = HD * ES / 16; /* 16-byte chunks per row */
+        for (int e = tid; e < npos * CPR; e += ATT_THREADS) {
+          const int p = e / CPR, ch = e % CPR;
+          const size_t g = (size_t)(tp0 + p) * HD * ES + (size_t)ch * 16;
+          att_cp16(ks + p * RB + ch * 16, K + g);
+          att_cp16(vs + p * RB + ch * 16, V + g);
+        }
+      } else {
+        for (int e = tid; e < npos * HD; e += ATT_THREADS) {
+          const int p = e / HD, d = e % HD;
+          const size_t g = (size_t)(tp0 + p) * hd + d;
+          if (BF) {
+            ((uint16_t *)(ks + p * RB))[d] = d < hd ? ((const uint16_t *)K)[g] : (uint16_t)0;
+            ((uint16_t *)(vs + p * RB))[d] = d < hd ? ((const uint16_t *)V)[g] : (uint16_t)0;
+          } else {
+            ((float *)(ks + p * RB))[d] = d < hd ? ((const float *)K)[g] : 0.0f;
+            ((float *)(vs + p * RB))[d] = d < hd ? ((const float *)V)[g] : 0.0f;
+          }
+        }
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < ATT_STAGES - 1; s++) {
+      if (s < ntiles) issue(s, s);
+      att_commit();
+    }
     float qr[HB][LPT];
 #pragma unroll
     for (int h = 0; h < HB; h++)
 #pragma unroll
-      for (int j = 0; j < LPT; j++) qr[h][j] = q[qrow + (int64_t)(head0 + h) * qs + lane16 + 16 * j];
-    const int dg = tid % (HD / 2), pg = tid / (HD / 2), d0 = 2 * dg;
-    float o0[HB], o1[HB];
+      for (int j = 0; j < LPT; j++) {
+        const int d = lane16 + 16 * j;
+        qr[h][j] = d < hd ? q[qrow + (int64_t)(head0 + h) * qs + d] : 0.0f;
+      }
+    const int dg = tid % ND, pg = tid / ND, d0 = DPT * dg;
+    float o[HB][DPT];
 #pragma unroll
-    for (int h = 0; h < HB; h++) o0[h] = o1[h] = 0.0f;
+    for (int h = 0; h < HB; h++)
+#pragma unroll
+      for (int u = 0; u < DPT; u++) o[h][u] = 0.0f;
     if (tid < HB) {
       s_m[tid] = -INFINITY;
       s_l[tid] = 0.0f;
     }
-    for (int64_t tp0 = p0; tp0 < p1; tp0 += ATT_TILE) {
-      const int npos = (int)(p1 - tp0 < ATT_TILE ? p1 - tp0 : ATT_TILE);
-      /* scores: a half-warp per position, two positions per pass (loads of both in flight) */
+    for (int it = 0; it < ntiles; it++) {
+      att_wait<ATT_STAGES - 2>();
+      __syncthreads(); /* tile it landed for every thread; everyone is done with tile it - 1 */
+      if (it + ATT_STAGES - 1 < ntiles) issue(it + ATT_STAGES - 1, (it + ATT_STAGES - 1) % ATT_STAGES);
+      att_commit();
+      const int64_t tp0 = p0 + (int64_t)it * TP;
+      const int npos = (int)(p1 - tp0 < TP ? p1 - tp0 : TP);
+      const unsigned char *ks = att_sm + (size_t)(it % ATT_STAGES) * 2 * TB, *vs = ks + TB;
+      /* scores: a half-warp per position, two positions per pass */
       for (int pb = 0; pb < npos; pb += 32) {
         const int pa = pb + hw, pbb = pb + 16 + hw;
-        float ka[LPT], kb[LPT];
+        const unsigned char *ra = ks + (pa < TP ? pa : 0) * RB, *rb = ks + (pbb < TP ? pbb : 0) * RB;
+        float aa[HB], ab[HB];
+#pragma unroll
+        for (int h = 0; h < HB; h++) aa[h] = ab[h] = 0.0f;
 #pragma unroll
         for (int j = 0; j < LPT; j++) {
-          ka[j] = pa < npos ? ld_kv<BF>(K, (tp0 + pa) * HD + lane16 + 16 * j) : 0.0f;
-          kb[j] = pbb < npos ? ld_kv<BF>(K, (tp0 + pbb) * HD + lane16 + 16 * j) : 0.0f;
+          const float ka = att_cvt<BF>(ra, lane16 + 16 * j), kb = att_cvt<BF>(rb, lane16 + 16 * j);
+#pragma unroll
+          for (int h = 0; h < HB; h++) {
+            aa[h] = fmaf(qr[h][j], ka, aa[h]);
+            ab[h] = fmaf(qr[h][j], kb, ab[h]);
+          }
         }
 #pragma unroll
         for (int h = 0; h < HB; h++) {
-          float aa = 0.0f, ab = 0.0f;
-#pragma unroll
-          for (int j = 0; j < LPT; j++) {
-            aa = fmaf(qr[h][j], ka[j], aa);
-            ab = fmaf(qr[h][j], kb[j], ab);
-          }
-          aa = ops_fold16(aa);
-          ab = ops_fold16(ab);
+          const float fa = ops_fold16(aa[h]), fb = ops_fold16(ab[h]);
           if (lane16 == 0) {
-            if (pa < npos) sc[h][pa] = __fmul_rn(aa, scale);
-            if (pbb < npos) sc[h][pbb] = __fmul_rn(ab, scale);
+            if (pa < npos) sc[pa][h] = __fmul_rn(fa, scale);
+            if (pbb < npos) sc[pbb][h] = __fmul_rn(fb, scale);
           }
         }
       }
@@ -207,14 +297,14 @@ static __global__ void __launch_bounds__(ATT_THREADS)
       /* online softmax per head: warp w takes heads w, w + 8, ... */
       for (int h = warp; h < HB; h += ATT_THREADS / 32) {
         float mt = -INFINITY;
-        for (int p = lane; p < npos; p += 32) mt = fmaxf(mt, sc[h][p]);
+        for (int p = lane; p < npos; p += 32) mt = fmaxf(mt, sc[p][h]);
 #pragma unroll
         for (int s = 16; s >= 1; s >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, s));
         const float mo = s_m[h], mn = fmaxf(mo, mt);
         float lt = 0.0f;
         for (int p = lane; p < npos; p += 32) {
-          const float e = ops_vexpf(__fsub_rn(sc[h][p], mn));
-          sc[h][p] = e;
+          const float e = ops_vexpf(__fsub_rn(sc[p][h], mn));
+          sc[p][h] = e;
           lt = __fadd_rn(lt, e);
         }
 #pragma unroll
@@ -231,44 +321,64 @@ static __global__ void __launch_bounds__(ATT_THREADS)
       /* o = o * alpha + sum_p e_p v_p (fmaf in position order within the group) */
 #pragma unroll
       for (int h = 0; h < HB; h++) {
-        o0[h] = __fmul_rn(o0[h], s_alpha[h]);
-        o1[h] = __fmul_rn(o1[h], s_alpha[h]);
-      }
-#pragma unroll 4
-      for (int p = pg; p < npos; p += NPG) {
-        const float2 vv = ld_kv2<BF>(V, (tp0 + p) * HD + d0);
+        const float al = s_alpha[h];
 #pragma unroll
-        for (int h = 0; h < HB; h++) {
-          const float e = sc[h][p];
-          o0[h] = fmaf(e, vv.x, o0[h]);
-          o1[h] = fmaf(e, vv.y, o1[h]);
-        }
+        for (int u = 0; u < DPT; u++) o[h][u] = __fmul_rn(o[h][u], al);
       }
-      __syncthreads();
+#pragma unroll 2
+      for (int p = pg; p < npos; p += NPG) {
+        float vv[DPT];
+        const unsigned char *vr = vs + p * RB;
+        if (BF) {
+          if (DPT == 4) {
+            const uint2 u = *(const uint2 *)(vr + d0 * 2);
+            vv[0] = __uint_as_float(u.x << 16), vv[1] = __uint_as_float(u.x & 0xffff0000u);
+            vv[DPT > 2 ? 2 : 0] = __uint_as_float(u.y << 16), vv[DPT > 3 ? 3 : 0] = __uint_as_float(u.y & 0xffff0000u);
+          } else {
+            const uint32_t u = *(const uint32_t *)(vr + d0 * 2);
+            vv[0] = __uint_as_float(u << 16), vv[1] = __uint_as_float(u & 0xffff0000u);
+          }
+        } else {
+          if (DPT == 4) {
+            const float4 f = *(const float4 *)(vr + d0 * 4);
+            vv[0] = f.x, vv[1] = f.y, vv[DPT > 2 ? 2 : 0] = f.z, vv[DPT > 3 ? 3 : 0] = f.w;
+          } else {
+            const float2 f = *(const float2 *)(vr + d0 * 4);
+            vv[0] = f.x, vv[1] = f.y;
+          }
+        }
+        float e[HB];
+#pragma unroll
+        for (int h = 0; h < HB; h++) e[h] = sc[p][h];
+#pragma unroll
+        for (int h = 0; h < HB; h++)
+#pragma unroll
+          for (int u = 0; u < DPT; u++) o[h][u] = fmaf(e[h], vv[u], o[h][u]);
+      }
     }
+    att_wait<0>();
+    __syncthreads(); /* every tile consumed: the stages are free for the group sums */
     /* the position groups' sums, in group order */
+    float *red = (float *)att_sm; /* [NPG - 1][HB][HD] */
     if (NPG > 1) {
       if (pg > 0)
 #pragma unroll
-        for (int h = 0; h < HB; h++) {
-          red[pg - 1][h][d0] = o0[h];
-          red[pg - 1][h][d0 + 1] = o1[h];
-        }
+        for (int h = 0; h < HB; h++)
+#pragma unroll
+          for (int u = 0; u < DPT; u++) red[((size_t)(pg - 1) * HB + h) * HD + d0 + u] = o[h][u];
       __syncthreads();
       if (pg == 0)
         for (int g = 1; g < NPG; g++)
 #pragma unroll
-          for (int h = 0; h < HB; h++) {
-            o0[h] = __fadd_rn(o0[h], red[g - 1][h][d0]);
-            o1[h] = __fadd_rn(o1[h], red[g - 1][h][d0 + 1]);
-          }
+          for (int h = 0; h < HB; h++)
+#pragma unroll
+            for (int u = 0; u < DPT; u++) o[h][u] = __fadd_rn(o[h][u], red[((size_t)(g - 1) * HB + h) * HD + d0 + u]);
     }
     if (pg == 0)
 #pragma unroll
-      for (int h = 0; h < HB; h++) {
-        mypart[h * PF + d0] = o0[h];
-        mypart[h * PF + d0 + 1] = o1[h];
-      }
+      for (int h = 0; h < HB; h++)
+#pragma unroll
+        for (int u = 0; u < DPT; u++) mypart[h * PF + d0 + u] = o[h][u];
     if (tid < HB) {
       mypart[tid * PF + HD] = s_m[tid];
       mypart[tid * PF + HD + 1] = s_l[tid];
@@ -285,45 +395,103 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   const float *P = part + ((size_t)t * gridDim.y + y) * n_split * HB * PF;
   __shared__ float f[HB][ATT_MAX_SPLIT];
   __shared__ float s_inv[HB];
+  /* the combine reads nparts * HB * HD floats from L2 in one block: loads are issued many at a
+   * time (float4, parts unrolled), the sums still run in part order */
+  __shared__ float fl[HB][ATT_MAX_SPLIT];
   for (int h = warp; h < HB; h += ATT_THREADS / 32) {
     float M = -INFINITY;
     for (int cc = lane; cc < nparts; cc += 32) M = fmaxf(M, __ldcg(P + ((size_t)cc * HB + h) * PF + HD));
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, s));
-    for (int cc = lane; cc < nparts; cc += 32) f[h][cc] = ops_vexpf(__fsub_rn(__ldcg(P + ((size_t)cc * HB + h) * PF + HD), M));
+    for (int cc = lane; cc < nparts; cc += 32) {
+      const float fc = ops_vexpf(__fsub_rn(__ldcg(P + ((size_t)cc * HB + h) * PF + HD), M));
+      f[h][cc] = fc;
+      fl[h][cc] = __fmul_rn(fc, __ldcg(P + ((size_t)cc * HB + h) * PF + HD + 1));
+    }
     __syncwarp();
     if (lane == 0) {
       float L = 0.0f;
-      for (int cc = 0; cc < nparts; cc++) L = __fadd_rn(L, __fmul_rn(f[h][cc], __ldcg(P + ((size_t)cc * HB + h) * PF + HD + 1)));
+      for (int cc = 0; cc < nparts; cc++) L = __fadd_rn(L, fl[h][cc]);
       s_inv[h] = L;
     }
   }
   __syncthreads();
-  for (int e = tid; e < HB * HD; e += ATT_THREADS) {
+  for (int e = 4 * tid; e < HB * HD; e += 4 * ATT_THREADS) {
     const int h = e / HD, d = e % HD;
-    float O = 0.0f;
-    for (int cc = 0; cc < nparts; cc++) O = __fadd_rn(O, __fmul_rn(f[h][cc], __ldcg(P + ((size_t)cc * HB + h) * PF + d)));
-    float r = O / s_inv[h];
-    if (gated) r = __fmul_rn(r, ops_sigmoidf(q[qrow + (int64_t)(head0 + h) * qs + HD + d]));
-    out[((int64_t)t * nh + head0 + h) * HD + d] = r;
+    float O[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll 8
+    for (int cc = 0; cc < nparts; cc++) {
+      const float4 pv = __ldcg((const float4 *)(P + ((size_t)cc * HB + h) * PF + d));
+      const float fc = f[h][cc];
+      O[0] = __fadd_rn(O[0], __fmul_rn(fc, pv.x));
+      O[1] = __fadd_rn(O[1], __fmul_rn(fc, pv.y));
+      O[2] = __fadd_rn(O[2], __fmul_rn(fc, pv.z));
+      O[3] = __fadd_rn(O[3], __fmul_rn(fc, pv.w));
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (d + u >= hd) continue;
+      float r = O[u] / s_inv[h];
+      if (gated) r = __fmul_rn(r, ops_sigmoidf(q[qrow + (int64_t)(head0 + h) * qs + hd + d + u]));
+      out[((int64_t)t * nh + head0 + h) * hd + d + u] = r;
+    }
   }
   if (tid == 0) *ctr = 0; /* ready for the next launch (graph replay) */
 }
 
-template <int HB, int LPT>
-static void launch_attn(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc, const int32_t *pos0,
-                        int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+/* one entry per (HB, HD, BF): its shared-memory opt-in done once */
+template <int HB, int HD, bool BF>
+static int attn_smem_once() {
+  static int done = 0;
+  if (done) return 0;
+  const size_t sm = att_smem(HD, BF ? 2 : 4);
+  if (cudaFuncSetAttribute(k_attn<HB, HD, BF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  done = 1;
+  return 0;
+}
+
+template <int HB, int HD, bool BF>
+static int launch_attn(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc, const int32_t *pos0,
+                       int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+  if (attn_smem_once<HB, HD, BF>()) return -1;
+  if (!q) return 0; /* the check's call: attribute only */
   const int nhb = sh->n_head / sh->n_head_kv / HB;
   dim3 grid((unsigned)sh->n_split, (unsigned)(sh->n_head_kv * nhb), (unsigned)n_tok);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
-  if (sh->kv_bf16)
-    k_attn<HB, LPT, true><<<grid, ATT_THREADS, 0, OPS_STREAM(stream)>>>(q, kc, vc, pos0, out, part, cnt, sh->n_head,
-                                                                       sh->n_head_kv, sh->n_ctx, sh->gated,
-                                                                       sh->n_split, scale);
-  else
-    k_attn<HB, LPT, false><<<grid, ATT_THREADS, 0, OPS_STREAM(stream)>>>(q, kc, vc, pos0, out, part, cnt, sh->n_head,
-                                                                        sh->n_head_kv, sh->n_ctx, sh->gated,
-                                                                        sh->n_split, scale);
+  k_attn<HB, HD, BF><<<grid, ATT_THREADS, att_smem(HD, BF ? 2 : 4), OPS_STREAM(stream)>>>(
+      q, kc, vc, pos0, out, part, cnt, sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split,
+      scale);
+  return 0;
+}
+
+template <int HD, bool BF>
+static int attn_hb_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+                            const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+  switch (attn_hb(sh)) {
+  case 1: return launch_attn<1, HD, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 2: return launch_attn<2, HD, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 4: return launch_attn<4, HD, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  default: return launch_attn<8, HD, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  }
+}
+template <bool BF>
+static int attn_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+                         const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+  switch (attn_hd(sh->head_dim)) {
+  case 16: return attn_hb_dispatch<16, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 32: return attn_hb_dispatch<32, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 64: return attn_hb_dispatch<64, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 128: return attn_hb_dispatch<128, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  default: return attn_hb_dispatch<256, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  }
+}
+
+static int attn_set_smem(const cuda_attn_shape *sh) {
+  return sh->kv_bf16 ? attn_dispatch<true>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)
+                     : attn_dispatch<false>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
 }
 
 extern "C" void cuda_attn(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
@@ -336,21 +504,6 @@ extern "C" void cuda_attn(const cuda_attn_shape *sh, const float *q, const void 
   const size_t cnt_bytes = (size_t)n_tok * (size_t)sh->n_head_kv * (size_t)nhb * sizeof(int);
   int *cnt = (int *)scratch;
   float *part = (float *)((char *)scratch + (cnt_bytes + 255) / 256 * 256);
-#define ATT_CASE(H, L) launch_attn<H, L>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream)
-  if (sh->head_dim == 256) {
-    switch (hb) {
-    case 1: ATT_CASE(1, 16); break;
-    case 2: ATT_CASE(2, 16); break;
-    case 4: ATT_CASE(4, 16); break;
-    default: ATT_CASE(8, 16); break;
-    }
-  } else {
-    switch (hb) {
-    case 1: ATT_CASE(1, 8); break;
-    case 2: ATT_CASE(2, 8); break;
-    case 4: ATT_CASE(4, 8); break;
-    default: ATT_CASE(8, 8); break;
-    }
-  }
-#undef ATT_CASE
+  if (sh->kv_bf16) attn_dispatch<true>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
+  else attn_dispatch<false>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
 }

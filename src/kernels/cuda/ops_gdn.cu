@@ -19,12 +19,13 @@ extern "C" {
 #include "kernels/cuda/ops_common.cuh"
 
 #define GDN_KMAX 8
+#define GDN_SR128 64 /* rows of S in registers at dk 128 */
 
 extern "C" int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen) {
-  if (sh->dk != 64 && sh->dk != 128)
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: dk %d (64 or 128 supported)", sh->dk);
-  if (sh->dv <= 0 || sh->dv > 128 || sh->dv % 32)
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: dv %d (a multiple of 32 up to 128)", sh->dv);
+  if (sh->dk < 1 || sh->dk > 128)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: dk %d (1..128 supported)", sh->dk);
+  if (sh->dv < 2 || sh->dv > 128)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: dv %d (2..128 supported)", sh->dv);
   if (sh->Nk <= 0 || sh->Nv <= 0 || sh->Nv % sh->Nk)
     return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: %d value heads over %d key heads", sh->Nv, sh->Nk);
   if (sh->conv_k < 2 || sh->conv_k > GDN_KMAX)
@@ -37,7 +38,7 @@ static __global__ void __launch_bounds__(128)
                int n_tok, float qscale) {
   __shared__ float xs[128];
   const int g = blockIdx.x, tid = threadIdx.x, ch = g * dk + tid;
-  const bool ok = ch < C, norm = g < 2 * Nk;
+  const bool ok = tid < dk && ch < C, norm = g < 2 * Nk; /* threads >= dk: barriers only */
   float win[GDN_KMAX - 1], w[GDN_KMAX];
 #pragma unroll
   for (int q = 0; q < GDN_KMAX; q++) {
@@ -62,7 +63,7 @@ static __global__ void __launch_bounds__(128)
     for (int q = 0; q < GDN_KMAX - 1; q++)
       if (q == K - 2) win[q] = m;
     if (norm) { /* block-uniform */
-      xs[tid] = c;
+      if (tid < dk) xs[tid] = c;
       __syncthreads();
       __shared__ float rn;
       if (tid < 32) {
@@ -86,7 +87,8 @@ extern "C" void cuda_gdn_conv(const cuda_gdn_shape *sh, const float *mix, const 
   if (n_tok <= 0) return;
   const int C = 2 * sh->Nk * sh->dk + sh->Nv * sh->dv;
   const float qscale = (float)(1.0 / sqrt((double)sh->dk));
-  k_gdn_conv<<<(C + sh->dk - 1) / sh->dk, sh->dk, 0, OPS_STREAM(stream)>>>(mix, conv_wt, conv_state, raw, C,
+  /* whole warps: the sumsq16 warp needs all 32 lanes */
+  k_gdn_conv<<<(C + sh->dk - 1) / sh->dk, (sh->dk + 31) / 32 * 32, 0, OPS_STREAM(stream)>>>(mix, conv_wt, conv_state, raw, C,
                                                                           sh->conv_k, sh->dk, sh->Nk, (int)n_tok,
                                                                           qscale);
 }
@@ -97,96 +99,118 @@ static __device__ __forceinline__ float gdn_softplus(float x) {
   return x > 20.0f ? x : (float)log1p((double)gdn_expf(x));
 }
 
+/* DK: the kernel's key dim (16, 32, 64 or 128), dk <= DK the real one; rows i >= dk are skipped
+ * (uniform branches). A thread per column jj < dv; blockDim is dv rounded up to whole warps, the
+ * extra threads take part in the barriers only. */
 template <int DK>
 static __global__ void __launch_bounds__(128)
     k_gdn_recur(const float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
-                const float *ssm_a, const float *norm_w, float *Sg, float *o, int Nk, int Nv, int dv, int v_tiled,
-                float eps, int n_tok) {
+                const float *ssm_a, const float *norm_w, float *Sg, float *o, int Nk, int Nv, int dk, int dv,
+                int v_tiled, float eps, int n_tok) {
   __shared__ float qk[2 * DK];
   __shared__ float os[128];
   __shared__ float s_rr;
   const int hv = blockIdx.x, jj = threadIdx.x, r = Nv / Nk;
+  const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
-  const int64_t kd = (int64_t)Nk * DK, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
   /* beta and the decay of every token first, parked in o[t][hv*dv + 0, 1] (overwritten by token
-   * t's output only after they are read): the double-precision exp / log1p beside the 128
-   * registers of S's column made the token loop spill */
+   * t's output only after they are read; hence dv >= 2): the double-precision exp / log1p beside
+   * the registers of S's column made the token loop spill */
   {
     const float A = ssm_a[hv], dtb = dt_bias[hv];
     for (int t = jj; t < n_tok; t += blockDim.x) {
       float *st = o + (int64_t)t * vd + (int64_t)hv * dv;
-      st[0] = ops_sigmoidf(b[(int64_t)t * Nv + hv]);
-      st[1] = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)t * Nv + hv], dtb))));
+      const float bt = ops_sigmoidf(b[(int64_t)t * Nv + hv]);
+      const float dc = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)t * Nv + hv], dtb))));
+      st[0] = bt;
+      st[1] = dc;
     }
     __syncthreads();
   }
   /* S's column: rows i < SR in registers, the rest in shared memory (ssh[i - SR][jj]: no bank
-   * conflicts); all 128 in registers spilled */
-  constexpr int SR = DK < 64 ? DK : 64;
+   * conflicts). dk 128 with 64 rows in registers: 128 registers, no spill (the earlier loop
+   * spilled 288 bytes); (128 - 64) * 128 floats = 32 KiB of shared memory. */
+  constexpr int SR = DK <= 32 ? DK : (DK == 64 ? 32 : GDN_SR128);
   extern __shared__ float ssh[];
-  float *S = Sg + (int64_t)hv * DK * dv + jj;
+  float *S = Sg + (int64_t)hv * dk * dv + jj;
   float s[SR];
 #pragma unroll
-  for (int i = 0; i < SR; i++) s[i] = S[(int64_t)i * dv];
-  for (int i = SR; i < DK; i++) ssh[(i - SR) * dv + jj] = S[(int64_t)i * dv];
-  const float wn = norm_w[jj];
+  for (int i = 0; i < SR; i++) s[i] = col && i < dk ? S[(int64_t)i * dv] : 0.0f;
+  if (col)
+    for (int i = SR; i < dk; i++) ssh[(i - SR) * dv + jj] = S[(int64_t)i * dv];
+  const float wn = col ? norm_w[jj] : 0.0f;
   for (int t = 0; t < n_tok; t++) {
     const float *c = raw + (int64_t)t * C;
-    for (int i = jj; i < DK; i += blockDim.x) {
-      qk[i] = c[kh * DK + i];
-      qk[DK + i] = c[kd + kh * DK + i];
+    for (int i = jj; i < dk; i += blockDim.x) {
+      qk[i] = c[kh * dk + i];
+      qk[DK + i] = c[kd + kh * dk + i];
     }
-    const float vv = c[2 * kd + (int64_t)hv * dv + jj];
-    const float zz = z[(int64_t)t * vd + (int64_t)hv * dv + jj];
-    const float beta = o[(int64_t)t * vd + (int64_t)hv * dv], decay = o[(int64_t)t * vd + (int64_t)hv * dv + 1];
+    const float *ot = o + (int64_t)t * vd + (int64_t)hv * dv;
+    const float vv = col ? c[2 * kd + (int64_t)hv * dv + jj] : 0.0f;
+    const float zz = col ? z[(int64_t)t * vd + (int64_t)hv * dv + jj] : 0.0f;
+    const float beta = ot[0], decay = ot[1];
     __syncthreads();
-    float kv = 0.0f;
+    float kv = 0.0f, oo = 0.0f;
+    if (col) {
 #pragma unroll
-    for (int i = 0; i < SR; i++) {
-      s[i] = __fmul_rn(s[i], decay);
-      kv = __fadd_rn(kv, __fmul_rn(s[i], qk[DK + i]));
-    }
+      for (int i = 0; i < SR; i++)
+        if (i < dk) {
+          s[i] = __fmul_rn(s[i], decay);
+          kv = __fadd_rn(kv, __fmul_rn(s[i], qk[DK + i]));
+        }
 #pragma unroll 8
-    for (int i = SR; i < DK; i++) {
-      const float v = __fmul_rn(ssh[(i - SR) * dv + jj], decay);
-      ssh[(i - SR) * dv + jj] = v;
-      kv = __fadd_rn(kv, __fmul_rn(v, qk[DK + i]));
-    }
-    const float delta = __fmul_rn(__fsub_rn(vv, kv), beta);
-    float oo = 0.0f;
+      for (int i = SR; i < dk; i++) {
+        const float v = __fmul_rn(ssh[(i - SR) * dv + jj], decay);
+        ssh[(i - SR) * dv + jj] = v;
+        kv = __fadd_rn(kv, __fmul_rn(v, qk[DK + i]));
+      }
+      const float delta = __fmul_rn(__fsub_rn(vv, kv), beta);
 #pragma unroll
-    for (int i = 0; i < SR; i++) {
-      s[i] = __fadd_rn(s[i], __fmul_rn(qk[DK + i], delta));
-      oo = __fadd_rn(oo, __fmul_rn(s[i], qk[i]));
-    }
+      for (int i = 0; i < SR; i++)
+        if (i < dk) {
+          s[i] = __fadd_rn(s[i], __fmul_rn(qk[DK + i], delta));
+          oo = __fadd_rn(oo, __fmul_rn(s[i], qk[i]));
+        }
 #pragma unroll 8
-    for (int i = SR; i < DK; i++) {
-      const float v = __fadd_rn(ssh[(i - SR) * dv + jj], __fmul_rn(qk[DK + i], delta));
-      ssh[(i - SR) * dv + jj] = v;
-      oo = __fadd_rn(oo, __fmul_rn(v, qk[i]));
+      for (int i = SR; i < dk; i++) {
+        const float v = __fadd_rn(ssh[(i - SR) * dv + jj], __fmul_rn(qk[DK + i], delta));
+        ssh[(i - SR) * dv + jj] = v;
+        oo = __fadd_rn(oo, __fmul_rn(v, qk[i]));
+      }
+      os[jj] = oo;
     }
-    os[jj] = oo;
-    __syncthreads();
+    __syncthreads(); /* os complete; every thread has read beta / decay and qk of token t */
     if (jj < 32) {
       const float ss = ops_sumsq16_warp(os, dv);
       if (jj == 0) s_rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
     }
     __syncthreads();
-    o[(int64_t)t * vd + (int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), ops_siluf(zz));
+    if (col) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), ops_siluf(zz));
   }
+  if (col) {
 #pragma unroll
-  for (int i = 0; i < SR; i++) S[(int64_t)i * dv] = s[i];
-  for (int i = SR; i < DK; i++) S[(int64_t)i * dv] = ssh[(i - SR) * dv + jj];
+    for (int i = 0; i < SR; i++)
+      if (i < dk) S[(int64_t)i * dv] = s[i];
+    for (int i = SR; i < dk; i++) S[(int64_t)i * dv] = ssh[(i - SR) * dv + jj];
+  }
 }
 
 extern "C" void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
                                const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w,
                                float *S, float *o, int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
-  if (sh->dk == 128)
-    k_gdn_recur<128><<<sh->Nv, sh->dv, (size_t)(128 - 64) * sh->dv * sizeof(float), OPS_STREAM(stream)>>>(raw, z, b, a, dt_bias, ssm_a, norm_w, S, o, sh->Nk,
-                                                               sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
-  else
-    k_gdn_recur<64><<<sh->Nv, sh->dv, 0, OPS_STREAM(stream)>>>(raw, z, b, a, dt_bias, ssm_a, norm_w, S, o, sh->Nk,
-                                                              sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
+  const int nt = (sh->dv + 31) / 32 * 32, DK = sh->dk <= 16 ? 16 : sh->dk <= 32 ? 32 : sh->dk <= 64 ? 64 : 128;
+  const int sr = DK <= 32 ? DK : (DK == 64 ? 32 : GDN_SR128);
+  const size_t shm = sh->dk > sr ? (size_t)(sh->dk - sr) * sh->dv * sizeof(float) : 0;
+#define GDN_CASE(D)                                                                                              \
+  k_gdn_recur<D><<<sh->Nv, nt, shm, OPS_STREAM(stream)>>>(raw, z, b, a, dt_bias, ssm_a, norm_w, S, o, sh->Nk, sh->Nv, \
+                                                          sh->dk, sh->dv, sh->v_tiled, sh->eps, (int)n_tok)
+  switch (DK) {
+  case 16: GDN_CASE(16); break;
+  case 32: GDN_CASE(32); break;
+  case 64: GDN_CASE(64); break;
+  default: GDN_CASE(128); break;
+  }
+#undef GDN_CASE
 }
