@@ -9,6 +9,8 @@
 #   test      ctest -L cuda --output-on-failure (the CUDA tests; each compares with the CPU)
 #   test-all  the whole ctest suite (CPU tests too)
 #   bench-mm  bench_cuda_mm (copy bandwidth, then GB/s and us per launch of each mm kernel)
+#   test-q16warp, bench-mm-q16warp   the same with FLOE_CUDA_MM_Q16=warp (the second
+#             implementation of the 16-lane types, src/kernels/cuda/mm_q16.cu)
 # To add a step: write a function sec_NAME (its output goes to $LOG/NAME.log, its exit status
 # decides ok / FAIL) and name it on the command line. Logs go to $OUT when set (the device
 # tool brings $OUT back), else build-gpu/logs. A summary is printed last.
@@ -39,6 +41,8 @@ sec_build() {
 sec_test() { ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 900; }
 sec_test-all() { ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure; }
 sec_bench-mm() { "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
+sec_test-q16warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/test_cuda_mm"; }
+sec_bench-mm-q16warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
 
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(build test bench-mm)
@@ -55,7 +59,7 @@ for s in "${sections[@]}"; do
   "sec_$s" >"$LOG/$s.log" 2>&1
   rc=$?
   t1=$(date +%s)
-  tail -n 40 "$LOG/$s.log"
+  case "$s" in bench*) ;; *) tail -n 15 "$LOG/$s.log" ;; esac
   if [ $rc -eq 0 ]; then
     summary+=("$s: ok ($((t1 - t0)) s)")
   else
@@ -64,11 +68,15 @@ for s in "${sections[@]}"; do
     [ "$s" = build ] && break # nothing else can run
   fi
 done
-[ -f "$LOG/bench-mm.log" ] && { echo "=== bench-mm"; cat "$LOG/bench-mm.log"; }
-if [ -f "$LOG/test.log" ]; then
-  echo "=== test checks"
-  grep -E "^FAIL|passed, [0-9]+ failed|tests passed|tests failed|\*\*\*" "$LOG/test.log" | tail -n 30
-fi
+for b in bench-mm bench-mm-q16warp; do
+  [ -f "$LOG/$b.log" ] && { echo "=== $b"; cat "$LOG/$b.log"; }
+done
+for t in test test-q16warp; do
+  if [ -f "$LOG/$t.log" ]; then
+    echo "=== $t checks"
+    grep -E "^FAIL|passed, [0-9]+ failed|tests passed|tests failed|\*\*\*" "$LOG/$t.log" | tail -n 20
+  fi
+done
 echo "=== summary"
 for l in "${summary[@]}"; do echo "$l"; done
 exit $fail

@@ -2,6 +2,8 @@
  * activation layout computed by the CPU's own kact_layout_of (so the byte layouts cannot drift
  * apart), and dispatches each call to the quantized kernels (mm_q16.cu, mm_k4.cu), the float
  * path (mm_float.cu) or the activation quantizer (mm_act.cu). */
+#include <stdlib.h>
+
 #include "kernels/cuda/mm_common.cuh"
 
 static floe_mat host_layout(const cuda_mat *W) {
@@ -88,8 +90,14 @@ void cuda_mm_act_quantize(const cuda_mat *W, int64_t nb, const float *X, int64_t
 /* The quantized kernels, or false when the type has none. */
 static bool q_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                      const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
-  return mm_k4_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st) ||
-         mm_q16_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
+  static int warp_kernels = -1; /* FLOE_CUDA_MM_Q16=warp: mm_q16.cu instead of mm_q4l.cu */
+  if (warp_kernels < 0) {
+    const char *e = getenv("FLOE_CUDA_MM_Q16");
+    warp_kernels = e && strcmp(e, "warp") == 0;
+  }
+  if (mm_k4_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st)) return true;
+  return warp_kernels ? mm_q16_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st)
+                      : mm_q4l_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
 }
 
 void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
