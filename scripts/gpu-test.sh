@@ -9,8 +9,8 @@
 #   test      ctest -L cuda --output-on-failure (the CUDA tests; each compares with the CPU)
 #   test-all  the whole ctest suite (CPU tests too)
 #   bench-mm  bench_cuda_mm (copy bandwidth, then GB/s and us per launch of each mm kernel)
-#   test-q16warp, bench-mm-q16warp   the same with FLOE_CUDA_MM_Q16=warp (the second
-#             implementation of the 16-lane types, src/kernels/cuda/mm_q16.cu)
+#   bench-mm-warp, bench-mm-lanes   bench_cuda_mm with one implementation of the 16-lane
+#             types forced (FLOE_CUDA_MM_Q16=warp / lanes; the default picks by shape)
 # To add a step: write a function sec_NAME (its output goes to $LOG/NAME.log, its exit status
 # decides ok / FAIL) and name it on the command line. Logs go to $OUT when set (the device
 # tool brings $OUT back), else build-gpu/logs. A summary is printed last.
@@ -41,8 +41,8 @@ sec_build() {
 sec_test() { ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 900; }
 sec_test-all() { ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure; }
 sec_bench-mm() { "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
-sec_test-q16warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/test_cuda_mm"; }
-sec_bench-mm-q16warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
+sec_bench-mm-warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
+sec_bench-mm-lanes() { FLOE_CUDA_MM_Q16=lanes "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
 
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(build test bench-mm)
@@ -68,10 +68,10 @@ for s in "${sections[@]}"; do
     [ "$s" = build ] && break # nothing else can run
   fi
 done
-for b in bench-mm bench-mm-q16warp; do
+for b in bench-mm bench-mm-warp bench-mm-lanes; do
   [ -f "$LOG/$b.log" ] && { echo "=== $b"; cat "$LOG/$b.log"; }
 done
-for t in test test-q16warp; do
+for t in test test-all; do
   if [ -f "$LOG/$t.log" ]; then
     echo "=== $t checks"
     grep -E "^FAIL|passed, [0-9]+ failed|tests passed|tests failed|\*\*\*" "$LOG/$t.log" | tail -n 20

@@ -2,8 +2,6 @@
  * activation layout computed by the CPU's own kact_layout_of (so the byte layouts cannot drift
  * apart), and dispatches each call to the quantized kernels (mm_q16.cu, mm_k4.cu), the float
  * path (mm_float.cu) or the activation quantizer (mm_act.cu). */
-#include <stdlib.h>
-
 #include "kernels/cuda/mm_common.cuh"
 
 static floe_mat host_layout(const cuda_mat *W) {
@@ -87,17 +85,26 @@ void cuda_mm_act_quantize(const cuda_mat *W, int64_t nb, const float *X, int64_t
   mm_act_launch(mm_kargs(W), nb, X, ldx, (uint8_t *)xq, xq_stride, (cudaStream_t)stream);
 }
 
-/* The quantized kernels, or false when the type has none. */
+/* 16-lane types: two implementations of the same order, bit-identical (the test runs both).
+ * Measured on the H200 (bench_cuda_mm): 4 lanes per thread (mm_q4l.cu) wins when there are many
+ * output rows (248320-row output head: Q6_K 1.76 vs 1.44 TB/s, Q8_0 1.42 vs 1.11; the MoE down,
+ * 8 x 2048 rows), a warp per row (mm_q16.cu) when there are few (8192 rows and below, the MoE
+ * gate+up, 8 x 512 rows), where 4 threads per row leave the GPU short of threads. */
+static int g_q16_impl = CUDA_MM_Q16_AUTO;
+
+void cuda_mm_set_q16_impl(int impl) { g_q16_impl = impl; }
+
+/* The quantized kernels, or false when the type has none. row_slots: output rows x slots. */
 static bool q_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                      const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
-  static int warp_kernels = -1; /* FLOE_CUDA_MM_Q16=warp: mm_q16.cu instead of mm_q4l.cu */
-  if (warp_kernels < 0) {
-    const char *e = getenv("FLOE_CUDA_MM_Q16");
-    warp_kernels = e && strcmp(e, "warp") == 0;
-  }
   if (mm_k4_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st)) return true;
-  return warp_kernels ? mm_q16_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st)
-                      : mm_q4l_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
+  int impl = g_q16_impl;
+  if (impl == CUDA_MM_Q16_AUTO) {
+    const int64_t row_slots = a.rows * (mode == MM_PLAIN ? 1 : nb);
+    impl = row_slots >= 16384 ? CUDA_MM_Q16_LANES : CUDA_MM_Q16_WARP;
+  }
+  return impl == CUDA_MM_Q16_WARP ? mm_q16_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st)
+                                  : mm_q4l_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
 }
 
 void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
