@@ -76,7 +76,9 @@ int cuda_mm_type_supported(uint32_t type, int64_t cols, const quant_mlx_fmt *mlx
  * type has no quantized-activation path (then use the float path, xq = NULL). */
 size_t cuda_mm_act_bytes(const cuda_mat *W);
 
-/* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb). */
+/* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb).
+ * xq_stride: a multiple of 64 (cuda_mm_act_bytes is), xq 64-byte aligned (the kernels read the
+ * rows with 16-byte loads). */
 void cuda_mm_act_quantize(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, void *xq, size_t xq_stride,
                           void *stream);
 
