@@ -7,7 +7,8 @@
  * 8 experts from a stack of 128 (ids from device memory, a new set per launch). Times: CUDA events
  * around groups of GROUP back-to-back launches, the median of REPS groups.
  * One line per kernel:  kernel shape type nb  bytes  us/launch  GB/s  %copy
- * Usage: bench_cuda_mm [reps]   (no device: prints "skipped: no CUDA device", exit 77) */
+ * Usage: bench_cuda_mm [reps]   (no device: prints "skipped: no CUDA device", exit 77)
+ * FLOE_CUDA_MM_Q16=warp|lanes forces one implementation of the 16-lane types (default: by shape). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +167,8 @@ int main(int argc, char **argv) {
     return 77;
   }
   if (cuda_rt_init(0, err, sizeof err) || cuda_mm_init(err, sizeof err)) die("init");
+  const char *impl = getenv("FLOE_CUDA_MM_Q16");
+  if (impl) cuda_mm_set_q16_impl(strcmp(impl, "warp") == 0 ? CUDA_MM_Q16_WARP : strcmp(impl, "lanes") == 0 ? CUDA_MM_Q16_LANES : CUDA_MM_Q16_AUTO);
   char name[128];
   cuda_rt_device_name(0, name, sizeof name, err, sizeof err);
   printf("device: %s, L2 %.0f MB, reps %d x %d launches\n", name, cuda_rt_l2_bytes(0) / 1e6, REPS, GROUP);

@@ -12,6 +12,8 @@
 #   synth35   floe synth: the Qwen3.5-35B-A3B shape, Q4_K, all 40 layers, at $SYNTH (~18 GiB)
 #   test-synth  test_cuda_model with FLOE_TEST_SYNTH=$SYNTH (decode vs prefill greedy tokens)
 #   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096
+#   bench-mm-warp, bench-mm-lanes   bench_cuda_mm with one implementation of the 16-lane
+#             types forced (FLOE_CUDA_MM_Q16=warp / lanes; the default picks by shape)
 # To add a step: write a function sec_NAME (its output goes to $LOG/NAME.log, its exit status
 # decides ok / FAIL) and name it on the command line. Logs go to $OUT when set (the device
 # tool brings $OUT back), else build-gpu/logs. A summary is printed last.
@@ -58,6 +60,8 @@ sec_bench35() {
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader || true
   return $rc
 }
+sec_bench-mm-warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
+sec_bench-mm-lanes() { FLOE_CUDA_MM_Q16=lanes "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
 
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(build test bench-mm)
@@ -74,7 +78,7 @@ for s in "${sections[@]}"; do
   "sec_$s" >"$LOG/$s.log" 2>&1
   rc=$?
   t1=$(date +%s)
-  tail -n 40 "$LOG/$s.log"
+  case "$s" in bench*) ;; *) tail -n 15 "$LOG/$s.log" ;; esac
   if [ $rc -eq 0 ]; then
     summary+=("$s: ok ($((t1 - t0)) s)")
   else
@@ -89,6 +93,15 @@ if [ -f "$LOG/test.log" ]; then
   echo "=== test checks"
   grep -E "^FAIL|passed, [0-9]+ failed|tests passed|tests failed|\*\*\*" "$LOG/test.log" | tail -n 30
 fi
+for b in bench-mm bench-mm-warp bench-mm-lanes; do
+  [ -f "$LOG/$b.log" ] && { echo "=== $b"; cat "$LOG/$b.log"; }
+done
+for t in test test-all; do
+  if [ -f "$LOG/$t.log" ]; then
+    echo "=== $t checks"
+    grep -E "^FAIL|passed, [0-9]+ failed|tests passed|tests failed|\*\*\*" "$LOG/$t.log" | tail -n 20
+  fi
+done
 echo "=== summary"
 for l in "${summary[@]}"; do echo "$l"; done
 exit $fail

@@ -8,6 +8,8 @@
  *    float path; within 1e-5 * sum|w x| of the CPU's best ISA;
  *  - cuda_mm_dequant_rows equals quant_dequant_row / quant_mlx_dequant_row bit for bit (row ids
  *    from device memory; an id out of range gives NaN);
+ *  - the 16-lane types (Q8_0, Q4_0, IQ4_NL, MXFP4, Q6_K, IQ4_XS, MLX 4/8) have two GPU
+ *    implementations (cuda_mm_set_q16_impl): the checks above and the MoE checks run on both;
  *  - MoE: gate+up+SiLU-GLU and down over an expert stack, ids from device memory, equal a CPU loop
  *    of kern_matmul + the CPU's GLU (layers.c siluf, written out below) + kern_act_quantize, bit
  *    for bit; the shared-expert form (ids NULL); an invalid id gives NaN rows;
@@ -213,9 +215,14 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   float *Yg = malloc(sizeof(float) * (size_t)(ldy * NBMAX));
   float *dY = dev_put(NULL, sizeof(float) * (size_t)(ldy * NBMAX));
   const int best = kern_isa_get();
+  /* the 16-lane types have two implementations (cuda_mm_set_q16_impl): check both */
+  const int nimpl = ab && type != FLOE_TYPE_Q4_K && type != FLOE_TYPE_Q5_K ? 2 : 1;
+  for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
+    cuda_mm_set_q16_impl(nimpl == 1 ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
     for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
+      if (impl == 1 && path == 1) break; /* the float path has one implementation */
       const uint8_t *q = path == 0 ? xq : NULL;
       memset(Yc, 0, sizeof(float) * (size_t)(ldy * nb));
       memset(Ys, 0, sizeof(float) * (size_t)(ldy * nb));
@@ -253,8 +260,9 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
           }
         free(buf);
       }
-      CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path: GPU == CPU scalar bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
-            nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized", (long long)bad_s,
+      CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU scalar bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
+            nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized",
+            nimpl == 1 ? "" : impl == 0 ? " (warp per row)" : " (4 lanes per thread)", (long long)bad_s,
             bad_s >= 0 ? Yg[bad_s] : 0.0, bad_s >= 0 ? Ys[bad_s] : 0.0);
       if (path == 0)
         CHECK(bad_c < 0, "%s %lldx%lld nb=%d quantized: GPU == CPU %s bit for bit (first diff at %lld)", nm,
@@ -264,6 +272,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
               (long long)cols, nb, kern_isa_name(best), worst);
     }
   }
+  cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
   /* a changed scale must change the result: the comparisons above can fail */
   if (floe_type_info(type) && floe_type_info(type)->quantized) {
     uint8_t *row0 = malloc(W->row_bytes);
@@ -517,16 +526,24 @@ int main(void) {
       check_matrix(FLOE_TYPE_MLX, mbits[bi], g, sb, 5, 128 * 21);      /* > 16 groups per bias lane */
     }
 
-  SECTION("moe");
   static const uint32_t moe_types[] = {FLOE_TYPE_Q4_K, FLOE_TYPE_Q5_K, FLOE_TYPE_Q6_K, FLOE_TYPE_Q8_0, FLOE_TYPE_IQ4_XS,
                                        FLOE_TYPE_MXFP4, FLOE_TYPE_Q3_K, FLOE_TYPE_BF16};
-  for (size_t i = 0; i < sizeof moe_types / sizeof moe_types[0]; i++) {
-    check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0);
-    check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0);
-    check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1);
+  static const int impls[] = {CUDA_MM_Q16_WARP, CUDA_MM_Q16_LANES};
+  for (int im = 0; im < 2; im++) { /* both implementations of the 16-lane types */
+    SECTION("moe (16-lane types: %s)", im == 0 ? "warp per row" : "4 lanes per thread");
+    cuda_mm_set_q16_impl(impls[im]);
+    for (size_t i = 0; i < sizeof moe_types / sizeof moe_types[0]; i++) {
+      if (im == 1 && (moe_types[i] == FLOE_TYPE_Q4_K || moe_types[i] == FLOE_TYPE_Q5_K || !floe_type_info(moe_types[i])->quantized ||
+                      moe_types[i] == FLOE_TYPE_Q3_K))
+        continue; /* one implementation */
+      check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0);
+      check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0);
+      check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1);
+    }
+    check_moe(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 512, 256, 3, 2, 0);
+    check_moe(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 256, 512, 2, 3, 0);
+    if (im == 0) check_moe(FLOE_TYPE_MLX, 6, 64, FLOE_TYPE_BF16, 256, 512, 2, 2, 0);
   }
-  check_moe(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 512, 256, 3, 2, 0);
-  check_moe(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 256, 512, 2, 3, 0);
-  check_moe(FLOE_TYPE_MLX, 6, 64, FLOE_TYPE_BF16, 256, 512, 2, 2, 0);
+  cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
   return TEST_DONE();
 }

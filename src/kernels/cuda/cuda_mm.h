@@ -28,11 +28,15 @@
  * uploads the IQ grid tables); cuda_mm_type_supported() tells the loader which matrices can go
  * to the GPU. Shapes are checked by the caller (the loader): launchers assume a supported type.
  *
- * Speed: a warp per weight row (16-lane types: lanes 0-15 own the 16 lane accumulators, lanes
- * 16-31 compute the odd steps and hand their products over by shuffle, so each lane's sequence
- * of adds stays in order in one thread; Q4_K/Q5_K: 4 superblocks at once, 8 threads each, the
- * exact S1/S2 reduced by shuffles, superblock k added to slot k % 16 in order). Activation rows
- * are taken in tiles of 1, 4 or 16 per launch block, so nb <= 16 reads each weight once. */
+ * Layout of the work (each lane's / slot's sequence of float adds stays in one thread, in order):
+ * Q4_K/Q5_K: 8 threads per weight row, thread j takes whole superblocks j, j+8, ... (slots j and
+ * j+8). 16-lane types, two implementations picked by shape (cuda_mm_set_q16_impl): a warp per row
+ * (lanes 0-15 own the lane accumulators, lanes 16-31 compute the odd steps and hand their
+ * products over by shuffle) or 4 threads per row of 4 lanes each. Activation rows are taken in
+ * tiles of 1, 4 or 16 per launch block, so nb <= 16 reads each weight once per launch.
+ * Speed (H200, bench_cuda_mm, copy 4.24 TB/s): far from the copy bandwidth yet: 1.7-1.8 TB/s on
+ * the 248320 x 2048 output head (Q4_K, Q6_K), 0.7-0.9 TB/s on 8192 x 2048, 10-12 us per MoE
+ * launch of 8 experts; the float path of the block types ~0.1 TB/s (bench/results.tsv). */
 #ifndef FLOE_CUDA_MM_H
 #define FLOE_CUDA_MM_H
 #include <stddef.h>
@@ -72,7 +76,9 @@ int cuda_mm_type_supported(uint32_t type, int64_t cols, const quant_mlx_fmt *mlx
  * type has no quantized-activation path (then use the float path, xq = NULL). */
 size_t cuda_mm_act_bytes(const cuda_mat *W);
 
-/* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb). */
+/* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb).
+ * xq_stride: a multiple of 64 (cuda_mm_act_bytes is), xq 64-byte aligned (the kernels read the
+ * rows with 16-byte loads). */
 void cuda_mm_act_quantize(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, void *xq, size_t xq_stride,
                           void *stream);
 
@@ -103,6 +109,12 @@ void cuda_mm_moe_gate_up(const cuda_mat *gate, const cuda_mat *up, int64_t T, in
  * The weighted sum of the K outputs is not done here. */
 void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const float *H, int64_t ldh,
                       void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream);
+
+/* Tests and benchmarks: which implementation the 16-lane types use (both give the same bits):
+ * AUTO (the default) picks by shape, WARP forces a warp per row (mm_q16.cu), LANES 4 lanes per
+ * thread (mm_q4l.cu). Not thread-safe; set it before launching. */
+enum { CUDA_MM_Q16_AUTO = 0, CUDA_MM_Q16_WARP = 1, CUDA_MM_Q16_LANES = 2 };
+void cuda_mm_set_q16_impl(int impl);
 
 #ifdef __cplusplus
 }

@@ -85,11 +85,26 @@ void cuda_mm_act_quantize(const cuda_mat *W, int64_t nb, const float *X, int64_t
   mm_act_launch(mm_kargs(W), nb, X, ldx, (uint8_t *)xq, xq_stride, (cudaStream_t)stream);
 }
 
-/* The quantized kernels, or false when the type has none. */
+/* 16-lane types: two implementations of the same order, bit-identical (the test runs both).
+ * Measured on the H200 (bench_cuda_mm): 4 lanes per thread (mm_q4l.cu) wins when there are many
+ * output rows (248320-row output head: Q6_K 1.76 vs 1.44 TB/s, Q8_0 1.42 vs 1.11; the MoE down,
+ * 8 x 2048 rows), a warp per row (mm_q16.cu) when there are few (8192 rows and below, the MoE
+ * gate+up, 8 x 512 rows), where 4 threads per row leave the GPU short of threads. */
+static int g_q16_impl = CUDA_MM_Q16_AUTO;
+
+void cuda_mm_set_q16_impl(int impl) { g_q16_impl = impl; }
+
+/* The quantized kernels, or false when the type has none. row_slots: output rows x slots. */
 static bool q_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                      const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
-  return mm_k4_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st) ||
-         mm_q16_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
+  if (mm_k4_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st)) return true;
+  int impl = g_q16_impl;
+  if (impl == CUDA_MM_Q16_AUTO) {
+    const int64_t row_slots = a.rows * (mode == MM_PLAIN ? 1 : nb);
+    impl = row_slots >= 16384 ? CUDA_MM_Q16_LANES : CUDA_MM_Q16_WARP;
+  }
+  return impl == CUDA_MM_Q16_WARP ? mm_q16_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st)
+                                  : mm_q4l_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
 }
 
 void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
@@ -107,17 +122,26 @@ void cuda_mm_dequant_rows(const cuda_mat *W, const int32_t *rows, int64_t n, flo
   mm_dequant_launch(mm_kargs(W), rows, n, out, ldo, (cudaStream_t)stream);
 }
 
+/* The grid's y dimension (one slot per row of blocks) is at most 65535: longer calls go in parts
+ * of whole tokens. */
+#define MM_MAX_SLOTS 65535
+
 void cuda_mm_moe_gate_up(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
                          const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H, int64_t ldh,
                          void *stream) {
   if (T <= 0 || K <= 0 || gate->rows <= 0) return;
   const KArgs a = mm_kargs(gate), a2 = mm_kargs(up);
   const cudaStream_t st = (cudaStream_t)stream;
-  const int64_t slots = T * K;
-  if (xq && cuda_mm_act_bytes(gate) &&
-      q_launch(a, a2, MM_GLU, slots, K, ids, (const uint8_t *)xq, xq_stride, H, ldh, st))
-    return;
-  mm_float_launch(a, a2, MM_GLU, slots, K, ids, X, ldx, H, ldh, st);
+  const bool q = xq && cuda_mm_act_bytes(gate);
+  const int64_t tpc = MM_MAX_SLOTS / K; /* tokens per call */
+  for (int64_t t0 = 0; t0 < T; t0 += tpc) {
+    const int64_t nt = T - t0 < tpc ? T - t0 : tpc, s0 = t0 * K;
+    const int32_t *id = ids ? ids + s0 : nullptr;
+    float *h = H + s0 * ldh;
+    if (q && q_launch(a, a2, MM_GLU, nt * K, K, id, (const uint8_t *)xq + (size_t)t0 * xq_stride, xq_stride, h, ldh, st))
+      continue;
+    mm_float_launch(a, a2, MM_GLU, nt * K, K, id, X ? X + t0 * ldx : nullptr, ldx, h, ldh, st);
+  }
 }
 
 void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const float *H, int64_t ldh,
@@ -126,9 +150,14 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
   const KArgs a = mm_kargs(down);
   const cudaStream_t st = (cudaStream_t)stream;
   const int64_t slots = T * K;
-  if (xq_scratch && cuda_mm_act_bytes(down)) {
-    mm_act_launch(a, slots, H, ldh, (uint8_t *)xq_scratch, xq_stride, st);
-    if (q_launch(a, a, MM_DOWN, slots, 1, ids, (const uint8_t *)xq_scratch, xq_stride, Y, ldy, st)) return;
+  const bool q = xq_scratch && cuda_mm_act_bytes(down);
+  if (q) mm_act_launch(a, slots, H, ldh, (uint8_t *)xq_scratch, xq_stride, st);
+  for (int64_t s0 = 0; s0 < slots; s0 += MM_MAX_SLOTS) {
+    const int64_t ns = slots - s0 < MM_MAX_SLOTS ? slots - s0 : MM_MAX_SLOTS;
+    const int32_t *id = ids ? ids + s0 : nullptr;
+    if (q && q_launch(a, a, MM_DOWN, ns, 1, id, (const uint8_t *)xq_scratch + (size_t)s0 * xq_stride, xq_stride,
+                      Y + s0 * ldy, ldy, st))
+      continue;
+    mm_float_launch(a, a, MM_DOWN, ns, 1, id, H + s0 * ldh, ldh, Y + s0 * ldy, ldy, st);
   }
-  mm_float_launch(a, a, MM_DOWN, slots, 1, ids, H, ldh, Y, ldy, st);
 }

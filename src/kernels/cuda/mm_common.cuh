@@ -139,6 +139,10 @@ __device__ __forceinline__ uint32_t lut16(uint32_t nib, const uint32_t *t) {
  * gate a / up a2, x row slot / K; MM_DOWN: slots, x row = slot. Return false for another type. */
 bool mm_q16_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                    const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+/* mm_q4l.cu: the same types as mm_q16.cu with 4 lanes per thread (mm_api.cu picks one per shape,
+ * cuda_mm_set_q16_impl) */
+bool mm_q4l_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
+                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
 bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
 /* mm_float.cu: the float path (any type), same modes, X float rows ldx apart */

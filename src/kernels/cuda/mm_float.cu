@@ -394,6 +394,7 @@ __device__ void float_pass(const KArgs &a, int blck, int bbytes, int e, int64_t 
     }
     __syncwarp();
     if (r < a.rows)
+#pragma unroll
       for (int b = 0; b < 16; b++) {
         if (b >= nbt) break;
         const float *xa = x + b * ldx + j0;
@@ -416,7 +417,9 @@ __global__ void __launch_bounds__(32) k_float(KArgs a, KArgs a2, int mode, int b
     const int nbt = (int)(nb - b0 < 16 ? nb - b0 : 16);
     float_pass(a, blck, bbytes, 0, r0, X + b0 * ldx, ldx, nbt, acc, buf);
     if (r < a.rows)
-      for (int b = 0; b < nbt; b++) Y[(b0 + b) * ldy + r] = acc[b];
+#pragma unroll
+      for (int b = 0; b < 16; b++)
+        if (b < nbt) Y[(b0 + b) * ldy + r] = acc[b];
     return;
   }
   const int64_t slot = blockIdx.y;
@@ -450,6 +453,87 @@ __global__ void __launch_bounds__(128) k_dequant(KArgs a, int blck, int bbytes, 
   for (int64_t u = threadIdx.x; u < (a.cols + uv - 1) / uv; u += blockDim.x) dq_unit(a, blck, bbytes, 0, r, u, uv, y + u * uv);
 }
 
+/* F32 / F16 / BF16: one thread per row reads its own row (16-byte loads where the row is
+ * aligned), no staging; the same element-order sums. */
+__device__ __forceinline__ float plain_at(int type, const uint8_t *row, int64_t j) {
+  if (type == FLOE_TYPE_F32) return ((const float *)row)[j];
+  const uint32_t h = ((const uint16_t *)row)[j];
+  return type == FLOE_TYPE_F16 ? mm_f16(h) : mm_bf16(h);
+}
+
+__device__ __forceinline__ void plain_pass(const KArgs &a, const uint8_t *row, const float *x, int64_t ldx, int nbt,
+                                           float acc[16]) {
+  const int64_t n = a.cols;
+  int64_t j = 0;
+  if (((uintptr_t)row & 15) == 0)
+    for (; j + 8 <= n; j += 8) {
+      float v[8];
+      if (a.type == FLOE_TYPE_F32) {
+        const float4 p0 = *(const float4 *)(row + 4 * j), p1 = *(const float4 *)(row + 4 * j + 16);
+        v[0] = p0.x, v[1] = p0.y, v[2] = p0.z, v[3] = p0.w, v[4] = p1.x, v[5] = p1.y, v[6] = p1.z, v[7] = p1.w;
+      } else {
+        const uint4 p = *(const uint4 *)(row + 2 * j);
+        const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          v[2 * k] = a.type == FLOE_TYPE_F16 ? mm_f16(w[k] & 0xFFFF) : mm_bf16(w[k] & 0xFFFF);
+          v[2 * k + 1] = a.type == FLOE_TYPE_F16 ? mm_f16(w[k] >> 16) : mm_bf16(w[k] >> 16);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < 16; b++) {
+        if (b >= nbt) break;
+        const float *xb = x + b * ldx + j;
+        float sacc = acc[b];
+#pragma unroll
+        for (int k = 0; k < 8; k++) sacc += v[k] * xb[k];
+        acc[b] = sacc;
+      }
+    }
+  for (; j < n; j++) {
+    const float w = plain_at(a.type, row, j);
+#pragma unroll
+    for (int b = 0; b < 16; b++) {
+      if (b >= nbt) break;
+      acc[b] += w * x[b * ldx + j];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(128) k_plain(KArgs a, KArgs a2, int mode, int64_t nb, int K, const int32_t *ids,
+                                               const float *X, int64_t ldx, float *Y, int64_t ldy) {
+  const int64_t r = (int64_t)blockIdx.x * 128 + threadIdx.x;
+  if (r >= a.rows) return;
+  float acc[16];
+#pragma unroll
+  for (int b = 0; b < 16; b++) acc[b] = 0.0f;
+  if (mode == MM_PLAIN) {
+    const int64_t b0 = (int64_t)blockIdx.y * 16;
+    const int nbt = (int)(nb - b0 < 16 ? nb - b0 : 16);
+    plain_pass(a, mm_row(a, 0, r), X + b0 * ldx, ldx, nbt, acc);
+#pragma unroll
+    for (int b = 0; b < 16; b++)
+      if (b < nbt) Y[(b0 + b) * ldy + r] = acc[b];
+    return;
+  }
+  const int64_t slot = blockIdx.y;
+  const int e = ids ? ids[slot] : 0;
+  if (e < 0 || e >= a.n_expert) {
+    Y[slot * ldy + r] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const float *x = X + (mode == MM_GLU ? slot / K : slot) * ldx;
+  plain_pass(a, mm_row(a, e, r), x, ldx, 1, acc);
+  if (mode == MM_GLU) {
+    float acc2[16];
+    for (int b = 0; b < 16; b++) acc2[b] = 0.0f;
+    plain_pass(a2, mm_row(a2, e, r), x, ldx, 1, acc2);
+    Y[slot * ldy + r] = mm_siluf(acc[0]) * acc2[0];
+  } else {
+    Y[slot * ldy + r] = acc[0];
+  }
+}
+
 void type_block(int type, int *blck, int *bbytes) {
   const floe_type_traits *tt = type == FLOE_TYPE_MLX ? nullptr : floe_type_info((uint32_t)type);
   *blck = tt ? tt->blck : 1;
@@ -462,8 +546,12 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
                      const float *X, int64_t ldx, float *Y, int64_t ldy, cudaStream_t st) {
   int blck, bbytes;
   type_block(a.type, &blck, &bbytes);
-  const unsigned gx = (unsigned)((a.rows + 31) / 32);
   const unsigned gy = (unsigned)(mode == MM_PLAIN ? (nb + 15) / 16 : nb);
+  if (a.type == FLOE_TYPE_F32 || a.type == FLOE_TYPE_F16 || a.type == FLOE_TYPE_BF16) {
+    k_plain<<<dim3((unsigned)((a.rows + 127) / 128), gy), 128, 0, st>>>(a, a2, mode, nb, K, ids, X, ldx, Y, ldy);
+    return;
+  }
+  const unsigned gx = (unsigned)((a.rows + 31) / 32);
   k_float<<<dim3(gx, gy), 32, 0, st>>>(a, a2, mode, blck, bbytes, nb, K, ids, X, ldx, Y, ldy);
 }
 
