@@ -71,6 +71,7 @@ typedef struct floe_engine_params {
   int io_threads;    /* pread workers (default 16) */
   uint64_t io_chunk; /* read split size (default 512 KiB) */
   bool io_verify;    /* pack layout: check each expert block's checksum */
+  int mtp;           /* floe_gen_params.mtp when a request leaves it at -1: -1 auto (init), 0 off, 1..4 */
   bool io_no_prefault; /* don't populate the expert cache's memory in the background at start
                         * (then slots fault their pages in on first fill, on the decode's time) */
   int device;          /* FLOE_DEVICE_* (default AUTO) */
@@ -206,6 +207,14 @@ typedef struct floe_session_stats {
    * was read); seconds the cache arena's background population took (0: running or off; -1: the
    * kernel refused MADV_POPULATE_WRITE, slots fault their pages in on first fill). */
   double disk_busy_s, serial_s, prefault_s;
+  /* speculative decoding with the model's MTP head (floe_gen_params.mtp), since the last reset:
+   * decode steps that drafted, tokens drafted / accepted per draft position (position j counts
+   * only steps whose drafts 1..j-1 were all accepted, so accepted[j]/drafted[j] is the conditional
+   * rate), tokens the trunk produced in speculative steps (accepted + one per step), the draft
+   * count of the last step, and the seconds spent in draft + verify steps */
+  int64_t mtp_steps, mtp_drafted[4], mtp_accepted[4], mtp_tokens;
+  int mtp_k_last;
+  double mtp_step_s;
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
 /* Resets the session's times and the engine's streaming counters. */
@@ -242,6 +251,13 @@ typedef struct floe_gen_params {
    * CANCELLED and n_gen = 0, and the session keeps the prompt tokens evaluated so far (a retry of
    * the same prompt continues from there). NULL: never asked. */
   int (*should_stop)(void *user);
+  /* Speculative decoding with the model's MTP head: drafts per step. -1 (floe_gen_params_init's
+   * default): chosen automatically from the measured acceptance and step cost (0 when it does
+   * not pay, e.g. streamed experts whose union a verify step must read); 0: off; 1..4: forced.
+   * Lossless: every verified row is bit-identical to single-token decode, so greedy output equals
+   * mtp = 0 exactly, and sampled output follows the same distribution (speculative-sampling rule).
+   * Ignored when the model has no MTP module. */
+  int mtp;
 } floe_gen_params;
 void floe_gen_params_init(floe_gen_params *p);
 

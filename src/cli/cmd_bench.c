@@ -57,6 +57,9 @@ static void usage(FILE *f) {
           "  --exact     exact float activations (default: 8-bit activations for quantized weights)\n"
           "  --kv-f32    F32 KV cache (default BF16)\n"
           "  --json      one JSON object per line\n"
+          "  --mtp K     also decode N tokens of a fixed Python prompt through floe_generate with\n"
+          "              speculative decoding (K drafts, -1 auto) and without (mtp 0), same run: one\n"
+          "              more line (\"bench\":\"mtp\") with both tok/s, mtp_k, acceptance, tokens_per_step\n"
           "%s", cli_stream_help());
 }
 
@@ -91,6 +94,62 @@ static void json_str(const char *s) {
   putchar('"');
 }
 
+/* --mtp: greedy generation of n_gen tokens after a fixed code prompt, mtp 0 and mtp K alternating
+ * per repetition (the same machine state for both); medians of the decode times (floe_gen_result:
+ * the first token, from the prefill, is not a decode step). */
+static int bench_mtp(floe_engine *e, floe_session *s, int mtp, int64_t n_gen, int reps, bool json) {
+  static const char text[] = "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Entry point.\"\"\"\n    ";
+  char err[512];
+  int32_t *ids = NULL;
+  size_t n = 0;
+  if (floe_tokenize(e, text, sizeof text - 1, false, &ids, &n, err, sizeof err)) return cli_fail("%s", err);
+  double t0[1000], t1[1000];
+  floe_session_stats st, sum;
+  memset(&sum, 0, sizeof sum);
+  for (int r = 0; r < reps; r++)
+    for (int v = 0; v < 2; v++) {
+      floe_gen_params gp;
+      floe_gen_params_init(&gp);
+      gp.max_tokens = n_gen;
+      gp.mtp = v ? mtp : 0;
+      floe_gen_result res;
+      floe_session_reset(s);
+      floe_session_stats_reset(s);
+      if (floe_generate(s, ids, n, &gp, NULL, NULL, &res, err, sizeof err)) {
+        free(ids);
+        return cli_fail("%s", err);
+      }
+      const double tps = res.decode_s > 0 && res.n_gen > 1 ? (double)(res.n_gen - 1) / res.decode_s : 0;
+      (v ? t1 : t0)[r] = tps;
+      if (!v) continue;
+      floe_session_stats_get(s, &st);
+      sum.mtp_steps += st.mtp_steps, sum.mtp_tokens += st.mtp_tokens;
+      for (int j = 0; j < 4; j++) sum.mtp_drafted[j] += st.mtp_drafted[j], sum.mtp_accepted[j] += st.mtp_accepted[j];
+      sum.mtp_k_last = st.mtp_k_last;
+    }
+  free(ids);
+  const double d0 = median(t0, reps), d1 = median(t1, reps);
+  int64_t dr = 0, ac = 0;
+  for (int j = 0; j < 4; j++) dr += sum.mtp_drafted[j], ac += sum.mtp_accepted[j];
+  const double rate = dr ? (double)ac / (double)dr : 0, tps = sum.mtp_steps ? (double)sum.mtp_tokens / (double)sum.mtp_steps : 0;
+  if (json) {
+    printf("{\"bench\":\"mtp\",\"mtp\":%d,\"mtp_k\":%d,\"n_gen\":%lld,\"reps\":%d,\"decode_tok_s\":%.3f,"
+           "\"decode_tok_s_mtp0\":%.3f,\"speedup\":%.3f,\"tokens_per_step\":%.3f,\"mtp_accept_rate\":%.4f,"
+           "\"mtp_accept_rate_pos\":[",
+           mtp, sum.mtp_k_last, (long long)n_gen, reps, d1, d0, d0 > 0 ? d1 / d0 : 0, tps, rate);
+    for (int j = 0; j < 4; j++)
+      printf(j ? ",%.4f" : "%.4f", sum.mtp_drafted[j] ? (double)sum.mtp_accepted[j] / (double)sum.mtp_drafted[j] : 0.0);
+    printf("]}\n");
+  } else {
+    printf("mtp %d (last k %d): decode %.2f tok/s vs %.2f tok/s without (%.2fx), %.2f tokens/step, acceptance %.3f [",
+           mtp, sum.mtp_k_last, d1, d0, d0 > 0 ? d1 / d0 : 0, tps, rate);
+    for (int j = 0; j < 4; j++)
+      printf(j ? " %.3f" : "%.3f", sum.mtp_drafted[j] ? (double)sum.mtp_accepted[j] / (double)sum.mtp_drafted[j] : 0.0);
+    printf("]\n");
+  }
+  return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
   floe_engine_params ep;
   floe_engine_params_init(&ep);
@@ -101,6 +160,7 @@ int cmd_bench(int argc, char **argv) {
   double bw = 0, disk_bw = 0;
   int64_t window = 0;
   bool json = false;
+  int mtp = -2; /* --mtp K: also the speculative-decoding measurement (-1 auto, 1..4 forced); -2: not run */
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     char *end = NULL;
@@ -114,6 +174,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) ep.model = argv[++i];
     else if (!strcmp(a, "--json")) json = true;
+    else if (isnum && !strcmp(a, "--mtp") && num >= -1 && num <= 4) mtp = (int)num, i++;
     else if (!strcmp(a, "--exact")) sp.exact_act = true;
     else if (!strcmp(a, "--kv-f32")) sp.kv_f32 = true;
     else if (isnum && !strcmp(a, "-p") && num >= 0) n_prompt = (int64_t)num, i++;
@@ -369,6 +430,7 @@ int cmd_bench(int argc, char **argv) {
     }
     printf("peak RSS %.1f MiB\n", rss / 1048576.0);
   }
+  if (mtp > -2 && n_gen > 0 && info.n_mtp > 0 && bench_mtp(e, s, mtp, n_gen, reps, json)) goto done;
   rc = 0;
 done:
   free(ids);

@@ -26,6 +26,8 @@ static void usage(FILE *f) {
           "  -t N                 threads (default: all cores)\n"
           "  -c CTX               context size (default: the model's, capped at 4096)\n"
           "  --kv-f32             F32 KV cache (default BF16)\n"
+          "  --mtp K              speculative decoding with the model's MTP head: K drafts per step\n"
+          "                       (1..4), 0 off, -1 automatic (default; lossless either way)\n"
           "  --ids                print generated token ids instead of text\n"
           "  --stats              print expert streaming counters after the run\n"
           "%s", cli_stream_help());
@@ -129,6 +131,14 @@ int cmd_run(int argc, char **argv) {
     else if (!strcmp(a, "--top-p")) { NEEDNUM(); gp.sampling.top_p = (float)num; }
     else if (!strcmp(a, "--min-p")) { NEEDNUM(); gp.sampling.min_p = (float)num; }
     else if (!strcmp(a, "--seed")) { NEEDNUM(); gp.sampling.seed = (uint64_t)num; }
+    else if (!strcmp(a, "--mtp")) {
+      NEEDNUM();
+      if (num < -1 || num > 4) {
+        fprintf(stderr, "floe run: --mtp must be -1 (auto), 0 (off) or 1..4\n");
+        return 2;
+      }
+      gp.mtp = (int)num;
+    }
     else if (!strcmp(a, "-t")) { NEEDNUM(); ep.n_threads = (int)num; }
     else if (!strcmp(a, "-c")) { NEEDNUM(); spar.n_ctx = (int64_t)num; }
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -203,9 +213,16 @@ int cmd_run(int argc, char **argv) {
           t_load, (long long)res.n_prompt, res.prefill_s,
           res.prefill_s > 0 ? (double)(res.n_prompt - res.n_reused) / res.prefill_s : 0.0, (long long)res.n_gen,
           res.decode_s > 0 && n_dec ? (double)n_dec / res.decode_s : 0.0);
+  floe_session_stats st;
+  floe_session_stats_get(s, &st);
+  if (st.mtp_steps > 0) {
+    int64_t dr = 0, ac = 0;
+    for (int j = 0; j < 4; j++) dr += st.mtp_drafted[j], ac += st.mtp_accepted[j];
+    fprintf(stderr, "floe: mtp %lld speculative steps (last k %d), %.2f tokens/step, acceptance %.3f\n",
+            (long long)st.mtp_steps, st.mtp_k_last, (double)st.mtp_tokens / (double)st.mtp_steps,
+            dr ? (double)ac / (double)dr : 0.0);
+  }
   if (stats) {
-    floe_session_stats st;
-    floe_session_stats_get(s, &st);
     cli_stream_stats(stderr, e, &st, st.n_tokens, res.prefill_s + res.decode_s, false);
   }
   rc = 0;

@@ -71,6 +71,7 @@ struct floe_session {
   float *last_logits; /* logits after hist (valid when n_hist > 0) */
   int64_t ckpt_every; /* interior checkpoints every this many tokens (0: none) */
   uint64_t acct_bytes; /* counted in the engine's memory budget: model session + checkpoints */
+  struct spec *spec;   /* speculative decoding state (engine_mtp.c), NULL until first used */
 };
 
 #define PREFILL_STEP MODEL_MAX_BATCH /* one model_eval chunk: no throughput lost by stepping */
@@ -83,6 +84,7 @@ void floe_engine_params_init(floe_engine_params *p) {
   p->io_depth = 64;
   p->io_threads = 16;
   p->io_chunk = 512 * 1024;
+  p->mtp = -1;
 }
 
 void floe_session_params_init(floe_session_params *p) {
@@ -92,6 +94,7 @@ void floe_session_params_init(floe_session_params *p) {
 void floe_gen_params_init(floe_gen_params *p) {
   memset(p, 0, sizeof *p);
   p->sampling.top_p = 1.0f;
+  p->mtp = -1;
 }
 
 static int is_dir(const char *path) {
@@ -298,6 +301,7 @@ void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
   out->other_s = ph[MODEL_PH_OTHER];
   out->n_tokens = s->ms->n_eval_tok;
   out->prefetch_precision = out->prefetch_recall = -1;
+  spec_stats(s->spec, out);
   const xstream *x = s->e->m->xs;
   if (!x) return;
   xs_stats st;
@@ -320,6 +324,7 @@ void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
 void floe_session_stats_reset(floe_session *s) {
   memset(s->ms->ph, 0, sizeof s->ms->ph);
   s->ms->n_eval_tok = 0;
+  spec_stats_reset(s->spec);
   if (s->e->m->xs) xs_stats_reset(s->e->m->xs);
 }
 
@@ -445,6 +450,7 @@ void floe_session_free(floe_session *s) {
   if (!s) return;
   if (s->ms && s->e->m->xs && s->e->budget_used >= s->acct_bytes) s->e->budget_used -= s->acct_bytes;
   model_session_free(s->ms);
+  spec_free(s->spec);
   free(s->hist);
   free(s->last_logits);
   free(s);
@@ -455,7 +461,20 @@ int64_t floe_session_n_past(const floe_session *s) { return s->n_hist; }
 
 void floe_session_reset(floe_session *s) {
   model_session_reset(s->ms);
+  spec_rewound(s->spec, 0);
   s->n_hist = 0;
+}
+
+/* floe_session_eval's bookkeeping around spec_eval (the MTP's rows are fed as well). */
+static int session_eval_spec(floe_session *s, const int32_t *ids, int64_t n, char *err, size_t errlen) {
+  int rc = spec_eval(s->spec, s->ms, ids, n, s->last_logits, err, errlen);
+  if (rc) {
+    floe_session_reset(s);
+    return rc;
+  }
+  memcpy(s->hist + s->n_hist, ids, (size_t)n * sizeof *ids);
+  s->n_hist += n;
+  return 0;
 }
 
 /* Length of the common prefix of the history and prompt[0..n). */
@@ -501,6 +520,7 @@ int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logi
     floe_session_reset(s); /* state is undefined after a failed eval */
     return rc;
   }
+  spec_forget_hidden(s->spec); /* evaluated without hidden states: the next MTP row has no input */
   if (all_logits && logits) memcpy(s->last_logits, logits + (n - 1) * (size_t)nv, (size_t)nv * sizeof(float));
   else if (logits) memcpy(logits, s->last_logits, (size_t)nv * sizeof(float));
   memcpy(s->hist + s->n_hist, ids, n * sizeof *ids);
@@ -576,7 +596,7 @@ static float logprob_of(const float *logits, int64_t nv, int32_t id, int n_top, 
  * the prompt's end and at its last two <|im_start|> tokens (the state before each), INTERIOR at
  * multiples of ckpt_every. Steps end at those positions and at multiples of PREFILL_STEP. */
 static int prefill(floe_session *s, const int32_t *prompt, int64_t n, int64_t from, const floe_gen_params *p,
-                   void *user, bool *stopped, char *err, size_t errlen) {
+                   void *user, bool use_mtp, bool *stopped, char *err, size_t errlen) {
   int64_t turn[3] = { n, -1, -1 }; /* the prompt end and the last two turn starts at or after from */
   for (int64_t i = n - 1, k = 1; i >= from && k < 3 && s->e->im_start >= 0; i--)
     if (prompt[i] == s->e->im_start) turn[k++] = i;
@@ -600,7 +620,8 @@ static int prefill(floe_session *s, const int32_t *prompt, int64_t n, int64_t fr
       const int64_t b = (pos / s->ckpt_every + 1) * s->ckpt_every;
       if (b < next) next = b;
     }
-    int rc = floe_session_eval(s, prompt + pos, (size_t)(next - pos), NULL, false, err, errlen);
+    int rc = use_mtp ? session_eval_spec(s, prompt + pos, next - pos, err, errlen)
+                     : floe_session_eval(s, prompt + pos, (size_t)(next - pos), NULL, false, err, errlen);
     if (rc) return rc;
     pos = next;
   }
@@ -630,9 +651,16 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
   sp.top_p = p->sampling.top_p;
   sp.min_p = p->sampling.min_p;
   sp.seed = p->sampling.seed;
+  const int mtp_k = p->mtp >= 0 ? p->mtp : s->e->p.mtp; /* -1: automatic */
+  if (mtp_k > 4) return floe_err(err, errlen, FLOE_E_INVALID, "mtp must be -1 (auto), 0 (off) or 1..4 (got %d)", mtp_k);
+  const bool use_mtp = mtp_k != 0 && model_has_mtp(s->e->m) && s->e->m->be == &model_backend_cpu;
   sampler *smp;
   int rc = sampler_new(&sp, (int32_t)nv, &smp, err, errlen);
   if (rc) return rc;
+  if (use_mtp && !s->spec && (rc = spec_new(s->ms, &s->spec, err, errlen))) {
+    sampler_free(smp);
+    return rc;
+  }
 
   /* prefix reuse: resume at the common prefix (or the restorable position before it) */
   r.n_prompt = (int64_t)n_prompt;
@@ -643,10 +671,11 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
       return floe_err(err, errlen, FLOE_E_INVALID, "token id %d out of range [0, %lld)", prompt[i], (long long)nv);
     }
   const int64_t keep = resume_pos(s, common_prefix(s, prompt, n_prompt), n_prompt, true);
+  if (keep != s->n_hist) spec_rewound(s->spec, keep);
   s->n_hist = keep;
   r.n_reused = keep;
   bool stopped = false;
-  rc = prefill(s, prompt, (int64_t)n_prompt, keep, p, user, &stopped, err, errlen);
+  rc = prefill(s, prompt, (int64_t)n_prompt, keep, p, user, use_mtp, &stopped, err, errlen);
   double t1 = floe_time_s();
   r.prefill_s = t1 - t0;
   if (rc || stopped) {
@@ -664,16 +693,32 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
   for (size_t i = 0; i < p->n_stop; i++)
     if (strlen(p->stop[i]) > max_stop) max_stop = strlen(p->stop[i]);
 
+  /* speculative steps (engine_mtp.c): drafts the trunk accepted are already in the session and
+   * are emitted one by one before the next token is chosen; forced: the sampling rule's token */
+  int32_t acc[4], forced = -1;
+  int n_acc = 0, acc_i = 0;
+  const float *acc_lg = NULL;
   while (finish == FLOE_FINISH_NONE) {
     if (p->max_tokens > 0 && r.n_gen >= p->max_tokens) {
       finish = FLOE_FINISH_LENGTH;
       break;
     }
-    int32_t id = sampler_greedy(smp) ? floe_session_argmax(s) : sampler_sample(smp, s->last_logits);
+    int32_t id;
+    const float *lg = s->last_logits; /* the logits the token was chosen from */
+    const bool drafted = acc_i < n_acc; /* an accepted draft: already in the session */
+    if (drafted) {
+      lg = acc_lg + (size_t)acc_i * (size_t)nv;
+      id = acc[acc_i++];
+    } else if (forced >= 0) {
+      id = forced;
+      forced = -1;
+    } else {
+      id = sampler_greedy(smp) ? floe_session_argmax(s) : sampler_sample(smp, s->last_logits);
+    }
     floe_token_event ev = {0};
     ev.id = id;
     if (p->logprobs || p->n_top_logprobs) {
-      ev.logprob = logprob_of(s->last_logits, nv, id, p->n_top_logprobs, top_ids, top_lp);
+      ev.logprob = logprob_of(lg, nv, id, p->n_top_logprobs, top_ids, top_lp);
       ev.n_top = p->n_top_logprobs;
       ev.top_ids = top_ids;
       ev.top_logprobs = top_lp;
@@ -722,11 +767,24 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
       pend.p[pend.n] = 0;
     }
     if (finish != FLOE_FINISH_NONE) break;
+    if (drafted) continue;
     if (s->n_hist >= s->n_ctx) {
       finish = FLOE_FINISH_LENGTH;
       break;
     }
-    rc = floe_session_eval(s, &id, 1, NULL, false, err, errlen);
+    if (use_mtp) {
+      const int k = spec_choose_k(s->spec, mtp_k, s->n_ctx - s->n_hist - 1);
+      rc = spec_step(s->spec, s->ms, smp, id, k, s->last_logits, acc, &n_acc, &acc_lg, &forced, err, errlen);
+      if (rc) {
+        floe_session_reset(s); /* state is undefined after a failed step */
+        break;
+      }
+      s->hist[s->n_hist++] = id;
+      for (int i = 0; i < n_acc; i++) s->hist[s->n_hist++] = acc[i];
+      acc_i = 0;
+    } else {
+      rc = floe_session_eval(s, &id, 1, NULL, false, err, errlen);
+    }
     if (rc) break;
   }
   /* flush text held back for a stop string that never came */

@@ -66,6 +66,16 @@ int kv_init(kv_state *kv, const floe_hparams *hp, int64_t n_ctx, int kv_type, ch
       if (!kv->ssm[l] || !kv->conv[l]) goto nomem;
     }
   }
+  if (hp->n_mtp > 0) { /* the MTP block's own attention cache, at index n_layer */
+    const int64_t l = hp->n_layer;
+    uint64_t n;
+    if (l >= FLOE_MAX_LAYERS) goto overflow;
+    if (!floe_mul_ok((uint64_t)n_ctx, (uint64_t)(hp->n_head_kv * hp->head_dim), &n) || !floe_mul_ok(n, esz, &n))
+      goto overflow;
+    kv->k[l] = zalloc(n, &kv->bytes);
+    kv->v[l] = zalloc(n, &kv->bytes);
+    if (!kv->k[l] || !kv->v[l]) goto nomem;
+  }
   return 0;
 overflow:
   kv_free(kv);
@@ -81,9 +91,48 @@ void kv_free(kv_state *kv) {
     floe_aligned_free(kv->v[l]);
     floe_aligned_free(kv->ssm[l]);
     floe_aligned_free(kv->conv[l]);
+    for (int t = 0; t < KV_KEEP_MAX; t++) {
+      floe_aligned_free(kv->keep_ssm[l][t]);
+      floe_aligned_free(kv->keep_conv[l][t]);
+    }
   }
   memset(kv, 0, sizeof *kv);
 }
+
+int kv_keep_begin(kv_state *kv, int64_t n) {
+  if (n < 0 || n > KV_KEEP_MAX) return FLOE_E_INVALID;
+  for (int64_t t = kv->keep_alloc; t < n; t++) {
+    for (int64_t l = 0; l < kv->n_layer; l++) {
+      if (!kv->rec[l]) continue;
+      if (!kv->keep_ssm[l][t]) kv->keep_ssm[l][t] = zalloc(ssm_bytes(kv), &kv->bytes);
+      if (!kv->keep_conv[l][t]) kv->keep_conv[l][t] = zalloc(conv_bytes(kv), &kv->bytes);
+      if (!kv->keep_ssm[l][t] || !kv->keep_conv[l][t]) return FLOE_E_NOMEM; /* freed by kv_free */
+    }
+    kv->keep_alloc = t + 1;
+  }
+  kv->keep_n = n;
+  return 0;
+}
+
+void kv_keep_accept(kv_state *kv, int64_t a) {
+  FLOE_ASSERT(a >= 0 && a <= kv->keep_n);
+  if (a > 0)
+    for (int64_t l = 0; l < kv->n_layer; l++) {
+      if (!kv->rec[l]) continue;
+      float *p = kv->ssm[l];
+      kv->ssm[l] = kv->keep_ssm[l][a - 1];
+      kv->keep_ssm[l][a - 1] = p;
+      p = kv->conv[l];
+      kv->conv[l] = kv->keep_conv[l][a - 1];
+      kv->keep_conv[l][a - 1] = p;
+    }
+  kv->keep_n = 0;
+}
+
+float *kv_ssm_in(const kv_state *kv, int64_t l, int64_t t) { return kv->keep_n && t > 0 ? kv->keep_ssm[l][t - 1] : kv->ssm[l]; }
+float *kv_ssm_out(const kv_state *kv, int64_t l, int64_t t) { return kv->keep_n ? kv->keep_ssm[l][t] : kv->ssm[l]; }
+float *kv_conv_in(const kv_state *kv, int64_t l, int64_t t) { return kv->keep_n && t > 0 ? kv->keep_conv[l][t - 1] : kv->conv[l]; }
+float *kv_conv_out(const kv_state *kv, int64_t l, int64_t t) { return kv->keep_n ? kv->keep_conv[l][t] : kv->conv[l]; }
 
 void kv_reset(kv_state *kv) {
   for (int64_t l = 0; l < kv->n_layer; l++) {

@@ -16,7 +16,16 @@
  * window at one position; restoring it and setting n_past to that position gives the state a run
  * of the same tokens would have had, bit for bit.
  *
- * Memory: kv_state owns every buffer; kv_free() releases them. A kv_ckpt owns its data. */
+ * Kept states (speculative verify): with kv_keep_begin(n), the next chunk of n tokens leaves ssm[l]
+ * and conv[l] untouched and writes the state after its row t into keep_ssm[l][t] / keep_conv[l][t]
+ * (row 0 reads ssm[l], row t > 0 reads row t-1's kept state). kv_keep_accept(a) then makes the
+ * state after row a-1 the current one by swapping pointers (no copy), or keeps the state before
+ * the chunk (a = 0). The chunk's attention rows are written as usual; n_past is the caller's.
+ * The MTP block (model.h) has one attention cache at index n_layer, allocated when hp->n_mtp > 0
+ * (positions are MTP rows; the trunk's checkpoints never cover it).
+ *
+ * Memory: kv_state owns every buffer (the kept states too, whichever pointer they sit behind
+ * after swaps); kv_free() releases them. A kv_ckpt owns its data. */
 #ifndef FLOE_KV_H
 #define FLOE_KV_H
 #include <stdbool.h>
@@ -26,6 +35,8 @@
 #include "base/hparams.h"
 
 enum kv_type { KV_F32 = 0, KV_BF16 = 1 };
+
+#define KV_KEEP_MAX 8 /* rows of one verify chunk whose recurrent states can be kept (1 + drafts) */
 
 typedef struct kv_state {
   int kv_type;          /* enum kv_type */
@@ -38,6 +49,10 @@ typedef struct kv_state {
   float *ssm[FLOE_MAX_LAYERS];
   float *conv[FLOE_MAX_LAYERS];
   bool rec[FLOE_MAX_LAYERS];     /* layer l is recurrent (GatedDeltaNet) */
+  float *keep_ssm[FLOE_MAX_LAYERS][KV_KEEP_MAX];  /* per-row states of a verify chunk (kv_keep_*) */
+  float *keep_conv[FLOE_MAX_LAYERS][KV_KEEP_MAX];
+  int64_t keep_n;       /* rows of the current chunk whose states are kept (0: update in place) */
+  int64_t keep_alloc;   /* rows allocated in keep_* */
   int64_t n_past;
   size_t bytes;         /* total allocated */
 } kv_state;
@@ -64,6 +79,18 @@ int kv_ckpt_save(const kv_state *kv, kv_ckpt *c);
  * positions < c->pos are the same tokens' rows, the caller guarantees it). */
 void kv_ckpt_restore(kv_state *kv, const kv_ckpt *c);
 void kv_ckpt_free(kv_ckpt *c);
+
+/* The next chunk of n (1..KV_KEEP_MAX) tokens keeps the recurrent state after each row (buffers
+ * allocated on first use); n = 0 turns it off. 0 or FLOE_E_NOMEM / FLOE_E_INVALID. */
+int kv_keep_begin(kv_state *kv, int64_t n);
+/* Ends a kept chunk: the state after row a-1 becomes current (pointer swap), a = 0 keeps the
+ * state before the chunk. Turns keeping off. */
+void kv_keep_accept(kv_state *kv, int64_t a);
+/* The state pointers row t of a kept chunk reads (t = 0: the current ones) and writes. */
+float *kv_ssm_in(const kv_state *kv, int64_t l, int64_t t);
+float *kv_ssm_out(const kv_state *kv, int64_t l, int64_t t);
+float *kv_conv_in(const kv_state *kv, int64_t l, int64_t t);
+float *kv_conv_out(const kv_state *kv, int64_t l, int64_t t);
 
 /* Store one position's K and V rows (n_head_kv * head_dim floats each, heads in order) of
  * attention layer l. */

@@ -63,6 +63,14 @@ typedef struct model_backend {
   /* Rows [first, n) of the chunk: logits[t - first] = output(norm(x[t])) into host memory
    * (n_vocab floats a row). greedy: also the argmax of the last row (s->greedy). */
   void (*logits)(model_session *s, const float *x, int64_t first, int64_t n, float *logits, bool greedy);
+  /* Speculative verify (model_verify, kv.h "kept states"): the next chunk of n rows (<= KV_KEEP_MAX)
+   * keeps the GatedDeltaNet state (S and conv window) after each of its rows in per-row buffers
+   * instead of advancing it in place: row 0 reads the current state, row t reads row t-1's. The
+   * arithmetic is the in-place one. 0 or FLOE_E_*. */
+  int (*keep_begin)(model_session *s, int64_t n);
+  /* Ends the kept chunk: the state after row a-1 becomes the current one by swapping pointers
+   * with the per-row buffer (a = 0: the state before the chunk stays). Never copies the state. */
+  void (*keep_accept)(model_session *s, int64_t a);
   /* The final hidden states (the residual stream after the last layer, before the output norm)
    * of rows [first, n) into host memory (n_embd floats a row). */
   void (*hidden)(model_session *s, const float *x, int64_t first, int64_t n, float *dst);

@@ -142,6 +142,9 @@ static void cpu_hidden(model_session *s, const float *x, int64_t first, int64_t 
   memcpy(dst, x + first * E, (size_t)((n - first) * E) * sizeof(float));
 }
 
+static int cpu_keep_begin(model_session *s, int64_t n) { return kv_keep_begin(&s->kv, n); }
+static void cpu_keep_accept(model_session *s, int64_t a) { kv_keep_accept(&s->kv, a); }
+
 const model_backend model_backend_cpu = {
   .name = "cpu",
   .device = MODEL_DEV_CPU,
@@ -162,4 +165,6 @@ const model_backend model_backend_cpu = {
   .moe = layer_moe,
   .logits = cpu_logits,
   .hidden = cpu_hidden,
+  .keep_begin = cpu_keep_begin,
+  .keep_accept = cpu_keep_accept,
 };

@@ -489,6 +489,11 @@ VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
   floe_split_range(C, dk, ith, nth, &c0, &c1);
   for (int64_t t = 0; t < j->n; t++) {
     const float *mix = s->mix + t * C;
+    if (s->kv.keep_n) { /* a kept chunk: row t's window starts as row t-1's, in its own buffer */
+      const float *in = kv_conv_in(&s->kv, j->l, t);
+      conv = kv_conv_out(&s->kv, j->l, t);
+      for (int64_t q = 0; q < K - 1; q++) memcpy(conv + q * C + c0, in + q * C + c0, (size_t)(c1 - c0) * 4);
+    }
     float *c = s->raw + t * C;
     if (K == 4) /* the Qwen kernel: one pass over the channels, every tap and the shift */
       conv4_range(c, conv, conv + C, conv + 2 * C, wt, wt + C, wt + 2 * C, wt + 3 * C, mix, c0, c1);
@@ -536,15 +541,29 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
       const float *kk = k + kh * dk, *qq = q + kh * dk, *vv = v + hv * dv;
       const float beta = sigmoidf(bt[hv]);
       const float decay = expf(L->ssm_a[hv] * softplusf(at[hv] + L->dt_bias[hv]));
-      float *S = s->kv.ssm[j->l] + hv * dk * dv, *oh = o + hv * dv;
+      float *S = kv_ssm_out(&s->kv, j->l, t) + hv * dk * dv, *oh = o + hv * dv;
+      /* a kept chunk (kv.h): the first pass reads row t-1's state and writes row t's; the same
+       * arithmetic as the in-place pass below (-ffp-contract=off: no fusing either way) */
+      const float *Sin = s->kv.keep_n ? kv_ssm_in(&s->kv, j->l, t) + hv * dk * dv : NULL;
       /* the next head's state (64 KiB for dk = dv = 128) is fetched into L2 while this head runs,
        * spread evenly over both passes (half a row's worth per row of each pass), so the memory
        * pipe stays busy: its first half during the first pass, the rest during the second
        * (microbenchmark of this loop, 16 cold heads a thread, 2 threads: 94 -> 82 us; all of it
        * during the second pass, which works from cache, as before: 94; no prefetch: 100) */
-      const float *Sn = hv + 1 < h1 ? S + dk * dv : NULL;
+      const float *Sn = hv + 1 < h1 && !Sin ? S + dk * dv : NULL;
       const int64_t hpf = dv / 2;
       for (int64_t jj = 0; jj < dv; jj++) kv[jj] = 0.0f;
+      if (Sin)
+        for (int64_t i = 0; i < dk; i++) {
+          float *restrict Si = S + i * dv;
+          const float *restrict Ii = Sin + i * dv;
+          const float ki = kk[i];
+          for (int64_t jj = 0; jj < dv; jj++) {
+            Si[jj] = Ii[jj] * decay;
+            kv[jj] += Si[jj] * ki;
+          }
+        }
+      else
       for (int64_t i = 0; i < dk; i++) {
         float *Si = S + i * dv;
         const float ki = kk[i];
@@ -915,6 +934,9 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, I = hp->n_ff_exp;
   const int64_t Is = hp->n_ff_shexp;
   const bool mt = s->pool && floe_pool_size(s->pool) > 1;
+  /* streamed experts: the trunk's layers only. The MTP block (l == n_layer) is not in the expert
+   * store: its experts are used in place (through the mapping under a memory budget) */
+  const bool xs = m->xs && l < hp->n_layer;
   mm_task *tk = s->tasks;
 
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->ffn_norm, E, hp->rms_eps, s->h + t * E);
@@ -987,7 +1009,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const int64_t nA = acc;
   /* the gathered float rows are read only by the float path: not when both gate and up take the
    * quantized rows (resident experts; the streamed path keeps them) */
-  bool need_f = !xq_e || m->xs;
+  bool need_f = !xq_e || xs;
   for (int64_t i = 0; i < n * K && !need_f; i++) { /* the selected experts (all 256 took ~3 us a layer) */
     const int32_t e = s->sel[i];
     need_f = !same_act(&L->exp_gate[e], lay_e) || !same_act(&L->exp_up[e], lay_e);
@@ -998,7 +1020,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
       const int32_t e = s->sel[t * K + jj];
       const int32_t a = off[e] + cnt[e]++;
       aidx[t * K + jj] = a;
-      if (n == 1 && !m->xs) continue; /* one token: every expert reads row 0 of h in place */
+      if (n == 1 && !xs) continue; /* one token: every expert reads row 0 of h in place */
       if (need_f) memcpy(s->ein + a * E, s->h + t * E, (size_t)E * 4);
       if (xq_e) memcpy(s->xq_g + (size_t)a * xs_e, xq_e + (size_t)t * xs_e, xs_e);
     }
@@ -1009,7 +1031,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
                  qsd ? &L->sh_down : NULL, s->xq_d, NULL, qd ? kern_act_bytes(lay_d) : 0,
                  qsd ? kern_act_bytes(&L->sh_down) : 0 };
   gj.qs = s->xq_d + (size_t)nA * gj.sr;
-  if (m->xs) {
+  if (xs) {
     /* streamed: the shared expert alone (its rows), then the routed experts wave by wave */
     glu_job sj = gj;
     sj.nA = 0;

@@ -175,6 +175,13 @@ static const st_tensor *st_resolve(const st_model *st, const char *name) {
     }
   }
   if (!x && strcmp(name, "lm_head.weight") == 0) x = st_find(st, "language_model.lm_head.weight");
+  if (!x && strncmp(name, "mtp.", 4) == 0) { /* the MTP block: top level in Qwen3.5 / Qwen3-Next, else prefixed */
+    static const char *const pre[] = { "model.", "language_model.", "model.language_model." };
+    for (size_t i = 0; i < sizeof pre / sizeof pre[0] && !x; i++) {
+      snprintf(alt, sizeof alt, "%s%s", pre[i], name);
+      x = st_find(st, alt);
+    }
+  }
   return x;
 }
 
@@ -398,10 +405,12 @@ int model_bind_experts(model *m, const model_src *src, int64_t l, char *err, siz
     }
     return rc;
   }
-  snprintf(a, sizeof a, "model.layers.%lld.mlp.switch_mlp.gate_proj.weight", (long long)l);
+  char pre[128]; /* "model.layers.L." (the MTP block: "mtp.layers.J.") */
+  model_lname(src, l, "", "", pre, sizeof pre);
+  snprintf(a, sizeof a, "%smlp.switch_mlp.gate_proj.weight", pre);
   if (model_src_has(src, a)) { /* MLX (mlx-lm sanitize): stacks [E][out][in], quantized or dense */
-    snprintf(b, sizeof b, "model.layers.%lld.mlp.switch_mlp.up_proj.weight", (long long)l);
-    snprintf(c, sizeof c, "model.layers.%lld.mlp.switch_mlp.down_proj.weight", (long long)l);
+    snprintf(b, sizeof b, "%smlp.switch_mlp.up_proj.weight", pre);
+    snprintf(c, sizeof c, "%smlp.switch_mlp.down_proj.weight", pre);
     for (int64_t e = 0; e < NE && !rc; e++) {
       rc = model_bind_slab(m, src, a, NE, I, e, 0, I, E, &L->exp_gate[e], err, errlen);
       if (!rc) rc = model_bind_slab(m, src, b, NE, I, e, 0, I, E, &L->exp_up[e], err, errlen);
@@ -409,9 +418,9 @@ int model_bind_experts(model *m, const model_src *src, int64_t l, char *err, siz
     }
     return rc;
   }
-  snprintf(a, sizeof a, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
+  snprintf(a, sizeof a, "%smlp.experts.gate_up_proj", pre);
   if (model_src_has(src, a)) { /* transformers 5 fused layout: [E][2I][H], [E][H][I] */
-    snprintf(c, sizeof c, "model.layers.%lld.mlp.experts.down_proj", (long long)l);
+    snprintf(c, sizeof c, "%smlp.experts.down_proj", pre);
     for (int64_t e = 0; e < NE && !rc; e++) {
       rc = model_bind_slab(m, src, a, NE, 2 * I, e, 0, I, E, &L->exp_gate[e], err, errlen);
       if (!rc) rc = model_bind_slab(m, src, a, NE, 2 * I, e, I, I, E, &L->exp_up[e], err, errlen);
@@ -420,9 +429,9 @@ int model_bind_experts(model *m, const model_src *src, int64_t l, char *err, siz
     return rc;
   }
   for (int64_t e = 0; e < NE && !rc; e++) {
-    snprintf(a, sizeof a, "model.layers.%lld.mlp.experts.%lld.gate_proj.weight", (long long)l, (long long)e);
-    snprintf(b, sizeof b, "model.layers.%lld.mlp.experts.%lld.up_proj.weight", (long long)l, (long long)e);
-    snprintf(c, sizeof c, "model.layers.%lld.mlp.experts.%lld.down_proj.weight", (long long)l, (long long)e);
+    snprintf(a, sizeof a, "%smlp.experts.%lld.gate_proj.weight", pre, (long long)e);
+    snprintf(b, sizeof b, "%smlp.experts.%lld.up_proj.weight", pre, (long long)e);
+    snprintf(c, sizeof c, "%smlp.experts.%lld.down_proj.weight", pre, (long long)e);
     rc = model_bind_mat(m, src, a, I, E, &L->exp_gate[e], err, errlen);
     if (!rc) rc = model_bind_mat(m, src, b, I, E, &L->exp_up[e], err, errlen);
     if (!rc) rc = model_bind_mat(m, src, c, E, I, &L->exp_down[e], err, errlen);
@@ -436,6 +445,7 @@ const char *model_lname(const model_src *src, int64_t l, const char *gguf, const
     else snprintf(buf, n, "blk.%lld.%s", (long long)l, gguf);
   } else {
     if (l < 0) snprintf(buf, n, "%s", hf);
+    else if (src->n_trunk > 0 && l >= src->n_trunk) snprintf(buf, n, "mtp.layers.%lld.%s", (long long)(l - src->n_trunk), hf);
     else snprintf(buf, n, "model.layers.%lld.%s", (long long)l, hf);
   }
   return buf;
@@ -701,6 +711,7 @@ static int model_load_src(const char *path, int load, model **out, char *err, si
     src.kind = MODEL_SRC_GGUF;
     src.g = m->gguf;
   }
+  src.n_trunk = m->hp.n_layer;
   m->src_kind = src.kind;
   m->copied = copy;
   const floe_hparams *hp = &m->hp;
@@ -722,12 +733,13 @@ static int model_load_src(const char *path, int load, model **out, char *err, si
       rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: inconsistent GatedDeltaNet sizes", path);
       goto fail;
     }
-  m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+  m->layers = calloc((size_t)hp->n_layer + 1, sizeof *m->layers); /* + the MTP block's layer */
   if (!m->layers) {
     rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
     goto fail;
   }
   if ((rc = m->arch->bind(m, &src, err, errlen))) goto fail;
+  if ((rc = model_mtp_bind(m, &src, err, errlen))) goto fail;
   for (int64_t l = 0; l < hp->n_layer; l++) { /* the conv weights channel-major, after any reorder */
     model_layer *L = &m->layers[l];
     if (!hp->recurrent[l] || !L->conv_w) continue;
@@ -888,6 +900,34 @@ int model_session_ckpt_list(const model_session *s, int64_t *pos, int cap) {
     n++;
   }
   return n;
+}
+
+int model_verify(model_session *s, const int32_t *tokens, int64_t n, float *logits, float *hidden, char *err,
+                 size_t errlen) {
+  if (n < 1 || n > KV_KEEP_MAX)
+    return floe_err(err, errlen, FLOE_E_INVALID, "verify: %lld rows (1..%d)", (long long)n, KV_KEEP_MAX);
+  if (!s->be->keep_begin || !s->be->keep_accept)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "verify: the %s backend cannot keep per-row states", s->be->name);
+  const int64_t pos0 = s->kv.n_past;
+  int rc = s->be->keep_begin(s, n);
+  if (rc) return floe_err(err, errlen, rc, "verify: out of memory for %lld kept states", (long long)n);
+  /* no logits buffer: the rows' logits are still needed for the greedy picks of the caller */
+  rc = model_eval_h(s, tokens, n, logits, logits != NULL, hidden, err, errlen);
+  if (rc) {
+    s->be->keep_accept(s, 0);
+    return rc;
+  }
+  s->kv.n_past = pos0; /* the chunk stays pending until model_verify_accept */
+  s->verify_pos0 = pos0;
+  s->verify_n = n;
+  return 0;
+}
+
+void model_verify_accept(model_session *s, int64_t a) {
+  FLOE_ASSERT(s->verify_n > 0 && a >= 0 && a <= s->verify_n && s->kv.n_past == s->verify_pos0);
+  s->be->keep_accept(s, a);
+  s->kv.n_past = s->verify_pos0 + a;
+  s->verify_n = 0;
 }
 
 /* The layers and the logits of model_eval's validated tokens, chunk by chunk, through the

@@ -84,6 +84,8 @@ struct hf_quant;
  * mlx != NULL (its quantization block). */
 typedef struct model_src {
   int kind;
+  int64_t n_trunk;           /* trunk layers: HF names of layer l >= n_trunk are the MTP block's
+                              * "mtp.layers.{l - n_trunk}." (0: no MTP naming) */
   gguf_file *g;
   st_model *st;
   const struct hf_quant *mlx;
@@ -123,7 +125,16 @@ struct model {
   floe_mat tok_embd;         /* [n_vocab][n_embd] */
   floe_mat output;           /* [n_vocab][n_embd] (tok_embd when tied) */
   float *output_norm;        /* [n_embd] */
-  model_layer *layers;       /* [n_layer] */
+  model_layer *layers;       /* [n_layer + 1]: the trunk, then the MTP block's decoder layer (mtp.h) */
+  /* The MTP (multi-token prediction) module, mtp.c. on: bound (hp.n_mtp > 0 then; a file that
+   * declares MTP blocks without their weights gets hp.n_mtp = 0). layers[n_layer] is its decoder
+   * layer (full gated attention + MoE + shared expert). */
+  struct {
+    bool on;
+    floe_mat fc;             /* [n_embd][2 n_embd] on concat(enorm(embed(t+1)), hnorm(h_t)) */
+    float *enorm, *hnorm;    /* pre_fc_norm_embedding / _hidden (GGUF nextn.enorm / .hnorm), 1+w */
+    float *norm;             /* mtp.norm (GGUF nextn.shared_head_norm), 1+w */
+  } mtp;
   gguf_file *gguf;
   st_model *st;
   void **owned;              /* buffers freed by model_free */
@@ -192,6 +203,7 @@ struct model_session {
   char xs_msg[384];
   /* checkpoints for rewinding (model_session_checkpoint / _rewind); invariant: each one describes
    * a prefix of the tokens now in the session (positions <= kv.n_past) */
+  int64_t verify_pos0, verify_n; /* the kept chunk of model_verify awaiting model_verify_accept (n 0: none) */
   model_ckpt *ckpt;          /* [max_ckpt] */
   int max_ckpt;
   uint64_t ckpt_seq;
@@ -271,6 +283,35 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
  * last layer, before the output norm: what an MTP head reads) into hidden [n][n_embd] when not NULL. */
 int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, float *hidden,
                  char *err, size_t errlen);
+/* ---- speculative decoding (the trunk side) ----
+ * model_verify evaluates n (1..KV_KEEP_MAX) tokens at n_past.. like model_eval_h with every row's
+ * logits [n][n_vocab] and hidden [n][n_embd] (either may be NULL), but keeps the recurrent state
+ * after each row instead of advancing it, and leaves n_past where it was. model_verify_accept(s, a)
+ * must follow before anything else touches the session: the first a rows (0..n) stay, n_past
+ * advances by a, and the recurrent state becomes the one after row a-1 by a pointer swap (no
+ * copy). Attention rows past the accepted ones are dead, as after a rewind. Every row is computed
+ * exactly as a single-token model_eval would (row-exact), so accepting a rows leaves the session
+ * bit-identical to evaluating those a tokens one at a time. */
+int model_verify(model_session *s, const int32_t *tokens, int64_t n, float *logits, float *hidden, char *err,
+                 size_t errlen);
+void model_verify_accept(model_session *s, int64_t a);
+
+/* ---- the MTP module (mtp.c) ---- */
+/* Binds the MTP block of a qwen3next / qwen35moe source into layers[n_layer] and m->mtp; a source
+ * without its weights sets hp.n_mtp = 0 (not an error). */
+int model_mtp_bind(model *m, const model_src *src, char *err, size_t errlen);
+bool model_has_mtp(const model *m);
+/* y[t] = output_norm(x[t]): the trunk's final-normed hidden state, what the MTP reads. */
+void model_final_norm(const model *m, const float *x, int64_t n, float *y);
+/* The MTP block on n rows at MTP positions pos0..pos0+n-1 (the block's own attention cache, kept
+ * in the session; rows past pos0+n-1 become dead). Row t reads token tok[t] (the token after
+ * position pos0+t) and h[t] (a normed hidden state at pos0+t: the trunk's model_final_norm, or the
+ * MTP's own h_out of the previous draft when chaining). Writes h_out [n][n_embd] (mtp.norm output;
+ * may be NULL) and logits of rows [first, n) into logits [n-first][n_vocab] (NULL: none).
+ * CPU backend only for now (FLOE_E_UNSUPPORTED otherwise). */
+int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0, int64_t first,
+                   float *logits, float *h_out, char *err, size_t errlen);
+
 /* Moves the model onto backend be (device dev_index for a GPU): uploads what the backend needs.
  * Call after loading (and model_stream_start, which only the CPU backend supports), before any
  * session exists. 0 or FLOE_E_*; on failure the model stays on the CPU. */

@@ -100,15 +100,15 @@ static void quickselect(cand *c, int32_t n, int32_t k) {
 
 bool sampler_greedy(const sampler *s) { return s->p.temperature <= 0.0f; }
 
-int32_t sampler_sample(sampler *s, const float *logits) {
+/* The candidates sampler_sample draws from: s->c[0..m) with weights s->prob[0..m) summing to *tot.
+ * Returns m; 0 when no logit is above -inf (the caller falls back to the argmax). */
+static int32_t candidates(sampler *s, const float *logits, double *tot_out) {
   const sampler_params *p = &s->p;
   int32_t n = s->n_vocab;
-  if (sampler_greedy(s)) return sampler_argmax(logits, n);
-
   float maxl = -INFINITY;
   for (int32_t i = 0; i < n; i++)
     if (logits[i] > maxl) maxl = logits[i];
-  if (!(maxl > -INFINITY)) return sampler_argmax(logits, n);
+  if (!(maxl > -INFINITY)) return 0;
 
   /* Candidates: finite logits; without top-k only those within 88/T of the max (exp(-88) ~ 6e-39
    * underflows float: those tokens have probability 0 anyway). */
@@ -152,6 +152,15 @@ int32_t sampler_sample(sampler *s, const float *logits) {
   }
   double tot = 0;
   for (int32_t i = 0; i < m; i++) tot += s->prob[i];
+  *tot_out = tot;
+  return m;
+}
+
+int32_t sampler_sample(sampler *s, const float *logits) {
+  if (sampler_greedy(s)) return sampler_argmax(logits, s->n_vocab);
+  double tot;
+  const int32_t m = candidates(s, logits, &tot);
+  if (m == 0) return sampler_argmax(logits, s->n_vocab);
   double r = (double)(floe_rng_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * tot;
   double acc = 0;
   for (int32_t i = 0; i < m; i++) {
@@ -159,4 +168,52 @@ int32_t sampler_sample(sampler *s, const float *logits) {
     if (r < acc) return s->c[i].id;
   }
   return s->c[m - 1].id;
+}
+
+void sampler_probs(sampler *s, const float *logits, float *probs) {
+  const int32_t n = s->n_vocab;
+  memset(probs, 0, (size_t)n * sizeof *probs);
+  double tot = 0;
+  const int32_t m = sampler_greedy(s) ? 0 : candidates(s, logits, &tot);
+  if (m == 0 || !(tot > 0)) {
+    probs[sampler_argmax(logits, n)] = 1.0f;
+    return;
+  }
+  for (int32_t i = 0; i < m; i++) probs[s->c[i].id] = (float)(s->prob[i] / tot);
+}
+
+int32_t sampler_draw(sampler *s, const float *probs, int32_t n) {
+  double tot = 0;
+  int32_t last = -1;
+  for (int32_t i = 0; i < n; i++)
+    if (probs[i] > 0) {
+      tot += probs[i];
+      last = i;
+    }
+  if (last < 0) return 0;
+  const double r = (double)(floe_rng_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * tot;
+  double acc = 0;
+  for (int32_t i = 0; i < n; i++)
+    if (probs[i] > 0) {
+      acc += probs[i];
+      if (r < acc) return i;
+    }
+  return last;
+}
+
+int32_t sampler_spec_step(sampler *s, const float *p, const float *q, int32_t n, int32_t d, float *tmp, bool *accepted) {
+  const double u = (double)(floe_rng_u64(&s->rng) >> 11) * (1.0 / 9007199254740992.0);
+  /* accept with probability min(1, p/q): u < p/q  <=>  u*q < p (q > 0: d was drawn from q) */
+  if (d >= 0 && d < n && q[d] > 0 && u * (double)q[d] < (double)p[d]) {
+    *accepted = true;
+    return d;
+  }
+  *accepted = false;
+  bool any = false;
+  for (int32_t i = 0; i < n; i++) {
+    const float r = p[i] - q[i];
+    tmp[i] = r > 0 ? r : 0.0f;
+    any |= tmp[i] > 0;
+  }
+  return sampler_draw(s, any ? tmp : p, n);
 }

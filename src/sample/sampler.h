@@ -30,6 +30,18 @@ void sampler_free(sampler *s);
 int32_t sampler_sample(sampler *s, const float *logits);
 /* The sampler picks greedily (temperature <= 0): sampler_sample would return sampler_argmax. */
 bool sampler_greedy(const sampler *s);
+/* The distribution sampler_sample draws from (temperature, top-k, top-p, min-p applied) over the
+ * whole vocabulary: probs[n_vocab], zero outside the kept candidates; greedy: one-hot at the argmax. */
+void sampler_probs(sampler *s, const float *logits, float *probs);
+/* A draw from probs[n] (non-negative weights, not necessarily normalised) with the sampler's
+ * generator; the last positive index when rounding runs past the sum; 0 when all are zero. */
+int32_t sampler_draw(sampler *s, const float *probs, int32_t n);
+/* The speculative-sampling rule (Leviathan et al. / Chen et al.): draft d was drawn from q, the
+ * target distribution is p (both over n tokens, normalised). Accepts d with probability
+ * min(1, p[d]/q[d]) (returns d, *accepted = true), else returns a draw from
+ * norm(max(0, p - q)) (*accepted = false; p itself if that is all zero). The token returned is
+ * then distributed exactly as p. tmp: n floats of scratch. */
+int32_t sampler_spec_step(sampler *s, const float *p, const float *q, int32_t n, int32_t d, float *tmp, bool *accepted);
 /* Index of the largest logit (lowest index on ties). */
 int32_t sampler_argmax(const float *logits, int32_t n);
 #endif
