@@ -50,6 +50,7 @@ sec_synth35() {
   ls -l "$SYNTH"
 }
 sec_test-synth() { FLOE_TEST_SYNTH=$SYNTH FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model"; }
+# bench35: the 35B-A3B decode / prefill figures (DEPTHS: extra decode depths, default 8192)
 sec_bench35() {
   local rc=0
   timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 128 -r 3 --json || rc=1
@@ -57,6 +58,9 @@ sec_bench35() {
     timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -d "$d" -r 2 --json || rc=1
   done
   timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 4096 -n 0 -r 2 --json || rc=1
+  # where the step's time goes: every block synchronized and timed (no graph), then no graph alone
+  FLOE_CUDA_PROFILE=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 32 -r 1 --json || rc=1
+  FLOE_CUDA_NO_GRAPH=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 64 -r 1 --json || rc=1
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader || true
   return $rc
 }

@@ -108,6 +108,8 @@ typedef struct cu_sess {
   void *graph[2];
   int capturing;               /* -1 none, else the graph slot being captured */
   bool replay;
+  bool profile;                /* FLOE_CUDA_PROFILE: no graph, a sync after every block, timed into s->ph */
+  double t_blk;
   int err;
   char msg[256];
 } cu_sess;
@@ -570,7 +572,8 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
   for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
   /* one token, no hidden states: a recorded step (per kind: with or without logits) */
   const int slot = (flags & MODEL_EVAL_LOGITS) ? 1 : 0;
-  const bool graphable = n == 1 && !(flags & MODEL_EVAL_HIDDEN) && getenv("FLOE_CUDA_NO_GRAPH") == NULL;
+  c->profile = getenv("FLOE_CUDA_PROFILE") != NULL;
+  const bool graphable = n == 1 && !(flags & MODEL_EVAL_HIDDEN) && !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL;
   if (graphable && c->graph[slot]) {
     c->replay = true;
     c->capturing = slot;
@@ -579,7 +582,21 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
   if (graphable && cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) c->capturing = slot;
   cuda_rt_h2d_async(c->tok, c->tok_h, (size_t)n * 4, c->stream);
   cuda_rt_h2d_async(c->pos, c->pos_h, (size_t)n * 4, c->stream);
+  if (c->profile) {
+    cuda_rt_stream_sync(c->stream, NULL, 0);
+    c->t_blk = floe_time_s();
+  }
   return c->x;
+}
+
+/* FLOE_CUDA_PROFILE: the block's time (synchronized) into phase ph. */
+static void prof(model_session *s, int ph) {
+  cu_sess *c = s->dev;
+  if (!c->profile) return;
+  cuda_rt_stream_sync(c->stream, NULL, 0);
+  const double t = floe_time_s();
+  s->ph[ph] += t - c->t_blk;
+  c->t_blk = t;
 }
 
 static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *x) {
@@ -595,6 +612,7 @@ static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *
   else
     cuda_mm_dequant_rows(T, c->tok, n, x, E, c->stream);
   cuda_rmsnorm(x, cm->L[0].attn_norm, c->h, n, E, m->hp.rms_eps, c->stream);
+  prof(s, MODEL_PH_OTHER);
 }
 
 /* After a block: x += out, h = the next block's normed input (this layer's ffn_norm). */
@@ -629,6 +647,7 @@ static void cu_attention(model_session *s, int64_t l, float *x, int64_t n, int64
   }
   mm_own(s, &L->wo, n, c->att, nh * hd, c->out, E);
   residual(s, l, x, n);
+  prof(s, MODEL_PH_ATTN);
 }
 
 static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
@@ -652,6 +671,7 @@ static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   cuda_gdn_recur(&c->gsh, c->raw, c->z, c->b, c->a, L->dt_bias, L->ssm_a, L->ssm_norm, c->S[l], c->o, n, c->stream);
   mm_own(s, &L->ssm_out, n, c->o, vd, c->out, E);
   residual(s, l, x, n);
+  prof(s, MODEL_PH_GDN);
 }
 
 static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
@@ -675,6 +695,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
   if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, c->shg, 1);
   cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
+  prof(s, MODEL_PH_ROUTER);
   const bool qe = xq_e && same_act(&H->exp_up[0], lay_e);
   cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, (int)K, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
                       c->stream);
@@ -688,6 +709,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : cm->output_norm;
   cuda_moe_combine(x, c->yr, c->selw, (int)K, Is > 0 ? c->ys : NULL, Is > 0 ? c->shg : NULL, next, c->h,
                    hp->rms_eps, n, E, c->stream);
+  prof(s, MODEL_PH_EXPERTS);
 }
 
 /* Logits of rows [first, n): h holds their output-normed rows (the last MoE's combine). */
@@ -723,6 +745,7 @@ static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n
       c->err = FLOE_E_IO;
       return;
     }
+    prof(s, MODEL_PH_LMHEAD);
     memcpy(logits + (r0 - first) * V, c->logits_h, (size_t)(nb * V) * 4);
   }
 }
