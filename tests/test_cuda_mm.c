@@ -11,7 +11,7 @@
  *  - the 16-lane types (Q8_0, Q4_0, IQ4_NL, MXFP4, Q6_K, IQ4_XS, MLX 4/8) have two GPU
  *    implementations (cuda_mm_set_q16_impl): the checks above and the MoE checks run on both;
  *  - MoE: gate+up+SiLU-GLU and down over an expert stack, ids from device memory, equal a CPU loop
- *    of kern_matmul + the CPU's GLU (layers.c siluf, written out below) + kern_act_quantize, bit
+ *    of kern_matmul + the CPU's GLU (floe_siluf of base/vexp.h, the function layers.c calls) + kern_act_quantize, bit
  *    for bit; the shared-expert form (ids NULL); an invalid id gives NaN rows;
  *  - outputs are poisoned (NaN bytes) before each launch, so an unwritten element fails;
  *  - sensitivity: every block's f16 scales vary (test_vary_f16), and changing one scale of the
@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/vexp.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda_mm.h"
 #include "kernels/cuda/cuda_rt.h"
@@ -347,24 +348,6 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
 }
 
 /* ---- MoE ---- */
-/* src/model/layers.c vexpf and siluf, operation by operation (the CPU GLU the GPU must match) */
-static float cpu_vexpf(float x) {
-  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
-  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = (p * (r * r) + r) + 1.0f;
-  const int32_t e = ((int32_t)n + 127) << 23;
-  float sc;
-  memcpy(&sc, &e, 4);
-  return x != x ? x : x < -87.3f ? 0.0f : p * sc;
-}
-static float cpu_siluf(float x) { return x / (1.0f + cpu_vexpf(-x)); }
 
 static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t E, int64_t I, int T, int K, int shared) {
   const int NE = shared ? 1 : 5;
@@ -419,7 +402,7 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
     float *h = H + (size_t)s * I;
     kern_matmul(&Wg, 1, X + t * E, E, xq ? xq + (size_t)t * ab : NULL, ab, h, I, 0, I);
     kern_matmul(&Wu, 1, X + t * E, E, xq ? xq + (size_t)t * ab : NULL, ab, U, I, 0, I);
-    for (int64_t i = 0; i < I; i++) h[i] = cpu_siluf(h[i]) * U[i];
+    for (int64_t i = 0; i < I; i++) h[i] = floe_siluf(h[i]) * U[i];
     if (abd) kern_act_quantize(&Wd, h, hq);
     kern_matmul(&Wd, 1, h, I, hq, abd, Y + (size_t)s * E, E, 0, E);
   }

@@ -6,7 +6,8 @@
  *   - GDN: |gpu - cpu| <= 1e-5 * (1 + |cpu|) (the decay's libm expf/log1pf vs the GPU's
  *     correctly-rounded double evaluation may differ by an ulp); how many elements are
  *     bit-identical is printed. Prefill vs token-by-token on the GPU: bit-identical.
- * The CPU references below mirror layers.c line by line (its helpers are static there): vexpf,
+ * The CPU references below mirror layers.c line by line (its helpers are static there; exp, sigmoid
+ * and SiLU are base/vexp.h's, as on the CPU):
  * sumsq16, the attention softmax of attn_one, the conv / delta rule / gated norm of
  * gdn_conv_worker and gdn_heads_worker, router_softmax and the sorted top-k insert, the combine. */
 #include <math.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/vexp.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_rt.h"
@@ -64,24 +66,6 @@ static size_t n_nan(const float *a, size_t n) {
 }
 
 /* ---- CPU mirrors of layers.c ---- */
-static float vexpf(float x) {
-  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
-  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = (p * (r * r) + r) + 1.0f;
-  const int32_t e = ((int32_t)n + 127) << 23;
-  float sc;
-  memcpy(&sc, &e, 4);
-  return x != x ? x : x < -87.3f ? 0.0f : p * sc;
-}
-static float sigmoidf_(float x) { return 1.0f / (1.0f + vexpf(-x)); }
-static float siluf_(float x) { return x / (1.0f + vexpf(-x)); }
 static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 static float fold16(float acc[16]) {
   for (int w = 8; w >= 1; w /= 2)
@@ -164,13 +148,13 @@ static void attn_ref(const cuda_attn_shape *sh, const float *q, const void *K, c
       for (int i = 1; i < 16; i++) m0 = mx[i] > m0 ? mx[i] : m0;
       for (int64_t p = 0; p < n16; p += 16)
         for (int i = 0; i < 16; i++) {
-          sc[p + i] = vexpf(sc[p + i] - m0);
+          sc[p + i] = floe_vexpf(sc[p + i] - m0);
           acc[i] += sc[p + i];
         }
       float sm = 0.0f;
       for (int i = 0; i < 16; i++) sm += acc[i];
       for (int64_t p = n16; p < np; p++) {
-        sc[p] = vexpf(sc[p] - m0);
+        sc[p] = floe_vexpf(sc[p] - m0);
         sm += sc[p];
       }
       for (int64_t p = 0; p < np; p++) sc[p] = sc[p] / sm;
@@ -179,7 +163,7 @@ static void attn_ref(const cuda_attn_shape *sh, const float *q, const void *K, c
     kern_wsum_rows(scr, sh->n_ctx, (int)G, Vh, sh->kv_bf16, hd, np, hd, o0, hd);
     if (sh->gated)
       for (int64_t h = 0; h < G; h++)
-        for (int64_t i = 0; i < hd; i++) o0[h * hd + i] *= sigmoidf_(q0[h * qs + hd + i]);
+        for (int64_t i = 0; i < hd; i++) o0[h * hd + i] *= floe_sigmoidf(q0[h * qs + hd + i]);
   }
 }
 
@@ -310,7 +294,7 @@ static void gdn_ref_token(gdn_ref *g, const float *mix, const float *z, const fl
   for (int64_t ch = 0; ch < C; ch++) {
     float c = 0.0f;
     for (int64_t q = 0; q < K - 1; q++) c += g->wt[q * C + ch] * g->conv[q * C + ch];
-    raw[ch] = siluf_(c + g->wt[(K - 1) * C + ch] * mix[ch]);
+    raw[ch] = floe_siluf(c + g->wt[(K - 1) * C + ch] * mix[ch]);
     for (int64_t q = 0; q + 1 < K - 1; q++) g->conv[q * C + ch] = g->conv[(q + 1) * C + ch];
     g->conv[(K - 2) * C + ch] = mix[ch];
   }
@@ -323,7 +307,7 @@ static void gdn_ref_token(gdn_ref *g, const float *mix, const float *z, const fl
   for (int64_t hv = 0; hv < Nv; hv++) {
     const int64_t kh = s->v_tiled ? hv % Nk : hv / r;
     const float *kk = raw + kd + kh * dk, *qq = raw + kh * dk, *vv = raw + 2 * kd + hv * dv;
-    const float beta = sigmoidf_(b[hv]);
+    const float beta = floe_sigmoidf(b[hv]);
     const float decay = expf(g->A[hv] * softplusf_(a[hv] + g->dtb[hv]));
     float *S = g->S + hv * dk * dv, *oh = o + hv * dv;
     for (int64_t j = 0; j < dv; j++) kvv[j] = 0.0f;
@@ -340,7 +324,7 @@ static void gdn_ref_token(gdn_ref *g, const float *mix, const float *z, const fl
         oh[j] += S[i * dv + j] * qq[i];
       }
     const float rr = 1.0f / sqrtf(sumsq16(oh, dv) / (float)dv + s->eps);
-    for (int64_t j = 0; j < dv; j++) oh[j] = (g->nw[j] * (oh[j] * rr)) * siluf_(z[hv * dv + j]);
+    for (int64_t j = 0; j < dv; j++) oh[j] = (g->nw[j] * (oh[j] * rr)) * floe_siluf(z[hv * dv + j]);
   }
 }
 
@@ -414,8 +398,8 @@ static void route_ref(float *p, int64_t NE, int64_t K, bool norm, int32_t *sel, 
   for (int64_t e = 0; e < NE; e++) mx = p[e] > mx ? p[e] : mx;
   int64_t e = 0;
   for (; e + 16 <= NE; e += 16)
-    for (int k = 0; k < 16; k++) p[e + k] = vexpf(p[e + k] - mx), acc[k] += p[e + k];
-  for (int k = 0; e + k < NE; k++) p[e + k] = vexpf(p[e + k] - mx), acc[k] += p[e + k];
+    for (int k = 0; k < 16; k++) p[e + k] = floe_vexpf(p[e + k] - mx), acc[k] += p[e + k];
+  for (int k = 0; e + k < NE; k++) p[e + k] = floe_vexpf(p[e + k] - mx), acc[k] += p[e + k];
   const float sum = fold16(acc);
   for (e = 0; e < NE; e++) p[e] /= sum;
   int64_t nk = 0;
@@ -482,7 +466,7 @@ static void test_combine(int T, int K, int64_t n, int shared, int norm) {
     for (int j = 0; j < K; j++)
       for (int64_t i = 0; i < n; i++) acc[i] += y[((int64_t)t * K + j) * n + i] * w[t * K + j];
     if (shared)
-      for (int64_t i = 0; i < n; i++) acc[i] += sh[t * n + i] * sigmoidf_(shl[t]);
+      for (int64_t i = 0; i < n; i++) acc[i] += sh[t * n + i] * floe_sigmoidf(shl[t]);
     for (int64_t i = 0; i < n; i++) x[t * n + i] += acc[i];
     if (norm) layer_rmsnorm(x + t * n, nw, n, 1e-6f, h + t * n);
   }
@@ -494,7 +478,7 @@ static void test_combine(int T, int K, int64_t n, int shared, int norm) {
   cuda_silu_glu(dh, dx, T * n, NULL);
   CHECK(sync_ok(), "silu_glu ran");
   get(g, dh, T * n * 4);
-  for (int64_t i = 0; i < T * n; i++) sh[i] = siluf_(sh[i]) * x[i];
+  for (int64_t i = 0; i < T * n; i++) sh[i] = floe_siluf(sh[i]) * x[i];
   CHECK(n_diff_bits(g, sh, T * n) == 0, "silu_glu bit-identical");
   cuda_rt_free(dx), cuda_rt_free(dy), cuda_rt_free(dw), cuda_rt_free(dsh), cuda_rt_free(dshl), cuda_rt_free(dnw), cuda_rt_free(dh);
   free(x), free(y), free(w), free(sh), free(shl), free(nw), free(h), free(gx), free(gh), free(acc), free(g);

@@ -109,6 +109,7 @@ typedef struct cu_sess {
   int capturing;               /* -1 none, else the graph slot being captured */
   bool replay;
   bool profile;                /* FLOE_CUDA_PROFILE: no graph, a sync after every block, timed into s->ph */
+  bool use_graph;              /* record one-token steps (not FLOE_CUDA_NO_GRAPH, not profiling) */
   double t_blk;
   int err;
   char msg[256];
@@ -378,6 +379,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if (!c) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   s->dev = c;
   c->capturing = -1;
+  c->profile = getenv("FLOE_CUDA_PROFILE") != NULL;
+  c->use_graph = !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL;
   int rc = cuda_rt_init(cm->dev, err, errlen);
   if (rc || (rc = cuda_rt_stream_create(&c->stream, err, errlen))) return rc;
   const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
@@ -523,12 +526,6 @@ static void cu_ckpt_free(model_session *s, kv_ckpt *ck) {
 }
 
 /* ---- blocks ---- */
-static bool same_act(const floe_mat *a, const floe_mat *b) { /* layers.c same_act */
-  if (a->type != b->type || a->cols != b->cols) return false;
-  if (a->type != FLOE_TYPE_MLX) return true;
-  return a->mlx.bits == b->mlx.bits && a->mlx.group == b->mlx.group && a->mlx.sb_type == b->mlx.sb_type;
-}
-
 /* The quantized rows of X (n rows, ldx) for matrices of lay's layout, in buffer slot: NULL when the
  * CPU would take the float path (exact mode, or a type without a quantized path). */
 static const uint8_t *act(model_session *s, int slot, const dmat *lay, int64_t n, const float *X, int64_t ldx,
@@ -547,7 +544,7 @@ static const uint8_t *act(model_session *s, int slot, const dmat *lay, int64_t n
 static void mm(model_session *s, const dmat *W, int64_t n, const float *X, int64_t ldx, const floe_mat *lay,
                const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
   cu_sess *c = s->dev;
-  const bool q = xq && lay && same_act(W->h, lay);
+  const bool q = xq && lay && layer_same_act(W->h, lay);
   cuda_mm_matmul(&W->d, n, X, ldx, q ? xq : NULL, q ? xs : 0, Y, ldy, c->stream);
 }
 
@@ -572,8 +569,7 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
   for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
   /* one token, no hidden states: a recorded step (per kind: with or without logits) */
   const int slot = (flags & MODEL_EVAL_LOGITS) ? 1 : 0;
-  c->profile = getenv("FLOE_CUDA_PROFILE") != NULL;
-  const bool graphable = n == 1 && !(flags & MODEL_EVAL_HIDDEN) && !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL;
+  const bool graphable = n == 1 && !(flags & MODEL_EVAL_HIDDEN) && c->use_graph;
   if (graphable && c->graph[slot]) {
     c->replay = true;
     c->capturing = slot;
@@ -686,7 +682,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   size_t xs_r, xs_e;
   const uint8_t *xq_r = act(s, 0, &L->router, n, c->h, E, &xs_r), *xq_e;
   const floe_mat *lay_e = &H->exp_gate[0];
-  if (xq_r && same_act(lay_e, &H->router)) {
+  if (xq_r && layer_same_act(lay_e, &H->router)) {
     xq_e = xq_r;
     xs_e = xs_r;
   } else {
@@ -696,11 +692,11 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, c->shg, 1);
   cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
   prof(s, MODEL_PH_ROUTER);
-  const bool qe = xq_e && same_act(&H->exp_up[0], lay_e);
+  const bool qe = xq_e && layer_same_act(&H->exp_up[0], lay_e);
   cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, (int)K, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
                       c->stream);
   if (Is > 0) {
-    const bool qs = xq_e && same_act(&H->sh_gate, lay_e) && same_act(&H->sh_up, lay_e);
+    const bool qs = xq_e && layer_same_act(&H->sh_gate, lay_e) && layer_same_act(&H->sh_up, lay_e);
     cuda_mm_moe_gate_up(&L->sh_gate.d, &L->sh_up.d, n, 1, NULL, c->h, E, qs ? xq_e : NULL, qs ? xs_e : 0, c->hs, Is,
                         c->stream);
   }

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/vexp.h"
 #include "experts/experts.h"
 #include "kernels/cpu/kernels.h"
 #include "model/model.h"
@@ -142,7 +143,7 @@ static void mm_run(model_session *s, const mm_task *t, int n) {
 
 /* ---- activation quantization ---- */
 /* a and b take the same quantized activation rows */
-static bool same_act(const floe_mat *a, const floe_mat *b) {
+bool layer_same_act(const floe_mat *a, const floe_mat *b) {
   if (a->type != b->type || a->cols != b->cols) return false;
   if (a->type != FLOE_TYPE_MLX) return true;
   return a->mlx.bits == b->mlx.bits && a->mlx.group == b->mlx.group && a->mlx.sb_type == b->mlx.sb_type;
@@ -183,7 +184,7 @@ static const uint8_t *act_prep(model_session *s, uint8_t *buf, const floe_mat *W
 static mm_task task(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, const floe_mat *lay,
                     const uint8_t *xq, size_t xqs, float *Y, int64_t ldy) {
   mm_task t = { W, nb, X, ldx, NULL, 0, Y, ldy, NULL };
-  if (xq && lay && same_act(W, lay)) {
+  if (xq && lay && layer_same_act(W, lay)) {
     t.xq = xq;
     t.xqs = xqs;
   }
@@ -218,30 +219,10 @@ int64_t layer_matmul_argmax(model_session *s, const floe_mat *W, const float *x,
 
 /* ---- elementwise ---- */
 /* exp(x) in plain float arithmetic, so that loops over it vectorize (libm's expf is a call per
- * element): 2^n * P(r), n = round(x / ln2), r = x - n*ln2 in two parts (n*LN2_HI is exact), P the
- * Cephes degree-6 polynomial; within 1 ulp of libm expf on [-87, 88] (checked over every float).
- * Below -87.3 it is 0, above 88 it is exp(88) (2^n stays a normal float); NaN stays NaN. Every clone of a VEC_FN loop and every
- * caller (decode or prefill) computes the same bits: only +, -, *, a magic-constant rounding and
- * integer exponent bits, with FMA contraction off. Used by the attention softmax and every
- * sigmoid / SiLU and the router's softmax. */
-static inline __attribute__((always_inline)) float vexpf(float x) {
-  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
-  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = (p * (r * r) + r) + 1.0f;
-  const int32_t e = ((int32_t)n + 127) << 23;
-  float sc;
-  memcpy(&sc, &e, 4);
-  return x != x ? x : x < -87.3f ? 0.0f : p * sc;
-}
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + vexpf(-x)); }
-static inline float siluf(float x) { return x / (1.0f + vexpf(-x)); }
+ * element): floe_vexpf (base/vexp.h, shared with the CUDA kernels); within 1 ulp of libm expf on
+ * [-87, 88] (checked over every float). Every clone of a VEC_FN loop and every caller (decode or
+ * prefill) computes the same bits. Used by the attention softmax, every sigmoid / SiLU and the
+ * router's softmax. */
 static inline float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch threshold 20 */
 
 /* 16 lane sums folded in halves (8, 4, 2, 1): the fixed end of sumsq16 and router_softmax. */
@@ -366,13 +347,13 @@ static inline __attribute__((always_inline)) void attn_one(const attn_job *j, in
     for (int i = 1; i < 16; i++) m0 = mx[i] > m0 ? mx[i] : m0;
     for (int64_t p = 0; p < n16; p += 16)
       for (int i = 0; i < 16; i++) {
-        sc[p + i] = vexpf(sc[p + i] - m0);
+        sc[p + i] = floe_vexpf(sc[p + i] - m0);
         acc[i] += sc[p + i];
       }
     float sm = 0.0f;
     for (int i = 0; i < 16; i++) sm += acc[i];
     for (int64_t p = n16; p < np; p++) {
-      sc[p] = vexpf(sc[p] - m0);
+      sc[p] = floe_vexpf(sc[p] - m0);
       sm += sc[p];
     }
     for (int64_t p = 0; p < np; p++) sc[p] = sc[p] / sm;
@@ -383,7 +364,7 @@ static inline __attribute__((always_inline)) void attn_one(const attn_job *j, in
     for (int64_t h = 0; h < nh; h++) {
       const float *g = q0 + h * qstride + hd;
       float *oh = o0 + h * hd;
-      for (int64_t i = 0; i < hd; i++) oh[i] *= sigmoidf(g[i]);
+      for (int64_t i = 0; i < hd; i++) oh[i] *= floe_sigmoidf(g[i]);
     }
 }
 
@@ -466,7 +447,7 @@ static inline __attribute__((always_inline)) void conv4_range(float *restrict c,
     a += w0[ch] * s0[ch];
     a += w1[ch] * s1[ch];
     a += w2[ch] * s2[ch];
-    c[ch] = siluf(a + w3[ch] * mix[ch]);
+    c[ch] = floe_siluf(a + w3[ch] * mix[ch]);
     s0[ch] = s1[ch];
     s1[ch] = s2[ch];
     s2[ch] = mix[ch];
@@ -501,7 +482,7 @@ VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
       for (int64_t ch = c0; ch < c1; ch++) c[ch] = 0.0f; /* one tap at a time: each pass vectorizes */
       for (int64_t q = 0; q < K - 1; q++)
         for (int64_t ch = c0; ch < c1; ch++) c[ch] += wt[q * C + ch] * conv[q * C + ch];
-      for (int64_t ch = c0; ch < c1; ch++) c[ch] = siluf(c[ch] + wt[(K - 1) * C + ch] * mix[ch]);
+      for (int64_t ch = c0; ch < c1; ch++) c[ch] = floe_siluf(c[ch] + wt[(K - 1) * C + ch] * mix[ch]);
       for (int64_t q = 0; q + 1 < K - 1; q++) memcpy(conv + q * C + c0, conv + (q + 1) * C + c0, (size_t)(c1 - c0) * 4);
       memcpy(conv + (K - 2) * C + c0, mix + c0, (size_t)(c1 - c0) * 4);
     }
@@ -539,7 +520,7 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
     for (int64_t hv = h0; hv < h1; hv++) {
       const int64_t kh = m->v_tiled ? hv % Nk : hv / r;
       const float *kk = k + kh * dk, *qq = q + kh * dk, *vv = v + hv * dv;
-      const float beta = sigmoidf(bt[hv]);
+      const float beta = floe_sigmoidf(bt[hv]);
       const float decay = expf(L->ssm_a[hv] * softplusf(at[hv] + L->dt_bias[hv]));
       float *S = kv_ssm_out(&s->kv, j->l, t) + hv * dk * dv, *oh = o + hv * dv;
       /* a kept chunk (kv.h): the first pass reads row t-1's state and writes row t's; the same
@@ -590,7 +571,7 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
       const float ss = sumsq16(oh, dv);
       const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
       const float *zh = zt + hv * dv;
-      for (int64_t jj = 0; jj < dv; jj++) oh[jj] = (L->ssm_norm[jj] * (oh[jj] * rr)) * siluf(zh[jj]);
+      for (int64_t jj = 0; jj < dv; jj++) oh[jj] = (L->ssm_norm[jj] * (oh[jj] * rr)) * floe_siluf(zh[jj]);
     }
   }
 }
@@ -682,11 +663,11 @@ VEC_FN static void router_softmax(float *p, int64_t n) {
   int64_t e = 0;
   for (; e + 16 <= n; e += 16)
     for (int k = 0; k < 16; k++) {
-      p[e + k] = vexpf(p[e + k] - mx);
+      p[e + k] = floe_vexpf(p[e + k] - mx);
       acc[k] += p[e + k];
     }
   for (int k = 0; e + k < n; k++) {
-    p[e + k] = vexpf(p[e + k] - mx);
+    p[e + k] = floe_vexpf(p[e + k] - mx);
     acc[k] += p[e + k];
   }
   const float sum = fold16(acc);
@@ -695,7 +676,7 @@ VEC_FN static void router_softmax(float *p, int64_t n) {
 
 /* One row's SiLU-GLU into g, then (D set) its quantization into q for the down matmul. */
 VEC_FN static void glu_row(float *g, const float *u, int64_t I, const floe_mat *D, uint8_t *q) {
-  for (int64_t i = 0; i < I; i++) g[i] = siluf(g[i]) * u[i];
+  for (int64_t i = 0; i < I; i++) g[i] = floe_siluf(g[i]) * u[i];
   if (D) kern_act_quantize(D, g, q);
 }
 
@@ -945,7 +926,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const uint8_t *xq_r = act_prep(s, s->xq_h, &L->router, n, s->h, E, &xs_r);
   const floe_mat *lay_e = &L->exp_gate[0];
   const uint8_t *xq_e = NULL;
-  if (xq_r && same_act(lay_e, &L->router)) {
+  if (xq_r && layer_same_act(lay_e, &L->router)) {
     xq_e = xq_r;
     xs_e = xs_r;
   } else {
@@ -1012,7 +993,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   bool need_f = !xq_e || xs;
   for (int64_t i = 0; i < n * K && !need_f; i++) { /* the selected experts (all 256 took ~3 us a layer) */
     const int32_t e = s->sel[i];
-    need_f = !same_act(&L->exp_gate[e], lay_e) || !same_act(&L->exp_up[e], lay_e);
+    need_f = !layer_same_act(&L->exp_gate[e], lay_e) || !layer_same_act(&L->exp_up[e], lay_e);
   }
   for (int64_t e = 0; e < NE; e++) cnt[e] = 0;
   for (int64_t t = 0; t < n; t++)
@@ -1076,7 +1057,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     memset(y, 0, (size_t)E * 4);
     for (int64_t jj = 0; jj < K; jj++)
       vaxpy(y, s->contrib + (int64_t)aidx[t * K + jj] * E, s->selw[t * K + jj], E);
-    if (Is > 0) vaxpy(y, s->eout + t * E, sigmoidf(s->shg[t]), E);
+    if (Is > 0) vaxpy(y, s->eout + t * E, floe_sigmoidf(s->shg[t]), E);
   }
   vadd(x, s->y, n * E);
   s->ph[MODEL_PH_EXPERTS] += floe_time_s() - t1;

@@ -368,6 +368,9 @@ void layer_matmul(model_session *s, const floe_mat *W, int64_t nb, const float *
  * over the rows each computed, while they are in its cache */
 int64_t layer_matmul_argmax(model_session *s, const floe_mat *W, const float *x, float *y);
 void layer_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y);
+/* a and b take the same quantized activation rows (type, columns, MLX format): a matmul reads the
+ * rows prepared for b's layout only then, else the float path (every backend decides alike). */
+bool layer_same_act(const floe_mat *a, const floe_mat *b);
 /* The NeoX RoPE table of one position: cs[0..n_rot/2) cos, cs[n_rot/2..n_rot) sin of pos*inv_freq
  * (the CPU's float32 arithmetic; the CUDA kernels read rows of it, so both rotate by the same bits). */
 void layer_rope_table(float *cs, int64_t n_rot, float theta, int64_t pos);

@@ -22,6 +22,7 @@ extern "C" {
 #include "kernels/cuda/cuda_mm.h"
 #include "quant/tables.h"
 }
+#include "base/vexp.h" /* floe_vexpf / floe_siluf: the CPU GLU's bits */
 
 #define MM_FULL 0xffffffffu
 
@@ -105,24 +106,6 @@ __device__ __forceinline__ float warp_red8(float v) {
   v = v + __shfl_down_sync(MM_FULL, v, 2);
   return v + __shfl_down_sync(MM_FULL, v, 1);
 }
-
-/* ---- src/model/layers.c vexpf / siluf, operation by operation ---- */
-__device__ __forceinline__ float mm_vexpf(float x) {
-  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
-  const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = (p * (r * r) + r) + 1.0f;
-  const int32_t e = ((int32_t)n + 127) << 23;
-  const float sc = __int_as_float(e);
-  return x != x ? x : x < -87.3f ? 0.0f : p * sc;
-}
-__device__ __forceinline__ float mm_siluf(float x) { return x / (1.0f + mm_vexpf(-x)); }
 
 /* 4 bytes of 4-bit indices (each byte 0..15) -> 4 bytes of the table t[16] (4 words). */
 __device__ __forceinline__ uint32_t lut16(uint32_t nib, const uint32_t *t) {

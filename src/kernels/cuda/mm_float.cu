@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(32) k_float(KArgs a, KArgs a2, int mode, int b
     float acc2[16];
     for (int b = 0; b < 16; b++) acc2[b] = 0.0f;
     float_pass(a2, blck, bbytes, e, r0, x, ldx, 1, acc2, buf);
-    if (r < a.rows) Y[slot * ldy + r] = mm_siluf(acc[0]) * acc2[0];
+    if (r < a.rows) Y[slot * ldy + r] = floe_siluf(acc[0]) * acc2[0];
   } else if (r < a.rows) {
     Y[slot * ldy + r] = acc[0];
   }
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(128) k_plain(KArgs a, KArgs a2, int mode, int6
     float acc2[16];
     for (int b = 0; b < 16; b++) acc2[b] = 0.0f;
     plain_pass(a2, mm_row(a2, e, r), x, ldx, 1, acc2);
-    Y[slot * ldy + r] = mm_siluf(acc[0]) * acc2[0];
+    Y[slot * ldy + r] = floe_siluf(acc[0]) * acc2[0];
   } else {
     Y[slot * ldy + r] = acc[0];
   }

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(128) k_k4(KArgs a, KArgs a2, int64_t nb, int K
     if constexpr (MODE == MM_GLU) {
       float up[1];
       k4_dot<T, 1>(a2, mm_row(a2, e, r), x, xs, 1, j, up);
-      if (live && j == 0) Y[slot * ldy + r] = mm_siluf(g[0]) * up[0];
+      if (live && j == 0) Y[slot * ldy + r] = floe_siluf(g[0]) * up[0];
     } else {
       if (live && j == 0) Y[slot * ldy + r] = g[0];
     }

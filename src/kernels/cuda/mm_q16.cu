@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(32 * WPB) k_q16(KArgs a, KArgs a2, int64_t nb,
       const size_t so2 = (size_t)e * a2.sb_estride + (size_t)r * a2.sb_row_bytes;
       float u[1];
       q16_dot<T, 1>(a2, mm_row(a2, e, r), a2.sc ? a2.sc + so2 : nullptr, a2.bi ? a2.bi + so2 : nullptr, x, xs, 1, u);
-      if (lane == 0) Y[slot * ldy + r] = mm_siluf(g[0]) * u[0];
+      if (lane == 0) Y[slot * ldy + r] = floe_siluf(g[0]) * u[0];
     } else {
       if (lane == 0) Y[slot * ldy + r] = g[0];
     }

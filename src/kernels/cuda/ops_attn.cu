@@ -303,7 +303,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
         const float mo = s_m[h], mn = fmaxf(mo, mt);
         float lt = 0.0f;
         for (int p = lane; p < npos; p += 32) {
-          const float e = ops_vexpf(__fsub_rn(sc[p][h], mn));
+          const float e = floe_vexpf(__fsub_rn(sc[p][h], mn));
           sc[p][h] = e;
           lt = __fadd_rn(lt, e);
         }
@@ -311,7 +311,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
         for (int s = 16; s >= 1; s >>= 1) lt = __fadd_rn(lt, __shfl_xor_sync(0xffffffffu, lt, s));
         __syncwarp();
         if (lane == 0) {
-          const float al = ops_vexpf(__fsub_rn(mo, mn));
+          const float al = floe_vexpf(__fsub_rn(mo, mn));
           s_alpha[h] = al;
           s_m[h] = mn;
           s_l[h] = __fadd_rn(__fmul_rn(s_l[h], al), lt);
@@ -404,7 +404,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, s));
     for (int cc = lane; cc < nparts; cc += 32) {
-      const float fc = ops_vexpf(__fsub_rn(__ldcg(P + ((size_t)cc * HB + h) * PF + HD), M));
+      const float fc = floe_vexpf(__fsub_rn(__ldcg(P + ((size_t)cc * HB + h) * PF + HD), M));
       f[h][cc] = fc;
       fl[h][cc] = __fmul_rn(fc, __ldcg(P + ((size_t)cc * HB + h) * PF + HD + 1));
     }
@@ -432,7 +432,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     for (int u = 0; u < 4; u++) {
       if (d + u >= hd) continue;
       float r = O[u] / s_inv[h];
-      if (gated) r = __fmul_rn(r, ops_sigmoidf(q[qrow + (int64_t)(head0 + h) * qs + hd + d + u]));
+      if (gated) r = __fmul_rn(r, floe_sigmoidf(q[qrow + (int64_t)(head0 + h) * qs + hd + d + u]));
       out[((int64_t)t * nh + head0 + h) * hd + d + u] = r;
     }
   }

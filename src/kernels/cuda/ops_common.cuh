@@ -6,26 +6,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#define OPS_STREAM(s) ((cudaStream_t)(s))
+#include "base/vexp.h" /* floe_vexpf / floe_sigmoidf / floe_siluf: the CPU's bits */
 
-/* layers.c vexpf: Cephes exp with a magic-constant rounding; the same bits as the CPU. */
-static __device__ __forceinline__ float ops_vexpf(float x) {
-  const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
-  const float n = __fsub_rn(__fadd_rn(__fmul_rn(xc, 1.44269504f), 12582912.0f), 12582912.0f);
-  const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(n, 0.693359375f)), __fmul_rn(n, -2.12194440e-4f));
-  float p = 1.9875691500e-4f;
-  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
-  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
-  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
-  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
-  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
-  p = __fadd_rn(__fadd_rn(__fmul_rn(p, __fmul_rn(r, r)), r), 1.0f);
-  const int32_t e = ((int32_t)n + 127) << 23;
-  const float sc = __int_as_float(e);
-  return x != x ? x : x < -87.3f ? 0.0f : __fmul_rn(p, sc);
-}
-static __device__ __forceinline__ float ops_sigmoidf(float x) { return 1.0f / (1.0f + ops_vexpf(-x)); }
-static __device__ __forceinline__ float ops_siluf(float x) { return x / (1.0f + ops_vexpf(-x)); }
+#define OPS_STREAM(s) ((cudaStream_t)(s))
 
 static __device__ __forceinline__ float ops_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 /* floe_f32_to_bf16: round to nearest even, NaN kept quiet */

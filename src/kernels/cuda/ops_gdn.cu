@@ -55,7 +55,7 @@ static __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int q = 1; q < GDN_KMAX; q++)
       if (q == K - 1) wl = w[q];
-    c = ops_siluf(__fadd_rn(c, __fmul_rn(wl, m)));
+    c = floe_siluf(__fadd_rn(c, __fmul_rn(wl, m)));
 #pragma unroll
     for (int q = 0; q < GDN_KMAX - 2; q++)
       if (q < K - 2) win[q] = win[q + 1];
@@ -121,7 +121,7 @@ static __global__ void __launch_bounds__(128)
     const float A = ssm_a[hv], dtb = dt_bias[hv];
     for (int t = jj; t < n_tok; t += blockDim.x) {
       float *st = o + (int64_t)t * vd + (int64_t)hv * dv;
-      const float bt = ops_sigmoidf(b[(int64_t)t * Nv + hv]);
+      const float bt = floe_sigmoidf(b[(int64_t)t * Nv + hv]);
       const float dc = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)t * Nv + hv], dtb))));
       st[0] = bt;
       st[1] = dc;
@@ -186,7 +186,7 @@ static __global__ void __launch_bounds__(128)
       if (jj == 0) s_rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
     }
     __syncthreads();
-    if (col) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), ops_siluf(zz));
+    if (col) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
   }
   if (col) {
 #pragma unroll

@@ -32,7 +32,7 @@ static __global__ void __launch_bounds__(MOE_MAXE)
     s_mx = mx;
   }
   __syncthreads();
-  if (ok) p[e] = ops_vexpf(__fsub_rn(lg, s_mx));
+  if (ok) p[e] = floe_vexpf(__fsub_rn(lg, s_mx));
   __syncthreads();
   if (e < 32) { /* lane k sums p[k], p[k+16], ... in order, then fold16 */
     float acc = 0.0f;
@@ -87,7 +87,7 @@ static __global__ void __launch_bounds__(COMB_THREADS)
   extern __shared__ float xs[];
   __shared__ float rs;
   const int64_t t = blockIdx.x;
-  const float g = sh ? ops_sigmoidf(shl[t]) : 0.0f;
+  const float g = sh ? floe_sigmoidf(shl[t]) : 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(y[(t * K + j) * n + i], w[t * K + j]));
@@ -116,7 +116,7 @@ extern "C" void cuda_moe_combine(float *x, const float *y, const float *w, int K
 
 static __global__ void k_silu_glu(float *g, const float *u, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    g[i] = __fmul_rn(ops_siluf(g[i]), u[i]);
+    g[i] = __fmul_rn(floe_siluf(g[i]), u[i]);
 }
 
 extern "C" void cuda_silu_glu(float *g, const float *u, int64_t n, void *stream) {
