@@ -50,6 +50,14 @@ sec_synth35() {
   ls -l "$SYNTH"
 }
 sec_test-synth() { FLOE_TEST_SYNTH=$SYNTH FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model"; }
+# kernels35: every kernel of a few decode steps of the 35B-A3B shape cut to 4 layers, timed by ncu
+# (no graph, so each launch is its own kernel; the per-kernel summary is the step's breakdown)
+sec_kernels35() {
+  local small=/tmp/floe-q35-4l.gguf
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  FLOE_CUDA_NO_GRAPH=1 timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 4 -r 1 -c 64
+}
 # bench35: the 35B-A3B decode / prefill figures (DEPTHS: extra decode depths, default 8192)
 sec_bench35() {
   local rc=0
