@@ -453,8 +453,8 @@ __global__ void __launch_bounds__(128) k_dequant(KArgs a, int blck, int bbytes, 
   for (int64_t u = threadIdx.x; u < (a.cols + uv - 1) / uv; u += blockDim.x) dq_unit(a, blck, bbytes, 0, r, u, uv, y + u * uv);
 }
 
-/* F32 / F16 / BF16 experts (MoE modes, rows read by expert id): one thread per row reads its own
- * row (16-byte loads where the row is aligned), no staging; the same element-order sums. */
+/* F32 / F16 / BF16: one thread per row reads its own row (16-byte loads where the row is
+ * aligned), no staging; the same element-order sums. */
 __device__ __forceinline__ float plain_at(int type, const uint8_t *row, int64_t j) {
   if (type == FLOE_TYPE_F32) return ((const float *)row)[j];
   const uint32_t h = ((const uint16_t *)row)[j];
@@ -500,13 +500,22 @@ __device__ __forceinline__ void plain_pass(const KArgs &a, const uint8_t *row, c
   }
 }
 
-__global__ void __launch_bounds__(128) k_plain(KArgs a, KArgs a2, int mode, int K, const int32_t *ids,
+__global__ void __launch_bounds__(128) k_plain(KArgs a, KArgs a2, int mode, int64_t nb, int K, const int32_t *ids,
                                                const float *X, int64_t ldx, float *Y, int64_t ldy) {
   const int64_t r = (int64_t)blockIdx.x * 128 + threadIdx.x;
   if (r >= a.rows) return;
   float acc[16];
 #pragma unroll
   for (int b = 0; b < 16; b++) acc[b] = 0.0f;
+  if (mode == MM_PLAIN) {
+    const int64_t b0 = (int64_t)blockIdx.y * 16;
+    const int nbt = (int)(nb - b0 < 16 ? nb - b0 : 16);
+    plain_pass(a, mm_row(a, 0, r), X + b0 * ldx, ldx, nbt, acc);
+#pragma unroll
+    for (int b = 0; b < 16; b++)
+      if (b < nbt) Y[(b0 + b) * ldy + r] = acc[b];
+    return;
+  }
   const int64_t slot = blockIdx.y;
   const int e = ids ? ids[slot] : 0;
   if (e < 0 || e >= a.n_expert) {
@@ -525,58 +534,6 @@ __global__ void __launch_bounds__(128) k_plain(KArgs a, KArgs a2, int mode, int 
   }
 }
 
-/* F32 / F16 / BF16 plain matmul (no expert ids): a block takes 32 weight rows; per 128-column
- * chunk its 128 threads load the 32 x 128 weight tile and the activation rows' chunk into shared
- * memory with coalesced, independent loads, then thread t < 32 adds row t's chunk in element order
- * (the same sums as plain_pass and the CPU's scalar path), its shared-memory reads unrolled so
- * only the chain of adds is serial. One thread streaming its own row (k_plain) waited a memory
- * latency per 8 elements: ncu had the router's 256 x 2048 F32 matrix at 150 us and the 1 x 2048
- * shared-expert gate at 92 us, a layer. */
-#define PT_ROWS 32
-#define PT_COLS 128
-__global__ void __launch_bounds__(128) k_plain_tile(KArgs a, int64_t nb, const float *X, int64_t ldx, float *Y,
-                                                    int64_t ldy) {
-  __shared__ float tile[PT_ROWS][PT_COLS + 1]; /* +1: thread t reads row t, column c without bank conflicts */
-  __shared__ float xs[16][PT_COLS];             /* the chunk of the activation rows, read by every thread */
-  const int64_t r0 = (int64_t)blockIdx.x * PT_ROWS, b0 = (int64_t)blockIdx.y * 16;
-  const int nbt = (int)(nb - b0 < 16 ? nb - b0 : 16), t = threadIdx.x;
-  const int nrows = (int)(a.rows - r0 < PT_ROWS ? a.rows - r0 : PT_ROWS);
-  float acc[16];
-#pragma unroll
-  for (int b = 0; b < 16; b++) acc[b] = 0.0f;
-  for (int64_t j0 = 0; j0 < a.cols; j0 += PT_COLS) {
-    const int n = (int)(a.cols - j0 < PT_COLS ? a.cols - j0 : PT_COLS);
-    __syncthreads(); /* the previous chunk's sums are done with the tile */
-    for (int i = t; i < PT_ROWS * PT_COLS; i += blockDim.x) {
-      const int rl = i / PT_COLS, c = i % PT_COLS;
-      tile[rl][c] = rl < nrows && c < n ? plain_at(a.type, mm_row(a, 0, r0 + rl), j0 + c) : 0.0f;
-    }
-    for (int i = t; i < nbt * PT_COLS; i += blockDim.x) {
-      const int b = i / PT_COLS, c = i % PT_COLS;
-      xs[b][c] = c < n ? X[(b0 + b) * ldx + j0 + c] : 0.0f;
-    }
-    __syncthreads();
-    if (t < nrows) {
-#pragma unroll
-      for (int b = 0; b < 16; b++) {
-        if (b >= nbt) break;
-        float sacc = acc[b];
-        if (n == PT_COLS) {
-#pragma unroll 16
-          for (int c = 0; c < PT_COLS; c++) sacc += tile[t][c] * xs[b][c];
-        } else {
-          for (int c = 0; c < n; c++) sacc += tile[t][c] * xs[b][c];
-        }
-        acc[b] = sacc;
-      }
-    }
-  }
-  if (t < nrows)
-#pragma unroll
-    for (int b = 0; b < 16; b++)
-      if (b < nbt) Y[(b0 + b) * ldy + r0 + t] = acc[b];
-}
-
 void type_block(int type, int *blck, int *bbytes) {
   const floe_type_traits *tt = type == FLOE_TYPE_MLX ? nullptr : floe_type_info((uint32_t)type);
   *blck = tt ? tt->blck : 1;
@@ -590,12 +547,8 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
   int blck, bbytes;
   type_block(a.type, &blck, &bbytes);
   const unsigned gy = (unsigned)(mode == MM_PLAIN ? (nb + 15) / 16 : nb);
-  if ((a.type == FLOE_TYPE_F32 || a.type == FLOE_TYPE_F16 || a.type == FLOE_TYPE_BF16) && mode == MM_PLAIN) {
-    k_plain_tile<<<dim3((unsigned)((a.rows + PT_ROWS - 1) / PT_ROWS), gy), 128, 0, st>>>(a, nb, X, ldx, Y, ldy);
-    return;
-  }
   if (a.type == FLOE_TYPE_F32 || a.type == FLOE_TYPE_F16 || a.type == FLOE_TYPE_BF16) {
-    k_plain<<<dim3((unsigned)((a.rows + 127) / 128), gy), 128, 0, st>>>(a, a2, mode, K, ids, X, ldx, Y, ldy);
+    k_plain<<<dim3((unsigned)((a.rows + 127) / 128), gy), 128, 0, st>>>(a, a2, mode, nb, K, ids, X, ldx, Y, ldy);
     return;
   }
   const unsigned gx = (unsigned)((a.rows + 31) / 32);
