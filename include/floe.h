@@ -48,7 +48,8 @@ enum { FLOE_CACHE_LRU = 0, FLOE_CACHE_LFU = 1 };
 enum { FLOE_LOAD_AUTO = 0, FLOE_LOAD_MMAP = 1, FLOE_LOAD_COPY = 2 };
 /* Where the forward pass runs. AUTO: a CUDA GPU when one is present, the binary was built with
  * CUDA, and the model fits the GPU's free memory (no --mem-budget); otherwise the CPU, and
- * floe_model_info.device_note says why. CUDA: the GPU device_index, or an error. */
+ * floe_model_info.device_note says why when a CUDA device was there to choose.
+ * CUDA: the GPU device_index, or an error. */
 enum { FLOE_DEVICE_AUTO = 0, FLOE_DEVICE_CPU = 1, FLOE_DEVICE_CUDA = 2 };
 
 typedef struct floe_engine_params {
@@ -97,7 +98,7 @@ typedef struct floe_model_info {
   const char *device;    /* "cpu" or "cuda" */
   char gpu_name[128];    /* the GPU's name ("" on the CPU) */
   uint64_t vram_bytes;   /* the GPU's total memory (0 on the CPU) */
-  char device_note[256]; /* FLOE_DEVICE_AUTO chose the CPU while CUDA support was built: why */
+  char device_note[256]; /* FLOE_DEVICE_AUTO chose the CPU although a CUDA device is present: why */
 } floe_model_info;
 void floe_engine_info(const floe_engine *e, floe_model_info *out);
 /* Is the engine still usable? FLOE_E_IO with the reason when a model file it maps shrank after

@@ -2,8 +2,9 @@
 # Real agent CLIs against floe serve on 127.0.0.1 (tests/js/agents/run.mjs): Codex (Responses API),
 # Claude Code (Messages API) and Qwen Code (chat completions), pinned in tests/js/agents/package.json,
 # each asking a scripted model for one tool call (read a file) and printing its answer.
-# `npm ci` installs them into tests/js/agents/node_modules (git-ignored, kept between runs). Where
-# the packages cannot be installed (no registry), the test is skipped (exit 77, ctest's skip code);
+# `npm install --no-save` (the committed lock) puts them in tests/js/agents/node_modules
+# (git-ignored, kept between runs). Where the packages cannot be installed (no registry), the test
+# is skipped (exit 77, ctest's skip code);
 # any other failure fails it.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -18,8 +19,12 @@ tmp="${FLOE_TMP:-/tmp}"
 mkdir -p "$tmp"
 have() { for b in codex claude qwen; do [ -x "node_modules/.bin/$b" ] || return 1; done; }
 if ! have; then
-  if ! ( flock 9; have || timeout 600 npm ci --no-audit --no-fund --loglevel=error ) 9>"$tmp/floe-npm-ci-agents.lock"; then
-    echo "skipped: npm ci in tests/js/agents failed (the agent CLI packages cannot be installed here)"
+  # npm install with the committed lock, not npm ci: npm ci refuses this lock because an optional
+  # per-platform dependency of one CLI (@teddyzhu/clipboard-*) cannot be resolved into it, which
+  # made a fresh clone skip the test; npm install installs the locked versions and leaves the lock as is
+  if ! ( flock 9; have || timeout 600 npm install --no-save --no-audit --no-fund --loglevel=error ) \
+    9>"$tmp/floe-npm-ci-agents.lock"; then
+    echo "skipped: npm install in tests/js/agents failed (the agent CLI packages cannot be installed here)"
     exit 77
   fi
 fi

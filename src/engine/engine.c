@@ -117,6 +117,9 @@ static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, s
   const int n = model_cuda_devices();
   int rc = 0;
   if (n <= 0) {
+    /* nothing to choose from: AUTO is the CPU without a word (a note on every run of every
+     * CPU-only machine would be noise, and stderr's first line is the error of a failed run) */
+    if (!force) return 0;
     snprintf(why, sizeof why, "no CUDA device (or no driver)");
   } else if (p->device_index < 0 || p->device_index >= n) {
     snprintf(why, sizeof why, "cuda:%d: there are %d CUDA devices", p->device_index, n);
