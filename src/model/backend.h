@@ -24,7 +24,7 @@ typedef struct model_session model_session;
 typedef struct kv_ckpt kv_ckpt;
 
 enum model_device { MODEL_DEV_CPU = 0, MODEL_DEV_CUDA = 1 };
-enum { MODEL_EVAL_LOGITS = 1, MODEL_EVAL_HIDDEN = 2, MODEL_EVAL_GREEDY = 4 };
+enum { MODEL_EVAL_LOGITS = 1, MODEL_EVAL_HIDDEN = 2 };
 
 typedef struct model_backend {
   const char *name;          /* "cpu", "cuda" */

@@ -83,9 +83,6 @@ typedef struct cu_sess {
   uint8_t *xq[2];              /* quantized activation rows [B][xq_row] (two inputs alive at once) */
   uint8_t *xqd;                /* down inputs [B*K][xq_row] */
   size_t xq_row;
-  const float *xq_src[2];      /* what each xq buffer holds (the input, and its layout) */
-  const floe_mat *xq_lay[2];
-  int64_t xq_n[2];
   float *logits;               /* [LB][V] */
   int32_t *tok, *pos, *greedy; /* [B], [B] positions pos0 + t, [1] */
   void *attn_scr, *amax_scr;
@@ -98,8 +95,6 @@ typedef struct cu_sess {
   int32_t *tok_h, *pos_h, *greedy_h;
   float *logits_h;             /* [LB][V] */
   /* the chunk in flight */
-  int64_t n;
-  int flags;
   float *dst;                  /* where eval_end copies the logits staged in logits_h */
   int64_t dst_rows;
   bool staged;                 /* logits_h holds dst_rows rows to copy out at eval_end */
@@ -557,8 +552,6 @@ static void mm_own(model_session *s, const dmat *W, int64_t n, const float *X, i
 
 static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int flags) {
   cu_sess *c = s->dev;
-  c->n = n;
-  c->flags = flags;
   c->staged = false;
   c->dst = NULL;
   c->want_greedy = false;

@@ -946,8 +946,7 @@ static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float
     s->xs_err = 0;
     const int64_t first = all_logits ? 0 : (last ? nb - 1 : nb);
     const bool greedy = logits && nb - first == 1 && last; /* the evaluation's last position alone */
-    const int flags = (logits && nb - first > 0 ? MODEL_EVAL_LOGITS : 0) | (hidden ? MODEL_EVAL_HIDDEN : 0) |
-                      (greedy ? MODEL_EVAL_GREEDY : 0);
+    const int flags = (logits && nb - first > 0 ? MODEL_EVAL_LOGITS : 0) | (hidden ? MODEL_EVAL_HIDDEN : 0);
     float *x = be->eval_begin(s, tokens + c0, nb, pos0, flags);
     be->embed(s, tokens + c0, nb, x);
     for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
