@@ -5,7 +5,9 @@
  *  - quantized path: Y from cuda_mm_matmul equals kern_matmul_batch with the same quantized rows
  *    bit for bit, with the CPU's best ISA and with the scalar ISA, nb in {1,2,3,7,16,33};
  *  - float path (every type, incl. those with a quantized path): bit-identical to the CPU's scalar
- *    float path; within 1e-5 * sum|w x| of the CPU's best ISA;
+ *    float path, except F32/F16/BF16: bit-identical to the AVX-512 float path's order
+ *    (kern_mm_float_lanes_ref, which test_kernels holds equal to that kernel); within 1e-5 *
+ *    sum|w x| of the CPU's best ISA;
  *  - cuda_mm_dequant_rows equals quant_dequant_row / quant_mlx_dequant_row bit for bit (row ids
  *    from device memory; an id out of range gives NaN);
  *  - the 16-lane types (Q8_0, Q4_0, IQ4_NL, MXFP4, Q6_K, IQ4_XS, MLX 4/8) have two GPU
@@ -182,6 +184,9 @@ static int64_t first_diff(const float *a, const float *b, int64_t n) {
 static const int NBS[] = {1, 2, 3, 7, 16, 33};
 #define NBMAX 33
 
+/* F32/F16/BF16: the GPU follows the AVX-512 float order (kern_mm_float_lanes_ref) */
+static int plain_type(uint32_t t) { return t == FLOE_TYPE_F32 || t == FLOE_TYPE_F16 || t == FLOE_TYPE_BF16; }
+
 static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64_t rows, int64_t cols) {
   tmat m = make_mat(type, bits, group, sbt, rows, cols, 1);
   const floe_mat *W = &m.W;
@@ -228,9 +233,13 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
       memset(Yc, 0, sizeof(float) * (size_t)(ldy * nb));
       memset(Ys, 0, sizeof(float) * (size_t)(ldy * nb));
       kern_matmul_batch(W, nb, X, ldx, q, ab, Yc, ldy, 0, rows);
-      kern_isa_set(FLOE_ISA_SCALAR);
-      kern_matmul_batch(W, nb, X, ldx, q, ab, Ys, ldy, 0, rows);
-      kern_isa_set(best);
+      if (path == 1 && plain_type(type)) {
+        kern_mm_float_lanes_ref(W, nb, X, ldx, Ys, ldy, 0, rows);
+      } else {
+        kern_isa_set(FLOE_ISA_SCALAR);
+        kern_matmul_batch(W, nb, X, ldx, q, ab, Ys, ldy, 0, rows);
+        kern_isa_set(best);
+      }
       dev_poison(dY, sizeof(float) * (size_t)(ldy * nb));
       cuda_mm_matmul(&g.M, nb, dX, ldx, path == 0 ? dxq : NULL, ab, dY, ldy, NULL);
       CHECK(cuda_rt_check("matmul", err, sizeof err) == 0, "%s launch: %s", nm, err);
@@ -261,9 +270,10 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
           }
         free(buf);
       }
-      CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU scalar bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
+      CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU %s bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
             nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized",
-            nimpl == 1 ? "" : impl == 0 ? " (warp per row)" : " (4 lanes per thread)", (long long)bad_s,
+            nimpl == 1 ? "" : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
+            path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
             bad_s >= 0 ? Yg[bad_s] : 0.0, bad_s >= 0 ? Ys[bad_s] : 0.0);
       if (path == 0)
         CHECK(bad_c < 0, "%s %lldx%lld nb=%d quantized: GPU == CPU %s bit for bit (first diff at %lld)", nm,
@@ -400,11 +410,17 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
     const int t = s / K, e = ids[s];
     const floe_mat Wg = expert_of(&mg, e), Wu = expert_of(&mu, e), Wd = expert_of(&md, e);
     float *h = H + (size_t)s * I;
-    kern_matmul(&Wg, 1, X + t * E, E, xq ? xq + (size_t)t * ab : NULL, ab, h, I, 0, I);
-    kern_matmul(&Wu, 1, X + t * E, E, xq ? xq + (size_t)t * ab : NULL, ab, U, I, 0, I);
+    if (plain_type(type)) {
+      kern_mm_float_lanes_ref(&Wg, 1, X + t * E, E, h, I, 0, I);
+      kern_mm_float_lanes_ref(&Wu, 1, X + t * E, E, U, I, 0, I);
+    } else {
+      kern_matmul(&Wg, 1, X + t * E, E, xq ? xq + (size_t)t * ab : NULL, ab, h, I, 0, I);
+      kern_matmul(&Wu, 1, X + t * E, E, xq ? xq + (size_t)t * ab : NULL, ab, U, I, 0, I);
+    }
     for (int64_t i = 0; i < I; i++) h[i] = floe_siluf(h[i]) * U[i];
     if (abd) kern_act_quantize(&Wd, h, hq);
-    kern_matmul(&Wd, 1, h, I, hq, abd, Y + (size_t)s * E, E, 0, E);
+    if (plain_type(type)) kern_mm_float_lanes_ref(&Wd, 1, h, I, Y + (size_t)s * E, E, 0, E);
+    else kern_matmul(&Wd, 1, h, I, hq, abd, Y + (size_t)s * E, E, 0, E);
   }
   kern_isa_set(best);
   float *dH = dev_put(NULL, sizeof(float) * (size_t)(S * I)), *dY = dev_put(NULL, sizeof(float) * (size_t)(S * E));

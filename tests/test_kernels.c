@@ -211,6 +211,15 @@ static void check_mat(const char *name, const floe_mat *W, floe_pool *pool, tsta
         st->fl_ref++;
         if (worst > st->fl_worst) st->fl_worst = worst;
       }
+      /* the AVX-512 float path follows kern_mm_float_lanes_ref's order bit for bit (the CUDA
+       * float path's oracle for F32/F16/BF16) */
+      if (!path && isas[ii] == FLOE_ISA_AVX512) {
+        memset(Yn, 0, sizeof(float) * (size_t)(NBMAX * rows));
+        kern_mm_float_lanes_ref(W, NBMAX, X, cols, Yn, rows, 0, rows);
+        CHECK(memcmp(Yn, Y1, sizeof(float) * (size_t)(NBMAX * rows)) == 0,
+              "%s avx512 rows=%lld cols=%lld float path == kern_mm_float_lanes_ref bit for bit", name, (long long)rows,
+              (long long)cols);
+      }
       /* cross-ISA bit equality of the quantized path */
       if (path) {
         if (isas[ii] == FLOE_ISA_SCALAR) memcpy(Yscalar_q, Y1, sizeof(float) * (size_t)(NBMAX * rows));

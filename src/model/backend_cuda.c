@@ -51,6 +51,10 @@ typedef struct cu_layer {
   float *conv_wt, *dt_bias, *ssm_a, *ssm_norm;
   dmat ssm_out;
   dmat router, sh_gate, sh_up, sh_down, sh_gate_inp;
+  /* One-token steps read the matrices that share an input as one matrix (one launch instead of
+   * two to four): q|k|v, qkv|z, b|a, router|shared-expert gate. The parts above are then views
+   * into it (same device bytes); ncat = 0 where the parts cannot be joined (types differ, MLX). */
+  dmat cat_qkv, cat_qkvz, cat_ba, cat_rt;
   dmat gate, up, down; /* routed experts: stacks of n_expert, expert e at data + e * expert_stride */
 } cu_layer;
 
@@ -199,6 +203,72 @@ static int up_mats(cu_model *cm, const floe_mat *W, int n, const int64_t *perm, 
   return rc;
 }
 
+/* A view of rows [r0, r0 + rows) of D (a plain matrix, not an expert stack) with host source h. */
+static dmat view_rows(const dmat *D, int64_t r0, int64_t rows, const floe_mat *h) {
+  dmat v = *D;
+  v.h = h;
+  v.d.rows = rows;
+  v.d.data = (const uint8_t *)D->d.data + (size_t)r0 * D->d.row_bytes;
+  return v;
+}
+
+/* Uploads the n matrices P[i] (their host sources W[i]) as one device matrix of their rows stacked,
+ * when they can be read as one: the same non-MLX type and width (so the same input layout too);
+ * then P[i] become views into it and *cat the whole. Otherwise uploads each on its own and leaves
+ * cat empty. perm/prow: as up_mats (every part from one permuted source W[0]). */
+static int up_join(cu_model *cm, const floe_mat *const *W, int n, const int64_t *perm, const int64_t *prow0,
+                   const int64_t *nrows, dmat *const *P, dmat *cat, const char *what, int64_t l, char *err,
+                   size_t errlen) {
+  memset(cat, 0, sizeof *cat);
+  bool ok = true;
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    if (!W[i] || !W[i]->data || W[i]->type == FLOE_TYPE_MLX || W[i]->type != W[0]->type ||
+        W[i]->cols != W[0]->cols || W[i]->row_bytes != W[0]->row_bytes)
+      ok = false;
+    else total += perm ? nrows[i] : W[i]->rows;
+  }
+  if (!ok) {
+    for (int i = 0; i < n; i++) {
+      int rc = up_mats(cm, W[i], 1, perm, perm ? prow0[i] : 0, perm ? nrows[i] : 0, P[i], what, l, err, errlen);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  int64_t *pm = NULL;
+  floe_mat big = *W[0];
+  if (!perm) { /* stack the sources in host memory (an upload staging copy) */
+    uint8_t *buf = malloc((size_t)total * W[0]->row_bytes);
+    if (!buf) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+      memcpy(buf + off, W[i]->data, (size_t)W[i]->rows * W[i]->row_bytes);
+      off += (size_t)W[i]->rows * W[i]->row_bytes;
+    }
+    big.data = buf;
+    big.rows = total;
+    int rc = up_mats(cm, &big, 1, NULL, 0, 0, cat, what, l, err, errlen);
+    free(buf);
+    if (rc) return rc;
+  } else { /* one permuted source: its parts' row lists joined */
+    if (!(pm = malloc((size_t)total * sizeof *pm))) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    int64_t k = 0;
+    for (int i = 0; i < n; i++)
+      for (int64_t r = 0; r < nrows[i]; r++) pm[k++] = perm[prow0[i] + r];
+    int rc = up_mats(cm, W[0], 1, pm, 0, total, cat, what, l, err, errlen);
+    free(pm);
+    if (rc) return rc;
+  }
+  cat->h = W[0];
+  int64_t r0 = 0;
+  for (int i = 0; i < n; i++) {
+    const int64_t rows = perm ? nrows[i] : W[i]->rows;
+    *P[i] = view_rows(cat, r0, rows, W[i]);
+    r0 += rows;
+  }
+  return 0;
+}
+
 static void cu_model_fini(model *m) {
   cu_model *cm = m->dev;
   if (!cm) return;
@@ -246,9 +316,9 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
       goto fail;
     }
     if (!hp->recurrent[l]) {
-      if ((rc = up_mats(cm, &H->wq, 1, NULL, 0, 0, &L->wq, "attn_q", l, err, errlen)) ||
-          (rc = up_mats(cm, &H->wk, 1, NULL, 0, 0, &L->wk, "attn_k", l, err, errlen)) ||
-          (rc = up_mats(cm, &H->wv, 1, NULL, 0, 0, &L->wv, "attn_v", l, err, errlen)) ||
+      const floe_mat *src[3] = { &H->wq, &H->wk, &H->wv };
+      dmat *dst[3] = { &L->wq, &L->wk, &L->wv };
+      if ((rc = up_join(cm, src, 3, NULL, NULL, NULL, dst, &L->cat_qkv, "attn_q/k/v", l, err, errlen)) ||
           (rc = up_mats(cm, &H->wo, 1, NULL, 0, 0, &L->wo, "attn_output", l, err, errlen)))
         goto fail;
       if (!(L->q_norm = up_vec(cm, H->q_norm, hp->head_dim, err, errlen)) ||
@@ -268,14 +338,17 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
         for (int64_t i = 0; i < kd; i++) perm[kd + i] = (i / dk) * gq + dk + i % dk;
         for (int64_t i = 0; i < vd; i++) perm[2 * kd + i] = (i / (r * dv)) * gq + 2 * dk + i % (r * dv);
         for (int64_t i = 0; i < vd; i++) perm[C + i] = (i / (r * dv)) * gq + 2 * dk + r * dv + i % (r * dv);
-        rc = up_mats(cm, &H->ssm_qkvz, 1, perm, 0, C, &L->qkv, "ssm_in", l, err, errlen);
-        if (!rc) rc = up_mats(cm, &H->ssm_qkvz, 1, perm, C, vd, &L->z, "ssm_in", l, err, errlen);
+        const floe_mat *src[2] = { &H->ssm_qkvz, &H->ssm_qkvz };
+        dmat *dst[2] = { &L->qkv, &L->z };
+        const int64_t p0[2] = { 0, C }, pn[2] = { C, vd };
+        rc = up_join(cm, src, 2, perm, p0, pn, dst, &L->cat_qkvz, "ssm_in", l, err, errlen);
         free(perm);
         perm = NULL;
         L->lay_gdn = &H->ssm_qkvz;
       } else {
-        rc = up_mats(cm, &H->ssm_qkv, 1, NULL, 0, 0, &L->qkv, "attn_qkv", l, err, errlen);
-        if (!rc) rc = up_mats(cm, &H->ssm_z, 1, NULL, 0, 0, &L->z, "attn_gate", l, err, errlen);
+        const floe_mat *src[2] = { &H->ssm_qkv, &H->ssm_z };
+        dmat *dst[2] = { &L->qkv, &L->z };
+        rc = up_join(cm, src, 2, NULL, NULL, NULL, dst, &L->cat_qkvz, "attn_qkv/attn_gate", l, err, errlen);
         L->lay_gdn = &H->ssm_qkv;
       }
       if (rc) goto fail;
@@ -287,14 +360,17 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
         }
         for (int64_t i = 0; i < Nv; i++) perm[i] = (i / r) * 2 * r + i % r;
         for (int64_t i = 0; i < Nv; i++) perm[Nv + i] = (i / r) * 2 * r + r + i % r;
-        rc = up_mats(cm, &H->ssm_ba, 1, perm, 0, Nv, &L->b, "ssm_ba", l, err, errlen);
-        if (!rc) rc = up_mats(cm, &H->ssm_ba, 1, perm, Nv, Nv, &L->a, "ssm_ba", l, err, errlen);
+        const floe_mat *src[2] = { &H->ssm_ba, &H->ssm_ba };
+        dmat *dst[2] = { &L->b, &L->a };
+        const int64_t p0[2] = { 0, Nv }, pn[2] = { Nv, Nv };
+        rc = up_join(cm, src, 2, perm, p0, pn, dst, &L->cat_ba, "ssm_ba", l, err, errlen);
         free(perm);
         perm = NULL;
         L->src_ba = &H->ssm_ba;
       } else {
-        rc = up_mats(cm, &H->ssm_b, 1, NULL, 0, 0, &L->b, "ssm_beta", l, err, errlen);
-        if (!rc) rc = up_mats(cm, &H->ssm_alpha, 1, NULL, 0, 0, &L->a, "ssm_alpha", l, err, errlen);
+        const floe_mat *src[2] = { &H->ssm_b, &H->ssm_alpha };
+        dmat *dst[2] = { &L->b, &L->a };
+        rc = up_join(cm, src, 2, NULL, NULL, NULL, dst, &L->cat_ba, "ssm_beta/ssm_alpha", l, err, errlen);
         L->src_ba = NULL;
       }
       if (rc || (rc = up_mats(cm, &H->ssm_out, 1, NULL, 0, 0, &L->ssm_out, "ssm_out", l, err, errlen))) goto fail;
@@ -307,16 +383,21 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
         goto fail;
       }
     }
-    if ((rc = up_mats(cm, &H->router, 1, NULL, 0, 0, &L->router, "ffn_gate_inp", l, err, errlen)) ||
-        (rc = up_mats(cm, H->exp_gate, (int)hp->n_expert, NULL, 0, 0, &L->gate, "ffn_gate_exps", l, err, errlen)) ||
+    if (hp->n_ff_shexp > 0) {
+      const floe_mat *src[2] = { &H->router, &H->sh_gate_inp };
+      dmat *dst[2] = { &L->router, &L->sh_gate_inp };
+      rc = up_join(cm, src, 2, NULL, NULL, NULL, dst, &L->cat_rt, "ffn_gate_inp(_shexp)", l, err, errlen);
+    } else {
+      rc = up_mats(cm, &H->router, 1, NULL, 0, 0, &L->router, "ffn_gate_inp", l, err, errlen);
+    }
+    if (rc || (rc = up_mats(cm, H->exp_gate, (int)hp->n_expert, NULL, 0, 0, &L->gate, "ffn_gate_exps", l, err, errlen)) ||
         (rc = up_mats(cm, H->exp_up, (int)hp->n_expert, NULL, 0, 0, &L->up, "ffn_up_exps", l, err, errlen)) ||
         (rc = up_mats(cm, H->exp_down, (int)hp->n_expert, NULL, 0, 0, &L->down, "ffn_down_exps", l, err, errlen)))
       goto fail;
     if (hp->n_ff_shexp > 0 &&
         ((rc = up_mats(cm, &H->sh_gate, 1, NULL, 0, 0, &L->sh_gate, "ffn_gate_shexp", l, err, errlen)) ||
          (rc = up_mats(cm, &H->sh_up, 1, NULL, 0, 0, &L->sh_up, "ffn_up_shexp", l, err, errlen)) ||
-         (rc = up_mats(cm, &H->sh_down, 1, NULL, 0, 0, &L->sh_down, "ffn_down_shexp", l, err, errlen)) ||
-         (rc = up_mats(cm, &H->sh_gate_inp, 1, NULL, 0, 0, &L->sh_gate_inp, "ffn_gate_inp_shexp", l, err, errlen))))
+         (rc = up_mats(cm, &H->sh_down, 1, NULL, 0, 0, &L->sh_down, "ffn_down_shexp", l, err, errlen))))
       goto fail;
   }
   return 0;
@@ -410,10 +491,10 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   c->xq_row = (xr + 255) / 256 * 256;
   const int64_t ffm = I > Is ? I : Is;
   struct { void *p; size_t n; } parts[] = {
-    { &c->x, B * E * 4 }, { &c->h, B * E * 4 }, { &c->out, B * E * 4 }, { &c->q, B * qdim * 4 },
-    { &c->k, B * kvd * 4 }, { &c->v, B * kvd * 4 }, { &c->att, B * nh * hd * 4 }, { &c->mix, B * C * 4 },
-    { &c->z, B * vd * 4 }, { &c->b, B * Nv * 4 }, { &c->a, B * Nv * 4 }, { &c->raw, B * C * 4 },
-    { &c->o, B * vd * 4 }, { &c->rlog, B * NE * 4 }, { &c->selw, B * K * 4 }, { &c->shg, B * 4 },
+    { &c->x, B * E * 4 }, { &c->h, B * E * 4 }, { &c->out, B * E * 4 }, { &c->q, (B * qdim + 2 * kvd) * 4 },
+    { &c->k, B * kvd * 4 }, { &c->v, B * kvd * 4 }, { &c->att, B * nh * hd * 4 }, { &c->mix, (B * C + vd) * 4 },
+    { &c->z, B * vd * 4 }, { &c->b, (B + 1) * Nv * 4 }, { &c->a, B * Nv * 4 }, { &c->raw, B * C * 4 },
+    { &c->o, B * vd * 4 }, { &c->rlog, (B * NE + 1) * 4 }, { &c->selw, B * K * 4 }, { &c->shg, B * 4 },
     { &c->sel, B * K * 4 }, { &c->hr, B * K * ffm * 4 }, { &c->hs, B * (Is > 0 ? Is : 1) * 4 },
     { &c->yr, B * K * E * 4 }, { &c->ys, B * E * 4 }, { &c->xq[0], (size_t)B * c->xq_row },
     { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * K) * c->xq_row }, { &c->logits, LB * V * 4 },
@@ -622,16 +703,23 @@ static void cu_attention(model_session *s, int64_t l, float *x, int64_t n, int64
   const int64_t qdim = nh * hd * (gated ? 2 : 1);
   size_t xs;
   const uint8_t *xq = act(s, 0, &L->wq, n, c->h, E, &xs);
-  mm(s, &L->wq, n, c->h, E, L->wq.h, xq, xs, c->q, qdim);
-  mm(s, &L->wk, n, c->h, E, L->wq.h, xq, xs, c->k, kvd);
-  mm(s, &L->wv, n, c->h, E, L->wq.h, xq, xs, c->v, kvd);
+  float *q = c->q, *k = c->k, *v = c->v;
+  if (n == 1 && L->cat_qkv.d.data) { /* one launch: q | k | v adjacent in the one-row output */
+    mm(s, &L->cat_qkv, n, c->h, E, L->wq.h, xq, xs, q, qdim + 2 * kvd);
+    k = q + qdim;
+    v = k + kvd;
+  } else {
+    mm(s, &L->wq, n, c->h, E, L->wq.h, xq, xs, q, qdim);
+    mm(s, &L->wk, n, c->h, E, L->wq.h, xq, xs, k, kvd);
+    mm(s, &L->wv, n, c->h, E, L->wq.h, xq, xs, v, kvd);
+  }
   cuda_attn_shape sh = c->ash;
   sh.gated = gated ? 1 : 0;
   for (int64_t t0 = 0; t0 < n; t0 += AB) {
     const int64_t nb = n - t0 < AB ? n - t0 : AB;
-    cuda_attn_prep(&sh, c->q + t0 * qdim, c->k + t0 * kvd, c->v + t0 * kvd, L->q_norm, L->k_norm, c->rope, c->kc[l],
+    cuda_attn_prep(&sh, q + t0 * qdim, k + t0 * kvd, v + t0 * kvd, L->q_norm, L->k_norm, c->rope, c->kc[l],
                    c->vc[l], c->pos + t0, nb, c->stream);
-    cuda_attn(&sh, c->q + t0 * qdim, c->kc[l], c->vc[l], c->pos + t0, nb, c->att + t0 * nh * hd, c->attn_scr,
+    cuda_attn(&sh, q + t0 * qdim, c->kc[l], c->vc[l], c->pos + t0, nb, c->att + t0 * nh * hd, c->attn_scr,
               c->stream);
   }
   mm_own(s, &L->wo, n, c->att, nh * hd, c->out, E);
@@ -652,12 +740,24 @@ static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   /* the CPU: q|k|v and z from one matrix (grouped) or two, b and a likewise; each quantized iff
    * its source matrix shares the layout of the first (L->*.h is that source) */
   const uint8_t *xq = act(s, 0, &L->qkv, n, c->h, E, &xs);
-  mm(s, &L->qkv, n, c->h, E, lay, xq, xs, c->mix, C);
-  mm(s, &L->z, n, c->h, E, lay, xq, xs, c->z, vd);
-  mm(s, &L->b, n, c->h, E, lay, xq, xs, c->b, Nv);
-  mm(s, &L->a, n, c->h, E, lay, xq, xs, c->a, Nv);
-  cuda_gdn_conv(&c->gsh, c->mix, L->conv_wt, c->conv[l], c->raw, n, c->stream);
-  cuda_gdn_recur(&c->gsh, c->raw, c->z, c->b, c->a, L->dt_bias, L->ssm_a, L->ssm_norm, c->S[l], c->o, n, c->stream);
+  float *mix = c->mix, *z = c->z, *b = c->b, *a = c->a;
+  /* one token: the joined matrices in one launch each, the parts adjacent in the output row */
+  if (n == 1 && L->cat_qkvz.d.data) {
+    mm(s, &L->cat_qkvz, n, c->h, E, lay, xq, xs, mix, C + vd);
+    z = mix + C;
+  } else {
+    mm(s, &L->qkv, n, c->h, E, lay, xq, xs, mix, C);
+    mm(s, &L->z, n, c->h, E, lay, xq, xs, z, vd);
+  }
+  if (n == 1 && L->cat_ba.d.data) {
+    mm(s, &L->cat_ba, n, c->h, E, lay, xq, xs, b, 2 * Nv);
+    a = b + Nv;
+  } else {
+    mm(s, &L->b, n, c->h, E, lay, xq, xs, b, Nv);
+    mm(s, &L->a, n, c->h, E, lay, xq, xs, a, Nv);
+  }
+  cuda_gdn_conv(&c->gsh, mix, L->conv_wt, c->conv[l], c->raw, n, c->stream);
+  cuda_gdn_recur(&c->gsh, c->raw, z, b, a, L->dt_bias, L->ssm_a, L->ssm_norm, c->S[l], c->o, n, c->stream);
   mm_own(s, &L->ssm_out, n, c->o, vd, c->out, E);
   residual(s, l, x, n);
   prof(s, MODEL_PH_GDN);
@@ -681,8 +781,14 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   } else {
     xq_e = act(s, 1, &L->gate, n, c->h, E, &xs_e);
   }
-  mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
-  if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, c->shg, 1);
+  float *shg = c->shg;
+  if (n == 1 && L->cat_rt.d.data) { /* one launch: the shared-expert gate logit after the router's */
+    mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
+    shg = c->rlog + NE;
+  } else {
+    mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
+    if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
+  }
   cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
   prof(s, MODEL_PH_ROUTER);
   const bool qe = xq_e && layer_same_act(&H->exp_up[0], lay_e);
@@ -696,7 +802,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   cuda_mm_moe_down(&L->down.d, n, (int)K, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
   if (Is > 0) cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
   const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : cm->output_norm;
-  cuda_moe_combine(x, c->yr, c->selw, (int)K, Is > 0 ? c->ys : NULL, Is > 0 ? c->shg : NULL, next, c->h,
+  cuda_moe_combine(x, c->yr, c->selw, (int)K, Is > 0 ? c->ys : NULL, Is > 0 ? shg : NULL, next, c->h,
                    hp->rms_eps, n, E, c->stream);
   prof(s, MODEL_PH_EXPERTS);
 }

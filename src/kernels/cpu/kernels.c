@@ -101,6 +101,37 @@ static void mm_float_scalar(const floe_mat *W, int nb, const float *X, int64_t l
   }
 }
 
+/* ---- the AVX-512 float path's order, in scalar C ----
+ * kern_mm_float_avx512 sums a row in 64 lanes of fused multiply-adds: per 256-value chunk, values
+ * j < 64*floor(n/64) go to lane j % 64, the rest in 16-value steps to lanes j % 16 (a masked step
+ * adds fma(0, 0, a) = a + 0 to the unused lanes); then per 16 lanes (a0 + a1) + (a2 + a3), then the
+ * 16 lanes by halves (i + 8, i + 4, i + 2, i + 1: gcc's _mm512_reduce_add_ps). This function does
+ * exactly those float operations one at a time: the oracle of that kernel and of the CUDA float
+ * path for F32/F16/BF16 (kernels/cuda/mm_float.cu), which follows the same order. */
+void kern_mm_float_lanes_ref(const floe_mat *W, int nb, const float *X, int64_t ldx, float *Y, int64_t ldy,
+                             int64_t r0, int64_t r1) {
+  float buf[KERN_CHUNK];
+  for (int64_t r = r0; r < r1; r++)
+    for (int b = 0; b < nb; b++) {
+      float acc[64] = {0};
+      const float *x = X + b * ldx;
+      for (int64_t j0 = 0; j0 < W->cols; j0 += KERN_CHUNK) {
+        const int64_t n = W->cols - j0 < KERN_CHUNK ? W->cols - j0 : KERN_CHUNK;
+        kern_dequant_chunk(W, r, j0, n, buf);
+        int64_t j = 0;
+        for (; j + 64 <= n; j += 64)
+          for (int k = 0; k < 64; k++) acc[k] = fmaf(buf[j + k], x[j0 + j + k], acc[k]);
+        for (; j < n; j += 16)
+          for (int k = 0; k < 16; k++) acc[k] = j + k < n ? fmaf(buf[j + k], x[j0 + j + k], acc[k]) : acc[k] + 0.0f;
+      }
+      float v[16];
+      for (int i = 0; i < 16; i++) v[i] = (acc[i] + acc[16 + i]) + (acc[32 + i] + acc[48 + i]);
+      for (int h = 8; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++) v[i] = v[i + h] + v[i];
+      Y[b * ldy + r] = v[0];
+    }
+}
+
 /* ---- activation quantization ---- */
 
 /* Quantize n values to int8 with one scale; returns d. q[i] for i in [0,n). */

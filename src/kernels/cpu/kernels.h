@@ -57,6 +57,11 @@ void kern_act_quantize_rows(const floe_mat *W, int nb, const float *X, int64_t l
 void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                  float *Y, int64_t ldy, int64_t r0, int64_t r1);
 
+/* The float path of the AVX-512 kernels (no activation quantization) in scalar C, one float
+ * operation at a time in the kernel's order: bit-identical to kern_matmul(..., xq = NULL, ...) under
+ * FLOE_ISA_AVX512, and the order the CUDA float path follows for F32/F16/BF16 weights. */
+void kern_mm_float_lanes_ref(const floe_mat *W, int nb, const float *X, int64_t ldx, float *Y, int64_t ldy,
+                             int64_t r0, int64_t r1);
 /* kern_matmul for any number of activation rows nb >= 1 (prefill): the same values, bit for bit,
  * as kern_matmul on groups of at most 16 rows; the AVX-512 Q4_K/Q5_K kernel prepares each block of
  * 16 weight rows once for all nb rows, other paths run the rows in blocks of 64 (kept in L2) while

@@ -31,9 +31,22 @@ __device__ __forceinline__ int perm256(int type, int p) {
   return p;
 }
 
-__global__ void __launch_bounds__(256) k_act(KArgs a, int kind, const float *X, int64_t ldx, uint8_t *xq, size_t xs) {
-  extern __shared__ float s_amax[];
-  const float *x = X + (int64_t)blockIdx.x * ldx;
+#define ACT_THREADS 512
+#define ACT_STAGE_MAX 8192 /* rows up to this many values are staged in shared memory first */
+
+__global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const float *__restrict__ X, int64_t ldx,
+                                                     uint8_t *__restrict__ xq, size_t xs, int stage) {
+  extern __shared__ float s_dyn[];
+  /* staged: the row is read from global memory once, all its loads in flight together (a one-row
+   * quantization is latency-bound), then every pass reads shared memory */
+  float *s_amax = s_dyn + (stage ? a.cols : 0);
+  if (stage) {
+    const float *xg = X + (int64_t)blockIdx.x * ldx;
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) s_dyn[j] = xg[j];
+    __syncthreads();
+  }
+  const float *x = stage ? s_dyn : X + (int64_t)blockIdx.x * ldx;
   uint8_t *o = xq + (size_t)blockIdx.x * xs;
   int8_t *q = (int8_t *)o;
   float *d = (float *)(o + a.off_d);
@@ -117,9 +130,10 @@ void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint
                        ? KACT_A256
                        : KACT_A32;
   const int U = kind == KACT_A32 ? 32 : kind == KACT_A256 ? 256 : a.group;
-  const size_t smem = (size_t)(a.cols / U) * sizeof(float);
+  const int stage = a.cols <= ACT_STAGE_MAX;
+  const size_t smem = (size_t)(a.cols / U + (stage ? a.cols : 0)) * sizeof(float);
   for (int64_t b = 0; b < nb; b += 65535) { /* grid x limit is 2^31, but keep launches modest */
     const int64_t n = nb - b < 65535 ? nb - b : 65535;
-    k_act<<<(unsigned)n, 256, smem, st>>>(a, kind, X + b * ldx, ldx, xq + (size_t)b * xs, xs);
+    k_act<<<(unsigned)n, ACT_THREADS, smem, st>>>(a, kind, X + b * ldx, ldx, xq + (size_t)b * xs, xs, stage);
   }
 }

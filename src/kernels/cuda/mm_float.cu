@@ -8,8 +8,9 @@
  * order, one thread per output. A warp takes 32 weight rows; per 256-value chunk the warp decodes
  * the 32 rows' blocks into shared memory (on chip; the weights are never expanded in device
  * memory), then each thread runs its row's sequential sum for every activation row of the tile.
- * This path is for the types without a quantized-activation kernel (F32/F16/BF16, Q4_1, Q5_0,
- * Q5_1, Q2_K, Q3_K, IQ1/IQ2/IQ3, MLX 2/3/5/6-bit); one sequential chain per output limits it. */
+ * This path is for the types without a quantized-activation kernel (Q4_1, Q5_0, Q5_1, Q2_K,
+ * Q3_K, IQ1/IQ2/IQ3, MLX 2/3/5/6-bit); one sequential chain per output limits it. F32/F16/BF16
+ * (k_plain below) instead follow the CPU's AVX-512 float order, 64 lanes a row. */
 #include "kernels/cuda/mm_common.cuh"
 
 namespace {
@@ -453,84 +454,160 @@ __global__ void __launch_bounds__(128) k_dequant(KArgs a, int blck, int bbytes, 
   for (int64_t u = threadIdx.x; u < (a.cols + uv - 1) / uv; u += blockDim.x) dq_unit(a, blck, bbytes, 0, r, u, uv, y + u * uv);
 }
 
-/* F32 / F16 / BF16: one thread per row reads its own row (16-byte loads where the row is
- * aligned), no staging; the same element-order sums. */
+/* F32 / F16 / BF16: the AVX-512 float path's order (kern_mm_float_lanes_ref in kernels.h), one
+ * warp per weight row. The CPU kernel sums a row in 64 lanes of fused multiply-adds (value j of
+ * the first cols & ~63 to lane j % 64; the last cols % 64 values in 16-value steps to lanes j % 16,
+ * a masked lane adding fma(0, 0, a) = a + 0), then (a0 + a1) + (a2 + a3) per 16 lanes, then the 16
+ * lanes by halves. Here thread t owns lanes 2t and 2t + 1: each is the CPU lane's own chain of
+ * fmaf, in the same element order, and the final sums are warp shuffles pairing the same lanes
+ * (a float sum does not depend on its operands' order). So every output equals the CPU's AVX-512
+ * result bit for bit, and a row's bits do not depend on nb. One 64-value step reads 256 bytes of
+ * an F32 row (128 of F16/BF16) across the warp: coalesced. */
+__device__ __forceinline__ void plain2(int type, const uint8_t *row, int64_t j, bool al, float &w0, float &w1) {
+  if (type == FLOE_TYPE_F32) {
+    if (al) {
+      const float2 p = *(const float2 *)(row + 4 * j);
+      w0 = p.x, w1 = p.y;
+    } else {
+      w0 = ((const float *)row)[j], w1 = ((const float *)row)[j + 1];
+    }
+    return;
+  }
+  uint32_t h0, h1;
+  if (al) {
+    const uint32_t p = *(const uint32_t *)(row + 2 * j);
+    h0 = p & 0xFFFF, h1 = p >> 16;
+  } else {
+    h0 = ((const uint16_t *)row)[j], h1 = ((const uint16_t *)row)[j + 1];
+  }
+  w0 = type == FLOE_TYPE_F16 ? mm_f16(h0) : mm_bf16(h0);
+  w1 = type == FLOE_TYPE_F16 ? mm_f16(h1) : mm_bf16(h1);
+}
+
 __device__ __forceinline__ float plain_at(int type, const uint8_t *row, int64_t j) {
   if (type == FLOE_TYPE_F32) return ((const float *)row)[j];
   const uint32_t h = ((const uint16_t *)row)[j];
   return type == FLOE_TYPE_F16 ? mm_f16(h) : mm_bf16(h);
 }
 
-__device__ __forceinline__ void plain_pass(const KArgs &a, const uint8_t *row, const float *x, int64_t ldx, int nbt,
-                                           float acc[16]) {
-  const int64_t n = a.cols;
+/* The x values of lanes 2t, 2t + 1 at j (x rows need not be 8-byte aligned) */
+__device__ __forceinline__ float2 x2(const float *x, int64_t j, bool al) {
+  if (al) return *(const float2 *)(x + j);
+  return make_float2(x[j], x[j + 1]);
+}
+
+#define PL_STEPS 16 /* 64-value steps whose loads are issued together (one memory round trip) */
+
+/* acc0[b], acc1[b]: lanes 2t, 2t + 1 of activation row b (nbt rows of x, ldx apart). A decode
+ * GEMV of a few rows is latency-bound: the loads of PL_STEPS steps are issued before their fused
+ * multiply-adds, which then run in element order per lane. */
+__device__ __forceinline__ void lanes_pass(const KArgs &a, const uint8_t *__restrict__ row, const float *__restrict__ x,
+                                           int64_t ldx, int nbt, float acc0[16], float acc1[16]) {
+  const int t = threadIdx.x & 31;
+  const int64_t n = a.cols, m64 = n & ~(int64_t)63;
+  const bool al = ((uintptr_t)row & (a.type == FLOE_TYPE_F32 ? 7 : 3)) == 0;
   int64_t j = 0;
-  if (((uintptr_t)row & 15) == 0)
-    for (; j + 8 <= n; j += 8) {
-      float v[8];
-      if (a.type == FLOE_TYPE_F32) {
-        const float4 p0 = *(const float4 *)(row + 4 * j), p1 = *(const float4 *)(row + 4 * j + 16);
-        v[0] = p0.x, v[1] = p0.y, v[2] = p0.z, v[3] = p0.w, v[4] = p1.x, v[5] = p1.y, v[6] = p1.z, v[7] = p1.w;
-      } else {
-        const uint4 p = *(const uint4 *)(row + 2 * j);
-        const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+  for (; j + 64 * PL_STEPS <= m64; j += 64 * PL_STEPS) {
+    float2 w[PL_STEPS];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-          v[2 * k] = a.type == FLOE_TYPE_F16 ? mm_f16(w[k] & 0xFFFF) : mm_bf16(w[k] & 0xFFFF);
-          v[2 * k + 1] = a.type == FLOE_TYPE_F16 ? mm_f16(w[k] >> 16) : mm_bf16(w[k] >> 16);
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < 16; b++) {
-        if (b >= nbt) break;
-        const float *xb = x + b * ldx + j;
-        float sacc = acc[b];
-#pragma unroll
-        for (int k = 0; k < 8; k++) sacc += v[k] * xb[k];
-        acc[b] = sacc;
-      }
-    }
-  for (; j < n; j++) {
-    const float w = plain_at(a.type, row, j);
+    for (int u = 0; u < PL_STEPS; u++) plain2(a.type, row, j + 64 * u + 2 * t, al, w[u].x, w[u].y);
 #pragma unroll
     for (int b = 0; b < 16; b++) {
       if (b >= nbt) break;
-      acc[b] += w * x[b * ldx + j];
+      const float *xb = x + b * ldx;
+      const bool xa = ((uintptr_t)xb & 7) == 0;
+      float2 xv[PL_STEPS];
+#pragma unroll
+      for (int u = 0; u < PL_STEPS; u++) xv[u] = x2(xb, j + 64 * u + 2 * t, xa);
+      float s0 = acc0[b], s1 = acc1[b];
+#pragma unroll
+      for (int u = 0; u < PL_STEPS; u++) {
+        s0 = __fmaf_rn(w[u].x, xv[u].x, s0);
+        s1 = __fmaf_rn(w[u].y, xv[u].y, s1);
+      }
+      acc0[b] = s0, acc1[b] = s1;
+    }
+  }
+  for (; j < m64; j += 64) {
+    float w0, w1;
+    plain2(a.type, row, j + 2 * t, al, w0, w1);
+#pragma unroll
+    for (int b = 0; b < 16; b++) {
+      if (b >= nbt) break;
+      const float *xb = x + b * ldx + j + 2 * t;
+      acc0[b] = __fmaf_rn(w0, xb[0], acc0[b]);
+      acc1[b] = __fmaf_rn(w1, xb[1], acc1[b]);
+    }
+  }
+  for (; j < n; j += 16) { /* lanes 0..15: threads 0..7 */
+    if (t >= 8) continue;
+    const int64_t e = j + 2 * t;
+    const float w0 = e < n ? plain_at(a.type, row, e) : 0.0f, w1 = e + 1 < n ? plain_at(a.type, row, e + 1) : 0.0f;
+#pragma unroll
+    for (int b = 0; b < 16; b++) {
+      if (b >= nbt) break;
+      const float *xb = x + b * ldx;
+      acc0[b] = e < n ? __fmaf_rn(w0, xb[e], acc0[b]) : acc0[b] + 0.0f;
+      acc1[b] = e + 1 < n ? __fmaf_rn(w1, xb[e + 1], acc1[b]) : acc1[b] + 0.0f;
     }
   }
 }
 
-__global__ void __launch_bounds__(128) k_plain(KArgs a, KArgs a2, int mode, int64_t nb, int K, const int32_t *ids,
-                                               const float *X, int64_t ldx, float *Y, int64_t ldy) {
-  const int64_t r = (int64_t)blockIdx.x * 128 + threadIdx.x;
+/* The CPU's final sums of one activation row's 64 lanes; the result is valid in every thread. */
+__device__ __forceinline__ float lanes_sum(float v0, float v1) {
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 8); /* a0 + a1, a2 + a3 */
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 8);
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 16); /* (a0 + a1) + (a2 + a3): threads 0..7 hold lanes 2t, 2t + 1 */
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 16);
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 4); /* lane i + 8 */
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 4);
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 2); /* lane i + 4 */
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
+  v0 += __shfl_xor_sync(0xffffffffu, v0, 1); /* lane i + 2 */
+  v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
+  return v0 + v1; /* lane i + 1 */
+}
+
+#define PL_WARPS 4 /* rows (warps) per block */
+
+__global__ void __launch_bounds__(32 * PL_WARPS) k_plain(KArgs a, KArgs a2, int mode, int64_t nb, int K,
+                                                         const int32_t *ids, const float *X, int64_t ldx, float *Y,
+                                                         int64_t ldy) {
+  const int64_t r = (int64_t)blockIdx.x * PL_WARPS + (threadIdx.x >> 5);
+  const bool w = (threadIdx.x & 31) == 0;
   if (r >= a.rows) return;
-  float acc[16];
+  float acc0[16], acc1[16];
 #pragma unroll
-  for (int b = 0; b < 16; b++) acc[b] = 0.0f;
+  for (int b = 0; b < 16; b++) acc0[b] = acc1[b] = 0.0f;
   if (mode == MM_PLAIN) {
     const int64_t b0 = (int64_t)blockIdx.y * 16;
     const int nbt = (int)(nb - b0 < 16 ? nb - b0 : 16);
-    plain_pass(a, mm_row(a, 0, r), X + b0 * ldx, ldx, nbt, acc);
+    lanes_pass(a, mm_row(a, 0, r), X + b0 * ldx, ldx, nbt, acc0, acc1);
 #pragma unroll
-    for (int b = 0; b < 16; b++)
-      if (b < nbt) Y[(b0 + b) * ldy + r] = acc[b];
+    for (int b = 0; b < 16; b++) {
+      if (b >= nbt) break;
+      const float y = lanes_sum(acc0[b], acc1[b]);
+      if (w) Y[(b0 + b) * ldy + r] = y;
+    }
     return;
   }
   const int64_t slot = blockIdx.y;
   const int e = ids ? ids[slot] : 0;
   if (e < 0 || e >= a.n_expert) {
-    Y[slot * ldy + r] = __int_as_float(0x7fc00000);
+    if (w) Y[slot * ldy + r] = __int_as_float(0x7fc00000);
     return;
   }
   const float *x = X + (mode == MM_GLU ? slot / K : slot) * ldx;
-  plain_pass(a, mm_row(a, e, r), x, ldx, 1, acc);
+  lanes_pass(a, mm_row(a, e, r), x, ldx, 1, acc0, acc1);
+  const float g = lanes_sum(acc0[0], acc1[0]);
   if (mode == MM_GLU) {
-    float acc2[16];
-    for (int b = 0; b < 16; b++) acc2[b] = 0.0f;
-    plain_pass(a2, mm_row(a2, e, r), x, ldx, 1, acc2);
-    Y[slot * ldy + r] = floe_siluf(acc[0]) * acc2[0];
-  } else {
-    Y[slot * ldy + r] = acc[0];
+    float u0[16], u1[16];
+    u0[0] = u1[0] = 0.0f;
+    lanes_pass(a2, mm_row(a2, e, r), x, ldx, 1, u0, u1);
+    const float u = lanes_sum(u0[0], u1[0]);
+    if (w) Y[slot * ldy + r] = floe_siluf(g) * u;
+  } else if (w) {
+    Y[slot * ldy + r] = g;
   }
 }
 
@@ -548,7 +625,7 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
   type_block(a.type, &blck, &bbytes);
   const unsigned gy = (unsigned)(mode == MM_PLAIN ? (nb + 15) / 16 : nb);
   if (a.type == FLOE_TYPE_F32 || a.type == FLOE_TYPE_F16 || a.type == FLOE_TYPE_BF16) {
-    k_plain<<<dim3((unsigned)((a.rows + 127) / 128), gy), 128, 0, st>>>(a, a2, mode, nb, K, ids, X, ldx, Y, ldy);
+    k_plain<<<dim3((unsigned)((a.rows + PL_WARPS - 1) / PL_WARPS), gy), 32 * PL_WARPS, 0, st>>>(a, a2, mode, nb, K, ids, X, ldx, Y, ldy);
     return;
   }
   const unsigned gx = (unsigned)((a.rows + 31) / 32);

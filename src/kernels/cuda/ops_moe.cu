@@ -80,16 +80,30 @@ extern "C" void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert,
   k_moe_route<<<(unsigned)n_tok, th, 0, OPS_STREAM(stream)>>>(logits, n_expert, K, norm_topk, sel, w);
 }
 
-#define COMB_THREADS 256
+#define COMB_THREADS 1024
+#define COMB_PER 2 /* values per thread kept in registers (rows up to 2048 in one memory round trip) */
+
+/* restrict pointers and unrolled loops: the loads of a phase are issued before their values are
+ * used (a one-token combine is latency-bound) */
 static __global__ void __launch_bounds__(COMB_THREADS)
-    k_moe_combine(float *x, const float *y, const float *w, int K, const float *sh, const float *shl,
-                  const float *nw, float *h, float eps, int n) {
+    k_moe_combine(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ w, int K,
+                  const float *__restrict__ sh, const float *__restrict__ shl, const float *__restrict__ nw,
+                  float *__restrict__ h, float eps, int n) {
   extern __shared__ float xs[];
   __shared__ float rs;
   const int64_t t = blockIdx.x;
+  const int tid = threadIdx.x, bs = blockDim.x;
+  float wr[COMB_PER];
+#pragma unroll
+  for (int k = 0; k < COMB_PER; k++) {
+    const int i = tid + k * bs;
+    wr[k] = nw && i < n ? nw[i] : 0.0f;
+  }
   const float g = sh ? floe_sigmoidf(shl[t]) : 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+#pragma unroll 2
+  for (int i = tid; i < n; i += bs) {
     float acc = 0.0f;
+#pragma unroll 8
     for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(y[(t * K + j) * n + i], w[t * K + j]));
     if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[t * n + i], g));
     const float v = __fadd_rn(x[t * n + i], acc);
@@ -98,12 +112,18 @@ static __global__ void __launch_bounds__(COMB_THREADS)
   }
   if (!nw) return;
   __syncthreads();
-  if (threadIdx.x < 32) {
+  if (tid < 32) {
     const float ss = ops_sumsq16_warp(xs, n);
-    if (threadIdx.x == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
+    if (tid == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) h[t * n + i] = __fmul_rn(__fmul_rn(xs[i], rs), nw[i]);
+  const float r = rs;
+#pragma unroll
+  for (int k = 0; k < COMB_PER; k++) {
+    const int i = tid + k * bs;
+    if (i < n) h[t * n + i] = __fmul_rn(__fmul_rn(xs[i], r), wr[k]);
+  }
+  for (int i = tid + COMB_PER * bs; i < n; i += bs) h[t * n + i] = __fmul_rn(__fmul_rn(xs[i], r), nw[i]);
 }
 
 extern "C" void cuda_moe_combine(float *x, const float *y, const float *w, int K, const float *sh,
