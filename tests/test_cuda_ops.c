@@ -440,6 +440,27 @@ static void test_route(int NE, int K, int norm, int T, int levels) {
   }
   CHECK(memcmp(gs, rs, T * K * 4) == 0, "selected experts identical (ascending, ties to the lower index)");
   CHECK(n_diff_bits(gw, rw, T * K) == 0, "weights bit-identical");
+  { /* the shared expert as slot K (cuda_moe_route_sh): slots [0, K) as above, slot K (NE, sigmoid) */
+    const int ks = K + 1;
+    float *shl = malloc(T * 4), *w2 = malloc(T * ks * 4);
+    int32_t *s2 = malloc(T * ks * 4);
+    for (int t = 0; t < T; t++) shl[t] = urand(-3, 3);
+    float *dshl = dup_dev(shl, T * 4), *dw2 = dup_dev(NULL, T * ks * 4);
+    int32_t *ds2 = dup_dev(NULL, T * ks * 4);
+    poison(dw2, T * ks * 4), poison(ds2, T * ks * 4);
+    cuda_moe_route_sh(dl, T, NE, K, norm, dshl, NE, ds2, dw2, NULL);
+    CHECK(sync_ok(), "route with the shared slot ran");
+    get(w2, dw2, T * ks * 4), get(s2, ds2, T * ks * 4);
+    int ok = 1;
+    for (int t = 0; t < T; t++) {
+      ok &= memcmp(s2 + t * ks, rs + t * K, K * 4) == 0 && n_diff_bits(w2 + t * ks, rw + t * K, K) == 0;
+      const float g = floe_sigmoidf(shl[t]);
+      ok &= s2[t * ks + K] == NE && n_diff_bits(w2 + t * ks + K, &g, 1) == 0;
+    }
+    CHECK(ok, "shared slot: routed slots identical, slot K = (NE, sigmoid(logit)) bit for bit");
+    cuda_rt_free(dshl), cuda_rt_free(dw2), cuda_rt_free(ds2);
+    free(shl), free(w2), free(s2);
+  }
   cuda_rt_free(dl), cuda_rt_free(dw), cuda_rt_free(ds);
   free(lg), free(p), free(rw), free(gw), free(rs), free(gs);
 }
@@ -450,6 +471,8 @@ static void test_combine(int T, int K, int64_t n, int shared, int norm) {
   float *x = malloc(T * n * 4), *y = malloc(T * K * n * 4), *w = malloc(T * K * 4), *sh = malloc(T * n * 4);
   float *shl = malloc(T * 4), *nw = malloc(n * 4), *h = malloc(T * n * 4), *gx = malloc(T * n * 4), *gh = malloc(T * n * 4);
   for (int64_t i = 0; i < T * n; i++) x[i] = urand(-2, 2), sh[i] = urand(-1, 1);
+  float *xin = malloc(T * n * 4);
+  memcpy(xin, x, T * n * 4);
   for (int64_t i = 0; i < T * K * n; i++) y[i] = urand(-1, 1);
   for (int i = 0; i < T * K; i++) w[i] = urand(0, 0.3f);
   for (int i = 0; i < T; i++) shl[i] = urand(-3, 3);
@@ -472,6 +495,30 @@ static void test_combine(int T, int K, int64_t n, int shared, int norm) {
   }
   CHECK(n_diff_bits(gx, x, T * n) == 0, "x bit-identical (%zu differ)", n_diff_bits(gx, x, T * n));
   if (norm) CHECK(n_diff_bits(gh, h, T * n) == 0, "fused norm bit-identical");
+  if (shared) { /* the shared expert as slot K of K + 1 (cuda_moe_route_sh's layout): the same bits */
+    const int ks = K + 1;
+    float *y2 = malloc(T * ks * n * 4), *w2 = malloc(T * ks * 4), *gx2 = malloc(T * n * 4), *gh2 = malloc(T * n * 4);
+    for (int t = 0; t < T; t++) {
+      memcpy(y2 + (int64_t)t * ks * n, y + (int64_t)t * K * n, K * n * 4);
+      memcpy(y2 + ((int64_t)t * ks + K) * n, sh + t * n, n * 4);
+      memcpy(w2 + t * ks, w + t * K, K * 4);
+      w2[t * ks + K] = floe_sigmoidf(shl[t]);
+    }
+    float *dx2 = dup_dev(NULL, T * n * 4), *dy2 = dup_dev(y2, T * ks * n * 4), *dw2 = dup_dev(w2, T * ks * 4);
+    float *dh2 = dup_dev(NULL, T * n * 4);
+    /* x as it was before the first combine: x - acc is not recoverable, so start again from gx's source */
+    float *x0 = malloc(T * n * 4);
+    for (int64_t i = 0; i < T * n; i++) x0[i] = xin[i];
+    h2d(dx2, x0, T * n * 4);
+    poison(dh2, T * n * 4);
+    cuda_moe_combine(dx2, dy2, dw2, ks, NULL, NULL, norm ? dnw : NULL, dh2, 1e-6f, T, n, NULL);
+    CHECK(sync_ok(), "combine (shared slot) ran");
+    get(gx2, dx2, T * n * 4), get(gh2, dh2, T * n * 4);
+    CHECK(n_diff_bits(gx2, x, T * n) == 0, "shared expert as slot K: x bit-identical");
+    if (norm) CHECK(n_diff_bits(gh2, h, T * n) == 0, "shared expert as slot K: fused norm bit-identical");
+    cuda_rt_free(dx2), cuda_rt_free(dy2), cuda_rt_free(dw2), cuda_rt_free(dh2);
+    free(y2), free(w2), free(gx2), free(gh2), free(x0);
+  }
   /* SiLU-GLU on the same buffers */
   float *g = malloc(T * n * 4);
   h2d(dh, sh, T * n * 4);
@@ -481,7 +528,7 @@ static void test_combine(int T, int K, int64_t n, int shared, int norm) {
   for (int64_t i = 0; i < T * n; i++) sh[i] = floe_siluf(sh[i]) * x[i];
   CHECK(n_diff_bits(g, sh, T * n) == 0, "silu_glu bit-identical");
   cuda_rt_free(dx), cuda_rt_free(dy), cuda_rt_free(dw), cuda_rt_free(dsh), cuda_rt_free(dshl), cuda_rt_free(dnw), cuda_rt_free(dh);
-  free(x), free(y), free(w), free(sh), free(shl), free(nw), free(h), free(gx), free(gh), free(acc), free(g);
+  free(x), free(y), free(w), free(sh), free(shl), free(nw), free(h), free(gx), free(gh), free(acc), free(g), free(xin);
 }
 
 /* ---- embedding ---- */

@@ -56,6 +56,10 @@ typedef struct cu_layer {
    * into it (same device bytes); ncat = 0 where the parts cannot be joined (types differ, MLX). */
   dmat cat_qkv, cat_qkvz, cat_ba, cat_rt;
   dmat gate, up, down; /* routed experts: stacks of n_expert, expert e at data + e * expert_stride */
+  /* sh_in_stack: the shared expert is expert n_expert of the three stacks (its matrices have the
+   * routed experts' layout): one gate+up and one down launch take K + 1 slots a token, the shared
+   * expert's slot last (cuda_moe_route_sh), instead of separate launches. */
+  bool sh_in_stack;
 } cu_layer;
 
 typedef struct cu_model {
@@ -149,8 +153,17 @@ static const char *type_name(uint32_t t) {
 
 /* n matrices W[0..n) of one shape (n > 1: an expert stack) into one device allocation; perm: NULL,
  * or the source row of each destination row (rows of the first n_perm rows; grouped GDN). */
+static int up_stack(cu_model *cm, const floe_mat *W, int n, const floe_mat *extra, const int64_t *perm, int64_t prow0,
+                    int64_t nrows, dmat *out, const char *what, int64_t l, char *err, size_t errlen);
+
 static int up_mats(cu_model *cm, const floe_mat *W, int n, const int64_t *perm, int64_t prow0, int64_t nrows,
                    dmat *out, const char *what, int64_t l, char *err, size_t errlen) {
+  return up_stack(cm, W, n, NULL, perm, prow0, nrows, out, what, l, err, errlen);
+}
+
+/* up_mats with one more matrix of the same layout (extra, may be NULL) as expert n of the stack. */
+static int up_stack(cu_model *cm, const floe_mat *W, int n, const floe_mat *extra, const int64_t *perm, int64_t prow0,
+                    int64_t nrows, dmat *out, const char *what, int64_t l, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   out->h = W;
   if (!W || !W->data) return 0;
@@ -167,15 +180,16 @@ static int up_mats(cu_model *cm, const floe_mat *W, int n, const int64_t *perm, 
   d->row_bytes = W->row_bytes;
   d->mlx = W->mlx;
   d->sb_row_bytes = W->sb_row_bytes;
-  d->n_expert = n;
-  d->expert_stride = n > 1 ? mb : 0;
-  d->sb_expert_stride = n > 1 ? sb : 0;
-  uint8_t *dd = cu_alloc(cm, mb * (size_t)n, err, errlen);
+  const int nt = n + (extra ? 1 : 0);
+  d->n_expert = nt;
+  d->expert_stride = nt > 1 ? mb : 0;
+  d->sb_expert_stride = nt > 1 ? sb : 0;
+  uint8_t *dd = cu_alloc(cm, mb * (size_t)nt, err, errlen);
   if (!dd) return FLOE_E_NOMEM;
   d->data = dd;
   uint8_t *ds = NULL, *db = NULL;
   if (W->type == FLOE_TYPE_MLX) {
-    if (!(ds = cu_alloc(cm, sb * (size_t)n, err, errlen)) || !(db = cu_alloc(cm, sb * (size_t)n, err, errlen)))
+    if (!(ds = cu_alloc(cm, sb * (size_t)nt, err, errlen)) || !(db = cu_alloc(cm, sb * (size_t)nt, err, errlen)))
       return FLOE_E_NOMEM;
     d->scales = ds;
     d->biases = db;
@@ -183,8 +197,8 @@ static int up_mats(cu_model *cm, const floe_mat *W, int n, const int64_t *perm, 
   uint8_t *tmp = NULL;
   if (perm && !(tmp = malloc(mb > sb ? mb : sb))) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   int rc = 0;
-  for (int e = 0; e < n && !rc; e++) {
-    const floe_mat *M = &W[e];
+  for (int e = 0; e < nt && !rc; e++) {
+    const floe_mat *M = e < n ? &W[e] : extra;
     struct { const void *src; size_t rb; uint8_t *dst; } part[3] = {
       { M->data, M->row_bytes, dd + (size_t)e * mb }, { M->scales, M->sb_row_bytes, ds ? ds + (size_t)e * sb : NULL },
       { M->biases, M->sb_row_bytes, db ? db + (size_t)e * sb : NULL } };
@@ -267,6 +281,15 @@ static int up_join(cu_model *cm, const floe_mat *const *W, int n, const int64_t 
     r0 += rows;
   }
   return 0;
+}
+
+/* a and b can share one device stack: same type, shape and row layout (MLX: same bits, group,
+ * scale type) */
+static bool same_layout(const floe_mat *a, const floe_mat *b) {
+  return a->data && b->data && a->type == b->type && a->rows == b->rows && a->cols == b->cols &&
+         a->row_bytes == b->row_bytes && a->sb_row_bytes == b->sb_row_bytes &&
+         (a->type != FLOE_TYPE_MLX || (a->mlx.bits == b->mlx.bits && a->mlx.group == b->mlx.group &&
+                                       a->mlx.sb_type == b->mlx.sb_type));
 }
 
 static void cu_model_fini(model *m) {
@@ -390,11 +413,18 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
     } else {
       rc = up_mats(cm, &H->router, 1, NULL, 0, 0, &L->router, "ffn_gate_inp", l, err, errlen);
     }
-    if (rc || (rc = up_mats(cm, H->exp_gate, (int)hp->n_expert, NULL, 0, 0, &L->gate, "ffn_gate_exps", l, err, errlen)) ||
-        (rc = up_mats(cm, H->exp_up, (int)hp->n_expert, NULL, 0, 0, &L->up, "ffn_up_exps", l, err, errlen)) ||
-        (rc = up_mats(cm, H->exp_down, (int)hp->n_expert, NULL, 0, 0, &L->down, "ffn_down_exps", l, err, errlen)))
+    L->sh_in_stack = hp->n_ff_shexp > 0 && same_layout(&H->sh_gate, &H->exp_gate[0]) &&
+                     same_layout(&H->sh_up, &H->exp_up[0]) && same_layout(&H->sh_down, &H->exp_down[0]);
+    const int NEx = (int)hp->n_expert;
+    if (rc ||
+        (rc = up_stack(cm, H->exp_gate, NEx, L->sh_in_stack ? &H->sh_gate : NULL, NULL, 0, 0, &L->gate, "ffn_gate_exps",
+                       l, err, errlen)) ||
+        (rc = up_stack(cm, H->exp_up, NEx, L->sh_in_stack ? &H->sh_up : NULL, NULL, 0, 0, &L->up, "ffn_up_exps", l, err,
+                       errlen)) ||
+        (rc = up_stack(cm, H->exp_down, NEx, L->sh_in_stack ? &H->sh_down : NULL, NULL, 0, 0, &L->down,
+                       "ffn_down_exps", l, err, errlen)))
       goto fail;
-    if (hp->n_ff_shexp > 0 &&
+    if (hp->n_ff_shexp > 0 && !L->sh_in_stack &&
         ((rc = up_mats(cm, &H->sh_gate, 1, NULL, 0, 0, &L->sh_gate, "ffn_gate_shexp", l, err, errlen)) ||
          (rc = up_mats(cm, &H->sh_up, 1, NULL, 0, 0, &L->sh_up, "ffn_up_shexp", l, err, errlen)) ||
          (rc = up_mats(cm, &H->sh_down, 1, NULL, 0, 0, &L->sh_down, "ffn_down_shexp", l, err, errlen))))
@@ -494,10 +524,10 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->x, B * E * 4 }, { &c->h, B * E * 4 }, { &c->out, B * E * 4 }, { &c->q, (B * qdim + 2 * kvd) * 4 },
     { &c->k, B * kvd * 4 }, { &c->v, B * kvd * 4 }, { &c->att, B * nh * hd * 4 }, { &c->mix, (B * C + vd) * 4 },
     { &c->z, B * vd * 4 }, { &c->b, (B + 1) * Nv * 4 }, { &c->a, B * Nv * 4 }, { &c->raw, B * C * 4 },
-    { &c->o, B * vd * 4 }, { &c->rlog, (B * NE + 1) * 4 }, { &c->selw, B * K * 4 }, { &c->shg, B * 4 },
-    { &c->sel, B * K * 4 }, { &c->hr, B * K * ffm * 4 }, { &c->hs, B * (Is > 0 ? Is : 1) * 4 },
-    { &c->yr, B * K * E * 4 }, { &c->ys, B * E * 4 }, { &c->xq[0], (size_t)B * c->xq_row },
-    { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * K) * c->xq_row }, { &c->logits, LB * V * 4 },
+    { &c->o, B * vd * 4 }, { &c->rlog, (B * NE + 1) * 4 }, { &c->selw, B * (K + 1) * 4 }, { &c->shg, B * 4 },
+    { &c->sel, B * (K + 1) * 4 }, { &c->hr, B * (K + 1) * ffm * 4 }, { &c->hs, B * (Is > 0 ? Is : 1) * 4 },
+    { &c->yr, B * (K + 1) * E * 4 }, { &c->ys, B * E * 4 }, { &c->xq[0], (size_t)B * c->xq_row },
+    { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * (K + 1)) * c->xq_row }, { &c->logits, LB * V * 4 },
     { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 },
     { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16 },
     { &c->amax_scr, cuda_argmax_scratch_bytes(V) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
@@ -789,9 +819,21 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
     if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
   }
+  const bool qe = xq_e && layer_same_act(&H->exp_up[0], lay_e);
+  const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : cm->output_norm;
+  if (L->sh_in_stack) { /* the shared expert is slot K of K + 1 in the same launches */
+    const int ks = (int)K + 1;
+    cuda_moe_route_sh(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, shg, (int)NE, c->sel, c->selw, c->stream);
+    prof(s, MODEL_PH_ROUTER);
+    cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, ks, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
+                        c->stream);
+    cuda_mm_moe_down(&L->down.d, n, ks, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+    cuda_moe_combine(x, c->yr, c->selw, ks, NULL, NULL, next, c->h, hp->rms_eps, n, E, c->stream);
+    prof(s, MODEL_PH_EXPERTS);
+    return;
+  }
   cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
   prof(s, MODEL_PH_ROUTER);
-  const bool qe = xq_e && layer_same_act(&H->exp_up[0], lay_e);
   cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, (int)K, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
                       c->stream);
   if (Is > 0) {
@@ -801,7 +843,6 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   }
   cuda_mm_moe_down(&L->down.d, n, (int)K, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
   if (Is > 0) cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
-  const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : cm->output_norm;
   cuda_moe_combine(x, c->yr, c->selw, (int)K, Is > 0 ? c->ys : NULL, Is > 0 ? shg : NULL, next, c->h,
                    hp->rms_eps, n, E, c->stream);
   prof(s, MODEL_PH_EXPERTS);

@@ -106,6 +106,12 @@ void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, 
  * n_expert <= 1024, K <= n_expert, K <= 64. */
 void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert, int K, int norm_topk, int32_t *sel, float *w,
                     void *stream);
+/* cuda_moe_route with the shared expert as one more slot: sel / w [n_tok][K + 1], slots [0, K) as
+ * above, slot K = (sh_id, sigmoid(sh_logit[t])). cuda_moe_combine over K + 1 slots without a
+ * separate shared expert then adds sh * sigmoid(logit) last, as the CPU does (a product does not
+ * depend on its operands' order): the same bits as the separate form. */
+void cuda_moe_route_sh(const float *logits, int64_t n_tok, int n_expert, int K, int norm_topk, const float *sh_logit,
+                       int sh_id, int32_t *sel, float *w, void *stream);
 /* x[t] += (sum_j w[t*K+j] * y[t*K+j]  +  sigmoid(sh_logit[t]) * sh[t]) in the CPU's order
  * (j ascending, then the shared expert); sh / sh_logit NULL: no shared expert. Then, when norm_w
  * is not NULL, h[t] = rmsnorm(x[t]) * norm_w (the next block's input norm, fused).

@@ -12,7 +12,9 @@
 #define MOE_MAXK 64
 
 static __global__ void __launch_bounds__(MOE_MAXE)
-    k_moe_route(const float *logits, int NE, int K, int norm_topk, int32_t *sel, float *wout) {
+    k_moe_route(const float *logits, int NE, int K, int norm_topk, const float *sh_logit, int sh_id, int32_t *sel,
+                float *wout) {
+  const int ks = sh_logit ? K + 1 : K; /* slots per token */
   __shared__ float p[MOE_MAXE];
   __shared__ float red[32];
   __shared__ float ws[MOE_MAXK];
@@ -68,8 +70,12 @@ static __global__ void __launch_bounds__(MOE_MAXE)
   if (e < K) {
     int pos = 0;
     for (int j = 0; j < K; j++) pos += es[j] < es[e];
-    sel[(int64_t)t * K + pos] = es[e];
-    wout[(int64_t)t * K + pos] = ws[e];
+    sel[(int64_t)t * ks + pos] = es[e];
+    wout[(int64_t)t * ks + pos] = ws[e];
+  }
+  if (sh_logit && e == 0) {
+    sel[(int64_t)t * ks + K] = sh_id;
+    wout[(int64_t)t * ks + K] = floe_sigmoidf(sh_logit[t]);
   }
 }
 
@@ -77,7 +83,14 @@ extern "C" void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert,
                                float *w, void *stream) {
   if (n_tok <= 0) return;
   const int th = (n_expert + 31) / 32 * 32;
-  k_moe_route<<<(unsigned)n_tok, th, 0, OPS_STREAM(stream)>>>(logits, n_expert, K, norm_topk, sel, w);
+  k_moe_route<<<(unsigned)n_tok, th, 0, OPS_STREAM(stream)>>>(logits, n_expert, K, norm_topk, NULL, 0, sel, w);
+}
+
+extern "C" void cuda_moe_route_sh(const float *logits, int64_t n_tok, int n_expert, int K, int norm_topk,
+                                  const float *sh_logit, int sh_id, int32_t *sel, float *w, void *stream) {
+  if (n_tok <= 0) return;
+  const int th = (n_expert + 31) / 32 * 32;
+  k_moe_route<<<(unsigned)n_tok, th, 0, OPS_STREAM(stream)>>>(logits, n_expert, K, norm_topk, sh_logit, sh_id, sel, w);
 }
 
 #define COMB_THREADS 1024
