@@ -29,6 +29,9 @@ int cuda_rt_init(int dev, char *err, size_t errlen);
 int cuda_rt_device_name(int dev, char *buf, size_t n, char *err, size_t errlen);
 /* Compute capability major * 10 + minor of device dev, or a negative FLOE_E_*. */
 int cuda_rt_device_cc(int dev);
+/* 1 when kernels are launched with programmatic dependent launch (pdl.cuh): sm_90+, and the
+ * environment has no FLOE_CUDA_NO_PDL. */
+int cuda_rt_pdl(void);
 /* L2 cache bytes of device dev (0 when unknown). */
 size_t cuda_rt_l2_bytes(int dev);
 /* Free and total device memory of the current device. */

@@ -7,6 +7,7 @@
  * q = rint(x * id) clamped to +-127, d = amax / 127, both 0 when amax is 0. Padding bytes
  * between the layout's regions are not written (the CPU does not write them either). */
 #include "kernels/cuda/mm_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace {
 
@@ -36,6 +37,7 @@ __device__ __forceinline__ int perm256(int type, int p) {
 
 __global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const float *__restrict__ X, int64_t ldx,
                                                      uint8_t *__restrict__ xq, size_t xs, int stage) {
+  PDL_ENTER();
   extern __shared__ float s_dyn[];
   /* staged: the row is read from global memory once, all its loads in flight together (a one-row
    * quantization is latency-bound), then every pass reads shared memory */
@@ -134,6 +136,6 @@ void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint
   const size_t smem = (size_t)(a.cols / U + (stage ? a.cols : 0)) * sizeof(float);
   for (int64_t b = 0; b < nb; b += 65535) { /* grid x limit is 2^31, but keep launches modest */
     const int64_t n = nb - b < 65535 ? nb - b : 65535;
-    k_act<<<(unsigned)n, ACT_THREADS, smem, st>>>(a, kind, X + b * ldx, ldx, xq + (size_t)b * xs, xs, stage);
+    pdl_launch(k_act, dim3((unsigned)n), dim3(ACT_THREADS), (size_t)(smem), st, a, kind, X + b * ldx, ldx, xq + (size_t)b * xs, xs, stage);
   }
 }

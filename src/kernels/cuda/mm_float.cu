@@ -12,6 +12,7 @@
  * Q3_K, IQ1/IQ2/IQ3, MLX 2/3/5/6-bit); one sequential chain per output limits it. F32/F16/BF16
  * (k_plain below) instead follow the CPU's AVX-512 float order, 64 lanes a row. */
 #include "kernels/cuda/mm_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace {
 
@@ -409,6 +410,7 @@ __device__ void float_pass(const KArgs &a, int blck, int bbytes, int e, int64_t 
 
 __global__ void __launch_bounds__(32) k_float(KArgs a, KArgs a2, int mode, int blck, int bbytes, int64_t nb, int K,
                                               const int32_t *ids, const float *X, int64_t ldx, float *Y, int64_t ldy) {
+  PDL_ENTER();
   __shared__ float buf[32][FCH + 1];
   const int64_t r0 = (int64_t)blockIdx.x * 32, r = r0 + threadIdx.x;
   float acc[16];
@@ -443,6 +445,7 @@ __global__ void __launch_bounds__(32) k_float(KArgs a, KArgs a2, int mode, int b
 
 __global__ void __launch_bounds__(128) k_dequant(KArgs a, int blck, int bbytes, const int32_t *rows, float *out,
                                                  int64_t ldo) {
+  PDL_ENTER();
   const int64_t i = blockIdx.x;
   const int64_t r = rows ? rows[i] : i;
   float *y = out + i * ldo;
@@ -496,7 +499,7 @@ __device__ __forceinline__ float2 x2(const float *x, int64_t j, bool al) {
   return make_float2(x[j], x[j + 1]);
 }
 
-#define PL_STEPS 16 /* 64-value steps whose loads are issued together (one memory round trip) */
+#define PL_STEPS 32 /* 64-value steps whose loads are issued together (one memory round trip for 2048 columns) */
 
 /* acc0[b], acc1[b]: lanes 2t, 2t + 1 of activation row b (nbt rows of x, ldx apart). A decode
  * GEMV of a few rows is latency-bound: the loads of PL_STEPS steps are issued before their fused
@@ -568,11 +571,12 @@ __device__ __forceinline__ float lanes_sum(float v0, float v1) {
   return v0 + v1; /* lane i + 1 */
 }
 
-#define PL_WARPS 4 /* rows (warps) per block */
+#define PL_WARPS 1 /* rows (warps) per block: one, so a 257-row router spreads over every SM */
 
 __global__ void __launch_bounds__(32 * PL_WARPS) k_plain(KArgs a, KArgs a2, int mode, int64_t nb, int K,
                                                          const int32_t *ids, const float *X, int64_t ldx, float *Y,
                                                          int64_t ldy) {
+  PDL_ENTER();
   const int64_t r = (int64_t)blockIdx.x * PL_WARPS + (threadIdx.x >> 5);
   const bool w = (threadIdx.x & 31) == 0;
   if (r >= a.rows) return;
@@ -625,17 +629,17 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
   type_block(a.type, &blck, &bbytes);
   const unsigned gy = (unsigned)(mode == MM_PLAIN ? (nb + 15) / 16 : nb);
   if (a.type == FLOE_TYPE_F32 || a.type == FLOE_TYPE_F16 || a.type == FLOE_TYPE_BF16) {
-    k_plain<<<dim3((unsigned)((a.rows + PL_WARPS - 1) / PL_WARPS), gy), 32 * PL_WARPS, 0, st>>>(a, a2, mode, nb, K, ids, X, ldx, Y, ldy);
+    pdl_launch(k_plain, dim3(dim3((unsigned)((a.rows + PL_WARPS - 1) / PL_WARPS), gy)), dim3(32 * PL_WARPS), (size_t)(0), st, a, a2, mode, nb, K, ids, X, ldx, Y, ldy);
     return;
   }
   const unsigned gx = (unsigned)((a.rows + 31) / 32);
-  k_float<<<dim3(gx, gy), 32, 0, st>>>(a, a2, mode, blck, bbytes, nb, K, ids, X, ldx, Y, ldy);
+  pdl_launch(k_float, dim3(dim3(gx, gy)), dim3(32), (size_t)(0), st, a, a2, mode, blck, bbytes, nb, K, ids, X, ldx, Y, ldy);
 }
 
 void mm_dequant_launch(const KArgs &a, const int32_t *rows, int64_t n, float *out, int64_t ldo, cudaStream_t st) {
   int blck, bbytes;
   type_block(a.type, &blck, &bbytes);
-  if (n > 0) k_dequant<<<(unsigned)n, 128, 0, st>>>(a, blck, bbytes, rows, out, ldo);
+  if (n > 0) pdl_launch(k_dequant, dim3((unsigned)n), dim3(128), (size_t)(0), st, a, blck, bbytes, rows, out, ldo);
 }
 
 /* ---- tables ---- */

@@ -15,6 +15,7 @@
  * q % 64 (the activation order 0,2,1,3 of 32-runs). Q5_K's fifth bit of both comes from
  * qh[q % 32], bits 2 (q / 32) and 2 (q / 32) + 1. */
 #include "kernels/cuda/mm_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace {
 
@@ -105,6 +106,7 @@ __device__ __forceinline__ void k4_dot(const KArgs &a, const uint8_t *row, const
 template <int T, int NB, int MODE>
 __global__ void __launch_bounds__(128) k_k4(KArgs a, KArgs a2, int64_t nb, int K, const int32_t *ids,
                                             const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
+  PDL_ENTER();
   const int j = threadIdx.x & 7;
   const int64_t r0 = (int64_t)blockIdx.x * RPB + (threadIdx.x >> 3);
   const bool live = r0 < a.rows; /* dead groups still take part in the shuffles */
@@ -143,15 +145,15 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
   const unsigned gx = (unsigned)((a.rows + RPB - 1) / RPB);
   if (mode == MM_GLU) {
-    k_k4<T, 1, MM_GLU><<<dim3(gx, (unsigned)nb), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_k4<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (mode == MM_DOWN) {
-    k_k4<T, 1, MM_DOWN><<<dim3(gx, (unsigned)nb), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_k4<T, 1, MM_DOWN>, dim3(dim3(gx, (unsigned)nb)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (nb == 1) {
-    k_k4<T, 1, MM_PLAIN><<<dim3(gx, 1), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_k4<T, 1, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (nb <= 4) {
-    k_k4<T, 4, MM_PLAIN><<<dim3(gx, 1), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_k4<T, 4, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else {
-    k_k4<T, 16, MM_PLAIN><<<dim3(gx, (unsigned)((nb + 15) / 16)), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_k4<T, 16, MM_PLAIN>, dim3(dim3(gx, (unsigned)((nb + 15) / 16))), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   }
 }
 

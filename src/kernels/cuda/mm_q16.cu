@@ -10,6 +10,7 @@
  * lane's sequence of adds is the CPU's, in one thread; the weights are decoded once per round
  * and used for every activation row of the tile. */
 #include "kernels/cuda/mm_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace {
 
@@ -218,6 +219,7 @@ __device__ __forceinline__ void q16_dot(const KArgs &a, const uint8_t *row, cons
 template <int T, int NB, int MODE>
 __global__ void __launch_bounds__(32 * WPB) k_q16(KArgs a, KArgs a2, int64_t nb, int K, const int32_t *ids,
                                                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
+  PDL_ENTER();
   const int64_t r = (int64_t)blockIdx.x * WPB + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= a.rows) return; /* the whole warp */
@@ -259,15 +261,15 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
   const unsigned gx = (unsigned)((a.rows + WPB - 1) / WPB);
   if (mode == MM_GLU) {
-    k_q16<T, 1, MM_GLU><<<dim3(gx, (unsigned)nb), 32 * WPB, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (mode == MM_DOWN) {
-    k_q16<T, 1, MM_DOWN><<<dim3(gx, (unsigned)nb), 32 * WPB, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 1, MM_DOWN>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (nb == 1) {
-    k_q16<T, 1, MM_PLAIN><<<dim3(gx, 1), 32 * WPB, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 1, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (nb <= 4) {
-    k_q16<T, 4, MM_PLAIN><<<dim3(gx, 1), 32 * WPB, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 4, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else {
-    k_q16<T, 16, MM_PLAIN><<<dim3(gx, (unsigned)((nb + 15) / 16)), 32 * WPB, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 16, MM_PLAIN>, dim3(dim3(gx, (unsigned)((nb + 15) / 16))), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   }
 }
 

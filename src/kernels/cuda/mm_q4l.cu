@@ -14,6 +14,7 @@
  * c and the last add inside thread 0. U steps are loaded before any is added, to keep loads in
  * flight. The weights are decoded once per step for all the activation rows of the tile. */
 #include "kernels/cuda/mm_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace {
 
@@ -285,6 +286,7 @@ __device__ __forceinline__ void l4_dot(const KArgs &a, const uint8_t *row, const
 template <int T, int NB, int MODE>
 __global__ void __launch_bounds__(128) k_l4(KArgs a, KArgs a2, int64_t nb, int K, const int32_t *ids,
                                             const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
+  PDL_ENTER();
   const int j = threadIdx.x & 3;
   const int64_t r0 = (int64_t)blockIdx.x * RPB + (threadIdx.x >> 2);
   const bool live = r0 < a.rows; /* dead rows still take part in the shuffles */
@@ -327,15 +329,15 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
   const unsigned gx = (unsigned)((a.rows + RPB - 1) / RPB);
   if (mode == MM_GLU) {
-    k_l4<T, 1, MM_GLU><<<dim3(gx, (unsigned)nb), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_l4<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (mode == MM_DOWN) {
-    k_l4<T, 1, MM_DOWN><<<dim3(gx, (unsigned)nb), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_l4<T, 1, MM_DOWN>, dim3(dim3(gx, (unsigned)nb)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (nb == 1) {
-    k_l4<T, 1, MM_PLAIN><<<dim3(gx, 1), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_l4<T, 1, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else if (nb <= 4) {
-    k_l4<T, 4, MM_PLAIN><<<dim3(gx, 1), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_l4<T, 4, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   } else {
-    k_l4<T, 16, MM_PLAIN><<<dim3(gx, (unsigned)((nb + 15) / 16)), 128, 0, st>>>(a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_l4<T, 16, MM_PLAIN>, dim3(dim3(gx, (unsigned)((nb + 15) / 16))), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
   }
 }
 

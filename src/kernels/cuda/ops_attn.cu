@@ -30,6 +30,7 @@ extern "C" {
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_rt.h"
 #include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 #define ATT_THREADS 256
 #define ATT_STAGES 4     /* cp.async pipeline depth (tiles) */
@@ -102,6 +103,7 @@ static __global__ void __launch_bounds__(256)
     k_attn_prep(float *q, const float *k, const float *v, const float *qn, const float *kn, const float *cs,
                 void *kc, void *vc, const int32_t *pos0, int nh, int nkv, int hd, int n_rot, int gated,
                 int64_t n_ctx, int bf16, float eps) {
+  PDL_ENTER();
   __shared__ float xs[256];
   __shared__ float rs;
   const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
@@ -153,7 +155,7 @@ extern "C" void cuda_attn_prep(const cuda_attn_shape *sh, float *q, const float 
   if (n_tok <= 0) return;
   dim3 grid((unsigned)n_tok, (unsigned)(sh->n_head + sh->n_head_kv));
   const int nt = (sh->head_dim + 31) / 32 * 32;
-  k_attn_prep<<<grid, nt, 0, OPS_STREAM(stream)>>>(q, k, v, q_norm, k_norm, rope_cs, kcache, vcache, pos0,
+  pdl_launch(k_attn_prep, dim3(grid), dim3(nt), (size_t)(0), OPS_STREAM(stream), q, k, v, q_norm, k_norm, rope_cs, kcache, vcache, pos0,
                                                    sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_rot,
                                                    sh->gated, sh->n_ctx, sh->kv_bf16, sh->eps);
 }
@@ -178,6 +180,7 @@ template <int HB, int HD, bool BF>
 static __global__ void __launch_bounds__(ATT_THREADS, 1)
     k_attn(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
            int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale) {
+  PDL_ENTER();
   constexpr int ES = BF ? 2 : 4;
   constexpr int TP = att_tp(HD, ES);
   constexpr int RS = HD + ATT_PAD;          /* shared row stride, elements */
@@ -461,7 +464,7 @@ static int launch_attn(const cuda_attn_shape *sh, const float *q, const void *kc
   const int nhb = sh->n_head / sh->n_head_kv / HB;
   dim3 grid((unsigned)sh->n_split, (unsigned)(sh->n_head_kv * nhb), (unsigned)n_tok);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
-  k_attn<HB, HD, BF><<<grid, ATT_THREADS, att_smem(HD, BF ? 2 : 4), OPS_STREAM(stream)>>>(
+  pdl_launch(k_attn<HB, HD, BF>, dim3(grid), dim3(ATT_THREADS), (size_t)(att_smem(HD, BF ? 2 : 4)), OPS_STREAM(stream), 
       q, kc, vc, pos0, out, part, cnt, sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split,
       scale);
   return 0;

@@ -17,6 +17,7 @@ extern "C" {
 }
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 #define GDN_KMAX 8
 #define GDN_SR128 64 /* rows of S in registers at dk 128 */
@@ -36,6 +37,7 @@ extern "C" int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen
 static __global__ void __launch_bounds__(128)
     k_gdn_conv(const float *mix, const float *wt, float *state, float *raw, int C, int K, int dk, int Nk,
                int n_tok, float qscale) {
+  PDL_ENTER();
   __shared__ float xs[128];
   const int g = blockIdx.x, tid = threadIdx.x, ch = g * dk + tid;
   const bool ok = tid < dk && ch < C, norm = g < 2 * Nk; /* threads >= dk: barriers only */
@@ -88,7 +90,7 @@ extern "C" void cuda_gdn_conv(const cuda_gdn_shape *sh, const float *mix, const 
   const int C = 2 * sh->Nk * sh->dk + sh->Nv * sh->dv;
   const float qscale = (float)(1.0 / sqrt((double)sh->dk));
   /* whole warps: the sumsq16 warp needs all 32 lanes */
-  k_gdn_conv<<<(C + sh->dk - 1) / sh->dk, (sh->dk + 31) / 32 * 32, 0, OPS_STREAM(stream)>>>(mix, conv_wt, conv_state, raw, C,
+  pdl_launch(k_gdn_conv, dim3((C + sh->dk - 1) / sh->dk), dim3((sh->dk + 31) / 32 * 32), (size_t)(0), OPS_STREAM(stream), mix, conv_wt, conv_state, raw, C,
                                                                           sh->conv_k, sh->dk, sh->Nk, (int)n_tok,
                                                                           qscale);
 }
@@ -107,6 +109,7 @@ static __global__ void __launch_bounds__(128)
     k_gdn_recur(const float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
                 const float *ssm_a, const float *norm_w, float *Sg, float *o, int Nk, int Nv, int dk, int dv,
                 int v_tiled, float eps, int n_tok) {
+  PDL_ENTER();
   __shared__ float qk[2 * DK];
   __shared__ float os[128];
   __shared__ float s_rr;
@@ -204,7 +207,7 @@ extern "C" void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const
   const int sr = DK <= 32 ? DK : (DK == 64 ? 32 : GDN_SR128);
   const size_t shm = sh->dk > sr ? (size_t)(sh->dk - sr) * sh->dv * sizeof(float) : 0;
 #define GDN_CASE(D)                                                                                              \
-  k_gdn_recur<D><<<sh->Nv, nt, shm, OPS_STREAM(stream)>>>(raw, z, b, a, dt_bias, ssm_a, norm_w, S, o, sh->Nk, sh->Nv, \
+  pdl_launch(k_gdn_recur<D>, dim3(sh->Nv), dim3(nt), (size_t)(shm), OPS_STREAM(stream), raw, z, b, a, dt_bias, ssm_a, norm_w, S, o, sh->Nk, sh->Nv, \
                                                           sh->dk, sh->dv, sh->v_tiled, sh->eps, (int)n_tok)
   switch (DK) {
   case 16: GDN_CASE(16); break;

@@ -12,6 +12,7 @@ extern "C" {
 }
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 extern "C" int cuda_embed_check(uint32_t type, int64_t n_embd, char *err, size_t errlen) {
   int blck = 0;
@@ -71,6 +72,7 @@ static __device__ float embed_elem(uint32_t type, const uint8_t *row, int64_t i)
 
 static __global__ void k_embed(uint32_t type, const uint8_t *data, size_t row_bytes, int64_t n_vocab, int64_t n_embd,
                                const int32_t *tokens, float *out) {
+  PDL_ENTER();
   const int64_t t = blockIdx.x;
   const int32_t tok = tokens[t];
   const bool ok = tok >= 0 && tok < n_vocab;
@@ -82,7 +84,7 @@ static __global__ void k_embed(uint32_t type, const uint8_t *data, size_t row_by
 extern "C" void cuda_embed_rows(uint32_t type, const void *data, size_t row_bytes, int64_t n_vocab, int64_t n_embd,
                                 const int32_t *tokens, int64_t n_tok, float *out, void *stream) {
   if (n_tok <= 0) return;
-  k_embed<<<(unsigned)n_tok, 256, 0, OPS_STREAM(stream)>>>(type, (const uint8_t *)data, row_bytes, n_vocab, n_embd,
+  pdl_launch(k_embed, dim3((unsigned)n_tok), dim3(256), (size_t)(0), OPS_STREAM(stream), type, (const uint8_t *)data, row_bytes, n_vocab, n_embd,
                                                            tokens, out);
 }
 
@@ -125,6 +127,7 @@ static __device__ __forceinline__ unsigned long long block_max_u64(unsigned long
 
 static __global__ void __launch_bounds__(AMAX_THREADS)
     k_argmax(const float *x, int64_t n, int32_t *out, unsigned long long *part, unsigned int *cnt) {
+  PDL_ENTER();
   __shared__ bool last;
   unsigned long long best = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -157,5 +160,5 @@ extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scrat
   const int nb = amax_blocks(n);
   /* the counter first: its place must not depend on n */
   unsigned long long *part = (unsigned long long *)scratch + 1;
-  k_argmax<<<nb, AMAX_THREADS, 0, OPS_STREAM(stream)>>>(x, n, out, part, (unsigned int *)scratch);
+  pdl_launch(k_argmax, dim3(nb), dim3(AMAX_THREADS), (size_t)(0), OPS_STREAM(stream), x, n, out, part, (unsigned int *)scratch);
 }

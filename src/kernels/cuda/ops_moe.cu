@@ -7,6 +7,7 @@
  *     x += y (vaxpy / vadd), then optionally the next block's RMSNorm of x. */
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 #define MOE_MAXE 1024
 #define MOE_MAXK 64
@@ -14,6 +15,7 @@
 static __global__ void __launch_bounds__(MOE_MAXE)
     k_moe_route(const float *logits, int NE, int K, int norm_topk, const float *sh_logit, int sh_id, int32_t *sel,
                 float *wout) {
+  PDL_ENTER();
   const int ks = sh_logit ? K + 1 : K; /* slots per token */
   __shared__ float p[MOE_MAXE];
   __shared__ float red[32];
@@ -83,14 +85,14 @@ extern "C" void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert,
                                float *w, void *stream) {
   if (n_tok <= 0) return;
   const int th = (n_expert + 31) / 32 * 32;
-  k_moe_route<<<(unsigned)n_tok, th, 0, OPS_STREAM(stream)>>>(logits, n_expert, K, norm_topk, NULL, 0, sel, w);
+  pdl_launch(k_moe_route, dim3((unsigned)n_tok), dim3(th), (size_t)(0), OPS_STREAM(stream), logits, n_expert, K, norm_topk, nullptr, 0, sel, w);
 }
 
 extern "C" void cuda_moe_route_sh(const float *logits, int64_t n_tok, int n_expert, int K, int norm_topk,
                                   const float *sh_logit, int sh_id, int32_t *sel, float *w, void *stream) {
   if (n_tok <= 0) return;
   const int th = (n_expert + 31) / 32 * 32;
-  k_moe_route<<<(unsigned)n_tok, th, 0, OPS_STREAM(stream)>>>(logits, n_expert, K, norm_topk, sh_logit, sh_id, sel, w);
+  pdl_launch(k_moe_route, dim3((unsigned)n_tok), dim3(th), (size_t)(0), OPS_STREAM(stream), logits, n_expert, K, norm_topk, sh_logit, sh_id, sel, w);
 }
 
 #define COMB_THREADS 1024
@@ -102,6 +104,7 @@ static __global__ void __launch_bounds__(COMB_THREADS)
     k_moe_combine(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ w, int K,
                   const float *__restrict__ sh, const float *__restrict__ shl, const float *__restrict__ nw,
                   float *__restrict__ h, float eps, int n) {
+  PDL_ENTER();
   extern __shared__ float xs[];
   __shared__ float rs;
   const int64_t t = blockIdx.x;
@@ -143,11 +146,12 @@ extern "C" void cuda_moe_combine(float *x, const float *y, const float *w, int K
                                  const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok,
                                  int64_t n, void *stream) {
   if (n_tok <= 0) return;
-  k_moe_combine<<<(unsigned)n_tok, COMB_THREADS, (size_t)n * sizeof(float), OPS_STREAM(stream)>>>(
+  pdl_launch(k_moe_combine, dim3((unsigned)n_tok), dim3(COMB_THREADS), (size_t)((size_t)n * sizeof(float)), OPS_STREAM(stream), 
       x, y, w, K, sh, sh_logit, norm_w, h, eps, (int)n);
 }
 
 static __global__ void k_silu_glu(float *g, const float *u, int64_t n) {
+  PDL_ENTER();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     g[i] = __fmul_rn(floe_siluf(g[i]), u[i]);
 }
@@ -156,5 +160,5 @@ extern "C" void cuda_silu_glu(float *g, const float *u, int64_t n, void *stream)
   if (n <= 0) return;
   int64_t nb = (n + 255) / 256;
   if (nb > 4096) nb = 4096;
-  k_silu_glu<<<(unsigned)nb, 256, 0, OPS_STREAM(stream)>>>(g, u, n);
+  pdl_launch(k_silu_glu, dim3((unsigned)nb), dim3(256), (size_t)(0), OPS_STREAM(stream), g, u, n);
 }

@@ -4,6 +4,7 @@
  * layer_rmsnorm (and vadd + layer_rmsnorm for the fused form). */
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 #define NORM_THREADS 512
 #define NORM_PER 4 /* values a thread keeps in registers (rows up to 2048 in one memory round trip) */
@@ -14,6 +15,7 @@
 static __global__ void __launch_bounds__(NORM_THREADS)
     k_rmsnorm(float *__restrict__ x, const float *__restrict__ delta, const float *__restrict__ w,
               float *__restrict__ y, int n, float eps) {
+  PDL_ENTER();
   extern __shared__ float xs[];
   __shared__ float rs;
   const int64_t row = blockIdx.x;
@@ -57,13 +59,13 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 extern "C" void cuda_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps,
                              void *stream) {
   if (n_rows <= 0) return;
-  k_rmsnorm<<<(unsigned)n_rows, NORM_THREADS, (size_t)n * sizeof(float), OPS_STREAM(stream)>>>((float *)x, NULL, w,
+  pdl_launch(k_rmsnorm, dim3((unsigned)n_rows), dim3(NORM_THREADS), (size_t)((size_t)n * sizeof(float)), OPS_STREAM(stream), (float *)x, nullptr, w,
                                                                                                  y, (int)n, eps);
 }
 
 extern "C" void cuda_add_rmsnorm(float *x, const float *delta, const float *w, float *y, int64_t n_rows, int64_t n,
                                  float eps, void *stream) {
   if (n_rows <= 0) return;
-  k_rmsnorm<<<(unsigned)n_rows, NORM_THREADS, (size_t)n * sizeof(float), OPS_STREAM(stream)>>>(x, delta, w, y,
+  pdl_launch(k_rmsnorm, dim3((unsigned)n_rows), dim3(NORM_THREADS), (size_t)((size_t)n * sizeof(float)), OPS_STREAM(stream), x, delta, w, y,
                                                                                                  (int)n, eps);
 }

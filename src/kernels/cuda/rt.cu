@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "base/base.h"
@@ -172,4 +173,17 @@ int cuda_rt_check(const char *what, char *err, size_t errlen) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return 0;
   return rt_fail(err, errlen, e, what ? what : "kernel");
+}
+
+/* pdl.cuh: programmatic dependent launch on sm_90 and later, unless FLOE_CUDA_NO_PDL is set.
+ * Decided once, for the device current at the first launch. */
+extern "C" int cuda_rt_pdl(void) {
+  static int on = -1;
+  if (on < 0) {
+    int dev = 0, ma = 0;
+    on = getenv("FLOE_CUDA_NO_PDL") == NULL && cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && ma >= 9;
+    (void)cudaGetLastError();
+  }
+  return on;
 }
