@@ -11,6 +11,8 @@
  * This path is for the types without a quantized-activation kernel (Q4_1, Q5_0, Q5_1, Q2_K,
  * Q3_K, IQ1/IQ2/IQ3, MLX 2/3/5/6-bit); one sequential chain per output limits it. F32/F16/BF16
  * (k_plain below) instead follow the CPU's AVX-512 float order, 64 lanes a row. */
+#include <stdlib.h>
+
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -499,7 +501,7 @@ __device__ __forceinline__ float2 x2(const float *x, int64_t j, bool al) {
   return make_float2(x[j], x[j + 1]);
 }
 
-#define PL_STEPS 32 /* 64-value steps whose loads are issued together (one memory round trip for 2048 columns) */
+#define PL_STEPS 16 /* 64-value steps whose loads are issued together (one memory round trip) */
 
 /* acc0[b], acc1[b]: lanes 2t, 2t + 1 of activation row b (nbt rows of x, ldx apart). A decode
  * GEMV of a few rows is latency-bound: the loads of PL_STEPS steps are issued before their fused
@@ -571,7 +573,7 @@ __device__ __forceinline__ float lanes_sum(float v0, float v1) {
   return v0 + v1; /* lane i + 1 */
 }
 
-#define PL_WARPS 1 /* rows (warps) per block: one, so a 257-row router spreads over every SM */
+#define PL_WARPS 4 /* rows (warps) per block */
 
 __global__ void __launch_bounds__(32 * PL_WARPS) k_plain(KArgs a, KArgs a2, int mode, int64_t nb, int K,
                                                          const int32_t *ids, const float *X, int64_t ldx, float *Y,
@@ -615,6 +617,64 @@ __global__ void __launch_bounds__(32 * PL_WARPS) k_plain(KArgs a, KArgs a2, int 
   }
 }
 
+/* One activation row (the decode step's router and gates), type T fixed at compile time: the
+ * same lanes and order as k_plain with nb = 1, in a small kernel (no activation-row loop, no type
+ * switch per load). FLOE_CUDA_PLAIN1=0 sends these calls to k_plain instead (A/B). */
+template <int T>
+__device__ __forceinline__ float2 ld2(const uint8_t *__restrict__ row, int64_t j, bool al) {
+  float2 w;
+  plain2(T, row, j, al, w.x, w.y);
+  return w;
+}
+
+template <int T>
+__global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict__ x, float *__restrict__ Y) {
+  PDL_ENTER();
+  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (r >= a.rows) return;
+  const int t = threadIdx.x & 31;
+  const uint8_t *__restrict__ row = mm_row(a, 0, r);
+  const int64_t n = a.cols, m64 = n & ~(int64_t)63;
+  const bool al = ((uintptr_t)row & (T == FLOE_TYPE_F32 ? 7 : 3)) == 0, xa = ((uintptr_t)x & 7) == 0;
+  float s0 = 0.0f, s1 = 0.0f;
+  int64_t j = 0;
+  for (; j + 64 * PL_STEPS <= m64; j += 64 * PL_STEPS) {
+    float2 w[PL_STEPS], xv[PL_STEPS];
+#pragma unroll
+    for (int u = 0; u < PL_STEPS; u++) {
+      w[u] = ld2<T>(row, j + 64 * u + 2 * t, al);
+      xv[u] = x2(x, j + 64 * u + 2 * t, xa);
+    }
+#pragma unroll
+    for (int u = 0; u < PL_STEPS; u++) {
+      s0 = __fmaf_rn(w[u].x, xv[u].x, s0);
+      s1 = __fmaf_rn(w[u].y, xv[u].y, s1);
+    }
+  }
+  for (; j < m64; j += 64) {
+    const float2 w = ld2<T>(row, j + 2 * t, al), xv = x2(x, j + 2 * t, xa);
+    s0 = __fmaf_rn(w.x, xv.x, s0);
+    s1 = __fmaf_rn(w.y, xv.y, s1);
+  }
+  for (; j < n; j += 16) { /* lanes 0..15: threads 0..7 */
+    if (t >= 8) continue;
+    const int64_t e = j + 2 * t;
+    s0 = e < n ? __fmaf_rn(plain_at(T, row, e), x[e], s0) : s0 + 0.0f;
+    s1 = e + 1 < n ? __fmaf_rn(plain_at(T, row, e + 1), x[e + 1], s1) : s1 + 0.0f;
+  }
+  const float y = lanes_sum(s0, s1);
+  if (t == 0) Y[r] = y;
+}
+
+static int plain1_on(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("FLOE_CUDA_PLAIN1");
+    on = !(e && e[0] == '0');
+  }
+  return on;
+}
+
 void type_block(int type, int *blck, int *bbytes) {
   const floe_type_traits *tt = type == FLOE_TYPE_MLX ? nullptr : floe_type_info((uint32_t)type);
   *blck = tt ? tt->blck : 1;
@@ -629,6 +689,13 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
   type_block(a.type, &blck, &bbytes);
   const unsigned gy = (unsigned)(mode == MM_PLAIN ? (nb + 15) / 16 : nb);
   if (a.type == FLOE_TYPE_F32 || a.type == FLOE_TYPE_F16 || a.type == FLOE_TYPE_BF16) {
+    if (mode == MM_PLAIN && nb == 1 && plain1_on()) {
+      const dim3 g((unsigned)((a.rows + 3) / 4));
+      if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain1<FLOE_TYPE_F32>, g, dim3(128), (size_t)0, st, a, X, Y);
+      else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain1<FLOE_TYPE_F16>, g, dim3(128), (size_t)0, st, a, X, Y);
+      else pdl_launch(k_plain1<FLOE_TYPE_BF16>, g, dim3(128), (size_t)0, st, a, X, Y);
+      return;
+    }
     pdl_launch(k_plain, dim3(dim3((unsigned)((a.rows + PL_WARPS - 1) / PL_WARPS), gy)), dim3(32 * PL_WARPS), (size_t)(0), st, a, a2, mode, nb, K, ids, X, ldx, Y, ldy);
     return;
   }
