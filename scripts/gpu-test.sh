@@ -11,6 +11,7 @@
 #   bench-mm  bench_cuda_mm (copy bandwidth, then GB/s and us per launch of each mm kernel)
 #   synth35   floe synth: the Qwen3.5-35B-A3B shape, Q4_K, all 40 layers, at $SYNTH (~18 GiB)
 #   test-synth  test_cuda_model with FLOE_TEST_SYNTH=$SYNTH (decode vs prefill greedy tokens)
+#   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096
 #   bench-mm-warp, bench-mm-lanes   bench_cuda_mm with one implementation of the 16-lane
 #             types forced (FLOE_CUDA_MM_Q16=warp / lanes; the default picks by shape)
@@ -57,6 +58,17 @@ sec_kernels35() {
   [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
   FLOE_CUDA_NO_GRAPH=1 timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 4 -r 1 -c 64
+}
+# ncu35: ncu's full report (speed of light, memory, occupancy, warp stalls) for one launch of each
+# hot decode kernel of the 35B-A3B shape cut to 4 layers (NCU_KERNELS: a regex of kernel names)
+sec_ncu35() {
+  local small=/tmp/floe-q35-4l.gguf
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  local k
+  for k in ${NCU_KERNELS:-k_k4 k_plain1 k_gdn_recur k_act k_moe_route k_moe_combine}; do
+    FLOE_CUDA_NO_GRAPH=1 timeout 120 ncu --set full -k "regex:^$k\b|::$k" --launch-skip 8 -c 2 \
+      "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" || return 1
+  done
 }
 # bench35: the 35B-A3B decode / prefill figures (DEPTHS: extra decode depths, default 8192)
 sec_bench35() {
