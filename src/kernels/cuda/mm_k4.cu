@@ -14,6 +14,8 @@
  * natural 64 (q / 32) + 32 + q % 32 (sub-block 2 (q / 32) + 1) at position 128 (q / 64) + 64 +
  * q % 64 (the activation order 0,2,1,3 of 32-runs). Q5_K's fifth bit of both comes from
  * qh[q % 32], bits 2 (q / 32) and 2 (q / 32) + 1. */
+#include <stdlib.h>
+
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -140,9 +142,148 @@ __global__ void __launch_bounds__(128) k_k4(KArgs a, KArgs a2, int64_t nb, int K
   }
 }
 
+/* One activation row (decode: MM_PLAIN with nb = 1, and the MoE modes), a warp per weight row.
+ * k_k4 gives a row 8 threads and each thread whole superblocks: at decode the GPU then runs ~2
+ * warps per scheduler, each a long chain of L1 loads and integer ops (ncu: 17 cycles per issued
+ * instruction, 87 % of cycles with no eligible warp). Here a row has 32 threads: superblocks
+ * k = s, s+4, ... go to the 8 threads of group s = lane / 8, thread w of a group takes the code
+ * bytes 16w..16w+15 (one sub-block pair, as one step of k4_dot's w loop) and the bsum word w.
+ * S1 and S2 are exact integer sums, so summing the 8 partials by shuffles gives k4_dot's S1 and S2
+ * exactly; every thread of the group then forms the same t with the same float operations, and
+ * adds it to slot k % 16 = s + 4 ((k / 4) % 4) in superblock order. The group holds slots s,
+ * s+4, s+8, s+12, so kred16's tree is: a[s] = v[s] + v[s+8], a[s+4] = v[s+4] + v[s+12], b[s] =
+ * a[s] + a[s+4] in the group, then c[i] = b[i] + b[i+2] and c[0] + c[1] across groups. Every
+ * output is k4_dot's bit for bit. */
+template <int T>
+__device__ __forceinline__ float k4w_term(const KArgs &a, const uint8_t *__restrict__ row, const uint8_t *__restrict__ x,
+                                          int k, int w) {
+  constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176;
+  constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;
+  const uint4 *blk = (const uint4 *)(row + (size_t)k * BB);
+  const uint4 h = blk[0], q = blk[QS / 16 + w];
+  uint4 qh = make_uint4(0, 0, 0, 0);
+  if constexpr (T == FLOE_TYPE_Q5_K) qh = blk[1 + (w & 1)]; /* qh[q % 32] */
+  const uint4 *xv = (const uint4 *)(x + 256 * (size_t)k);
+  const uint4 xl = xv[8 * (w >> 2) + (w & 3)], xh = xv[8 * (w >> 2) + 4 + (w & 3)];
+  const uint32_t bw = ((const uint32_t *)(x + a.off_s + 32 * (size_t)k))[w];
+  const float dx = ((const float *)(x + a.off_d))[k];
+  /* get_scale_min_k4: the two scales of this thread's sub-blocks 2 (w / 2), 2 (w / 2) + 1 and min w */
+  /* scale bytes 0-3 in h.y, 4-7 in h.z, 8-11 in h.w (no indexed array: it would live in local memory) */
+  auto scale = [&](int j) -> int {
+    const int b = 8 * (j & 3), y = (int)((h.y >> b) & 0xFF);
+    return j < 4 ? y & 63 : (int)((h.w >> b) & 0xF) | ((y >> 6) << 4);
+  };
+  auto minv = [&](int j) -> int {
+    const int b = 8 * (j & 3), z = (int)((h.z >> b) & 0xFF);
+    return j < 4 ? z & 63 : (int)((h.w >> b) >> 4 & 0xF) | ((z >> 6) << 4);
+  };
+  uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
+  uint32_t hi[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
+                    (q.w >> 4) & 0x0F0F0F0Fu};
+  if constexpr (T == FLOE_TYPE_Q5_K) {
+    const uint32_t h4[4] = {qh.x, qh.y, qh.z, qh.w};
+    const int sh = 2 * (w >> 1);
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+      lo[t] |= ((h4[t] >> sh) & 0x01010101u) << 4;
+      hi[t] |= ((h4[t] >> (sh + 1)) & 0x01010101u) << 4;
+    }
+  }
+  const int sl = dp4(lo[3], xl.w, dp4(lo[2], xl.z, dp4(lo[1], xl.y, dp4(lo[0], xl.x, 0))));
+  const int shv = dp4(hi[3], xh.w, dp4(hi[2], xh.z, dp4(hi[1], xh.y, dp4(hi[0], xh.x, 0))));
+  int S1 = scale(2 * (w >> 1)) * sl + scale(2 * (w >> 1) + 1) * shv;
+  int S2 = minv(w) * ((int)(int16_t)(bw & 0xFFFF) + (int)(int16_t)(bw >> 16));
+#pragma unroll
+  for (int o = 4; o >= 1; o >>= 1) { /* the group's 8 partials: exact integer sums */
+    S1 += __shfl_xor_sync(MM_FULL, S1, o);
+    S2 += __shfl_xor_sync(MM_FULL, S2, o);
+  }
+  const float d = mm_f16(h.x & 0xFFFF), dmin = mm_f16(h.x >> 16);
+  const float dd = d * dx, dm = dmin * dx;
+  return (float)S1 * dd - (float)S2 * dm;
+}
+
+/* kred16's tail from a group's four slots (valid in lane 0) */
+__device__ __forceinline__ float k4w_red(const float acc[4]) {
+  float v = (acc[0] + acc[2]) + (acc[1] + acc[3]); /* b[s] = a[s] + a[s+4] */
+  v = v + __shfl_down_sync(MM_FULL, v, 16);        /* c[i] = b[i] + b[i+2] */
+  return v + __shfl_down_sync(MM_FULL, v, 8);      /* c[0] + c[1] */
+}
+
+/* The dot of row (and, when TWO, of row2 of a2: the GLU's up row, its loads in flight together
+ * with the gate's) with x; valid in lane 0. */
+template <int T, bool TWO>
+__device__ __forceinline__ void k4w_dot(const KArgs &a, const uint8_t *__restrict__ row, const KArgs &a2,
+                                        const uint8_t *__restrict__ row2, const uint8_t *__restrict__ x, float *y,
+                                        float *y2) {
+  const int lane = threadIdx.x & 31, s = lane >> 3, w = lane & 7;
+  const int nsb = (int)(a.cols / 256);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* slots s, s+4, s+8, s+12 */
+  for (int k = s; k < nsb; k += 4) {
+    const int i = (k >> 2) & 3;
+    const float t = k4w_term<T>(a, row, x, k, w);
+    float t2 = 0.0f;
+    if constexpr (TWO) t2 = k4w_term<T>(a2, row2, x, k, w);
+#pragma unroll
+    for (int u = 0; u < 4; u++) /* static indices: the slots stay in registers */
+      if (u == i) {
+        acc[u] = acc[u] + t;
+        if constexpr (TWO) acc2[u] = acc2[u] + t2;
+      }
+  }
+  *y = k4w_red(acc);
+  if constexpr (TWO) *y2 = k4w_red(acc2);
+}
+
+template <int T, int MODE>
+__global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int32_t *ids, const uint8_t *xq, size_t xs,
+                                             float *Y, int64_t ldy) {
+  PDL_ENTER();
+  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (r >= a.rows) return; /* a whole warp */
+  const bool l0 = (threadIdx.x & 31) == 0;
+  if constexpr (MODE == MM_PLAIN) {
+    float y;
+    k4w_dot<T, false>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
+    if (l0) Y[r] = y;
+  } else {
+    const int64_t slot = blockIdx.y;
+    const int e = ids ? ids[slot] : 0;
+    if (e < 0 || e >= a.n_expert) {
+      if (l0) Y[slot * ldy + r] = __int_as_float(0x7fc00000);
+      return;
+    }
+    const uint8_t *x = xq + (size_t)(MODE == MM_GLU ? slot / K : slot) * xs;
+    float g, up;
+    if constexpr (MODE == MM_GLU) {
+      k4w_dot<T, true>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
+      if (l0) Y[slot * ldy + r] = floe_siluf(g) * up;
+    } else {
+      k4w_dot<T, false>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
+      if (l0) Y[slot * ldy + r] = g;
+    }
+  }
+}
+
+static int k4w_on(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("FLOE_CUDA_K4W");
+    on = !(e && e[0] == '0');
+  }
+  return on;
+}
+
 template <int T>
 void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
+  if (k4w_on() && (mode != MM_PLAIN || nb == 1)) { /* one activation row: a warp per weight row */
+    const unsigned g4 = (unsigned)((a.rows + 3) / 4), gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
+    if (mode == MM_GLU) pdl_launch(k_k4w<T, MM_GLU>, dim3(g4, gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy);
+    else if (mode == MM_DOWN) pdl_launch(k_k4w<T, MM_DOWN>, dim3(g4, gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy);
+    else pdl_launch(k_k4w<T, MM_PLAIN>, dim3(g4, gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy);
+    return;
+  }
   const unsigned gx = (unsigned)((a.rows + RPB - 1) / RPB);
   if (mode == MM_GLU) {
     pdl_launch(k_k4<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(128), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
