@@ -82,6 +82,8 @@ sec_bench35() {
   FLOE_CUDA_NO_PDL=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
   # the one-row F32/F16/BF16 kernel (k_plain1) off: the A/B of the router's kernel, same binary
   FLOE_CUDA_PLAIN1=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
+  # the Q4_K/Q5_K one-row kernel (k_k4w) off: k_k4 for every call (A/B)
+  FLOE_CUDA_K4W=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
   # where the step's time goes: every block synchronized and timed (no graph), then no graph alone
   FLOE_CUDA_PROFILE=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 32 -r 1 --json || rc=1
   FLOE_CUDA_NO_GRAPH=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 64 -r 1 --json || rc=1

@@ -15,6 +15,8 @@
  *  - MoE: gate+up+SiLU-GLU and down over an expert stack, ids from device memory, equal a CPU loop
  *    of kern_matmul + the CPU's GLU (floe_siluf of base/vexp.h, the function layers.c calls) + kern_act_quantize, bit
  *    for bit; the shared-expert form (ids NULL); an invalid id gives NaN rows;
+ *  - the norms with the quantization fused (cuda_mm_norm_act, cuda_mm_combine_act) equal the plain
+ *    norm + cuda_mm_act_quantize, and the CPU's kern_act_quantize_rows;
  *  - outputs are poisoned (NaN bytes) before each launch, so an unwritten element fails;
  *  - sensitivity: every block's f16 scales vary (test_vary_f16), and changing one scale of the
  *    device copy must change the GPU result (a comparison that cannot fail would pass it). */
@@ -25,6 +27,7 @@
 #include "base/vexp.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda_mm.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_rt.h"
 #include "test.h"
 
@@ -472,6 +475,70 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
   tmat_free(&md);
 }
 
+/* The norms with the quantization fused (cuda_mm_norm_act, cuda_mm_combine_act): the normed rows
+ * equal the plain norm's (cuda_add_rmsnorm / cuda_moe_combine, held to the CPU by test_cuda_ops),
+ * the x written back equals, and the quantized bytes equal cuda_mm_act_quantize of those rows and
+ * the CPU's kern_act_quantize_rows. */
+static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int64_t n, int T) {
+  tmat m = make_mat(type, bits, group, sbt, 3, n, 1);
+  char nm[64];
+  tname(&m.W, nm, sizeof nm);
+  dmat g = upload(&m, 1);
+  const size_t ab = kern_act_bytes(&m.W), xs = (ab + 63) / 64 * 64 + 64; /* a padded stride */
+  const int K = 3;
+  float *x = malloc(sizeof(float) * (size_t)(n * T)), *dl = malloc(sizeof(float) * (size_t)(n * T));
+  float *w = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)(n * T * K));
+  float *wt = malloc(sizeof(float) * (size_t)(T * K)), *sh = malloc(sizeof(float) * (size_t)(n * T));
+  float *shl = malloc(sizeof(float) * (size_t)T);
+  fill_x(x, n * T), fill_x(dl, n * T), fill_x(y, n * T * K), fill_x(sh, n * T);
+  for (int64_t i = 0; i < n; i++) w[i] = 0.5f + (float)(floe_rng_u64(&rng) % 1000) / 1000.0f;
+  for (int i = 0; i < T * K; i++) wt[i] = (float)(floe_rng_u64(&rng) % 1000) / 3000.0f;
+  for (int t = 0; t < T; t++) shl[t] = (float)(floe_rng_u64(&rng) % 600) / 100.0f - 3.0f;
+  const size_t fb = sizeof(float) * (size_t)(n * T);
+  float *dw = dev_put(w, sizeof(float) * (size_t)n), *ddl = dev_put(dl, fb), *dy = dev_put(y, fb * K);
+  float *dwt = dev_put(wt, sizeof(float) * (size_t)(T * K)), *dsh = dev_put(sh, fb), *dshl = dev_put(shl, 4 * (size_t)T);
+  float *dx1 = dev_put(x, fb), *dx2 = dev_put(x, fb), *dh1 = dev_put(NULL, fb), *dh2 = dev_put(NULL, fb);
+  uint8_t *q1 = malloc(xs * T), *q2 = malloc(xs * T), *qc = malloc(xs * T);
+  float *h1 = malloc(fb), *h2 = malloc(fb), *x1 = malloc(fb), *x2 = malloc(fb);
+  void *dq1 = dev_put(NULL, xs * T), *dq2 = dev_put(NULL, xs * T);
+  for (int form = 0; form < 2; form++) { /* 0: add + norm, 1: combine + norm */
+    cuda_rt_h2d(dx1, x, fb, err, sizeof err);
+    cuda_rt_h2d(dx2, x, fb, err, sizeof err);
+    memset(q1, 0x5A, xs * T), memset(q2, 0x5A, xs * T), memcpy(qc, q1, xs * T);
+    cuda_rt_h2d(dq1, q1, xs * T, err, sizeof err);
+    cuda_rt_h2d(dq2, q2, xs * T, err, sizeof err);
+    dev_poison(dh1, fb), dev_poison(dh2, fb);
+    if (form == 0) {
+      cuda_mm_norm_act(&g.M, dx1, ddl, dw, dh1, T, n, 1e-6f, dq1, xs, NULL);
+      cuda_add_rmsnorm(dx2, ddl, dw, dh2, T, n, 1e-6f, NULL);
+    } else {
+      cuda_mm_combine_act(&g.M, dx1, dy, dwt, K, dsh, dshl, dw, dh1, 1e-6f, T, n, dq1, xs, NULL);
+      cuda_moe_combine(dx2, dy, dwt, K, dsh, dshl, dw, dh2, 1e-6f, T, n, NULL);
+    }
+    cuda_mm_act_quantize(&g.M, T, dh2, n, dq2, xs, NULL);
+    CHECK(cuda_rt_check("norm_act", err, sizeof err) == 0, "%s norm_act launch: %s", nm, err);
+    dev_get(h1, dh1, fb), dev_get(h2, dh2, fb), dev_get(x1, dx1, fb), dev_get(x2, dx2, fb);
+    dev_get(q1, dq1, xs * T), dev_get(q2, dq2, xs * T);
+    kern_act_quantize_rows(&m.W, T, h2, n, qc, xs);
+    const char *fn = form ? "combine" : "add+norm";
+    CHECK(memcmp(h1, h2, fb) == 0 && memcmp(x1, x2, fb) == 0, "%s n=%lld T=%d %s fused: normed rows and x equal the plain norm's",
+          nm, (long long)n, T, fn);
+    int qok = 1, cok = 1;
+    for (int t = 0; t < T; t++) {
+      qok &= memcmp(q1 + (size_t)t * xs, q2 + (size_t)t * xs, ab) == 0;
+      cok &= memcmp(q1 + (size_t)t * xs, qc + (size_t)t * xs, ab) == 0;
+    }
+    CHECK(qok, "%s n=%lld T=%d %s fused: quantized bytes == cuda_mm_act_quantize", nm, (long long)n, T, fn);
+    CHECK(cok, "%s n=%lld T=%d %s fused: quantized bytes == kern_act_quantize_rows", nm, (long long)n, T, fn);
+  }
+  void *frees[] = {dw, ddl, dy, dwt, dsh, dshl, dx1, dx2, dh1, dh2, dq1, dq2};
+  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) cuda_rt_free(frees[i]);
+  free(x), free(dl), free(w), free(y), free(wt), free(sh), free(shl), free(q1), free(q2), free(qc);
+  free(h1), free(h2), free(x1), free(x2);
+  dmat_free(&g);
+  tmat_free(&m);
+}
+
 int main(void) {
   if (cuda_rt_device_count() == 0) {
     printf("skipped: no CUDA device\n");
@@ -512,6 +579,14 @@ int main(void) {
         check_matrix(t, 0, 0, 0, rows_of[ri], cols_of[ci]);
       }
   }
+  SECTION("norms with the quantization fused");
+  check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 2048, 1);
+  check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 3, 3);
+  check_norm_act(FLOE_TYPE_Q8_0, 0, 0, 0, 32 * 37, 2);
+  check_norm_act(FLOE_TYPE_IQ4_XS, 0, 0, 0, 256 * 5, 1);
+  check_norm_act(FLOE_TYPE_Q6_K, 0, 0, 0, 256 * 9, 2);
+  check_norm_act(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 64 * 7, 2);
+  check_norm_act(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 32 * 40, 1);
   SECTION("mlx");
   static const int mbits[] = {4, 8, 2, 3, 5, 6};
   static const int mgroups[] = {32, 64, 128};

@@ -91,6 +91,10 @@ typedef struct cu_sess {
   uint8_t *xq[2];              /* quantized activation rows [B][xq_row] (two inputs alive at once) */
   uint8_t *xqd;                /* down inputs [B*K][xq_row] */
   size_t xq_row;
+  /* hq[k]: xq[k] holds the rows of h quantized for this layout (a norm quantized them in the same
+   * launch, cuda_mm_norm_act / cuda_mm_combine_act), for hq_n rows; NULL: it holds nothing usable */
+  const floe_mat *hq[2];
+  int64_t hq_n;
   float *logits;               /* [LB][V] */
   int32_t *tok, *pos, *greedy; /* [B], [B] positions pos0 + t, [1] */
   void *attn_scr, *amax_scr;
@@ -642,8 +646,57 @@ static const uint8_t *act(model_session *s, int slot, const dmat *lay, int64_t n
   const size_t ab = cuda_mm_act_bytes(&lay->d);
   if (!ab) return NULL;
   *stride = ab;
+  if (X == c->h && c->hq[slot] && c->hq_n == n && layer_same_act(c->hq[slot], lay->h))
+    return c->xq[slot]; /* quantized by the norm that wrote h */
   cuda_mm_act_quantize(&lay->d, n, X, ldx, c->xq[slot], ab, c->stream);
+  c->hq[slot] = X == c->h ? lay->h : NULL;
+  c->hq_n = n;
   return c->xq[slot];
+}
+
+/* The act() call that reads h first after the norm that writes it: the attention / GDN block of
+ * layer l (moe false), the MoE block of layer l (moe true: the router's layout when it has one,
+ * else the experts'), or the output head (l == n_layer). NULL: the float path (exact mode). */
+static const dmat *next_act(model_session *s, int64_t l, bool moe, int *slot) {
+  const cu_model *cm = s->m->dev;
+  const floe_hparams *hp = &s->m->hp;
+  const dmat *lay;
+  if (l >= hp->n_layer) {
+    *slot = 1;
+    lay = &cm->output;
+  } else if (moe) {
+    const cu_layer *L = &cm->L[l];
+    const bool qr = act_bytes_of(&L->router) > 0;
+    *slot = qr ? 0 : 1;
+    lay = qr ? &L->router : &L->gate;
+  } else {
+    *slot = 0;
+    lay = hp->recurrent[l] ? &cm->L[l].qkv : &cm->L[l].wq;
+  }
+  return s->act_q && act_bytes_of(lay) ? lay : NULL;
+}
+
+/* h = rmsnorm(x (+= delta)) * w, n rows (delta NULL: no add), quantized in the same launch for
+ * the next_act(l_next, moe) consumer; or, when y is not NULL, the MoE combine of y (K slots,
+ * weights wts, shared expert sh / shl) into x first. */
+static void h_norm(model_session *s, float *x, const float *delta, const float *w, int64_t n, int64_t l_next, bool moe,
+                   const float *y, const float *wts, int K, const float *sh, const float *shl) {
+  cu_sess *c = s->dev;
+  const floe_hparams *hp = &s->m->hp;
+  int slot = 0;
+  const dmat *lay = next_act(s, l_next, moe, &slot);
+  c->hq[0] = c->hq[1] = NULL;
+  const cuda_mat *W = lay ? &lay->d : NULL;
+  void *xq = lay ? c->xq[slot] : NULL;
+  const size_t xs = lay ? cuda_mm_act_bytes(W) : 0;
+  if (y)
+    cuda_mm_combine_act(W, x, y, wts, K, sh, shl, w, c->h, hp->rms_eps, n, hp->n_embd, xq, xs, c->stream);
+  else
+    cuda_mm_norm_act(W, x, delta, w, c->h, n, hp->n_embd, hp->rms_eps, xq, xs, c->stream);
+  if (lay) {
+    c->hq[slot] = lay->h;
+    c->hq_n = n;
+  }
 }
 
 /* Y = W X through the input prepared for layout lay (quantized when W shares it), else float. */
@@ -711,7 +764,7 @@ static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *
     cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, x, c->stream);
   else
     cuda_mm_dequant_rows(T, c->tok, n, x, E, c->stream);
-  cuda_rmsnorm(x, cm->L[0].attn_norm, c->h, n, E, m->hp.rms_eps, c->stream);
+  h_norm(s, x, NULL, cm->L[0].attn_norm, n, 0, false, NULL, NULL, 0, NULL, NULL);
   prof(s, MODEL_PH_OTHER);
 }
 
@@ -719,7 +772,7 @@ static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *
 static void residual(model_session *s, int64_t l, float *x, int64_t n) {
   cu_sess *c = s->dev;
   const cu_model *cm = s->m->dev;
-  cuda_add_rmsnorm(x, c->out, cm->L[l].ffn_norm, c->h, n, s->m->hp.n_embd, s->m->hp.rms_eps, c->stream);
+  h_norm(s, x, c->out, cm->L[l].ffn_norm, n, l, true, NULL, NULL, 0, NULL, NULL);
 }
 
 static void cu_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
@@ -828,7 +881,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, ks, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
                         c->stream);
     cuda_mm_moe_down(&L->down.d, n, ks, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
-    cuda_moe_combine(x, c->yr, c->selw, ks, NULL, NULL, next, c->h, hp->rms_eps, n, E, c->stream);
+    h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, ks, NULL, NULL);
     prof(s, MODEL_PH_EXPERTS);
     return;
   }
@@ -842,9 +895,11 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
                         c->stream);
   }
   cuda_mm_moe_down(&L->down.d, n, (int)K, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
-  if (Is > 0) cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
-  cuda_moe_combine(x, c->yr, c->selw, (int)K, Is > 0 ? c->ys : NULL, Is > 0 ? shg : NULL, next, c->h,
-                   hp->rms_eps, n, E, c->stream);
+  if (Is > 0) {
+    cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
+    c->hq[1] = NULL; /* xq[1] was the scratch */
+  }
+  h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, (int)K, Is > 0 ? c->ys : NULL, Is > 0 ? shg : NULL);
   prof(s, MODEL_PH_EXPERTS);
 }
 

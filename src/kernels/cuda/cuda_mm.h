@@ -76,6 +76,17 @@ int cuda_mm_type_supported(uint32_t type, int64_t cols, const quant_mlx_fmt *mlx
  * type has no quantized-activation path (then use the float path, xq = NULL). */
 size_t cuda_mm_act_bytes(const cuda_mat *W);
 
+/* The norms of cuda_ops.h with the quantization of their output fused in (one launch):
+ * cuda_mm_norm_act: y = rmsnorm(x (+= delta when delta is not NULL)) * w per row, bit-identical to
+ * cuda_add_rmsnorm / cuda_rmsnorm; cuda_mm_combine_act: cuda_moe_combine. Then, when W and xq are
+ * not NULL and W has an activation layout, xq row t = the bytes cuda_mm_act_quantize(W) writes for
+ * row t of y (h). W == NULL: the plain norm (cuda_ops.h's functions are these). */
+void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const float *w, float *y, int64_t n_rows,
+                      int64_t n, float eps, void *xq, size_t xq_stride, void *stream);
+void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
+                         const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n,
+                         void *xq, size_t xq_stride, void *stream);
+
 /* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb).
  * xq_stride: a multiple of 64 (cuda_mm_act_bytes is), xq 64-byte aligned (the kernels read the
  * rows with 16-byte loads). */

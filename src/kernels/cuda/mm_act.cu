@@ -7,6 +7,7 @@
  * q = rint(x * id) clamped to +-127, d = amax / 127, both 0 when amax is 0. Padding bytes
  * between the layout's regions are not written (the CPU does not write them either). */
 #include "kernels/cuda/mm_common.cuh"
+#include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace {
@@ -35,21 +36,10 @@ __device__ __forceinline__ int perm256(int type, int p) {
 #define ACT_THREADS 512
 #define ACT_STAGE_MAX 8192 /* rows up to this many values are staged in shared memory first */
 
-__global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const float *__restrict__ X, int64_t ldx,
-                                                     uint8_t *__restrict__ xq, size_t xs, int stage) {
-  PDL_ENTER();
-  extern __shared__ float s_dyn[];
-  /* staged: the row is read from global memory once, all its loads in flight together (a one-row
-   * quantization is latency-bound), then every pass reads shared memory */
-  float *s_amax = s_dyn + (stage ? a.cols : 0);
-  if (stage) {
-    const float *xg = X + (int64_t)blockIdx.x * ldx;
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) s_dyn[j] = xg[j];
-    __syncthreads();
-  }
-  const float *x = stage ? s_dyn : X + (int64_t)blockIdx.x * ldx;
-  uint8_t *o = xq + (size_t)blockIdx.x * xs;
+/* The quantized bytes of one row x (shared or global memory, a.cols values) into o, for the
+ * layout of a (kind: KACT_*). Called by every thread of the block; s_amax: shared memory for
+ * a.cols / unit floats. */
+__device__ void act_row(const KArgs &a, int kind, const float *x, float *s_amax, uint8_t *o) {
   int8_t *q = (int8_t *)o;
   float *d = (float *)(o + a.off_d);
   const int64_t n = a.cols;
@@ -123,15 +113,167 @@ __global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const fl
   }
 }
 
+__global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const float *__restrict__ X, int64_t ldx,
+                                                     uint8_t *__restrict__ xq, size_t xs, int stage) {
+  PDL_ENTER();
+  extern __shared__ float s_dyn[];
+  /* staged: the row is read from global memory once, all its loads in flight together (a one-row
+   * quantization is latency-bound), then every pass reads shared memory */
+  float *s_amax = s_dyn + (stage ? a.cols : 0);
+  if (stage) {
+    const float *xg = X + (int64_t)blockIdx.x * ldx;
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) s_dyn[j] = xg[j];
+    __syncthreads();
+  }
+  act_row(a, kind, stage ? s_dyn : X + (int64_t)blockIdx.x * ldx, s_amax, xq + (size_t)blockIdx.x * xs);
+}
+
+#define NORM_THREADS 512
+#define NORM_PER 4 /* values a thread keeps in registers (rows up to 2048 in one memory round trip) */
+
+/* y = (xs * r) * w for the row staged in xs (r = 1 / sqrt(sumsq / n + eps), the CPU's 16-lane
+ * sum of squares: ops_sumsq16_warp), into global y and back into xs; wr: this thread's weights
+ * for i = tid + k * bs, k < NORM_PER. */
+__device__ __forceinline__ void norm_row(float *xs, const float *__restrict__ w, const float wr[NORM_PER], float *y,
+                                         int n, float eps) {
+  __shared__ float rs;
+  const int tid = threadIdx.x, bs = blockDim.x;
+  __syncthreads();
+  if (tid < 32) {
+    const float ss = ops_sumsq16_warp(xs, n);
+    if (tid == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
+  }
+  __syncthreads();
+  const float r = rs;
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int i = tid + k * bs;
+    if (i < n) xs[i] = y[i] = __fmul_rn(__fmul_rn(xs[i], r), wr[k]);
+  }
+  for (int i = tid + NORM_PER * bs; i < n; i += bs) xs[i] = y[i] = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
+  __syncthreads();
+}
+
+/* RMSNorm over rows, optionally after the residual add (x += delta, written back) and optionally
+ * followed by the quantization of the normed row (qkind >= 0: act_row for qa into xq). One block
+ * per row; a one-row norm is latency-bound, so every global load of a phase is issued before its
+ * values are used (restrict pointers, unrolled loops, the weights read before the reduction).
+ * w == NULL: only the add. Bit-identical to layer_rmsnorm (and vadd + layer_rmsnorm). */
+__global__ void __launch_bounds__(NORM_THREADS)
+    k_norm(float *__restrict__ x, const float *__restrict__ delta, const float *__restrict__ w, float *__restrict__ y,
+           int n, float eps, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs) {
+  PDL_ENTER();
+  extern __shared__ float xs[];
+  const int64_t row = blockIdx.x;
+  const int tid = threadIdx.x, bs = blockDim.x;
+  float *xr = x + row * n;
+  float wr[NORM_PER];
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int i = tid + k * bs;
+    wr[k] = w && i < n ? w[i] : 0.0f;
+  }
+  if (delta) {
+    const float *dr = delta + row * n;
+#pragma unroll 4
+    for (int i = tid; i < n; i += bs) {
+      const float v = __fadd_rn(xr[i], dr[i]);
+      xr[i] = v;
+      xs[i] = v;
+    }
+  } else {
+#pragma unroll 4
+    for (int i = tid; i < n; i += bs) xs[i] = xr[i];
+  }
+  if (!w) return;
+  norm_row(xs, w, wr, y + row * n, n, eps);
+  if (qkind >= 0) act_row(qa, qkind, xs, xs + n, xq + (size_t)row * xqs);
+}
+
+#define COMB_THREADS 512
+
+/* x[t] += sum_j w[t*K+j] * y[t*K+j] (j ascending) + sigmoid(sh_logit[t]) * sh[t]; then, when nw
+ * is not NULL, h[t] = rmsnorm(x[t]) * nw, and when qkind >= 0 h[t] quantized for qa into xq. */
+__global__ void __launch_bounds__(COMB_THREADS)
+    k_combine(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ w, int K,
+              const float *__restrict__ sh, const float *__restrict__ shl, const float *__restrict__ nw,
+              float *__restrict__ h, float eps, int n, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs) {
+  PDL_ENTER();
+  extern __shared__ float xs[];
+  const int64_t t = blockIdx.x;
+  const int tid = threadIdx.x, bs = blockDim.x;
+  float wr[NORM_PER];
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int i = tid + k * bs;
+    wr[k] = nw && i < n ? nw[i] : 0.0f;
+  }
+  const float g = sh ? floe_sigmoidf(shl[t]) : 0.0f;
+#pragma unroll 4
+  for (int i = tid; i < n; i += bs) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(y[(t * K + j) * n + i], w[t * K + j]));
+    if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[t * n + i], g));
+    const float v = __fadd_rn(x[t * n + i], acc);
+    x[t * n + i] = v;
+    xs[i] = v;
+  }
+  if (!nw) return;
+  norm_row(xs, nw, wr, h + t * n, n, eps);
+  if (qkind >= 0) act_row(qa, qkind, xs, xs + n, xq + (size_t)t * xqs);
+}
+
 } // namespace
 
+static int act_kind(const KArgs &a) {
+  return a.type == FLOE_TYPE_MLX ? KACT_MLX
+         : (a.type == FLOE_TYPE_Q4_K || a.type == FLOE_TYPE_Q5_K || a.type == FLOE_TYPE_Q6_K || a.type == FLOE_TYPE_IQ4_XS)
+             ? KACT_A256
+             : KACT_A32;
+}
+
+static int act_unit(const KArgs &a, int kind) { return kind == KACT_A32 ? 32 : kind == KACT_A256 ? 256 : a.group; }
+
+/* the epilogue's arguments for W (NULL, or no activation layout: none) */
+static void act_epilogue(const cuda_mat *W, KArgs *qa, int *qkind, size_t *extra_floats) {
+  memset(qa, 0, sizeof *qa);
+  *qkind = -1;
+  *extra_floats = 0;
+  if (!W || !cuda_mm_act_bytes(W)) return;
+  *qa = mm_kargs(W);
+  *qkind = act_kind(*qa);
+  *extra_floats = (size_t)(qa->cols / act_unit(*qa, *qkind));
+}
+
+extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const float *w, float *y,
+                                 int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream) {
+  if (n_rows <= 0) return;
+  KArgs qa;
+  int qkind;
+  size_t extra;
+  act_epilogue(xq && w ? W : nullptr, &qa, &qkind, &extra);
+  pdl_launch(k_norm, dim3((unsigned)n_rows), dim3(NORM_THREADS), (size_t)(n + extra) * sizeof(float),
+             (cudaStream_t)stream, x, delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride);
+}
+
+extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
+                                    const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok,
+                                    int64_t n, void *xq, size_t xq_stride, void *stream) {
+  if (n_tok <= 0) return;
+  KArgs qa;
+  int qkind;
+  size_t extra;
+  act_epilogue(xq && norm_w ? W : nullptr, &qa, &qkind, &extra);
+  pdl_launch(k_combine, dim3((unsigned)n_tok), dim3(COMB_THREADS), (size_t)(n + extra) * sizeof(float),
+             (cudaStream_t)stream, x, y, w, K, sh, sh_logit, norm_w, h, eps, (int)n, qa, qkind, (uint8_t *)xq,
+             xq_stride);
+}
+
 void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st) {
-  const int kind = a.type == FLOE_TYPE_MLX ? KACT_MLX
-                   : (a.type == FLOE_TYPE_Q4_K || a.type == FLOE_TYPE_Q5_K || a.type == FLOE_TYPE_Q6_K ||
-                      a.type == FLOE_TYPE_IQ4_XS)
-                       ? KACT_A256
-                       : KACT_A32;
-  const int U = kind == KACT_A32 ? 32 : kind == KACT_A256 ? 256 : a.group;
+  const int kind = act_kind(a);
+  const int U = act_unit(a, kind);
   const int stage = a.cols <= ACT_STAGE_MAX;
   const size_t smem = (size_t)(a.cols / U + (stage ? a.cols : 0)) * sizeof(float);
   for (int64_t b = 0; b < nb; b += 65535) { /* grid x limit is 2^31, but keep launches modest */

@@ -3,8 +3,10 @@
  *     divide), the top-k as ranks (descending probability, ties to the lower index: the picks
  *     and order of the CPU's sorted insert), the renormalisation summed in that order, then the
  *     selections in ascending expert order.
- *   k_moe_combine: block per token. y = 0; y += y_j * w_j for j ascending; y += sh * sigmoid(gate);
- *     x += y (vaxpy / vadd), then optionally the next block's RMSNorm of x. */
+ *   the combine (mm_act.cu's k_combine): block per token. y = 0; y += y_j * w_j for j ascending;
+ *     y += sh * sigmoid(gate); x += y (vaxpy / vadd), then optionally the next block's RMSNorm of x
+ *     (and its quantization for a matmul, cuda_mm_combine_act). */
+#include "kernels/cuda/cuda_mm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -95,59 +97,12 @@ extern "C" void cuda_moe_route_sh(const float *logits, int64_t n_tok, int n_expe
   pdl_launch(k_moe_route, dim3((unsigned)n_tok), dim3(th), (size_t)(0), OPS_STREAM(stream), logits, n_expert, K, norm_topk, sh_logit, sh_id, sel, w);
 }
 
-#define COMB_THREADS 1024
-#define COMB_PER 2 /* values per thread kept in registers (rows up to 2048 in one memory round trip) */
-
-/* restrict pointers and unrolled loops: the loads of a phase are issued before their values are
- * used (a one-token combine is latency-bound) */
-static __global__ void __launch_bounds__(COMB_THREADS)
-    k_moe_combine(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ w, int K,
-                  const float *__restrict__ sh, const float *__restrict__ shl, const float *__restrict__ nw,
-                  float *__restrict__ h, float eps, int n) {
-  PDL_ENTER();
-  extern __shared__ float xs[];
-  __shared__ float rs;
-  const int64_t t = blockIdx.x;
-  const int tid = threadIdx.x, bs = blockDim.x;
-  float wr[COMB_PER];
-#pragma unroll
-  for (int k = 0; k < COMB_PER; k++) {
-    const int i = tid + k * bs;
-    wr[k] = nw && i < n ? nw[i] : 0.0f;
-  }
-  const float g = sh ? floe_sigmoidf(shl[t]) : 0.0f;
-#pragma unroll 2
-  for (int i = tid; i < n; i += bs) {
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(y[(t * K + j) * n + i], w[t * K + j]));
-    if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[t * n + i], g));
-    const float v = __fadd_rn(x[t * n + i], acc);
-    x[t * n + i] = v;
-    xs[i] = v;
-  }
-  if (!nw) return;
-  __syncthreads();
-  if (tid < 32) {
-    const float ss = ops_sumsq16_warp(xs, n);
-    if (tid == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
-  }
-  __syncthreads();
-  const float r = rs;
-#pragma unroll
-  for (int k = 0; k < COMB_PER; k++) {
-    const int i = tid + k * bs;
-    if (i < n) h[t * n + i] = __fmul_rn(__fmul_rn(xs[i], r), wr[k]);
-  }
-  for (int i = tid + COMB_PER * bs; i < n; i += bs) h[t * n + i] = __fmul_rn(__fmul_rn(xs[i], r), nw[i]);
-}
-
+/* The combine kernel is mm_act.cu's k_combine (one implementation, which can also quantize the
+ * normed output for a matmul: cuda_mm_combine_act). */
 extern "C" void cuda_moe_combine(float *x, const float *y, const float *w, int K, const float *sh,
                                  const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok,
                                  int64_t n, void *stream) {
-  if (n_tok <= 0) return;
-  pdl_launch(k_moe_combine, dim3((unsigned)n_tok), dim3(COMB_THREADS), (size_t)((size_t)n * sizeof(float)), OPS_STREAM(stream), 
-      x, y, w, K, sh, sh_logit, norm_w, h, eps, (int)n);
+  cuda_mm_combine_act(NULL, x, y, w, K, sh, sh_logit, norm_w, h, eps, n_tok, n, NULL, 0, stream);
 }
 
 static __global__ void k_silu_glu(float *g, const float *u, int64_t n) {
