@@ -219,14 +219,17 @@ __device__ __forceinline__ void k4w_dot(const KArgs &a, const uint8_t *__restric
   const int lane = threadIdx.x & 31, s = lane >> 3, w = lane & 7;
   const int nsb = (int)(a.cols / 256);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* slots s, s+4, s+8, s+12 */
-  for (int k = s; k < nsb; k += 4) {
-    const int i = (k >> 2) & 3;
-    const float t = k4w_term<T>(a, row, x, k, w);
+  /* every lane runs every round (the shuffles of k4w_term need the whole warp); a group past the
+   * last superblock reads round k0's (valid, cached) and adds nothing */
+  for (int k0 = 0; k0 < nsb; k0 += 4) {
+    const int k = k0 + s, i = (k >> 2) & 3;
+    const bool ok = k < nsb;
+    const float t = k4w_term<T>(a, row, x, ok ? k : k0, w);
     float t2 = 0.0f;
-    if constexpr (TWO) t2 = k4w_term<T>(a2, row2, x, k, w);
+    if constexpr (TWO) t2 = k4w_term<T>(a2, row2, x, ok ? k : k0, w);
 #pragma unroll
     for (int u = 0; u < 4; u++) /* static indices: the slots stay in registers */
-      if (u == i) {
+      if (ok && u == i) {
         acc[u] = acc[u] + t;
         if constexpr (TWO) acc2[u] = acc2[u] + t2;
       }
