@@ -78,14 +78,16 @@ sec_bench35() {
     timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -d "$d" -r 2 --json || rc=1
   done
   timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 4096 -n 0 -r 2 --json || rc=1
-  # programmatic dependent launch off (pdl.cuh): the A/B of the launch overlap, same binary
-  FLOE_CUDA_NO_PDL=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
-  # the one-row F32/F16/BF16 kernel (k_plain1) off: the A/B of the router's kernel, same binary
-  FLOE_CUDA_PLAIN1=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
-  # the Q4_K/Q5_K one-row kernel (k_k4w) off: k_k4 for every call (A/B)
-  FLOE_CUDA_K4W=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
-  # where the step's time goes: every block synchronized and timed (no graph), then no graph alone
-  FLOE_CUDA_PROFILE=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 32 -r 1 --json || rc=1
+  # A/B of kernel choices, same binary (AB: a list of VAR=0/1 settings; measured earlier: FLOE_CUDA_NO_PDL=1,
+  # FLOE_CUDA_PLAIN1=0)
+  local v
+  for v in ${AB:-FLOE_CUDA_K4W=0 FLOE_CUDA_ROUTE_FUSED=0}; do
+    echo "== A/B: $v"
+    env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
+  done
+  # where the time goes, per phase, in prefill and decode: every block synchronized and timed (no
+  # graph); then no graph alone
+  FLOE_CUDA_PROFILE=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 32 -r 1 --json || rc=1
   FLOE_CUDA_NO_GRAPH=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 64 -r 1 --json || rc=1
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader || true
   return $rc

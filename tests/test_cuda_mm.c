@@ -539,6 +539,51 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
   tmat_free(&m);
 }
 
+/* The router with the routing in its last block (cuda_mm_router_route) against the two steps
+ * (cuda_mm_matmul on the float path, then cuda_moe_route / cuda_moe_route_sh), bit for bit; run
+ * three times (the block counter must come back to 0). */
+static void check_router_route(uint32_t type, int NE, int K, int norm, int sh, int64_t E) {
+  const int64_t rows = NE + (sh ? 1 : 0);
+  tmat m = make_mat(type, 0, 0, 0, rows, E, 1);
+  dmat g = upload(&m, 1);
+  const int ks = K + (sh ? 1 : 0);
+  float *x = malloc(sizeof(float) * (size_t)E);
+  fill_x(x, E);
+  float *dx = dev_put(x, sizeof(float) * (size_t)E), *dl1 = dev_put(NULL, 4 * (size_t)rows), *dl2 = dev_put(NULL, 4 * (size_t)rows);
+  float *dw1 = dev_put(NULL, 4 * (size_t)ks), *dw2 = dev_put(NULL, 4 * (size_t)ks);
+  int32_t *ds1 = dev_put(NULL, 4 * (size_t)ks), *ds2 = dev_put(NULL, 4 * (size_t)ks);
+  unsigned *ctr = dev_put(NULL, 16);
+  cuda_rt_memset_async(ctr, 0, 16, NULL);
+  cuda_mm_matmul(&g.M, 1, dx, E, NULL, 0, dl2, rows, NULL);
+  if (sh) cuda_moe_route_sh(dl2, 1, NE, K, norm, dl2 + NE, NE, ds2, dw2, NULL);
+  else cuda_moe_route(dl2, 1, NE, K, norm, ds2, dw2, NULL);
+  float l1[1100], l2[1100], w1[80], w2[80];
+  int32_t s1[80], s2[80];
+  dev_get(l2, dl2, 4 * (size_t)rows), dev_get(w2, dw2, 4 * (size_t)ks), dev_get(s2, ds2, 4 * (size_t)ks);
+  int ok = 1, rc = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    dev_poison(dl1, 4 * (size_t)rows), dev_poison(dw1, 4 * (size_t)ks), dev_poison(ds1, 4 * (size_t)ks);
+    rc |= cuda_mm_router_route(&g.M, dx, dl1, NE, K, norm, sh ? NE : -1, ds1, dw1, ctr, NULL);
+    dev_get(l1, dl1, 4 * (size_t)rows), dev_get(w1, dw1, 4 * (size_t)ks), dev_get(s1, ds1, 4 * (size_t)ks);
+    ok &= memcmp(l1, l2, 4 * (size_t)rows) == 0 && memcmp(w1, w2, 4 * (size_t)ks) == 0 &&
+          memcmp(s1, s2, 4 * (size_t)ks) == 0;
+  }
+  CHECK(cuda_rt_check("router_route", err, sizeof err) == 0 && rc == 0, "router+route %s NE=%d K=%d: launched (%s)",
+        floe_type_info(type)->name, NE, K, err);
+  CHECK(ok, "router+route %s NE=%d K=%d norm=%d shared=%d E=%lld: logits, experts and weights == the two steps, 3 runs",
+        floe_type_info(type)->name, NE, K, norm, sh, (long long)E);
+  /* a matrix of the wrong shape is refused, nothing launched */
+  CHECK(cuda_mm_router_route(&g.M, dx, dl1, NE + 5, K, norm, sh ? NE : -1, ds1, dw1, ctr, NULL) == FLOE_E_UNSUPPORTED,
+        "router+route: a row count other than NE (+1) is refused");
+  CHECK(cuda_mm_router_route(&g.M, dx, dl1, 1024, K, norm, -1, ds1, dw1, ctr, NULL) == FLOE_E_UNSUPPORTED,
+        "router+route: more than 512 experts are refused (two launches instead)");
+  void *fr[] = {dx, dl1, dl2, dw1, dw2, ds1, ds2, ctr};
+  for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) cuda_rt_free(fr[i]);
+  free(x);
+  dmat_free(&g);
+  tmat_free(&m);
+}
+
 int main(void) {
   if (cuda_rt_device_count() == 0) {
     printf("skipped: no CUDA device\n");
@@ -579,6 +624,13 @@ int main(void) {
         check_matrix(t, 0, 0, 0, rows_of[ri], cols_of[ci]);
       }
   }
+  SECTION("router with the routing fused");
+  check_router_route(FLOE_TYPE_F32, 256, 8, 1, 1, 2048);
+  check_router_route(FLOE_TYPE_F32, 256, 8, 1, 0, 2048);
+  check_router_route(FLOE_TYPE_F32, 100, 6, 0, 1, 1000);
+  check_router_route(FLOE_TYPE_BF16, 512, 10, 1, 1, 2048);
+  check_router_route(FLOE_TYPE_F16, 60, 4, 1, 0, 200);
+  check_router_route(FLOE_TYPE_F32, 500, 64, 1, 0, 64);
   SECTION("norms with the quantization fused");
   check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 2048, 1);
   check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 3, 3);

@@ -97,6 +97,8 @@ typedef struct cu_sess {
   int64_t hq_n;
   float *logits;               /* [LB][V] */
   int32_t *tok, *pos, *greedy; /* [B], [B] positions pos0 + t, [1] */
+  unsigned *route_ctr;         /* cuda_mm_router_route's block counter (0 between launches) */
+  bool route_fused;            /* one-token steps route in the router's launch (not FLOE_CUDA_ROUTE_FUSED=0) */
   void *attn_scr, *amax_scr;
   float *rope;                 /* [n_ctx][n_rot] */
   void **kc, **vc;             /* [n_layer] caches (attention layers) */
@@ -532,13 +534,16 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->sel, B * (K + 1) * 4 }, { &c->hr, B * (K + 1) * ffm * 4 }, { &c->hs, B * (Is > 0 ? Is : 1) * 4 },
     { &c->yr, B * (K + 1) * E * 4 }, { &c->ys, B * E * 4 }, { &c->xq[0], (size_t)B * c->xq_row },
     { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * (K + 1)) * c->xq_row }, { &c->logits, LB * V * 4 },
-    { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 },
+    { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 }, { &c->route_ctr, 16 },
     { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16 },
     { &c->amax_scr, cuda_argmax_scratch_bytes(V) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
   };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if ((rc = dalloc(c, parts[i].p, parts[i].n, err, errlen))) return rc;
-  if ((rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16, c->stream)) ||
+  const char *rf = getenv("FLOE_CUDA_ROUTE_FUSED");
+  c->route_fused = !(rf && rf[0] == '0');
+  if ((rc = cuda_rt_memset_async(c->route_ctr, 0, 16, c->stream)) ||
+      (rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->amax_scr, 0, cuda_argmax_scratch_bytes(V), c->stream)))
     return floe_err(err, errlen, FLOE_E_IO, "cuda: cannot clear the scratch");
   if (has_attn) { /* the CPU's rope table bits, one row per position */
@@ -865,19 +870,38 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     xq_e = act(s, 1, &L->gate, n, c->h, E, &xs_e);
   }
   float *shg = c->shg;
-  if (n == 1 && L->cat_rt.d.data) { /* one launch: the shared-expert gate logit after the router's */
-    mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
-    shg = c->rlog + NE;
+  const bool q_rt = xq_r != NULL; /* a quantized router takes the quantized path (two launches) */
+  /* one token, float router: logits, shared gate logit and routing in one launch */
+  const dmat *rt1 = L->sh_in_stack ? &L->cat_rt : Is == 0 ? &L->router : NULL;
+  if (n == 1 && c->route_fused && !q_rt && rt1 && rt1->d.data &&
+      cuda_mm_router_route(&rt1->d, c->h, c->rlog, (int)NE, (int)K, hp->norm_topk ? 1 : 0, L->sh_in_stack ? (int)NE : -1,
+                           c->sel, c->selw, c->route_ctr, c->stream) == 0) {
+    prof(s, MODEL_PH_ROUTER);
+  } else if (L->sh_in_stack) {
+    if (n == 1 && L->cat_rt.d.data) {
+      mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
+      shg = c->rlog + NE;
+    } else {
+      mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
+      mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
+    }
+    cuda_moe_route_sh(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, shg, (int)NE, c->sel, c->selw, c->stream);
+    prof(s, MODEL_PH_ROUTER);
   } else {
-    mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
-    if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
+    if (n == 1 && L->cat_rt.d.data) {
+      mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
+      shg = c->rlog + NE;
+    } else {
+      mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
+      if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
+    }
+    cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
+    prof(s, MODEL_PH_ROUTER);
   }
   const bool qe = xq_e && layer_same_act(&H->exp_up[0], lay_e);
   const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : cm->output_norm;
   if (L->sh_in_stack) { /* the shared expert is slot K of K + 1 in the same launches */
     const int ks = (int)K + 1;
-    cuda_moe_route_sh(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, shg, (int)NE, c->sel, c->selw, c->stream);
-    prof(s, MODEL_PH_ROUTER);
     cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, ks, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
                         c->stream);
     cuda_mm_moe_down(&L->down.d, n, ks, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
@@ -885,8 +909,6 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     prof(s, MODEL_PH_EXPERTS);
     return;
   }
-  cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
-  prof(s, MODEL_PH_ROUTER);
   cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, (int)K, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
                       c->stream);
   if (Is > 0) {

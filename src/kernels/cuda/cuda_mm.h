@@ -76,6 +76,15 @@ int cuda_mm_type_supported(uint32_t type, int64_t cols, const quant_mlx_fmt *mlx
  * type has no quantized-activation path (then use the float path, xq = NULL). */
 size_t cuda_mm_act_bytes(const cuda_mat *W);
 
+/* The decode step's router in one launch: logits[r] = W row r . x (cuda_mm_matmul with nb = 1 on
+ * the float path: W F32 / F16 / BF16) for the NE expert rows and, when sh_id >= 0, one more row
+ * (the shared expert's gate); then the routing of cuda_moe_route (sh_id < 0) or cuda_moe_route_sh
+ * (slot K = (sh_id, sigmoid(logits[NE]))) by the grid's last block, the same bits. ctr: a device
+ * counter, 0 before the call and again after it. 0, or FLOE_E_UNSUPPORTED (another type, NE >
+ * 512, K > 64, rows != NE (+ 1)): nothing launched, run the two steps instead. */
+int cuda_mm_router_route(const cuda_mat *W, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
+                         int32_t *sel, float *w, unsigned *ctr, void *stream);
+
 /* The norms of cuda_ops.h with the quantization of their output fused in (one launch):
  * cuda_mm_norm_act: y = rmsnorm(x (+= delta when delta is not NULL)) * w per row, bit-identical to
  * cuda_add_rmsnorm / cuda_rmsnorm; cuda_mm_combine_act: cuda_moe_combine. Then, when W and xq are

@@ -118,6 +118,11 @@ void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, 
   mm_float_launch(a, a, MM_PLAIN, nb, 1, nullptr, X, ldx, Y, ldy, st);
 }
 
+int cuda_mm_router_route(const cuda_mat *W, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
+                         int32_t *sel, float *w, unsigned *ctr, void *stream) {
+  return router_route_launch(mm_kargs(W), x, logits, NE, K, norm_topk, sh_id, sel, w, ctr, (cudaStream_t)stream);
+}
+
 void cuda_mm_dequant_rows(const cuda_mat *W, const int32_t *rows, int64_t n, float *out, int64_t ldo, void *stream) {
   mm_dequant_launch(mm_kargs(W), rows, n, out, ldo, (cudaStream_t)stream);
 }

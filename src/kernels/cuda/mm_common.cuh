@@ -46,6 +46,9 @@ struct KArgs {
 };
 
 KArgs mm_kargs(const cuda_mat *W); /* mm_api.cu */
+/* mm_float.cu: cuda_mm_router_route's launch (0, or FLOE_E_UNSUPPORTED) */
+int router_route_launch(const KArgs &a, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
+                        int32_t *sel, float *w, unsigned *ctr, cudaStream_t st);
 
 /* MoE addressing: which x row and which expert a launch row (blockIdx.y) uses. */
 enum { MM_PLAIN = 0, MM_GLU = 1, MM_DOWN = 2 };

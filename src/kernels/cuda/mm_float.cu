@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/mm_common.cuh"
+#include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace {
@@ -627,11 +628,9 @@ __device__ __forceinline__ float2 ld2(const uint8_t *__restrict__ row, int64_t j
   return w;
 }
 
+/* Row r's dot with x (valid in every lane of the warp). */
 template <int T>
-__global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict__ x, float *__restrict__ Y) {
-  PDL_ENTER();
-  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (r >= a.rows) return;
+__device__ __forceinline__ float plain1_row(const KArgs &a, int64_t r, const float *__restrict__ x) {
   const int t = threadIdx.x & 31;
   const uint8_t *__restrict__ row = mm_row(a, 0, r);
   const int64_t n = a.cols, m64 = n & ~(int64_t)63;
@@ -662,8 +661,43 @@ __global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict
     s0 = e < n ? __fmaf_rn(plain_at(T, row, e), x[e], s0) : s0 + 0.0f;
     s1 = e + 1 < n ? __fmaf_rn(plain_at(T, row, e + 1), x[e + 1], s1) : s1 + 0.0f;
   }
-  const float y = lanes_sum(s0, s1);
-  if (t == 0) Y[r] = y;
+  return lanes_sum(s0, s1);
+}
+
+template <int T>
+__global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict__ x, float *__restrict__ Y) {
+  PDL_ENTER();
+  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (r >= a.rows) return;
+  const float y = plain1_row<T>(a, r, x);
+  if ((threadIdx.x & 31) == 0) Y[r] = y;
+}
+
+/* The decode step's router: the logits as k_plain1, then the grid's last block to finish (an
+ * atomic count of finished blocks, ctr back to 0 after it) routes them as k_moe_route does
+ * (moe_route.cuh), reading the other blocks' logits from L2. One launch instead of two. */
+#define RT_MAXE 512 /* experts the fused router takes (a block of RT_MAXE threads: 128 registers, no spills) */
+
+template <int T>
+__global__ void __launch_bounds__(RT_MAXE) k_router(KArgs a, const float *__restrict__ x, float *Y, int NE, int K,
+                                                     int norm_topk, int sh_id, int32_t *sel, float *wout,
+                                                     unsigned *ctr) {
+  PDL_ENTER();
+  __shared__ bool last;
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r < a.rows) { /* warp-uniform; every thread reaches the barriers below */
+    const float y = plain1_row<T>(a, r, x);
+    if ((threadIdx.x & 31) == 0) Y[r] = y;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(ctr, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  moe_route_block([&](int e) { return __ldcg(Y + e); }, [&]() { return __ldcg(Y + NE); }, sh_id >= 0, NE, K,
+                  norm_topk, sh_id, sel, wout);
+  if (threadIdx.x == 0) *ctr = 0;
 }
 
 static int plain1_on(void) {
@@ -682,6 +716,22 @@ void type_block(int type, int *blck, int *bbytes) {
 }
 
 } // namespace
+
+int router_route_launch(const KArgs &a, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
+                        int32_t *sel, float *w, unsigned *ctr, cudaStream_t st) {
+  if ((a.type != FLOE_TYPE_F32 && a.type != FLOE_TYPE_F16 && a.type != FLOE_TYPE_BF16) || NE < 1 || NE > RT_MAXE ||
+      K < 1 || K > MOE_MAXK || K > NE || a.rows != NE + (sh_id >= 0 ? 1 : 0))
+    return FLOE_E_UNSUPPORTED;
+  const int th = NE > 128 ? (NE + 31) / 32 * 32 : 128, rpb = th / 32;
+  const dim3 g((unsigned)((a.rows + rpb - 1) / rpb));
+  if (a.type == FLOE_TYPE_F32)
+    pdl_launch(k_router<FLOE_TYPE_F32>, g, dim3(th), (size_t)0, st, a, x, logits, NE, K, norm_topk, sh_id, sel, w, ctr);
+  else if (a.type == FLOE_TYPE_F16)
+    pdl_launch(k_router<FLOE_TYPE_F16>, g, dim3(th), (size_t)0, st, a, x, logits, NE, K, norm_topk, sh_id, sel, w, ctr);
+  else
+    pdl_launch(k_router<FLOE_TYPE_BF16>, g, dim3(th), (size_t)0, st, a, x, logits, NE, K, norm_topk, sh_id, sel, w, ctr);
+  return 0;
+}
 
 void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                      const float *X, int64_t ldx, float *Y, int64_t ldy, cudaStream_t st) {
