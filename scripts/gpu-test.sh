@@ -81,7 +81,7 @@ sec_bench35() {
   # A/B of kernel choices, same binary (AB: a list of VAR=0/1 settings; measured earlier: FLOE_CUDA_NO_PDL=1,
   # FLOE_CUDA_PLAIN1=0)
   local v
-  for v in ${AB:-FLOE_CUDA_K4W=0 FLOE_CUDA_ROUTE_FUSED=0}; do
+  for v in ${AB:-FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1}; do
     echo "== A/B: $v"
     env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
   done

@@ -224,12 +224,15 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   float *Yg = malloc(sizeof(float) * (size_t)(ldy * NBMAX));
   float *dY = dev_put(NULL, sizeof(float) * (size_t)(ldy * NBMAX));
   const int best = kern_isa_get();
-  /* the 16-lane types have two implementations (cuda_mm_set_q16_impl): check both */
-  const int nimpl = ab && type != FLOE_TYPE_Q4_K && type != FLOE_TYPE_Q5_K ? 2 : 1;
+  /* the 16-lane types have two implementations (cuda_mm_set_q16_impl), Q4_K / Q5_K two for one
+   * activation row (cuda_mm_set_k4w): check both */
+  const int kq = type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K;
+  const int nimpl = ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
-    cuda_mm_set_q16_impl(nimpl == 1 ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
+    cuda_mm_set_q16_impl(nimpl == 1 || kq ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
+    cuda_mm_set_k4w(kq && impl == 1);
     for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
       if (impl == 1 && path == 1) break; /* the float path has one implementation */
       const uint8_t *q = path == 0 ? xq : NULL;
@@ -275,7 +278,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
       }
       CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU %s bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
             nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized",
-            nimpl == 1 ? "" : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
+            nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : " (k_k4w)") : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
             bad_s >= 0 ? Yg[bad_s] : 0.0, bad_s >= 0 ? Ys[bad_s] : 0.0);
       if (path == 0)
@@ -287,6 +290,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
     }
   }
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
+  cuda_mm_set_k4w(0);
   /* a changed scale must change the result: the comparisons above can fail */
   if (floe_type_info(type) && floe_type_info(type)->quantized) {
     uint8_t *row0 = malloc(W->row_bytes);
@@ -656,11 +660,12 @@ int main(void) {
                                        FLOE_TYPE_MXFP4, FLOE_TYPE_Q3_K, FLOE_TYPE_BF16};
   static const int impls[] = {CUDA_MM_Q16_WARP, CUDA_MM_Q16_LANES};
   for (int im = 0; im < 2; im++) { /* both implementations of the 16-lane types */
-    SECTION("moe (16-lane types: %s)", im == 0 ? "warp per row" : "4 lanes per thread");
+    SECTION("moe (16-lane types: %s; Q4_K / Q5_K: %s)", im == 0 ? "warp per row" : "4 lanes per thread",
+            im == 0 ? "k_k4" : "k_k4w");
     cuda_mm_set_q16_impl(impls[im]);
+    cuda_mm_set_k4w(im == 1);
     for (size_t i = 0; i < sizeof moe_types / sizeof moe_types[0]; i++) {
-      if (im == 1 && (moe_types[i] == FLOE_TYPE_Q4_K || moe_types[i] == FLOE_TYPE_Q5_K || !floe_type_info(moe_types[i])->quantized ||
-                      moe_types[i] == FLOE_TYPE_Q3_K))
+      if (im == 1 && (!floe_type_info(moe_types[i])->quantized || moe_types[i] == FLOE_TYPE_Q3_K))
         continue; /* one implementation */
       check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0);
       check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0);
@@ -671,5 +676,6 @@ int main(void) {
     if (im == 0) check_moe(FLOE_TYPE_MLX, 6, 64, FLOE_TYPE_BF16, 256, 512, 2, 2, 0);
   }
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
+  cuda_mm_set_k4w(0);
   return TEST_DONE();
 }

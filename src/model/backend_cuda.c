@@ -98,7 +98,7 @@ typedef struct cu_sess {
   float *logits;               /* [LB][V] */
   int32_t *tok, *pos, *greedy; /* [B], [B] positions pos0 + t, [1] */
   unsigned *route_ctr;         /* cuda_mm_router_route's block counter (0 between launches) */
-  bool route_fused;            /* one-token steps route in the router's launch (not FLOE_CUDA_ROUTE_FUSED=0) */
+  bool route_fused;            /* one-token steps route in the router's launch (FLOE_CUDA_ROUTE_FUSED=1) */
   void *attn_scr, *amax_scr;
   float *rope;                 /* [n_ctx][n_rot] */
   void **kc, **vc;             /* [n_layer] caches (attention layers) */
@@ -540,8 +540,9 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if ((rc = dalloc(c, parts[i].p, parts[i].n, err, errlen))) return rc;
+  /* opt-in (FLOE_CUDA_ROUTE_FUSED=1) until test_cuda_mm has run cuda_mm_router_route on a GPU */
   const char *rf = getenv("FLOE_CUDA_ROUTE_FUSED");
-  c->route_fused = !(rf && rf[0] == '0');
+  c->route_fused = rf && rf[0] == '1';
   if ((rc = cuda_rt_memset_async(c->route_ctr, 0, 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->amax_scr, 0, cuda_argmax_scratch_bytes(V), c->stream)))
