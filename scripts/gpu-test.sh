@@ -50,7 +50,25 @@ sec_synth35() {
   [ -f "$SYNTH" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --type q4_K -o "$SYNTH" || return 1
   ls -l "$SYNTH"
 }
-sec_test-synth() { FLOE_TEST_SYNTH=$SYNTH FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model"; }
+# test-synth: the 35B synth's decode vs prefill, and tiny synth models of the three architectures
+# in Q4_K / Q5_K (rows of one superblock, the shared expert as a routed slot) GPU vs CPU, with the
+# default kernels and with the opt-in ones (FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1)
+sec_test-synth() {
+  local tiny="" p t f rc=0
+  for p in tiny-qwen35moe tiny-qwen3next tiny-qwen3moe; do
+    for t in q4_K q5_K; do
+      f=/tmp/floe-$p-$t.gguf
+      [ -f "$f" ] || "$BUILD/bin/floe" synth --preset "$p" --type "$t" -o "$f" >/dev/null || return 1
+      tiny="$tiny $f"
+    done
+  done
+  FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
+    "$BUILD/bin/test_cuda_model" || rc=1
+  echo "== opt-in kernels: FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1"
+  FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
+    FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model" || rc=1
+  return $rc
+}
 # kernels35: every kernel of a few decode steps of the 35B-A3B shape cut to 4 layers, timed by ncu
 # (no graph, so each launch is its own kernel; the per-kernel summary is the step's breakdown)
 sec_kernels35() {

@@ -13,7 +13,9 @@
  * split-K softmax differs by rounding).
  * FLOE_TEST_SYNTH=FILE (a `floe synth` model, e.g. the 35B-A3B shape): its first 64 greedy tokens
  * are the same through the decode path (one token at a time) and the prefill path (the prompt
- * plus the 64 tokens evaluated at once, argmax of every position).
+ * plus the 64 tokens evaluated at once, argmax of every position). These two paths can share a
+ * kernel (the MoE expert kernels take one activation row per slot in both), so
+ * FLOE_TEST_SYNTH_CPU=FILES also compares small synth models with the CPU backend.
  * Without a CUDA device: "skipped: no CUDA device", exit 77. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -233,5 +235,13 @@ int main(void) {
   test_quantized(test_fixture("../../models/default.gguf"), "default model (Q8_0)", 64, true);
   const char *synth = getenv("FLOE_TEST_SYNTH");
   if (synth && *synth) test_quantized(synth, synth, 64, false);
+  /* FLOE_TEST_SYNTH_CPU="F1 F2 ...": small `floe synth` models (e.g. the tiny presets in Q4_K /
+   * Q5_K: one superblock a row, the shared expert as a routed slot), GPU against the CPU end to end */
+  const char *sc = getenv("FLOE_TEST_SYNTH_CPU");
+  if (sc && *sc) {
+    char *list = strdup(sc), *save = NULL;
+    for (char *f = strtok_r(list, " ", &save); f; f = strtok_r(NULL, " ", &save)) test_quantized(f, f, 32, true);
+    free(list);
+  }
   return TEST_DONE();
 }
