@@ -64,8 +64,8 @@ sec_test-synth() {
   done
   FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
     "$BUILD/bin/test_cuda_model" || rc=1
-  echo "== opt-in kernels: FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1"
-  FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
+  echo "== opt-in kernels: FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1"
+  FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
     FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model" || rc=1
   return $rc
 }
@@ -96,10 +96,14 @@ sec_bench35() {
     timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -d "$d" -r 2 --json || rc=1
   done
   timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 4096 -n 0 -r 2 --json || rc=1
+  # all the opt-in kernels together
+  echo "== A/B: FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1"
+  FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda \
+    -p 512 -n 128 -r 2 --json || rc=1
   # A/B of kernel choices, same binary (AB: a list of VAR=0/1 settings; measured earlier: FLOE_CUDA_NO_PDL=1,
   # FLOE_CUDA_PLAIN1=0)
   local v
-  for v in ${AB:-FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1}; do
+  for v in ${AB:-FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1}; do
     echo "== A/B: $v"
     env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
   done

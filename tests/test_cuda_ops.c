@@ -652,8 +652,14 @@ int main(void) {
   test_attn_case(12, 1, 128, 64, 1, 1, 1500, 2, 16);
   test_attn_case(32, 2, 128, 64, 0, 1, 4000, 2, 33);
   test_attn_case(8, 2, 80, 32, 1, 1, 300, 2, 4); /* not a power of two: zero-padded to 128 */
-  test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
-  test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
+  for (int impl = 0; impl < 2; impl++) { /* dk 128: one thread per column, then two (k_gdn_recur2) */
+    cuda_gdn_set_impl(impl);
+    test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
+    test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
+    test_gdn_case(2, 2, 128, 100, 8, 1, 3, 2);
+    test_gdn_case(1, 3, 128, 8, 4, 0, 4, 2); /* dv 8: one warp, half its columns past dv */
+  }
+  cuda_gdn_set_impl(0);
   test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);
   /* the fixtures' and the default model's shapes: dk 16, dv 24 (not a multiple of 32), Nk 2 Nv 4 */
   test_gdn_case(2, 4, 16, 24, 4, 1, 6, 3);

@@ -11,6 +11,7 @@
  *     column is the CPU's loop order exactly. The decay's exp / log1p are computed in double and
  *     rounded (libm expf / log1pf on the CPU): see cuda_ops.h. */
 #include <math.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "base/base.h"
@@ -199,10 +200,124 @@ static __global__ void __launch_bounds__(128)
   }
 }
 
+/* k_gdn_recur2: dk = 128, two threads per column: lane l < 16 of a warp holds rows 0..63 of
+ * column 16 w + l of S, lane l + 16 rows 64..127, both in registers. Every float operation and its
+ * order is k_gdn_recur's: the decay product and s * k per row, then kv summed over i in order (the
+ * lower half's 64 additions, its partial handed to the upper half by a shuffle, which adds its 64),
+ * delta from the upper half, the rank-1 update and s * q per row, oo summed in order the same
+ * way. So the serial chain is unchanged, while each thread issues half the instructions and no
+ * shared-memory traffic for S (k_gdn_recur's column thread runs ~5000 instructions a token with
+ * one warp per scheduler). Opt-in (cuda_gdn_set_impl / FLOE_CUDA_GDN2=1) until it has passed
+ * test_cuda_ops on a GPU. */
+#define G2_HALF 64
+
+static __global__ void __launch_bounds__(256)
+    k_gdn_recur2(const float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
+                 const float *ssm_a, const float *norm_w, float *Sg, float *o, int Nk, int Nv, int dv, int v_tiled,
+                 float eps, int n_tok) {
+  PDL_ENTER();
+  constexpr int dk = 128;
+  __shared__ float qk[2 * dk];
+  __shared__ float os[128];
+  __shared__ float s_rr;
+  const int hv = blockIdx.x, lane = threadIdx.x & 31, half = lane >> 4;
+  const int jj = (threadIdx.x >> 5) * 16 + (lane & 15), r = Nv / Nk;
+  const bool col = jj < dv;
+  const int kh = v_tiled ? hv % Nk : hv / r;
+  const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  const int i0 = half * G2_HALF;
+  {
+    const float A = ssm_a[hv], dtb = dt_bias[hv];
+    for (int t = threadIdx.x; t < n_tok; t += blockDim.x) {
+      float *st = o + (int64_t)t * vd + (int64_t)hv * dv;
+      const float bt = floe_sigmoidf(b[(int64_t)t * Nv + hv]);
+      const float dc = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)t * Nv + hv], dtb))));
+      st[0] = bt;
+      st[1] = dc;
+    }
+    __syncthreads();
+  }
+  float *S = Sg + (int64_t)hv * dk * dv + (col ? jj : 0);
+  float s[G2_HALF], p[G2_HALF];
+#pragma unroll
+  for (int i = 0; i < G2_HALF; i++) s[i] = col ? S[(int64_t)(i0 + i) * dv] : 0.0f;
+  const float wn = col ? norm_w[jj] : 0.0f;
+  for (int t = 0; t < n_tok; t++) {
+    const float *c = raw + (int64_t)t * C;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+      qk[i] = c[kh * dk + i];
+      qk[dk + i] = c[kd + kh * dk + i];
+    }
+    const float *ot = o + (int64_t)t * vd + (int64_t)hv * dv;
+    const float vv = col ? c[2 * kd + (int64_t)hv * dv + jj] : 0.0f;
+    const float zz = col ? z[(int64_t)t * vd + (int64_t)hv * dv + jj] : 0.0f;
+    const float beta = ot[0], decay = ot[1];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) {
+      s[i] = __fmul_rn(s[i], decay);
+      p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
+    }
+    /* kv: the lower half's 64 additions from 0, then the upper half's from that partial */
+    float kv = 0.0f;
+    if (half == 0)
+#pragma unroll
+      for (int i = 0; i < G2_HALF; i++) kv = __fadd_rn(kv, p[i]);
+    const float kva = __shfl_sync(0xffffffffu, kv, lane & 15);
+    if (half == 1) {
+      kv = kva;
+#pragma unroll
+      for (int i = 0; i < G2_HALF; i++) kv = __fadd_rn(kv, p[i]);
+    }
+    const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
+    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
+      p[i] = __fmul_rn(s[i], qk[i0 + i]);
+    }
+    float oo = 0.0f;
+    if (half == 0)
+#pragma unroll
+      for (int i = 0; i < G2_HALF; i++) oo = __fadd_rn(oo, p[i]);
+    const float ooa = __shfl_sync(0xffffffffu, oo, lane & 15);
+    if (half == 1) {
+      oo = ooa;
+#pragma unroll
+      for (int i = 0; i < G2_HALF; i++) oo = __fadd_rn(oo, p[i]);
+      if (col) os[jj] = oo;
+    }
+    __syncthreads(); /* os complete; every thread has read beta / decay and qk of token t */
+    if (threadIdx.x < 32) {
+      const float ss = ops_sumsq16_warp(os, dv);
+      if (threadIdx.x == 0) s_rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
+    }
+    __syncthreads();
+    if (col && half == 1)
+      o[(int64_t)t * vd + (int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
+  }
+  if (col)
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) S[(int64_t)(i0 + i) * dv] = s[i];
+}
+
+static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur; -1: from FLOE_CUDA_GDN2 */
+
+extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
+
 extern "C" void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
                                const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w,
                                float *S, float *o, int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
+  if (g_gdn_impl < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN2");
+    g_gdn_impl = e && e[0] == '1';
+  }
+  if (g_gdn_impl == 1 && sh->dk == 128 && sh->dv <= 128) {
+    pdl_launch(k_gdn_recur2, dim3(sh->Nv), dim3((sh->dv + 15) / 16 * 32), (size_t)0, OPS_STREAM(stream), raw, z, b, a,
+               dt_bias, ssm_a, norm_w, S, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
+    return;
+  }
   const int nt = (sh->dv + 31) / 32 * 32, DK = sh->dk <= 16 ? 16 : sh->dk <= 32 ? 32 : sh->dk <= 64 ? 64 : 128;
   const int sr = DK <= 32 ? DK : (DK == 64 ? 32 : GDN_SR128);
   const size_t shm = sh->dk > sr ? (size_t)(sh->dk - sr) * sh->dv * sizeof(float) : 0;
