@@ -21,6 +21,25 @@
 
 namespace {
 
+/* Code bytes 16w..16w+15 of a superblock (q) as 4-bit values (Q5_K: 5-bit, the fifth bits from
+ * qh = qh[q % 32]'s uint4 of this w): lo = the low nibbles (sub-block 2 (w / 2)), hi = the high
+ * ones (sub-block 2 (w / 2) + 1), 4 values a word. */
+template <int T>
+__device__ __forceinline__ void k4_unpack(const uint4 &q, const uint4 &qh, int w, uint32_t lo[4], uint32_t hi[4]) {
+  lo[0] = q.x & 0x0F0F0F0Fu, lo[1] = q.y & 0x0F0F0F0Fu, lo[2] = q.z & 0x0F0F0F0Fu, lo[3] = q.w & 0x0F0F0F0Fu;
+  hi[0] = (q.x >> 4) & 0x0F0F0F0Fu, hi[1] = (q.y >> 4) & 0x0F0F0F0Fu, hi[2] = (q.z >> 4) & 0x0F0F0F0Fu;
+  hi[3] = (q.w >> 4) & 0x0F0F0F0Fu;
+  if constexpr (T == FLOE_TYPE_Q5_K) {
+    const uint32_t h4[4] = {qh.x, qh.y, qh.z, qh.w};
+    const int sh = 2 * (w >> 1);
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+      lo[t] |= ((h4[t] >> sh) & 0x01010101u) << 4;
+      hi[t] |= ((h4[t] >> (sh + 1)) & 0x01010101u) << 4;
+    }
+  }
+}
+
 /* Row `row` . nb (<= NB) activation rows by the 8 threads j = 0..7 of its group; y valid in
  * thread j = 0. */
 template <int T, int NB>
@@ -62,19 +81,10 @@ __device__ __forceinline__ void k4_dot(const KArgs &a, const uint8_t *row, const
       int S1 = 0;
 #pragma unroll
       for (int w = 0; w < 8; w++) { /* code bytes 16w .. 16w+15: sub-blocks 2(w/2), 2(w/2)+1 */
-        uint32_t lo[4] = {q[w].x & 0x0F0F0F0Fu, q[w].y & 0x0F0F0F0Fu, q[w].z & 0x0F0F0F0Fu, q[w].w & 0x0F0F0F0Fu};
-        uint32_t hi[4] = {(q[w].x >> 4) & 0x0F0F0F0Fu, (q[w].y >> 4) & 0x0F0F0F0Fu, (q[w].z >> 4) & 0x0F0F0F0Fu,
-                          (q[w].w >> 4) & 0x0F0F0F0Fu};
-        if constexpr (T == FLOE_TYPE_Q5_K) {
-          const uint4 qh = (w & 1) ? qh1 : qh0; /* qh[q % 32] */
-          const uint32_t h4[4] = {qh.x, qh.y, qh.z, qh.w};
-          const int sh = 2 * (w >> 1);
-#pragma unroll
-          for (int t = 0; t < 4; t++) {
-            lo[t] |= ((h4[t] >> sh) & 0x01010101u) << 4;
-            hi[t] |= ((h4[t] >> (sh + 1)) & 0x01010101u) << 4;
-          }
-        }
+        uint32_t lo[4], hi[4];
+        uint4 qh = make_uint4(0, 0, 0, 0);
+        if constexpr (T == FLOE_TYPE_Q5_K) qh = (w & 1) ? qh1 : qh0; /* qh[q % 32] */
+        k4_unpack<T>(q[w], qh, w, lo, hi);
         const uint4 xl = xv[8 * (w >> 2) + (w & 3)], xh = xv[8 * (w >> 2) + 4 + (w & 3)];
         const int sl = dp4(lo[3], xl.w, dp4(lo[2], xl.z, dp4(lo[1], xl.y, dp4(lo[0], xl.x, 0))));
         const int shv = dp4(hi[3], xh.w, dp4(hi[2], xh.z, dp4(hi[1], xh.y, dp4(hi[0], xh.x, 0))));
@@ -177,18 +187,8 @@ __device__ __forceinline__ float k4w_term(const KArgs &a, const uint8_t *__restr
     const int b = 8 * (j & 3), z = (int)((h.z >> b) & 0xFF);
     return j < 4 ? z & 63 : (int)((h.w >> b) >> 4 & 0xF) | ((z >> 6) << 4);
   };
-  uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
-  uint32_t hi[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
-                    (q.w >> 4) & 0x0F0F0F0Fu};
-  if constexpr (T == FLOE_TYPE_Q5_K) {
-    const uint32_t h4[4] = {qh.x, qh.y, qh.z, qh.w};
-    const int sh = 2 * (w >> 1);
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-      lo[t] |= ((h4[t] >> sh) & 0x01010101u) << 4;
-      hi[t] |= ((h4[t] >> (sh + 1)) & 0x01010101u) << 4;
-    }
-  }
+  uint32_t lo[4], hi[4];
+  k4_unpack<T>(q, qh, w, lo, hi);
   const int sl = dp4(lo[3], xl.w, dp4(lo[2], xl.z, dp4(lo[1], xl.y, dp4(lo[0], xl.x, 0))));
   const int shv = dp4(hi[3], xh.w, dp4(hi[2], xh.z, dp4(hi[1], xh.y, dp4(hi[0], xh.x, 0))));
   int S1 = scale(2 * (w >> 1)) * sl + scale(2 * (w >> 1) + 1) * shv;

@@ -211,6 +211,22 @@ static __global__ void __launch_bounds__(128)
  * test_cuda_ops on a GPU. */
 #define G2_HALF 64
 
+/* The ordered sum p[0] + ... + p[127] of a column, its rows split over the two halves: the lower
+ * half adds its 64 from 0, the upper half continues from that partial. Valid in the upper half. */
+static __device__ __forceinline__ float g2_chain(const float p[G2_HALF], int lane, int half) {
+  float acc = 0.0f;
+  if (half == 0)
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) acc = __fadd_rn(acc, p[i]);
+  const float lower = __shfl_sync(0xffffffffu, acc, lane & 15);
+  if (half == 1) {
+    acc = lower;
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) acc = __fadd_rn(acc, p[i]);
+  }
+  return acc;
+}
+
 static __global__ void __launch_bounds__(256)
     k_gdn_recur2(const float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
                  const float *ssm_a, const float *norm_w, float *Sg, float *o, int Nk, int Nv, int dv, int v_tiled,
@@ -258,17 +274,7 @@ static __global__ void __launch_bounds__(256)
       s[i] = __fmul_rn(s[i], decay);
       p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
     }
-    /* kv: the lower half's 64 additions from 0, then the upper half's from that partial */
-    float kv = 0.0f;
-    if (half == 0)
-#pragma unroll
-      for (int i = 0; i < G2_HALF; i++) kv = __fadd_rn(kv, p[i]);
-    const float kva = __shfl_sync(0xffffffffu, kv, lane & 15);
-    if (half == 1) {
-      kv = kva;
-#pragma unroll
-      for (int i = 0; i < G2_HALF; i++) kv = __fadd_rn(kv, p[i]);
-    }
+    const float kv = g2_chain(p, lane, half);
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
     const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
 #pragma unroll
@@ -276,17 +282,8 @@ static __global__ void __launch_bounds__(256)
       s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
       p[i] = __fmul_rn(s[i], qk[i0 + i]);
     }
-    float oo = 0.0f;
-    if (half == 0)
-#pragma unroll
-      for (int i = 0; i < G2_HALF; i++) oo = __fadd_rn(oo, p[i]);
-    const float ooa = __shfl_sync(0xffffffffu, oo, lane & 15);
-    if (half == 1) {
-      oo = ooa;
-#pragma unroll
-      for (int i = 0; i < G2_HALF; i++) oo = __fadd_rn(oo, p[i]);
-      if (col) os[jj] = oo;
-    }
+    const float oo = g2_chain(p, lane, half);
+    if (half == 1 && col) os[jj] = oo;
     __syncthreads(); /* os complete; every thread has read beta / decay and qk of token t */
     if (threadIdx.x < 32) {
       const float ss = ops_sumsq16_warp(os, dv);
