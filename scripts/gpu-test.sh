@@ -11,6 +11,8 @@
 #   bench-mm  bench_cuda_mm (copy bandwidth, then GB/s and us per launch of each mm kernel)
 #   synth35   floe synth: the Qwen3.5-35B-A3B shape, Q4_K, all 40 layers, at $SYNTH (~18 GiB)
 #   test-synth  test_cuda_model with FLOE_TEST_SYNTH=$SYNTH (decode vs prefill greedy tokens)
+#   depth35   35B decode at DEPTHS_LONG (default 32768)
+#   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096
 #   bench-mm-warp, bench-mm-lanes   bench_cuda_mm with one implementation of the 16-lane
@@ -112,6 +114,23 @@ sec_bench35() {
   FLOE_CUDA_PROFILE=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 32 -r 1 --json || rc=1
   FLOE_CUDA_NO_GRAPH=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 64 -r 1 --json || rc=1
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader || true
+  return $rc
+}
+# bench80: the Qwen3-Next-80B-A3B shape, Q4_K, resident (~46 GB): decode (the 35B file is removed
+# first: the GPU machine's disk holds one of the two)
+SYNTH80=${SYNTH80:-/tmp/floe-q3n80-q4k.gguf}
+sec_bench80() {
+  rm -f "$SYNTH"
+  [ -f "$SYNTH80" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --type q4_K -o "$SYNTH80" || return 1
+  timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --device cuda -p 512 -n 128 -r 2 --json
+}
+# depth35: decode of the 35B shape at long contexts (DEPTHS_LONG, default 32768; the context is
+# prefilled first, so 128K costs minutes at today's prefill rate)
+sec_depth35() {
+  local d rc=0
+  for d in ${DEPTHS_LONG:-32768}; do
+    timeout 500 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -d "$d" -r 1 --json || rc=1
+  done
   return $rc
 }
 sec_bench-mm-warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
