@@ -122,6 +122,11 @@ int floe_read_file(const char *path, size_t max, char **out, size_t *len, char *
 int floe_map_file(int fd, uint64_t size, bool copy, const char *path, const uint8_t **map, size_t *map_len,
                   char *err, size_t errlen);
 void floe_unmap_file(const uint8_t *map, size_t map_len);
+/* Progress of the copies floe_map_file makes on this thread: fn(user, bytes read, file size),
+ * called from this thread only, after each chunk and once at the end. NULL fn: none (the
+ * default). Per thread, so a load in one thread never reports into another's callback. */
+typedef void (*floe_progress_fn)(void *user, uint64_t done, uint64_t total);
+void floe_load_progress_set(floe_progress_fn fn, void *user);
 /* Whether a copy of `bytes` fits comfortably: huge pages usable and bytes <= MemAvailable minus
  * max(2 GiB, 20 %). The default load (FLOE_LOAD_AUTO) copies when this holds. */
 bool floe_copy_fits(uint64_t bytes);

@@ -11,6 +11,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 /* Streaming options of run / bench (cmd_pack.c): 0 not one, 1 a flag, 2 took the value v, -1 bad. */
 #include <stdbool.h>
 #include <stdint.h>
