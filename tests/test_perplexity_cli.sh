@@ -72,7 +72,7 @@ ok "-c 2: refused" '[ $rc -eq 2 ]'
 
 # a progress bar on a terminal
 if script -qec true /dev/null >/dev/null 2>&1; then
-  script -qec "\"$B\" perplexity -m \"$M\" -f \"$TXT\" -c 128 --chunks 2" "$T/tty.log" >/dev/null 2>&1
+  script -qec "\"$B\" perplexity -m \"$M\" -f \"$TXT\" -c 256 --chunks 5 -t 1" "$T/tty.log" >/dev/null 2>&1
   ok "on a terminal: a perplexity bar with a rate" 'grep -aq "perplexity \[" "$T/tty.log" && grep -aq "tok/s" "$T/tty.log"'
 else
   echo "skip: script(1) cannot open a pty here"

@@ -31,12 +31,16 @@ typedef struct copy_job {
   int err;       /* first errno (atomic), or -1 for a short read */
 } copy_job;
 
-static __thread floe_progress_fn load_progress;
-static __thread void *load_progress_user;
+static __thread floe_progress_fn thread_progress;
+static __thread void *thread_progress_user;
 
-void floe_load_progress_set(floe_progress_fn fn, void *user) {
-  load_progress = fn;
-  load_progress_user = user;
+void floe_thread_progress_set(floe_progress_fn fn, void *user) {
+  thread_progress = fn;
+  thread_progress_user = user;
+}
+
+void floe_thread_progress(uint64_t done, uint64_t total) {
+  if (thread_progress) thread_progress(thread_progress_user, done, total);
 }
 
 /* report: the calling thread, which owns the progress hook (a thread-local) */
@@ -56,7 +60,7 @@ static void copy_run(copy_job *j, bool report) {
       p += (uint64_t)r;
     }
     const uint64_t d = __atomic_add_fetch(&j->done, end - o, __ATOMIC_RELAXED);
-    if (report && load_progress) load_progress(load_progress_user, d, j->size);
+    if (report) floe_thread_progress(d, j->size);
   }
 }
 
@@ -96,7 +100,7 @@ int floe_map_file(int fd, uint64_t size, bool copy, const char *path, const uint
     if (pthread_create(&th[nt], NULL, copy_worker, &j)) break;
   copy_run(&j, true);
   for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
-  if (load_progress && !j.err) load_progress(load_progress_user, size, size);
+  if (!j.err) floe_thread_progress(size, size);
   if (j.err) {
     munmap(a, len);
     if (j.err < 0)

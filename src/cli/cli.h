@@ -32,7 +32,8 @@ int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 typedef struct cli_progress {
   const char *what, *unit;
   double scale, t0, last;
-  bool tty, drawn;
+  uint64_t final_done;
+  bool tty, drawn, final_drawn;
 } cli_progress;
 /* unit: what `done` counts after division by unit_scale ("MB" with 1e6, "tok" with 1). */
 void cli_progress_init(cli_progress *p, const char *what, const char *unit, double unit_scale);
