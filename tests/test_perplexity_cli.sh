@@ -70,10 +70,13 @@ ok "a text file as base: one-line error" 'one_line_error $rc "$T/e9"'
 "$B" perplexity -m "$M" -f "$TXT" -c 2 2>"$T/e10"; rc=$?
 ok "-c 2: refused" '[ $rc -eq 2 ]'
 
-# a progress bar on a terminal
+# a progress bar on a terminal: bars appear after half a second, so the run must last longer
+# (the text five times over, ~8k tokens: seconds even on a fast machine)
+for k in 1 2 3 4 5; do cat "$TXT"; done >"$T/long.txt"
 if script -qec true /dev/null >/dev/null 2>&1; then
-  script -qec "\"$B\" perplexity -m \"$M\" -f \"$TXT\" -c 256 --chunks 5 -t 1" "$T/tty.log" >/dev/null 2>&1
+  script -qec "\"$B\" perplexity -m \"$M\" -f \"$T/long.txt\" -c 512 -t 1" "$T/tty.log" >/dev/null 2>&1 </dev/null
   ok "on a terminal: a perplexity bar with a rate" 'grep -aq "perplexity \[" "$T/tty.log" && grep -aq "tok/s" "$T/tty.log"'
+  grep -aq "perplexity \[" "$T/tty.log" || tail -c 600 "$T/tty.log"
 else
   echo "skip: script(1) cannot open a pty here"
 fi
