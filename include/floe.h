@@ -77,6 +77,11 @@ typedef struct floe_engine_params {
                         * (then slots fault their pages in on first fill, on the decode's time) */
   int device;          /* FLOE_DEVICE_* (default AUTO) */
   int device_index;    /* the GPU of FLOE_DEVICE_CUDA (cuda:N; default 0) */
+  /* Loading progress, called from floe_engine_open's thread while a model file is read into
+   * memory (FLOE_LOAD_COPY, or AUTO choosing it): bytes read and the file's size, per file.
+   * NULL: none. A mapped file loads on first use and reports nothing. */
+  void (*progress)(void *user, uint64_t done, uint64_t total);
+  void *progress_user;
 } floe_engine_params;
 
 void floe_engine_params_init(floe_engine_params *p);

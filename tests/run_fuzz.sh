@@ -17,6 +17,7 @@ declare -A SEEDS=(
   [fuzz_hf_config]="*.json"
   [fuzz_tokenizer_json]="tok_seed_*.json"
   [fuzz_pack]="*.floepack"
+  [fuzz_logits]="*.lgp"
 )
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

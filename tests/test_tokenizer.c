@@ -265,7 +265,7 @@ int main(void) {
             tok_token_type(t, 100) == TOK_TYPE_NORMAL && tok_token_type(t, -1) == -1 && tok_token_type(t, 151669) == -1,
         "token types");
   CHECK(tok_is_eog(t, 151645) && tok_is_eog(t, 151643) && !tok_is_eog(t, 151644) && !tok_is_eog(t, 9707), "end-of-generation ids");
-  CHECK(tok_eos(t) == 151645 && tok_pad(t) == 151643 && tok_bos(t) == -1, "eos/pad/bos from tokenizer.json defaults");
+  CHECK(tok_eos(t) == 151645 && tok_pad(t) == 151643 && tok_bos(t) == 151643, "eos/pad/bos from tokenizer.json defaults (the GGUF's ids)");
   size_t pl;
   const char *pp = tok_piece(t, 21927, &pl);
   CHECK(pp && pl == 6 && memcmp(pp, " Hello", 6) == 0, "piece 21927 is ' Hello'");

@@ -122,6 +122,14 @@ int floe_read_file(const char *path, size_t max, char **out, size_t *len, char *
 int floe_map_file(int fd, uint64_t size, bool copy, const char *path, const uint8_t **map, size_t *map_len,
                   char *err, size_t errlen);
 void floe_unmap_file(const uint8_t *map, size_t map_len);
+/* Progress of long operations on this thread: floe_map_file's copies (bytes read of the file's
+ * size) and xpack_write (bytes written of the pack's size) call fn(user, done, total) from this
+ * thread only, after each chunk and once at the end. NULL fn: none (the default). Per thread, so
+ * work in one thread never reports into another's callback; the caller sets it around the call
+ * and clears it after (floe_engine_open does so for floe_engine_params.progress). */
+typedef void (*floe_progress_fn)(void *user, uint64_t done, uint64_t total);
+void floe_thread_progress_set(floe_progress_fn fn, void *user);
+void floe_thread_progress(uint64_t done, uint64_t total); /* reports, when set */
 /* Whether a copy of `bytes` fits comfortably: huge pages usable and bytes <= MemAvailable minus
  * max(2 GiB, 20 %). The default load (FLOE_LOAD_AUTO) copies when this holds. */
 bool floe_copy_fits(uint64_t bytes);

@@ -27,11 +27,24 @@ typedef struct copy_job {
   uint8_t *dst;
   uint64_t size;
   uint64_t next; /* next chunk offset (atomic) */
+  uint64_t done; /* bytes read (atomic) */
   int err;       /* first errno (atomic), or -1 for a short read */
 } copy_job;
 
-static void *copy_worker(void *arg) {
-  copy_job *j = arg;
+static __thread floe_progress_fn thread_progress;
+static __thread void *thread_progress_user;
+
+void floe_thread_progress_set(floe_progress_fn fn, void *user) {
+  thread_progress = fn;
+  thread_progress_user = user;
+}
+
+void floe_thread_progress(uint64_t done, uint64_t total) {
+  if (thread_progress) thread_progress(thread_progress_user, done, total);
+}
+
+/* report: the calling thread, which owns the progress hook (a thread-local) */
+static void copy_run(copy_job *j, bool report) {
   for (;;) {
     const uint64_t o = __atomic_fetch_add(&j->next, COPY_CHUNK, __ATOMIC_RELAXED);
     if (o >= j->size || __atomic_load_n(&j->err, __ATOMIC_RELAXED)) break;
@@ -42,11 +55,17 @@ static void *copy_worker(void *arg) {
       if (r <= 0) {
         int e = r < 0 ? errno : -1, zero = 0;
         __atomic_compare_exchange_n(&j->err, &zero, e, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-        return NULL;
+        return;
       }
       p += (uint64_t)r;
     }
+    const uint64_t d = __atomic_add_fetch(&j->done, end - o, __ATOMIC_RELAXED);
+    if (report) floe_thread_progress(d, j->size);
   }
+}
+
+static void *copy_worker(void *arg) {
+  copy_run(arg, false);
   return NULL;
 }
 
@@ -73,14 +92,15 @@ int floe_map_file(int fd, uint64_t size, bool copy, const char *path, const uint
   if (a > raw) munmap(raw, (size_t)(a - raw));
   if (raw + len + HUGE_2M > a + len) munmap(a + len, (size_t)(raw + len + HUGE_2M - (a + len)));
   madvise(a, len, MADV_HUGEPAGE); /* best effort: THP may be "madvise" only, or off */
-  copy_job j = { fd, a, size, 0, 0 };
+  copy_job j = { fd, a, size, 0, 0, 0 };
   pthread_t th[COPY_THREADS];
   int nt = 0;
   const int want = size >= 4 * COPY_CHUNK ? COPY_THREADS : 1;
   for (; nt < want - 1; nt++)
     if (pthread_create(&th[nt], NULL, copy_worker, &j)) break;
-  copy_worker(&j);
+  copy_run(&j, true);
   for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
+  if (!j.err) floe_thread_progress(size, size);
   if (j.err) {
     munmap(a, len);
     if (j.err < 0)

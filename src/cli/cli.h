@@ -11,6 +11,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_pack(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 /* Streaming options of run / bench (cmd_pack.c): 0 not one, 1 a flag, 2 took the value v, -1 bad. */
 #include <stdbool.h>
 #include <stdint.h>
@@ -31,7 +32,8 @@ int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 typedef struct cli_progress {
   const char *what, *unit;
   double scale, t0, last;
-  bool tty, drawn;
+  uint64_t final_done;
+  bool tty, drawn, final_drawn;
 } cli_progress;
 /* unit: what `done` counts after division by unit_scale ("MB" with 1e6, "tok" with 1). */
 void cli_progress_init(cli_progress *p, const char *what, const char *unit, double unit_scale);

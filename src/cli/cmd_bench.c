@@ -217,7 +217,13 @@ int cmd_bench(int argc, char **argv) {
   floe_session_stats *dst = NULL;
   int rc = 1;
   double t0 = now_s();
-  if (floe_engine_open(&ep, &e, err, sizeof err)) {
+  cli_progress lpr;
+  cli_progress_init(&lpr, "load", "MB", 1e6);
+  ep.progress = cli_progress_cb;
+  ep.progress_user = &lpr;
+  const int orc = floe_engine_open(&ep, &e, err, sizeof err);
+  cli_progress_done(&lpr);
+  if (orc) {
     cli_fail("%s", err);
     goto done;
   }

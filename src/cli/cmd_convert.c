@@ -100,7 +100,15 @@ int cmd_convert(int argc, char **argv) {
   o.n_threads = (int)nt;
   convert_stats st;
   double t0 = floe_time_s();
-  if (convert_model(&o, &st, err, sizeof err)) return cli_fail("%s", err);
+  cli_progress pr;
+  cli_progress_init(&pr, "convert", "MB", 1e6);
+  if (!o.verbose) { /* -v prints a line per tensor: no bar between them */
+    o.progress = cli_progress_cb;
+    o.progress_user = &pr;
+  }
+  const int crc = convert_model(&o, &st, err, sizeof err);
+  cli_progress_done(&pr);
+  if (crc) return cli_fail("%s", err);
   if (!st.tokenizer) fprintf(stderr, "floe: warning: %s has no tokenizer.json: %s has no tokenizer\n", o.in_dir, out);
   if (st.n_fallback)
     fprintf(stderr, "floe: note: %d tensor(s) stored in a fallback type (row length not a multiple of the block; -v lists them)\n",

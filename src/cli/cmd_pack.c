@@ -44,7 +44,12 @@ int cmd_pack(int argc, char **argv) {
   if (xpack_is_dir(in)) return cli_fail("%s is already a pack", in);
   double t0 = floe_time_s();
   if (model_load(in, &m, err, sizeof err)) return cli_fail("%s", err);
+  cli_progress pr;
+  cli_progress_init(&pr, "pack", "MB", 1e6);
+  floe_thread_progress_set(cli_progress_cb, &pr); /* xpack_write reports bytes written through it */
   int rc = model_pack_write(m, in, out, err, sizeof err);
+  floe_thread_progress_set(NULL, NULL);
+  cli_progress_done(&pr);
   model_free(m);
   if (rc) return cli_fail("%s", err);
   fprintf(stderr, "floe: packed %s into %s/%s in %.1f s\n", in, out, XPACK_FILE, floe_time_s() - t0);

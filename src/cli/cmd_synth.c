@@ -146,14 +146,6 @@ static void *writer_main(void *arg) {
   return NULL;
 }
 
-static void progress(uint64_t done, uint64_t total, double t0, bool final) {
-  const double el = floe_time_s() - t0, gb = (double)done / 1e9, rate = el > 0 ? gb / el : 0;
-  const double eta = rate > 0 ? ((double)(total - done) / 1e9) / rate : 0;
-  fprintf(stderr, "\r[%3.0f%%] %.2f / %.2f GB  %.2f GB/s  ETA %.0fs   %s", total ? 100.0 * (double)done / (double)total : 100.0,
-          gb, (double)total / 1e9, rate, eta, final ? "\n" : "");
-  fflush(stderr);
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: floe synth --preset P -o FILE.gguf [options]\n"
@@ -406,9 +398,8 @@ int cmd_synth(int argc, char **argv) {
     cli_fail("out of memory (2 x %llu MiB buffers)", (unsigned long long)(BATCH_BYTES >> 20));
     goto done;
   }
-  const bool tty = isatty(2);
-  const double t0 = floe_time_s();
-  double last_report = t0;
+  cli_progress pr;
+  cli_progress_init(&pr, "synth", "MB", 1e6);
   size_t ti = 0;
   uint64_t ui = 0, done_bytes = 0;
   int cur = 0;
@@ -428,25 +419,23 @@ int cmd_synth(int argc, char **argv) {
     }
     if (threaded) pthread_join(th, NULL);
     if (job.rc) {
-      if (tty) fputc('\n', stderr);
+      cli_progress_done(&pr);
       cli_fail("%s", gguf_writer_error(w));
       goto done;
     }
     done_bytes += bt[cur].bytes;
-    if (tty && (floe_time_s() - last_report > 0.25 || !more)) {
-      progress(done_bytes, total, t0, !more);
-      last_report = floe_time_s();
-    }
+    cli_progress_update(&pr, done_bytes, total);
     cur = nxt;
     have = more;
   }
+  cli_progress_done(&pr);
   rc = gguf_writer_finish_err(w, err, sizeof err);
   w = NULL;
   if (rc) {
     rc = cli_fail("%s", err);
     goto done;
   }
-  const double el = floe_time_s() - t0;
+  const double el = floe_time_s() - pr.t0;
   printf("wrote %s: %.3f GB of weights in %.2f s, %.2f GB/s (%lld threads)\n", out, (double)total / 1e9, el,
          el > 0 ? (double)total / 1e9 / el : 0.0, n_threads);
   rc = 0;

@@ -40,6 +40,7 @@ static const struct {
     {"synth", cmd_synth, "synth --preset P -o FILE.gguf [...]   write a random model with real shapes"},
     {"pack", cmd_pack, "pack MODEL -o DIR   rewrite routed experts expert-major (one aligned block each) for streaming"},
     {"convert", cmd_convert, "convert IN_DIR -o OUT.gguf [--type T] [--expert-type T]   HF/MLX directory to GGUF"},
+    {"perplexity", cmd_perplexity, "perplexity -m MODEL -f TEXT [-c CTX] [--chunks N] [--json] [--save-logits F | --kld-base F]   score a text"},
     {"quantize", cmd_quantize, "quantize IN.gguf -o OUT.gguf --type T [--expert-type T] [--output-type T] [--force]   GGUF to GGUF"},
 };
 

@@ -1,12 +1,15 @@
 /* Progress bars for the CLI: one line on stderr redrawn in place, only when stderr is a terminal
  * (a log or a pipe gets nothing), at most 8 times a second, with the rate and the ETA when the
- * total is known. The library reports progress through callbacks; only the CLI draws. */
+ * total is known. Nothing is drawn during the first half second, so quick steps (loading a small
+ * model) leave no bar behind. The library reports progress through callbacks; only the CLI draws. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/base.h"
 #include "cli/cli.h"
+
+#define CLI_PROGRESS_DELAY_S 0.5
 
 void cli_progress_init(cli_progress *p, const char *what, const char *unit, double unit_scale) {
   memset(p, 0, sizeof *p);
@@ -28,7 +31,11 @@ void cli_progress_update(cli_progress *p, uint64_t done, uint64_t total) {
   if (!p->tty) return;
   const double now = floe_time_s();
   const bool final = total && done >= total;
+  if (now - p->t0 < CLI_PROGRESS_DELAY_S) return;
+  if (final && p->final_drawn && done == p->final_done) return; /* the same end reported twice */
   if (!final && now - p->last < 0.125) return;
+  p->final_drawn = final;
+  p->final_done = done;
   p->last = now;
   const double el = now - p->t0, d = (double)done / p->scale, t = (double)total / p->scale;
   const double rate = el > 0 ? d / el : 0;

@@ -638,6 +638,9 @@ int convert_model(const convert_opts *o, convert_stats *stats, char *err, size_t
       goto done;
     }
   }
+  uint64_t total = 0; /* tensor bytes to write, for the progress callback */
+  for (size_t i = 0; i < c->n_descs; i++)
+    total += (uint64_t)floe_row_bytes(c->plans[i].type, c->plans[i].cols) * (uint64_t)c->plans[i].rows;
   for (size_t i = 0; i < c->n_descs; i++) {
     const tplan *p = &c->plans[i];
     const size_t rb = floe_row_bytes(p->type, p->cols);
@@ -664,6 +667,7 @@ int convert_model(const convert_opts *o, convert_stats *stats, char *err, size_t
         goto done;
       }
       st.bytes += (uint64_t)j.n * rb;
+      if (o->progress) o->progress(o->progress_user, st.bytes, total);
     }
     st.n_tensors++;
   }

@@ -157,7 +157,9 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
   if (!p || !p->model) return floe_err(err, errlen, FLOE_E_INVALID, "no model given");
   floe_engine *e = calloc(1, sizeof *e);
   if (!e) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  floe_thread_progress_set(p->progress, p->progress_user); /* the copy into memory reports through it */
   int rc = model_load_ex(p->model, p->mem_budget > 0 ? FLOE_LOAD_MMAP : p->load, &e->m, err, errlen);
+  floe_thread_progress_set(NULL, NULL);
   if (rc) {
     free(e);
     return rc;

@@ -328,6 +328,7 @@ int xpack_write(const xs_model *m, const char *source, const char *dir, char *er
         rc = floe_err(err, errlen, FLOE_E_IO, "%s: write failed: %s", tmp, strerror(errno));
         goto done;
       }
+      floe_thread_progress(lay[l].base + (uint64_t)(e + 1) * lay[l].len, file_bytes);
     }
     posix_fadvise(st->file[xl->file[0]].fd, 0, 0, POSIX_FADV_DONTNEED); /* don't keep the copy in the page cache */
   }

@@ -1,7 +1,6 @@
 /* Synthetic byte-level BPE vocabularies (see synth_vocab.h for the layout and the invariants). */
 #include "tok/synth_vocab.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,161 +275,68 @@ oom:
 /* ---- tokenizer.json ---- */
 
 /* A sibling file of path (same directory). */
-static void sibling(char *out, size_t n, const char *path, const char *name) {
-  const char *slash = strrchr(path, '/');
-  if (!slash) snprintf(out, n, "%s", name);
-  else snprintf(out, n, "%.*s/%s", (int)(slash - path), path, name);
-}
-
-/* A tokenizer_config.json special-token entry: "text" or {"content": "text"}. */
-static const char *special_text(const cJSON *j) {
-  if (cJSON_IsString(j)) return j->valuestring;
-  const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "content");
-  return cJSON_IsString(c) ? c->valuestring : NULL;
-}
-
-/* A JSON id as int64 (-1 when not a non-negative integer below 2^31). */
-static int64_t json_id(const cJSON *j) {
-  if (!cJSON_IsNumber(j)) return -1;
-  double d = j->valuedouble;
-  if (!(d >= 0 && d < 2147483648.0) || d != (double)(int64_t)d) return -1;
-  return (int64_t)d;
-}
-
-static int set_token(vbuild *b, int64_t id, const char *text, int32_t type, const char *path, char *err, size_t errlen) {
-  char s1[64], s2[64]; /* token texts come from the file: shown cut and without control bytes */
-  if (id < 0 || (uint64_t)id >= b->cap)
-    return floe_err(err, errlen, FLOE_E_INVALID, "%s: token '%s' has id %lld, outside the model's vocabulary of %llu",
-                    path, floe_show(s1, sizeof s1, text), (long long)id, (unsigned long long)b->cap);
-  if (b->v->tokens[id]) {
-    if (strcmp(b->v->tokens[id], text))
-      return floe_err(err, errlen, FLOE_E_FORMAT, "%s: id %lld used by both '%s' and '%s'", path, (long long)id,
-                      floe_show(s1, sizeof s1, b->v->tokens[id]), floe_show(s2, sizeof s2, text));
-    b->v->types[id] = type; /* an added token that is also in model.vocab */
-    return 0;
-  }
-  b->v->tokens[id] = strdup(text);
-  if (!b->v->tokens[id]) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
-  b->v->types[id] = type;
-  return 0;
-}
-
+/* Through tok_json_parse (tokenizer.h states the rules), so the GGUF gets the tokens, types and
+ * special ids that floe's own tokenizer reads from the same file. */
 int synth_vocab_from_tokenizer_json(const char *path, int64_t n_vocab, synth_vocab *v, char *err, size_t errlen) {
   memset(v, 0, sizeof *v);
+  v->bos = v->eos = v->pad = -1;
   if (n_vocab < 1 || n_vocab > ((int64_t)1 << 24))
     return floe_err(err, errlen, FLOE_E_INVALID, "vocab size %lld out of range", (long long)n_vocab);
   size_t len = 0;
   char *text;
   int rc = floe_read_file(path, (size_t)1 << 30, &text, &len, err, errlen);
   if (rc) return rc == FLOE_E_NOTFOUND ? FLOE_E_IO : rc; /* kept: test_model_meta expects FLOE_E_IO for a missing file */
-  cJSON *root = cJSON_ParseWithLength(text, len);
+  tok_json j;
+  rc = tok_json_parse(text, len, path, path, &j, err, errlen);
   free(text);
-  if (!root) return floe_err(err, errlen, FLOE_E_FORMAT, "%s: not valid JSON", path);
-  vbuild b;
-  const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-  const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-  const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-  const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
-  const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-  if (!cJSON_IsObject(vocab) || (merges && !cJSON_IsArray(merges)) || (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE")))) {
-    rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: not a BPE tokenizer.json (model.type \"BPE\", model.vocab object expected)", path);
-    goto done_nob;
+  if (rc) return rc;
+  char nm[200];
+  floe_show(nm, sizeof nm, path);
+  if (j.n > n_vocab) {
+    int32_t hi = j.n - 1;
+    char s1[64];
+    rc = floe_err(err, errlen, FLOE_E_INVALID, "%s: token '%s' has id %d, outside the model's vocabulary of %lld", nm,
+                  floe_show(s1, sizeof s1, j.text[hi]), (int)hi, (long long)n_vocab);
+    goto done;
   }
-  int n_merges_json = merges ? cJSON_GetArraySize(merges) : 0;
-  if ((rc = vbuild_init(&b, v, (uint64_t)n_vocab, (uint64_t)n_merges_json))) {
+  v->n = (uint64_t)n_vocab;
+  v->tokens = calloc((size_t)n_vocab, sizeof *v->tokens);
+  v->types = calloc((size_t)n_vocab, sizeof *v->types);
+  v->merges = calloc((size_t)(j.n_merges ? j.n_merges : 1), sizeof *v->merges);
+  if (!v->tokens || !v->types || !v->merges) {
     rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
     goto done;
   }
-  const cJSON *it;
-  cJSON_ArrayForEach(it, vocab) {
-    if (!cJSON_IsNumber(it) || !it->string) {
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: model.vocab values must be ids", path);
-      goto done;
-    }
-    if ((rc = set_token(&b, json_id(it), it->string, SYNTH_TOK_NORMAL, path, err, errlen))) goto done;
-  }
-  if (added && cJSON_IsArray(added)) {
-    cJSON_ArrayForEach(it, added) {
-      const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-      const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-      const cJSON *special = cJSON_GetObjectItemCaseSensitive(it, "special");
-      if (!cJSON_IsNumber(id) || !cJSON_IsString(content)) {
-        rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: added_tokens entries need id and content", path);
-        goto done;
-      }
-      int32_t t = cJSON_IsTrue(special) ? SYNTH_TOK_CONTROL : SYNTH_TOK_USER_DEFINED;
-      if ((rc = set_token(&b, json_id(id), content->valuestring, t, path, err, errlen))) goto done;
-    }
-  }
-  if (merges) {
-    cJSON_ArrayForEach(it, merges) {
-      char *m = NULL;
-      if (cJSON_IsString(it)) m = strdup(it->valuestring);
-      else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
-               cJSON_IsString(cJSON_GetArrayItem(it, 1)))
-        m = join_merge(cJSON_GetArrayItem(it, 0)->valuestring, cJSON_GetArrayItem(it, 1)->valuestring);
-      else {
-        rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %llu is neither \"a b\" nor [a, b]", path,
-                      (unsigned long long)v->n_merges);
-        goto done;
-      }
-      if (!m) {
-        rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
-        goto done;
-      }
-      v->merges[v->n_merges++] = m;
-    }
-  }
-  for (uint64_t i = 0; i < v->n; i++) {
-    if (v->tokens[i]) continue;
-    char name[32];
-    snprintf(name, sizeof name, "[PAD%llu]", (unsigned long long)i);
-    if (!(v->tokens[i] = strdup(name))) {
+  for (int64_t i = 0; i < n_vocab; i++) {
+    char pad[32];
+    const bool named = i < j.n && j.text[i];
+    if (!named) snprintf(pad, sizeof pad, "[PAD%lld]", (long long)i);
+    v->tokens[i] = strdup(named ? j.text[i] : pad);
+    v->types[i] = named ? j.type[i] : SYNTH_TOK_UNUSED; /* enum tok_type and synth_token_type share values */
+    if (!v->tokens[i]) {
       rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
       goto done;
     }
-    v->types[i] = SYNTH_TOK_UNUSED;
   }
-  for (uint64_t i = 0; i < v->n; i++) {
-    int64_t prev = lookup(&b, v->tokens[i]);
-    if (prev >= 0) {
-      char s1[64];
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: token '%s' appears twice (ids %lld and %llu)", path,
-                    floe_show(s1, sizeof s1, v->tokens[i]), (long long)prev, (unsigned long long)i);
+  for (int32_t r = 0; r < j.n_merges; r++) {
+    const tok_json_merge *m = &j.merges[r];
+    char *s = malloc(m->na + m->nb + 2);
+    if (!s) {
+      rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
       goto done;
     }
-    hash_insert(&b, (int64_t)i);
+    memcpy(s, m->a, m->na);
+    s[m->na] = ' ';
+    memcpy(s + m->na + 1, m->b, m->nb);
+    s[m->na + 1 + m->nb] = 0;
+    v->merges[v->n_merges++] = s;
   }
-  /* Special ids and the chat template from tokenizer_config.json / chat_template.jinja. */
-  {
-    char p[4096], ignored[256]; /* both files are optional: a missing or unreadable one is skipped */
-    sibling(p, sizeof p, path, "tokenizer_config.json");
-    char *cfg_text;
-    floe_read_file(p, (size_t)64 << 20, &cfg_text, &len, ignored, sizeof ignored);
-    cJSON *cfg = cfg_text ? cJSON_ParseWithLength(cfg_text, len) : NULL;
-    free(cfg_text);
-    const char *eos = cfg ? special_text(cJSON_GetObjectItemCaseSensitive(cfg, "eos_token")) : NULL;
-    const char *pad = cfg ? special_text(cJSON_GetObjectItemCaseSensitive(cfg, "pad_token")) : NULL;
-    const cJSON *tmpl = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
-    v->eos = eos ? lookup(&b, eos) : -1;
-    if (v->eos < 0) v->eos = lookup(&b, "<|im_end|>");
-    if (v->eos < 0) v->eos = lookup(&b, "<|endoftext|>");
-    v->pad = pad ? lookup(&b, pad) : -1;
-    if (v->pad < 0) v->pad = lookup(&b, "<|endoftext|>");
-    v->bos = lookup(&b, "<|endoftext|>");
-    if (cJSON_IsString(tmpl)) v->chat_template = strdup(tmpl->valuestring);
-    cJSON_Delete(cfg);
-    if (!v->chat_template) {
-      sibling(p, sizeof p, path, "chat_template.jinja");
-      floe_read_file(p, (size_t)16 << 20, &v->chat_template, NULL, ignored, sizeof ignored);
-    }
-    if (!v->chat_template) v->chat_template = strdup(default_chat_template);
-    if (!v->chat_template) rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
-  }
+  v->eos = j.eos, v->pad = j.pad, v->bos = j.bos;
+  v->chat_template = j.chat_template ? j.chat_template : strdup(default_chat_template);
+  j.chat_template = NULL;
+  if (!v->chat_template) rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
 done:
-  free(b.slots);
-done_nob:
-  cJSON_Delete(root);
+  tok_json_free(&j);
   if (rc) synth_vocab_free(v);
   return rc;
 }

@@ -11,7 +11,6 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tok/tokenizer.h"
 
-#include <cjson/cJSON.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,12 +250,6 @@ static const char *const RE_QWEN2 =
 static const char *const RE_QWEN35 =
     CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^" WS "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*" WS_TAIL;
 
-/* The Split patterns as they appear in Qwen's tokenizer.json files. */
-static const char *const JSON_RE_QWEN2 =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char *const JSON_RE_QWEN35 =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
 static int compile_regex(tok_vocab *t, char *err, size_t errlen) {
   const char *pat = t->pre == TOK_PRE_QWEN35 ? RE_QWEN35 : RE_QWEN2;
   int ec;
@@ -290,11 +283,6 @@ void tok_free(tok_vocab *t) {
   if (t->re) pcre2_code_free(t->re);
   free(t->chat_template);
   free(t);
-}
-
-/* Looks like <|...|>: convert_hf_to_gguf types such added tokens CONTROL even with special=false. */
-static bool looks_control(const char *s, size_t n) {
-  return n >= 4 && s[0] == '<' && s[1] == '|' && s[n - 2] == '|' && s[n - 1] == '>';
 }
 
 /* Stage 1: pieces and types. Byte-level tokens are decoded to raw bytes; added tokens and unused
@@ -537,164 +525,87 @@ fail:
 }
 
 /* ---------------------------------------------------------------------------------------------
- * tokenizer.json */
-static int json_pre_type(const cJSON *root, const char *name, int *pre, char *err, size_t errlen) {
-  /* Find a Split pre-tokenizer (possibly inside a Sequence) and identify its regex. */
-  const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-  const cJSON *list = NULL;
-  const cJSON *ty = cJSON_GetObjectItemCaseSensitive(pt, "type");
-  if (cJSON_IsString(ty) && strcmp(ty->valuestring, "Sequence") == 0) list = cJSON_GetObjectItemCaseSensitive(pt, "pretokenizers");
-  const cJSON *it = list ? list->child : pt;
-  for (; it; it = list ? it->next : NULL) {
-    const cJSON *t2 = cJSON_GetObjectItemCaseSensitive(it, "type");
-    if (cJSON_IsString(t2) && strcmp(t2->valuestring, "Split") == 0) {
-      const cJSON *re = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(it, "pattern"), "Regex");
-      if (!cJSON_IsString(re)) break;
-      if (strcmp(re->valuestring, JSON_RE_QWEN2) == 0) { *pre = TOK_PRE_QWEN2; return 0; }
-      if (strcmp(re->valuestring, JSON_RE_QWEN35) == 0) { *pre = TOK_PRE_QWEN35; return 0; }
-      return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: pre-tokenizer regex '%.60s...' is not Qwen's", name, re->valuestring);
-    }
-    if (!list) break;
-  }
-  return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: no Split regex pre-tokenizer found (only Qwen's byte-level BPE is supported)", name);
-}
-
-int tok_load_json_buffer(const char *json, size_t len, const char *name, tok_vocab **out, char *err, size_t errlen) {
+ * tokenizer.json: parsed by tok_json_parse (tokenizer_json.c, which states the rules), then built
+ * like a GGUF vocabulary. path: where tokenizer_config.json is looked for (NULL: nowhere). */
+static int load_json(const char *json, size_t len, const char *name, const char *path, tok_vocab **out, char *err,
+                     size_t errlen) {
   *out = NULL;
-  cJSON *root = cJSON_ParseWithLength(json, len);
-  if (!root) return floe_err(err, errlen, FLOE_E_FORMAT, "%s: not valid JSON", name);
+  tok_json j;
+  int rc = tok_json_parse(json, len, name, path, &j, err, errlen);
+  if (rc) return rc;
   tok_vocab *t = NULL;
   raw_tok *toks = NULL;
   uint8_t *types = NULL;
   char *scratch = NULL;
-  int rc = 0;
-  const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-  const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(model, "type");
-  const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-  const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-  const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-  if (!cJSON_IsString(mtype) || strcmp(mtype->valuestring, "BPE") != 0) {
-    rc = floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: model.type is not BPE", name);
+  char (*pads)[32] = NULL;
+  char nm[200];
+  floe_show(nm, sizeof nm, name);
+  if (j.pre < 0) {
+    rc = floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s", j.pre_why);
     goto done;
   }
-  if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges)) {
-    rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: model.vocab (object) or model.merges (array) missing", name);
+  const int32_t n = j.n;
+  if (n < 256) {
+    rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: vocabulary of %lld tokens is too small", nm, (long long)n);
     goto done;
   }
-  int pre = TOK_PRE_QWEN2;
-  if ((rc = json_pre_type(root, name, &pre, err, errlen))) goto done;
-  /* n = 1 + the largest id */
-  int64_t n = 0;
-  for (const cJSON *e = vocab->child; e; e = e->next) {
-    if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= TOK_MAX_VOCAB || e->valuedouble != (double)(int64_t)e->valuedouble) {
-      char s1[48];
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: vocab entry '%s' has a bad id", name,
-                    e->string ? floe_show(s1, sizeof s1, e->string) : "?");
-      goto done;
-    }
-    if ((int64_t)e->valuedouble + 1 > n) n = (int64_t)e->valuedouble + 1;
-  }
-  if (added && !cJSON_IsArray(added)) { rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: added_tokens is not an array", name); goto done; }
-  for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content");
-    if (!cJSON_IsNumber(id) || !cJSON_IsString(c) || id->valuedouble < 0 || id->valuedouble >= TOK_MAX_VOCAB ||
-        id->valuedouble != (double)(int64_t)id->valuedouble) {
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: an added_tokens entry lacks a valid id or content", name);
-      goto done;
-    }
-    if ((int64_t)id->valuedouble + 1 > n) n = (int64_t)id->valuedouble + 1;
-  }
-  if (n < 256) { rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: vocabulary of %lld tokens is too small", name, (long long)n); goto done; }
   t = calloc(1, sizeof *t);
   toks = calloc((size_t)n, sizeof *toks);
   types = calloc((size_t)n, 1);
-  char(*pads)[32] = NULL;
-  if (!t || !toks || !types) { rc = floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", name); goto done; }
-  t->pre = pre;
+  int32_t holes = 0;
+  for (int32_t i = 0; i < n; i++) holes += j.text[i] == NULL;
+  pads = malloc((size_t)(holes ? holes : 1) * sizeof *pads);
+  if (!t || !toks || !types || !pads) {
+    rc = floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", nm);
+    goto done;
+  }
+  t->pre = j.pre;
   t->bos = t->eos = t->eot = t->pad = -1;
-  for (const cJSON *e = vocab->child; e; e = e->next) {
-    int64_t id = (int64_t)e->valuedouble;
-    if (toks[id].s) { rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: id %lld appears twice in model.vocab", name, (long long)id); goto done; }
-    toks[id].s = e->string;
-    toks[id].n = strlen(e->string);
-    types[id] = TOK_TYPE_NORMAL;
-  }
-  for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
-    int64_t id = (int64_t)cJSON_GetObjectItemCaseSensitive(a, "id")->valuedouble;
-    const char *c = cJSON_GetObjectItemCaseSensitive(a, "content")->valuestring;
-    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(a, "special");
-    size_t cl = strlen(c);
-    /* An added token may repeat a vocab entry (same id): it then becomes an added token. */
-    if (toks[id].s && types[id] != TOK_TYPE_NORMAL) {
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: added token id %lld appears twice", name, (long long)id);
-      goto done;
+  for (int32_t i = 0, k = 0; i < n; i++) {
+    if (j.text[i]) {
+      toks[i].s = j.text[i];
+      types[i] = j.type[i];
+    } else { /* ids nobody names (padding): "[PAD<id>]", UNUSED, as convert_hf_to_gguf writes them */
+      snprintf(pads[k], sizeof pads[k], "[PAD%lld]", (long long)i);
+      toks[i].s = pads[k++];
+      types[i] = TOK_TYPE_UNUSED;
     }
-    toks[id].s = c;
-    toks[id].n = cl;
-    types[id] = (cJSON_IsTrue(sp) || looks_control(c, cl)) ? TOK_TYPE_CONTROL : TOK_TYPE_USER_DEFINED;
+    toks[i].n = strlen(toks[i].s);
   }
-  /* ids nobody names (padding): "[PAD<id>]", UNUSED, as convert_hf_to_gguf writes them */
-  int64_t holes = 0;
-  for (int64_t i = 0; i < n; i++) holes += toks[i].s == NULL;
-  if (holes) {
-    pads = malloc((size_t)holes * sizeof *pads);
-    if (!pads) { rc = floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", name); goto done; }
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; i++)
-      if (!toks[i].s) {
-        snprintf(pads[k], sizeof pads[k], "[PAD%lld]", (long long)i);
-        toks[i].s = pads[k];
-        toks[i].n = strlen(pads[k]);
-        types[i] = TOK_TYPE_UNUSED;
-        k++;
-      }
-  }
-  rc = build_pieces(t, toks, types, (int32_t)n, name, err, errlen);
-  free(pads);
-  if (rc) goto done;
-  if ((rc = alloc_merges(t, (uint64_t)cJSON_GetArraySize(merges), name, err, errlen))) goto done;
-  size_t mpl = max_piece_len(t);
+  if ((rc = build_pieces(t, toks, types, n, nm, err, errlen))) goto done;
+  if ((rc = alloc_merges(t, (uint64_t)j.n_merges, nm, err, errlen))) goto done;
+  const size_t mpl = max_piece_len(t);
   scratch = malloc(2 * mpl + 8);
-  if (!scratch) { rc = floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", name); goto done; }
-  int32_t rank = 0;
-  for (const cJSON *m = merges->child; m; m = m->next, rank++) {
-    const char *a, *b;
-    size_t na, nb;
-    if (cJSON_IsString(m)) {
-      const char *s = m->valuestring, *sp = strchr(s, ' ');
-      if (!sp || sp == s || !sp[1] || strchr(sp + 1, ' ')) {
-        char s1[48];
-        rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d '%s' is not of the form 'a b'", name, (int)rank,
-                      floe_show(s1, sizeof s1, s));
-        goto done;
-      }
-      a = s; na = (size_t)(sp - s); b = sp + 1; nb = strlen(b);
-    } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(m->child) && cJSON_IsString(m->child->next)) {
-      a = m->child->valuestring; na = strlen(a);
-      b = m->child->next->valuestring; nb = strlen(b);
-    } else {
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d is neither \"a b\" nor [a, b]", name, (int)rank);
+  if (!scratch) {
+    rc = floe_err(err, errlen, FLOE_E_NOMEM, "%s: out of memory", nm);
+    goto done;
+  }
+  for (int32_t r = 0; r < j.n_merges; r++) {
+    const tok_json_merge *m = &j.merges[r];
+    if (m->na + m->nb > 2 * mpl + 8) {
+      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d references a token not in the vocabulary", nm, (int)r);
       goto done;
     }
-    if (na + nb > 2 * mpl + 8) {
-      rc = floe_err(err, errlen, FLOE_E_FORMAT, "%s: merge %d references a token not in the vocabulary", name, (int)rank);
-      goto done;
-    }
-    if ((rc = add_merge(t, rank, a, na, b, nb, scratch, name, err, errlen))) goto done;
+    if ((rc = add_merge(t, r, m->a, m->na, m->b, m->nb, scratch, nm, err, errlen))) goto done;
   }
   find_specials(t);
-  t->eos = t->im_end >= 0 ? t->im_end : t->endoftext; /* Qwen's tokenizer_config: eos <|im_end|>, pad <|endoftext|> */
-  t->pad = t->endoftext;
-  if ((rc = compile_regex(t, err, errlen))) goto done;
+  t->eos = j.eos;
+  t->pad = j.pad;
+  t->bos = j.bos;
+  rc = compile_regex(t, err, errlen);
 done:
   free(toks);
   free(types);
+  free(pads);
   free(scratch);
-  cJSON_Delete(root);
+  tok_json_free(&j);
   if (rc) tok_free(t);
   else *out = t;
   return rc;
+}
+
+int tok_load_json_buffer(const char *json, size_t len, const char *name, tok_vocab **out, char *err, size_t errlen) {
+  return load_json(json, len, name, NULL, out, err, errlen);
 }
 
 int tok_load_json(const char *path, tok_vocab **out, char *err, size_t errlen) {
@@ -703,7 +614,7 @@ int tok_load_json(const char *path, tok_vocab **out, char *err, size_t errlen) {
   size_t n = 0;
   int rc = floe_read_file(path, (size_t)1 << 30, &buf, &n, err, errlen); /* Qwen's is ~11 MB */
   if (rc) return rc;
-  rc = tok_load_json_buffer(buf, n, path, out, err, errlen);
+  rc = load_json(buf, n, path, path, out, err, errlen);
   free(buf);
   return rc;
 }

@@ -57,6 +57,44 @@ uint32_t tok_byte_codepoint(uint8_t b);
  * point is < 0x800, so at most 2n + 1 bytes); NULL when out of memory. */
 char *tok_bytelevel_encode(const char *s, size_t n);
 
+/* ---- tokenizer.json (tokenizer_json.c) ----
+ * The one parser of HF tokenizer.json files, behind tok_load_json and the GGUF writers
+ * (synth_vocab_from_tokenizer_json), so both read a file under one rule set:
+ *   - model.type "BPE" when present; model.vocab an object of ids; model.merges (optional) "a b"
+ *     strings or [a, b] pairs; added_tokens (optional) entries with id and content;
+ *   - ids are integers in [0, 2^24); n = 1 + the largest id; ids nobody names are holes (NULL
+ *     text, TOK_TYPE_UNDEFINED; the loaders fill them with "[PAD<id>]", UNUSED, as llama.cpp's
+ *     converter does);
+ *   - an added token may repeat its own vocab entry (same id and text); two texts on one id, two
+ *     ids for one text, or an id twice in model.vocab are errors;
+ *   - types: vocab entries NORMAL; added tokens CONTROL when "special": true or when the text
+ *     looks like <|...|> (llama.cpp's converter does the same), else USER_DEFINED (<think>,
+ *     <tool_call>, ...: split out of any text, never only with parse_special);
+ *   - eos: tokenizer_config.json's eos_token (a string or {"content": ...}) when it names a
+ *     token, else <|im_end|>, else <|endoftext|>; pad: pad_token, else <|endoftext|>; bos:
+ *     bos_token, else <|endoftext|> (never added: add_bos_token is false for Qwen); -1 if none;
+ *   - pre: TOK_PRE_* of the Split pre-tokenizer's regex, -1 (pre_why says why) when it is not
+ *     one of Qwen's; the chat template from tokenizer_config.json, else chat_template.jinja.
+ * tokenizer_config.json and chat_template.jinja are read beside `path` (NULL: none). */
+typedef struct tok_json_merge { const char *a, *b; size_t na, nb; } tok_json_merge;
+typedef struct tok_json {
+  int32_t n;                /* 1 + the largest id */
+  const char **text;        /* [n] byte-level spelling (vocab) or literal text (added); NULL: hole */
+  uint8_t *type;            /* [n] enum tok_type; TOK_TYPE_UNDEFINED for holes */
+  tok_json_merge *merges;   /* [n_merges] in rank order */
+  int32_t n_merges;
+  int32_t eos, pad, bos;    /* -1: none */
+  int pre;                  /* enum tok_pre, or -1 */
+  char pre_why[400];
+  char *chat_template;      /* malloc'ed or NULL */
+  void *root;               /* the parsed JSON (cJSON); owns the strings above */
+} tok_json;
+int tok_json_parse(const char *json, size_t len, const char *name, const char *path, tok_json *j, char *err,
+                   size_t errlen);
+void tok_json_free(tok_json *j);
+/* Looks like <|...|>. */
+bool tok_text_looks_control(const char *s, size_t n);
+
 /* ---- loading ---- */
 int tok_load_gguf(const gguf_file *g, tok_vocab **out, char *err, size_t errlen);
 int tok_load_json(const char *path, tok_vocab **out, char *err, size_t errlen);

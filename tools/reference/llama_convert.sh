@@ -14,8 +14,15 @@
 # (the Qwen byte-level pre-tokenizer, which is what floe's convert writes for these models too).
 #
 # Usage: tools/reference/llama_convert.sh [OUT_DIR]   (default tests/fixtures/llama_gguf)
-# Writes OUT_DIR/{qwen3moe,qwen35moe,qwen3next}-{f32,q8_0}.gguf and OUT_DIR/versions.txt.
-set -euo pipefail
+# Writes OUT_DIR/{qwen3moe,qwen35moe,qwen3next}-{f32,q8_0}.gguf, OUT_DIR/versions.txt (converter
+# and library versions, and which conversions failed) and OUT_DIR/convert.log (the converter's
+# output). A failed conversion is recorded and the others still run; the exit status is 1 if any
+# failed.
+#
+# On the GPU machine (through the device tool), from a worktree holding the converter in .llama/:
+#   run  command: bash tools/reference/llama_convert.sh $OUT     carry: [".llama"]
+# (7 files come back, each well under the tool's 16 MiB; copy the GGUFs into tests/fixtures/llama_gguf.)
+set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LLAMA=${LLAMA_DIR:-$ROOT/.llama}
 OUT=${1:-$ROOT/tests/fixtures/llama_gguf}
@@ -26,6 +33,9 @@ done
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+LOG=$OUT/convert.log
+: >"$LOG"
+failed=()
 
 for a in qwen3moe qwen35moe qwen3next; do
   d="$TMP/$a"
@@ -35,7 +45,8 @@ for a in qwen3moe qwen35moe qwen3next; do
   printf '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "add_bos_token": false}\n' \
     >"$d/tokenizer_config.json"
   for t in f32 q8_0; do
-    "$PY" - "$LLAMA" "$d" "$OUT/$a-$t.gguf" "$t" <<'PYEOF'
+    echo "== $a $t" >>"$LOG"
+    "$PY" - "$LLAMA" "$d" "$OUT/$a-$t.gguf" "$t" >>"$LOG" 2>&1 <<'PYEOF'
 import sys
 llama, model_dir, out, outtype = sys.argv[1:5]
 sys.path.insert(0, llama)
@@ -54,10 +65,20 @@ for b in bases:
 sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out, "--outtype", outtype]
 conv.main()
 PYEOF
+    if [ $? -ne 0 ] || [ ! -s "$OUT/$a-$t.gguf" ]; then
+      failed+=("$a-$t")
+      rm -f "$OUT/$a-$t.gguf"
+      echo "llama_convert.sh: $a $t FAILED (see $LOG)" >&2
+    fi
   done
 done
 {
-  echo "llama.cpp converter: $(cd "$LLAMA" && (git rev-parse HEAD 2>/dev/null || cat VERSION 2>/dev/null || echo unknown))"
-  "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
-} >"$OUT/versions.txt"
+  # a commit only from the converter's own checkout (inside floe's tree, git would name floe's)
+  if [ -e "$LLAMA/.git" ]; then v=$(git -C "$LLAMA" rev-parse HEAD)
+  else v="convert_hf_to_gguf.py sha256 $(sha256sum "$LLAMA/convert_hf_to_gguf.py" | cut -c1-16)"; fi
+  echo "llama.cpp converter: $v"
+  "$PY" -c 'import torch, transformers, numpy; print("torch", torch.__version__, "transformers", transformers.__version__, "numpy", numpy.__version__)'
+  echo "failed: ${failed[*]:-none}"
+} >"$OUT/versions.txt" 2>&1
 ls -la "$OUT"
+[ ${#failed[@]} -eq 0 ]
