@@ -220,7 +220,8 @@ typedef struct floe_session_stats {
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
 /* Resets the session's times and the engine's streaming counters. */
 void floe_session_stats_reset(floe_session *s);
-/* Streaming: demand hits and misses of layer l since the last reset (0 when not streaming). */
+/* Streaming: demand hits and misses of layer l since the last reset (0 when not streaming);
+ * l = n_layer is the MTP block (its experts stream too, except from a `floe pack` directory). */
 void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, uint64_t *misses);
 
 /* ---- generation ---- */

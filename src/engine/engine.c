@@ -333,7 +333,7 @@ void floe_session_stats_reset(floe_session *s) {
 
 void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, uint64_t *misses) {
   *hits = *misses = 0;
-  if (!e->m->xs || l < 0 || l >= e->m->hp.n_layer) return;
+  if (!e->m->xs || l < 0 || l >= xs_store_of(e->m->xs)->n_layer) return; /* l == n_layer: the MTP block */
   const xs_layer_stats *ls = xs_layer_stats_of(e->m->xs);
   *hits = ls[l].hits;
   *misses = ls[l].misses;

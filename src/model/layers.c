@@ -915,9 +915,10 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, I = hp->n_ff_exp;
   const int64_t Is = hp->n_ff_shexp;
   const bool mt = s->pool && floe_pool_size(s->pool) > 1;
-  /* streamed experts: the trunk's layers only. The MTP block (l == n_layer) is not in the expert
-   * store: its experts are used in place (through the mapping under a memory budget) */
-  const bool xs = m->xs && l < hp->n_layer;
+  /* streamed experts: every layer of the expert store (the trunk's, and the MTP block's at
+   * l == n_layer unless the experts come from a pack, which holds the trunk's only: then the MTP
+   * block's are used in place through the source file's mapping) */
+  const bool xs = m->xs && l < xs_store_of(m->xs)->n_layer;
   mm_task *tk = s->tasks;
 
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->ffn_norm, E, hp->rms_eps, s->h + t * E);
