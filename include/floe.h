@@ -212,10 +212,13 @@ typedef struct floe_session_stats {
    * decode steps that drafted, tokens drafted / accepted per draft position (position j counts
    * only steps whose drafts 1..j-1 were all accepted, so accepted[j]/drafted[j] is the conditional
    * rate), tokens the trunk produced in speculative steps (accepted + one per step), the draft
-   * count of the last step, and the seconds spent in draft + verify steps */
+   * count of the last step, and the seconds spent in draft + verify steps; mtp_k_steps[k]: the
+   * decode steps of speculative generations taken with k drafts (k = 0: plain steps, e.g. where
+   * the automatic choice found that drafting does not pay) */
   int64_t mtp_steps, mtp_drafted[4], mtp_accepted[4], mtp_tokens;
   int mtp_k_last;
   double mtp_step_s;
+  int64_t mtp_k_steps[5];
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
 /* Resets the session's times and the engine's streaming counters. */

@@ -22,9 +22,11 @@
  * k is chosen automatically unless forced: the expected tokens of a step with k drafts,
  * 1 + sum_i prod_{j<=i} alpha_j (alpha_j: the measured conditional acceptance at draft position
  * j), over its measured cost (an average of the step's wall time: draft + verify, or a plain
- * decode step for k = 0); each k is tried a few times first and the neighbours of the best are
- * re-measured every 16 steps. Under a memory budget a verify step reads the union of its rows'
- * experts; when that makes it cost more than it gains, k = 0 wins and MTP is off. */
+ * decode step for k = 0); each k is tried a few times first (round robin) and the neighbours of
+ * the best are re-measured every 16 steps (spec_best_k is the choice itself). Under a memory
+ * budget a verify step reads the union of its rows' experts (and the MTP block's experts stream
+ * too); when that makes it cost more than it gains, k = 0 wins and drafting is off, re-tried
+ * (k = 1) every 32 steps. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +56,7 @@ struct spec {
   int64_t a_tried[SPEC_KMAX], a_acc[SPEC_KMAX]; /* lifetime acceptance (not reset with the stats) */
   /* counters (floe_session_stats) */
   int64_t steps, drafted[SPEC_KMAX], accepted[SPEC_KMAX], tokens;
+  int64_t k_steps[SPEC_KMAX + 1]; /* steps taken with k drafts (0: plain steps) */
   int k_last;
   double step_s;
 };
@@ -114,6 +117,7 @@ void spec_stats(const spec *sp, floe_session_stats *out) {
   }
   out->mtp_tokens = sp->tokens;
   out->mtp_k_last = sp->k_last;
+  for (int k = 0; k <= SPEC_KMAX; k++) out->mtp_k_steps[k] = sp->k_steps[k];
   out->mtp_step_s = sp->step_s;
 }
 
@@ -123,6 +127,7 @@ void spec_stats_reset(spec *sp) {
   sp->step_s = 0;
   memset(sp->drafted, 0, sizeof sp->drafted);
   memset(sp->accepted, 0, sizeof sp->accepted);
+  memset(sp->k_steps, 0, sizeof sp->k_steps);
 }
 
 void spec_forget_hidden(spec *sp) {
@@ -179,29 +184,40 @@ int spec_eval(spec *sp, model_session *ms, const int32_t *ids, int64_t n, float 
   return 0;
 }
 
-static double expected_tokens(const spec *sp, int k) {
+/* Tokens a step with k drafts produces on average: 1 + sum_i prod_{j<=i} alpha_j. */
+static double expected_tokens(const double *alpha, int k) {
   double e = 1, run = 1;
   for (int j = 0; j < k; j++) {
-    run *= (double)(sp->a_acc[j] + 1) / (double)(sp->a_tried[j] + 2);
+    run *= alpha[j];
     e += run;
   }
   return e;
+}
+
+int spec_best_k(const double *cost, const double *alpha, int kmax) {
+  int k = 0;
+  double best = -1;
+  for (int kk = 0; kk <= kmax; kk++) {
+    const double r = cost[kk] > 0 ? expected_tokens(alpha, kk) / cost[kk] : 0;
+    if (r > best) best = r, k = kk; /* ties: the smaller k (cheaper when the costs are equal) */
+  }
+  return k;
 }
 
 int spec_choose_k(spec *sp, int forced, int64_t room) {
   int k;
   if (forced > 0) k = forced;
   else {
+    /* exploration, round robin (1, 2, 3, 4, 0, 1, ...) so that every k sees the same drift of
+     * the machine and of the expert cache (a cold cache makes the first steps slow) */
     static const int order[SPEC_KMAX + 1] = { 1, 2, 3, 4, 0 };
     k = -1;
-    for (int i = 0; i <= SPEC_KMAX && k < 0; i++)
-      if (sp->cost_n[order[i]] < SPEC_EXPLORE) k = order[i];
+    for (int i = 0; i <= SPEC_KMAX; i++)
+      if (sp->cost_n[order[i]] < SPEC_EXPLORE && (k < 0 || sp->cost_n[order[i]] < sp->cost_n[k])) k = order[i];
     if (k < 0) {
-      double best = -1;
-      for (int kk = 0; kk <= SPEC_KMAX; kk++) {
-        const double r = expected_tokens(sp, kk) / sp->cost[kk];
-        if (r > best) best = r, k = kk;
-      }
+      double alpha[SPEC_KMAX]; /* the conditional acceptance per draft position (Laplace-smoothed) */
+      for (int j = 0; j < SPEC_KMAX; j++) alpha[j] = (double)(sp->a_acc[j] + 1) / (double)(sp->a_tried[j] + 2);
+      k = spec_best_k(sp->cost, alpha, SPEC_KMAX);
       if (++sp->n_choice % 16 == 0) { /* re-measure a neighbour: costs drift (cache, experts) */
         const int nb = (sp->n_choice / 16) % 2 ? k + 1 : k - 1;
         if (nb >= 0 && nb <= SPEC_KMAX) k = nb;
@@ -229,6 +245,7 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
   if (k < 1 || sp->hpos != P - 1) { /* a plain step (still feeding the MTP's rows) */
     rc = spec_eval(sp, ms, &id, 1, last_logits, err, errlen);
     if (!rc && k == 0) note_cost(sp, 0, floe_time_s() - t0);
+    if (!rc) sp->k_steps[0]++;
     return rc;
   }
   if (k > SPEC_KMAX) k = SPEC_KMAX;
@@ -281,6 +298,7 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
   const double dt = floe_time_s() - t0;
   note_cost(sp, k, dt);
   sp->steps++;
+  sp->k_steps[k]++;
   sp->tokens += a + 1;
   sp->k_last = k;
   sp->step_s += dt;
