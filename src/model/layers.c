@@ -713,7 +713,9 @@ static int topk_add(const float *p, int64_t NE, int64_t K, int32_t *set, int n) 
   return n;
 }
 
-/* Decode only (n <= 2): predicts layer l+1's experts and starts reading them at prefetch priority.
+/* Decode and speculative verify chunks (n <= KV_KEEP_MAX rows: the token and its drafts, whose
+ * union of experts a verify step reads): predicts layer l+1's experts, the union of each row's
+ * top-k, and starts reading them at prefetch priority.
  * XS_PF_NEXT: layer l+1's router on this layer's MoE input h (quantized rows reused when the
  * routers share a layout), or with XS_PF_RESID on the residual stream xres (after this layer's
  * attention) normed with layer l+1's ffn_norm; XS_PF_PREV: the previous token's experts at l+1. Scratch: s->rlog
@@ -723,7 +725,7 @@ static void stream_prefetch(model_session *s, int64_t l, int64_t n, const uint8_
   xstream *x = m->xs;
   const int pf = xs_params_of(x)->prefetch;
   const int64_t NE = m->hp.n_expert, K = m->hp.n_expert_used, E = m->hp.n_embd;
-  if (n > 2 || l + 1 >= m->hp.n_layer || !pf) return;
+  if (n > KV_KEEP_MAX || l + 1 >= m->hp.n_layer || !pf) return;
   const model_layer *L = &m->layers[l], *N = &m->layers[l + 1];
   int32_t *pred = s->xs_tmp;
   if (pf & XS_PF_NEXT) {
