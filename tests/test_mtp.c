@@ -397,6 +397,71 @@ static void test_greedy_modes(int threads, uint64_t budget, int n_prompts, int n
   floe_engine_close(e);
 }
 
+/* ---- the automatic mode end to end, on pinned step costs (deterministic) ----
+ * dear: a step with k drafts costs 1 + k plain steps, drafting never pays: after exploring, the
+ * choice settles on 0 and switches drafting off (plain steps that skip the MTP); cheap: drafts
+ * almost free, the choice settles on 4. Both: ids identical to mtp 0. */
+static void test_auto_pinned(void) {
+  SECTION("automatic k on pinned step costs: drafting off when it does not pay, k = 4 when drafts are free");
+  char err[512];
+  floe_engine_params ep;
+  floe_engine_params_init(&ep);
+  ep.model = model_path;
+  ep.n_threads = 2;
+  floe_engine *e = NULL;
+  int rc = floe_engine_open(&ep, &e, err, sizeof err);
+  CHECK(rc == 0, "engine: %s", rc ? err : "ok");
+  if (rc) return;
+  static const char text[] = "import os\nimport sys\n\n\ndef main(argv):\n    ";
+  int32_t *ids = NULL;
+  size_t n = 0;
+  rc = floe_tokenize(e, text, sizeof text - 1, false, &ids, &n, err, sizeof err);
+  const int ng = 400;
+  int32_t *base = malloc(ng * 4), *got = malloc(ng * 4);
+  floe_session *s = NULL;
+  if (!rc) rc = floe_session_new(e, NULL, &s, err, sizeof err);
+  floe_gen_params gp;
+  floe_gen_params_init(&gp);
+  gp.max_tokens = ng;
+  gp.mtp = 0;
+  ids_out b = { base, 0, ng };
+  if (!rc) rc = floe_generate(s, ids, n, &gp, on_tok, &b, NULL, err, sizeof err);
+  static const double dear[5] = { 1e-3, 2e-3, 3e-3, 4e-3, 5e-3 }, cheap[5] = { 1e-3, 1.01e-3, 1.02e-3, 1.03e-3, 1.04e-3 };
+  for (int c = 0; c < 2 && !rc; c++) {
+    floe_session_free(s); /* a fresh session: nothing measured yet */
+    s = NULL;
+    rc = floe_session_new(e, NULL, &s, err, sizeof err);
+    if (rc) break;
+    spec_test_pin_costs(c ? cheap : dear);
+    gp.mtp = -1;
+    ids_out g = { got, 0, ng };
+    rc = floe_generate(s, ids, n, &gp, on_tok, &g, NULL, err, sizeof err);
+    spec_test_pin_costs(NULL);
+    int first = -1;
+    for (int i = 0; i < b.n && first < 0; i++)
+      if (i >= g.n || g.v[i] != b.v[i]) first = i;
+    CHECK(rc == 0 && g.n == b.n && first < 0, "%s: %d ids identical to mtp 0 (first diff at %d)", c ? "cheap" : "dear", b.n,
+          first);
+    floe_session_stats st;
+    floe_session_stats_get(s, &st);
+    printf("   %s drafts: steps with k = 0..4: %lld %lld %lld %lld %lld\n", c ? "cheap" : "dear",
+           (long long)st.mtp_k_steps[0], (long long)st.mtp_k_steps[1], (long long)st.mtp_k_steps[2],
+           (long long)st.mtp_k_steps[3], (long long)st.mtp_k_steps[4]);
+    if (c == 0)
+      CHECK(st.mtp_k_steps[0] > 300 && st.mtp_steps < 40,
+            "dear: drafting switched off (%lld plain steps, %lld drafting steps: the exploration and a probe)",
+            (long long)st.mtp_k_steps[0], (long long)st.mtp_steps);
+    else
+      CHECK(st.mtp_k_steps[4] > st.mtp_k_steps[0] + st.mtp_k_steps[1] + st.mtp_k_steps[2] + st.mtp_k_steps[3],
+            "cheap: k = 4 chosen for most steps (%lld of %lld)", (long long)st.mtp_k_steps[4],
+            (long long)(st.mtp_k_steps[0] + st.mtp_k_steps[1] + st.mtp_k_steps[2] + st.mtp_k_steps[3] + st.mtp_k_steps[4]));
+  }
+  CHECK(rc == 0, "generation: %s", rc ? err : "ok");
+  free(ids), free(base), free(got);
+  floe_session_free(s);
+  floe_engine_close(e);
+}
+
 static void test_greedy(int threads, uint64_t budget, int n_prompts, int n_gen) {
   static const int modes[] = { 1, 2, 3, 4, -1 };
   test_greedy_modes(threads, budget, n_prompts, n_gen, modes, 5);
@@ -417,6 +482,7 @@ int main(int argc, char **argv) {
   test_mtp_reference(m);
   model_free(m);
   test_best_k();
+  test_auto_pinned();
   const int np = quick ? 2 : 10, ng = quick ? 64 : 256;
   test_greedy(1, 0, np, ng);
   test_greedy(2, 0, np, ng);

@@ -34,6 +34,9 @@ int spec_choose_k(spec *sp, int forced, int64_t room);
  * chosen) and the conditional acceptance alpha[j] of draft position j (expected tokens of a step:
  * 1 + sum_i prod_{j<=i} alpha_j). Ties go to the smaller k. */
 int spec_best_k(const double *cost, const double *alpha, int kmax);
+/* Tests only: every step's cost is taken as cost[k] (5 values, seconds) instead of its measured
+ * wall time, so the automatic choice is deterministic; NULL: measure again. Process-wide. */
+void spec_test_pin_costs(const double *cost);
 /* One speculative step: the session holds n_past tokens and `id` (sampled from last_logits) is the
  * next one. Drafts k tokens with the MTP, verifies [id, drafts] in one trunk pass, keeps the
  * accepted rows. Out: the accepted drafts acc[0..*n_acc) (the session then holds id + them),

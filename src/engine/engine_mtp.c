@@ -21,12 +21,13 @@
  *
  * k is chosen automatically unless forced: the expected tokens of a step with k drafts,
  * 1 + sum_i prod_{j<=i} alpha_j (alpha_j: the measured conditional acceptance at draft position
- * j), over its measured cost (an average of the step's wall time: draft + verify, or a plain
- * decode step for k = 0); each k is tried a few times first (round robin) and the neighbours of
+ * j), over its measured cost (the median of the last 8 step wall times: draft + verify, or a
+ * plain decode step for k = 0); each k is tried a few times first (round robin) and the neighbours of
  * the best are re-measured every 16 steps (spec_best_k is the choice itself). Under a memory
  * budget a verify step reads the union of its rows' experts (and the MTP block's experts stream
- * too); when that makes it cost more than it gains, k = 0 wins and drafting is off, re-tried
- * (k = 1) every 32 steps. */
+ * too); when that makes it cost more than it gains, k = 0 wins. 32 such choices in a row switch
+ * drafting off for 256 steps, which skip the MTP block entirely (plain decode); then it is fed
+ * and measured again (spec_choose_k). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,10 @@
 
 #define SPEC_KMAX 4
 #define SPEC_EXPLORE 3 /* steps of each k measured before choosing */
+#define SPEC_OFF_AFTER 32 /* automatic choices of k = 0 in a row that switch drafting off ... */
+#define SPEC_OFF 256      /* ... for this many decode steps */
+#define SPEC_WIN 8     /* step times kept per k: their median is the cost (a preempted step, or one
+                        * that flushes the MTP's pending rows, is an outlier, not a trend) */
 
 struct spec {
   int64_t E, V;
@@ -51,8 +56,12 @@ struct spec {
   float *dlog, *g;       /* [V] draft logits, [E] chained hidden */
   float *q, *p, *tmp;    /* [SPEC_KMAX][V] draft distributions, [V], [V] */
   /* automatic k */
-  double cost[SPEC_KMAX + 1];
+  double cost[SPEC_KMAX + 1];                   /* the median of the last SPEC_WIN step times */
+  double cost_win[SPEC_KMAX + 1][SPEC_WIN];
   int64_t cost_n[SPEC_KMAX + 1], n_choice;
+  int64_t zero_run; /* automatic choices of k = 0 in a row (probes aside) */
+  int64_t off;      /* decode steps left with drafting off: no MTP rows are fed */
+  bool unfed;       /* the step spec_choose_k just chose is one of those */
   int64_t a_tried[SPEC_KMAX], a_acc[SPEC_KMAX]; /* lifetime acceptance (not reset with the stats) */
   /* counters (floe_session_stats) */
   int64_t steps, drafted[SPEC_KMAX], accepted[SPEC_KMAX], tokens;
@@ -206,8 +215,13 @@ int spec_best_k(const double *cost, const double *alpha, int kmax) {
 
 int spec_choose_k(spec *sp, int forced, int64_t room) {
   int k;
+  sp->unfed = false;
   if (forced > 0) k = forced;
-  else {
+  else if (sp->off > 0) { /* drafting did not pay: plain steps that skip the MTP entirely */
+    sp->off--;
+    sp->unfed = true;
+    return 0;
+  } else {
     /* exploration, round robin (1, 2, 3, 4, 0, 1, ...) so that every k sees the same drift of
      * the machine and of the expert cache (a cold cache makes the first steps slow) */
     static const int order[SPEC_KMAX + 1] = { 1, 2, 3, 4, 0 };
@@ -218,6 +232,16 @@ int spec_choose_k(spec *sp, int forced, int64_t room) {
       double alpha[SPEC_KMAX]; /* the conditional acceptance per draft position (Laplace-smoothed) */
       for (int j = 0; j < SPEC_KMAX; j++) alpha[j] = (double)(sp->a_acc[j] + 1) / (double)(sp->a_tried[j] + 2);
       k = spec_best_k(sp->cost, alpha, SPEC_KMAX);
+      /* k = 0 chosen SPEC_OFF_AFTER times in a row: drafting is switched off for SPEC_OFF steps,
+       * which then skip the MTP's rows too (what a plain step in MTP mode still pays for); then
+       * the rows are fed again and the choice (with its probes) resumes. The MTP's attention rows
+       * of the switched-off span stay stale: that can only lower the acceptance of later drafts
+       * (so the decision errs towards off), never change the output. */
+      sp->zero_run = k == 0 ? sp->zero_run + 1 : 0;
+      if (sp->zero_run >= SPEC_OFF_AFTER) {
+        sp->zero_run = 0;
+        sp->off = SPEC_OFF;
+      }
       if (++sp->n_choice % 16 == 0) { /* re-measure a neighbour: costs drift (cache, experts) */
         const int nb = (sp->n_choice / 16) % 2 ? k + 1 : k - 1;
         if (nb >= 0 && nb <= SPEC_KMAX) k = nb;
@@ -229,9 +253,27 @@ int spec_choose_k(spec *sp, int forced, int64_t room) {
   return k;
 }
 
+/* tests: step costs pinned instead of measured (spec_test_pin_costs) */
+static double pinned[SPEC_KMAX + 1];
+static bool pinned_on;
+
+void spec_test_pin_costs(const double *cost) {
+  pinned_on = cost != NULL;
+  if (cost) memcpy(pinned, cost, sizeof pinned);
+}
+
 static void note_cost(spec *sp, int k, double dt) {
-  sp->cost[k] = sp->cost_n[k] ? 0.75 * sp->cost[k] + 0.25 * dt : dt;
+  if (pinned_on) dt = pinned[k];
+  double *w = sp->cost_win[k], v[SPEC_WIN];
+  w[sp->cost_n[k] % SPEC_WIN] = dt;
   sp->cost_n[k]++;
+  const int n = sp->cost_n[k] < SPEC_WIN ? (int)sp->cost_n[k] : SPEC_WIN;
+  for (int i = 0; i < n; i++) { /* insertion sort of the window (n <= 8) */
+    int j = i;
+    for (; j > 0 && v[j - 1] > w[i]; j--) v[j] = v[j - 1];
+    v[j] = w[i];
+  }
+  sp->cost[k] = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, float *last_logits, int32_t *acc,
@@ -242,6 +284,13 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
   *n_acc = 0;
   *forced = -1;
   *acc_logits = sp->vlog;
+  if (k < 1 && sp->unfed) { /* drafting switched off: the trunk alone, no hidden state kept */
+    sp->unfed = false;
+    sp->hpos = -1;
+    rc = model_eval_h(ms, &id, 1, last_logits, false, NULL, err, errlen);
+    if (!rc) sp->k_steps[0]++;
+    return rc;
+  }
   if (k < 1 || sp->hpos != P - 1) { /* a plain step (still feeding the MTP's rows) */
     rc = spec_eval(sp, ms, &id, 1, last_logits, err, errlen);
     if (!rc && k == 0) note_cost(sp, 0, floe_time_s() - t0);
