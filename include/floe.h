@@ -258,7 +258,10 @@ typedef struct floe_gen_params {
   int (*should_stop)(void *user);
   /* Speculative decoding with the model's MTP head: drafts per step. -1 (floe_gen_params_init's
    * default): chosen automatically from the measured acceptance and step cost (0 when it does
-   * not pay, e.g. streamed experts whose union a verify step must read); 0: off; 1..4: forced.
+   * not pay, e.g. streamed experts whose union a verify step must read) for greedy requests;
+   * sampled requests take it as 0, since the random draws depend on each step's k and the
+   * automatic k on timing, so a seed would not reproduce its sample; 0: off; 1..4: forced
+   * (sampled output then reproducible for a given seed and k).
    * Lossless: every verified row is bit-identical to single-token decode, so greedy output equals
    * mtp = 0 exactly, and sampled output follows the same distribution (speculative-sampling rule).
    * Ignored when the model has no MTP module. */

@@ -59,6 +59,14 @@ s1=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 7 -
 s2=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 7 --ids 2>/dev/null)
 s3=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 8 --ids 2>/dev/null)
 ok "same seed, same sample" '[ -n "$s1" ] && [ "$s1" = "$s2" ]'
+# speculative decoding and seeds (the default model has an MTP block): the automatic mode leaves
+# sampled requests to the plain sampler (its k follows timing); a forced k is reproducible
+d1=$("$B" run -m "$DM" -p "def f(x):" -n 32 --temp 0.8 --seed 3 --ids 2>/dev/null)
+d0=$("$B" run -m "$DM" -p "def f(x):" -n 32 --temp 0.8 --seed 3 --ids --mtp 0 2>/dev/null)
+f1=$("$B" run -m "$DM" -p "def f(x):" -n 32 --temp 0.8 --seed 3 --ids --mtp 2 2>/dev/null)
+f2=$("$B" run -m "$DM" -p "def f(x):" -n 32 --temp 0.8 --seed 3 --ids --mtp 2 2>/dev/null)
+ok "sampled, automatic mtp: the --mtp 0 sample of the seed" '[ -n "$d1" ] && [ "$d1" = "$d0" ]'
+ok "sampled, --mtp 2: same seed, same sample" '[ -n "$f1" ] && [ "$f1" = "$f2" ]'
 ok "different seed, different sample" '[ "$s1" != "$s3" ]'
 "$B" run -m "$T/m.gguf" --chat -p "hi" -n 4 >"$T/chat" 2>&1
 ok "--chat runs" '[ $? -eq 0 ]'

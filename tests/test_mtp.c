@@ -487,9 +487,9 @@ int main(int argc, char **argv) {
   test_greedy(1, 0, np, ng);
   test_greedy(2, 0, np, ng);
   test_greedy(2, 64ull << 20, quick ? 1 : 3, ng);
-  test_greedy(1, 58ull << 20, quick ? 1 : 2, ng); /* ~30 slots for 9 x 32 experts: evictions every step */
+  test_greedy(1, 58ull << 20, 1, ng); /* ~30 slots for 9 x 32 experts: evictions every step */
   static const int auto_only[] = { -1 };
-  test_greedy_modes(2, 0, quick ? 2 : 4, ng, auto_only, 1);
-  test_greedy_modes(2, 58ull << 20, 2, ng, auto_only, 1);
+  test_greedy_modes(2, 0, quick ? 2 : 3, ng, auto_only, 1);
+  test_greedy_modes(2, 58ull << 20, 1, ng, auto_only, 1);
   return TEST_DONE();
 }

@@ -656,10 +656,14 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
   sp.seed = p->sampling.seed;
   const int mtp_k = p->mtp >= 0 ? p->mtp : s->e->p.mtp; /* -1: automatic */
   if (mtp_k > 4) return floe_err(err, errlen, FLOE_E_INVALID, "mtp must be -1 (auto), 0 (off) or 1..4 (got %d)", mtp_k);
-  const bool use_mtp = mtp_k != 0 && model_has_mtp(s->e->m) && s->e->m->be == &model_backend_cpu;
   sampler *smp;
   int rc = sampler_new(&sp, (int32_t)nv, &smp, err, errlen);
   if (rc) return rc;
+  /* automatic k only for greedy requests: the choice follows measured step times, and a sampled
+   * request's random draws depend on the k of each step, so a seed would no longer reproduce its
+   * sample (a forced k keeps it reproducible) */
+  const bool use_mtp = mtp_k != 0 && (mtp_k > 0 || sampler_greedy(smp)) && model_has_mtp(s->e->m) &&
+                       s->e->m->be == &model_backend_cpu;
   if (use_mtp && !s->spec && (rc = spec_new(s->ms, &s->spec, err, errlen))) {
     sampler_free(smp);
     return rc;
