@@ -697,15 +697,24 @@ static void glu_worker(void *ctx, int ith, int nth) {
 size_t layer_task_bytes(void) { return sizeof(mm_task); }
 
 /* ---- streamed experts (src/experts) ---- */
-/* Top-k of one row of logits (ties to the lower index, like the router), added to set[] if new. */
+/* Top-k of one row of logits (ties to the lower index, like the router), each added to set[] if
+ * new: over several rows, set[] is the union of their top-k (at most NE entries). The row's j-th
+ * pick is the largest after pick j-1 in the order (value descending, index ascending), so no list
+ * of the row's own picks is needed. (Excluding every expert already in set[] instead, as this did
+ * for decode's two rows, picks a row's next-best experts where rows overlap, and with more rows
+ * than NE / k runs past NE entries.) */
 static int topk_add(const float *p, int64_t NE, int64_t K, int32_t *set, int n) {
+  float pv = 0.0f;
+  int64_t pi = -1;
   for (int64_t jj = 0; jj < K; jj++) {
     int64_t best = -1;
     for (int64_t e = 0; e < NE; e++) {
-      bool taken = false;
-      for (int u = 0; u < n; u++) taken |= set[u] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      if (pi >= 0 && !(p[e] < pv || (p[e] == pv && e > pi))) continue; /* picked already */
+      if (best < 0 || p[e] > p[best]) best = e;
     }
+    if (best < 0) break;
+    pv = p[best];
+    pi = best;
     bool dup = false;
     for (int u = 0; u < n; u++) dup |= set[u] == best;
     if (!dup) set[n++] = (int32_t)best;
