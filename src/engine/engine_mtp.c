@@ -22,12 +22,13 @@
  * k is chosen automatically unless forced: the expected tokens of a step with k drafts,
  * 1 + sum_i prod_{j<=i} alpha_j (alpha_j: the measured conditional acceptance at draft position
  * j), over its measured cost (the median of the last 8 step wall times: draft + verify, or a
- * plain decode step for k = 0); each k is tried a few times first (round robin) and the neighbours of
- * the best are re-measured every 16 steps (spec_best_k is the choice itself). Under a memory
- * budget a verify step reads the union of its rows' experts (and the MTP block's experts stream
- * too); when that makes it cost more than it gains, k = 0 wins. 32 such choices in a row switch
- * drafting off for 256 steps, which skip the MTP block entirely (plain decode); then it is fed
- * and measured again (spec_choose_k). */
+ * plain decode step for k = 0); each k is tried a few times first (round robin) and the
+ * neighbours of the best are re-measured every 16 steps (spec_best_k is the choice itself).
+ * Under a memory budget a verify step reads the union of its rows' experts (and the MTP block's
+ * experts stream too); when drafting costs more than it gains, k = 0 wins, and 32 such choices
+ * in a row switch drafting off for 256 steps that skip the MTP block entirely (plain decode);
+ * then it is fed and measured again (spec_choose_k). Only greedy requests reach the automatic
+ * choice (engine.c): a sampled request's draws depend on each step's k, and k on timing. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
