@@ -217,15 +217,19 @@ typedef struct floe_session_stats {
    * decode steps that drafted, tokens drafted / accepted per draft position (position j counts
    * only steps whose drafts 1..j-1 were all accepted, so accepted[j]/drafted[j] is the conditional
    * rate), tokens the trunk produced in speculative steps (accepted + one per step), the draft
-   * count of the last step, and the seconds spent in draft + verify steps */
+   * count of the last step, and the seconds spent in draft + verify steps; mtp_k_steps[k]: the
+   * decode steps of speculative generations taken with k drafts (k = 0: plain steps, e.g. where
+   * the automatic choice found that drafting does not pay) */
   int64_t mtp_steps, mtp_drafted[4], mtp_accepted[4], mtp_tokens;
   int mtp_k_last;
   double mtp_step_s;
+  int64_t mtp_k_steps[5];
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
 /* Resets the session's times and the engine's streaming counters. */
 void floe_session_stats_reset(floe_session *s);
-/* Streaming: demand hits and misses of layer l since the last reset (0 when not streaming). */
+/* Streaming: demand hits and misses of layer l since the last reset (0 when not streaming);
+ * l = n_layer is the MTP block (its experts stream too, except from a `floe pack` directory). */
 void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, uint64_t *misses);
 
 /* ---- generation ---- */
@@ -259,7 +263,10 @@ typedef struct floe_gen_params {
   int (*should_stop)(void *user);
   /* Speculative decoding with the model's MTP head: drafts per step. -1 (floe_gen_params_init's
    * default): chosen automatically from the measured acceptance and step cost (0 when it does
-   * not pay, e.g. streamed experts whose union a verify step must read); 0: off; 1..4: forced.
+   * not pay, e.g. streamed experts whose union a verify step must read) for greedy requests;
+   * sampled requests take it as 0, since the random draws depend on each step's k and the
+   * automatic k on timing, so a seed would not reproduce its sample; 0: off; 1..4: forced
+   * (sampled output then reproducible for a given seed and k).
    * Lossless: every verified row is bit-identical to single-token decode, so greedy output equals
    * mtp = 0 exactly, and sampled output follows the same distribution (speculative-sampling rule).
    * Ignored when the model has no MTP module. */

@@ -39,6 +39,17 @@ ok "--mmap and --no-mmap give the same tokens" '[ -n "$m1" ] && [ "$a" = "$m1" ]
 ok "bench says mapped / copied" 'grep -q "(mapped)" "$T/bm" && grep -q "\"load\":\"copy\"" "$T/bc"'
 # the weights' own read bandwidth: measured for the copy (a positive GB/s and a fraction), null when mapped
 "$B" bench -m "$T/m.gguf" -p 0 -n 2 -r 1 --mmap --json >"$T/bmj" 2>&1
+# --mtp K: the speculative-decoding line on the default model (it has an MTP block)
+DM="$FX/../../models/default.gguf"
+"$B" bench -m "$DM" -p 0 -n 48 -r 1 -t 1 --mtp 2 --json >"$T/bmtp" 2>&1
+"$B" bench -m "$DM" -p 0 -n 48 -r 1 -t 1 --mtp -1 --json >"$T/bmtpa" 2>&1
+mline=$(grep '"bench":"mtp"' "$T/bmtp")
+num() { echo "$mline" | grep -Eo "\"$1\":[0-9.]+" | cut -d: -f2; }
+ok "bench --mtp 2 --json: mtp_k 2, its steps, decode_tok_s of both" 'echo "$mline" | grep -q "\"mtp_k\":2," && echo "$mline" | grep -Eq "\"mtp_k_steps\":\[[0-9]+,0,[1-9][0-9]*,0,0\]" && awk "BEGIN{exit !($(num decode_tok_s) > 0 && $(num decode_tok_s_mtp0) > 0)}"'
+ok "bench --mtp 2 --json: acceptance overall and per position (2 drafted, 2 empty), tokens_per_step in (1, 3]" 'echo "$mline" | grep -Eq "\"mtp_accept_rate_pos\":\[0\.[0-9]*[1-9][0-9]*,[01]\.[0-9]+,0\.0000,0\.0000\]" && awk "BEGIN{r=$(num mtp_accept_rate); t=$(num tokens_per_step); exit !(r > 0 && r <= 1 && t > 1 && t <= 3)}"'
+ok "bench --mtp -1 --json: the automatic k is reported (0..4) with its step histogram" 'grep "\"bench\":\"mtp\"" "$T/bmtpa" | grep -Eq "\"mtp\":-1,\"mtp_k\":[0-4],.*\"mtp_k_steps\":\[[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+\]"'
+"$B" bench -m "$T/m.gguf" -p 0 -n 2 -r 1 --mtp 5 >"$T/bm5" 2>&1
+ok "bench --mtp 5 is refused" '[ $? -ne 0 ] && grep -q "out-of-range option" "$T/bm5"' 
 ok "bench measures the copied weights' read bandwidth" 'grep -Eq "\"weights_read_gbps\":[0-9]*\.[0-9]+,.*\"weights_roofline_frac\":[0-9]" "$T/bc" && ! grep -q "\"weights_read_gbps\":0.00," "$T/bc"'
 ok "bench leaves it null for a mapped file" 'grep -q "\"weights_read_gbps\":null" "$T/bmj"'
 printf 'def f(x):' >"$T/p.txt"
@@ -48,6 +59,14 @@ s1=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 7 -
 s2=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 7 --ids 2>/dev/null)
 s3=$("$B" run -m "$T/m.gguf" -p "hello" -n 24 --temp 1.0 --top-p 0.95 --seed 8 --ids 2>/dev/null)
 ok "same seed, same sample" '[ -n "$s1" ] && [ "$s1" = "$s2" ]'
+# speculative decoding and seeds (the default model has an MTP block): the automatic mode leaves
+# sampled requests to the plain sampler (its k follows timing); a forced k is reproducible
+d1=$("$B" run -m "$DM" -p "def f(x):" -n 32 --temp 0.8 --seed 3 --ids 2>/dev/null)
+d0=$("$B" run -m "$DM" -p "def f(x):" -n 32 --temp 0.8 --seed 3 --ids --mtp 0 2>/dev/null)
+f1=$("$B" run -m "$DM" -p "def f(x):" -n 32 --temp 0.8 --seed 3 --ids --mtp 2 2>/dev/null)
+f2=$("$B" run -m "$DM" -p "def f(x):" -n 32 --temp 0.8 --seed 3 --ids --mtp 2 2>/dev/null)
+ok "sampled, automatic mtp: the --mtp 0 sample of the seed" '[ -n "$d1" ] && [ "$d1" = "$d0" ]'
+ok "sampled, --mtp 2: same seed, same sample" '[ -n "$f1" ] && [ "$f1" = "$f2" ]'
 ok "different seed, different sample" '[ "$s1" != "$s3" ]'
 "$B" run -m "$T/m.gguf" --chat -p "hi" -n 4 >"$T/chat" 2>&1
 ok "--chat runs" '[ $? -eq 0 ]'

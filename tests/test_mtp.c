@@ -8,9 +8,12 @@
  *   - the MTP forward against a scalar reference written here from the math (mtp.c's header),
  *     on F32 activations (exact session);
  *   - greedy generation through floe_generate: ids identical to --mtp 0 for 10+ prompts x 256
- *     tokens, k = 1..4 and auto, 1 and 2 threads, and once under a memory budget. */
+ *     tokens, k = 1..4 and auto, 1 and 2 threads, and under two memory budgets (a cache that
+ *     holds most experts, and one of ~30 slots for 288 experts), where the MTP block's experts
+ *     must go through the expert cache (its layer's lookups are counted). */
 #include <math.h>
 
+#include "engine/engine_internal.h"
 #include "floe.h"
 #include "model/model.h"
 #include "quant/quant.h"
@@ -261,6 +264,41 @@ static void test_mtp_reference(model *m) {
   model_session_free(s);
 }
 
+/* ---- the automatic choice of k (spec_best_k) on synthetic costs and acceptance rates ---- */
+static void test_best_k(void) {
+  SECTION("automatic k: spec_best_k on synthetic step costs and acceptance rates");
+  const double a9[4] = { 0.9, 0.9, 0.9, 0.9 }, a91[4] = { 0.9, 0.1, 0.1, 0.1 };
+  const double cheap[5] = { 1, 1.2, 1.4, 1.6, 1.8 }, dear[5] = { 1, 2, 3, 4, 5 }, mid[5] = { 1, 1.3, 1.6, 1.9, 2.2 };
+  const double unknown[5] = { 0, 2, 0, 0, 0 };
+  CHECK(spec_best_k(cheap, a9, 4) == 4, "verify rows almost free, acceptance 0.9: k = 4 (got %d)", spec_best_k(cheap, a9, 4));
+  CHECK(spec_best_k(dear, a9, 4) == 0, "each row costs a whole step: k = 0, drafting off (got %d)", spec_best_k(dear, a9, 4));
+  CHECK(spec_best_k(mid, a91, 4) == 1, "only the first draft is accepted: k = 1 (got %d)", spec_best_k(mid, a91, 4));
+  CHECK(spec_best_k(cheap, a9, 2) == 2, "kmax 2 caps the choice (got %d)", spec_best_k(cheap, a9, 2));
+  CHECK(spec_best_k(unknown, a9, 4) == 1, "an unmeasured k is never chosen (got %d)", spec_best_k(unknown, a9, 4));
+  /* random inputs against the definition: the k maximizing (1 + sum_i prod_{j<=i} a_j) / cost_k */
+  floe_rng r;
+  floe_rng_seed(&r, 3);
+  int bad = 0;
+  for (int it = 0; it < 2000; it++) {
+    double c[5], a[4];
+    for (int k = 0; k < 5; k++) c[k] = 0.5 + 4.0 * floe_rng_uniform(&r);
+    for (int j = 0; j < 4; j++) a[j] = floe_rng_uniform(&r);
+    int want = 0;
+    double best = 1.0 / c[0];
+    for (int k = 1; k < 5; k++) {
+      double e = 1;
+      for (int i = 0; i < k; i++) {
+        double p = 1;
+        for (int j = 0; j <= i; j++) p *= a[j];
+        e += p;
+      }
+      if (e / c[k] > best) best = e / c[k], want = k;
+    }
+    bad += spec_best_k(c, a, 4) != want;
+  }
+  CHECK(bad == 0, "2000 random cost / acceptance sets: the best expected tokens per second (%d differ)", bad);
+}
+
 /* ---- greedy generation: MTP on equals MTP off, token for token ---- */
 typedef struct ids_out { int32_t *v; int n, cap; } ids_out;
 static int on_tok(void *user, const floe_token_event *ev) {
@@ -269,9 +307,12 @@ static int on_tok(void *user, const floe_token_event *ev) {
   return 0;
 }
 
-static void test_greedy(int threads, uint64_t budget, int n_prompts, int n_gen) {
-  SECTION("greedy ids with MTP == without, %d prompts x %d tokens, %d thread(s)%s", n_prompts, n_gen, threads,
-          budget ? ", memory budget" : "");
+/* modes: the --mtp values compared with 0 (-1: automatic). fresh_auto: only -1, so the automatic
+ * choice starts with nothing measured. */
+static void test_greedy_modes(int threads, uint64_t budget, int n_prompts, int n_gen, const int *modes, int n_modes) {
+  const bool fresh_auto = n_modes == 1 && modes[0] < 0;
+  SECTION("greedy ids with MTP == without, %d prompts x %d tokens, %d thread(s)%s%s", n_prompts, n_gen, threads,
+          budget ? ", memory budget" : "", fresh_auto ? ", automatic k only" : "");
   char err[512];
   floe_engine_params ep;
   floe_engine_params_init(&ep);
@@ -289,12 +330,16 @@ static void test_greedy(int threads, uint64_t budget, int n_prompts, int n_gen) 
     "try:\n    import json\nexcept ImportError:\n", "from typing import List, Optional\n\n\nclass Config:\n",
     "if __name__ == '__main__':\n", "    @property\n    def name(self):\n        return",
   };
-  const int modes[] = { 1, 2, 3, 4, -1 };
   floe_session *s = NULL;
   rc = floe_session_new(e, NULL, &s, err, sizeof err);
   CHECK(rc == 0, "session: %s", rc ? err : "ok");
   int32_t *base = malloc((size_t)n_gen * 4), *got = malloc((size_t)n_gen * 4);
   int64_t steps = 0, toks = 0;
+  uint64_t mtp_lookups = 0, mtp_misses = 0;
+  int64_t auto_k[5] = { 0 }; /* steps per k of the automatic mode */
+  floe_model_info info;
+  floe_engine_info(e, &info);
+  const int64_t n_layer = info.n_layer;
   for (int pi = 0; pi < n_prompts && !rc; pi++) {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -307,7 +352,7 @@ static void test_greedy(int threads, uint64_t budget, int n_prompts, int n_gen) 
     ids_out b = { base, 0, n_gen };
     floe_session_reset(s);
     rc = floe_generate(s, ids, n, &gp, on_tok, &b, NULL, err, sizeof err);
-    for (size_t mi = 0; mi < sizeof modes / sizeof modes[0] && !rc; mi++) {
+    for (int mi = 0; mi < n_modes && !rc; mi++) {
       gp.mtp = modes[mi];
       ids_out g = { got, 0, n_gen };
       floe_session_reset(s);
@@ -322,15 +367,104 @@ static void test_greedy(int threads, uint64_t budget, int n_prompts, int n_gen) 
       floe_session_stats_get(s, &st);
       steps += st.mtp_steps;
       toks += st.mtp_tokens;
+      if (modes[mi] < 0)
+        for (int k = 0; k < 5; k++) auto_k[k] += st.mtp_k_steps[k];
+      uint64_t h = 0, mi = 0;
+      floe_engine_layer_stats(e, n_layer, &h, &mi); /* the MTP block's experts */
+      mtp_lookups += h + mi;
+      mtp_misses += mi;
     }
     free(ids);
   }
   CHECK(rc == 0, "generation: %s", rc ? err : "ok");
   if (steps) printf("   %lld speculative steps, %.2f tokens per step\n", (long long)steps, (double)toks / (double)steps);
   CHECK(steps > 0, "speculative steps were taken (%lld)", (long long)steps);
+  printf("   automatic k: steps with k = 0..4: %lld %lld %lld %lld %lld\n", (long long)auto_k[0], (long long)auto_k[1],
+         (long long)auto_k[2], (long long)auto_k[3], (long long)auto_k[4]);
+  if (fresh_auto) { /* nothing measured before: the automatic choice tries every k (round robin), then picks */
+    bool explored = true;
+    for (int k = 0; k < 5; k++) explored &= auto_k[k] > 0;
+    CHECK(explored, "the automatic mode measured every k = 0..4 before choosing");
+  }
+  if (budget) { /* the MTP block's experts go through the expert cache like the trunk's */
+    printf("   cache: %lld slots; MTP block: %llu expert lookups, %llu misses\n", (long long)info.cache_slots,
+           (unsigned long long)mtp_lookups, (unsigned long long)mtp_misses);
+    CHECK(mtp_lookups > 0, "the MTP block's experts are streamed (%llu lookups in its layer)",
+          (unsigned long long)mtp_lookups);
+  }
   free(base), free(got);
   floe_session_free(s);
   floe_engine_close(e);
+}
+
+/* ---- the automatic mode end to end, on pinned step costs (deterministic) ----
+ * dear: a step with k drafts costs 1 + k plain steps, drafting never pays: after exploring, the
+ * choice settles on 0 and switches drafting off (plain steps that skip the MTP); cheap: drafts
+ * almost free, the choice settles on 4. Both: ids identical to mtp 0. */
+static void test_auto_pinned(void) {
+  SECTION("automatic k on pinned step costs: drafting off when it does not pay, k = 4 when drafts are free");
+  char err[512];
+  floe_engine_params ep;
+  floe_engine_params_init(&ep);
+  ep.model = model_path;
+  ep.n_threads = 2;
+  floe_engine *e = NULL;
+  int rc = floe_engine_open(&ep, &e, err, sizeof err);
+  CHECK(rc == 0, "engine: %s", rc ? err : "ok");
+  if (rc) return;
+  static const char text[] = "import os\nimport sys\n\n\ndef main(argv):\n    ";
+  int32_t *ids = NULL;
+  size_t n = 0;
+  rc = floe_tokenize(e, text, sizeof text - 1, false, &ids, &n, err, sizeof err);
+  const int ng = 400;
+  int32_t *base = malloc(ng * 4), *got = malloc(ng * 4);
+  floe_session *s = NULL;
+  if (!rc) rc = floe_session_new(e, NULL, &s, err, sizeof err);
+  floe_gen_params gp;
+  floe_gen_params_init(&gp);
+  gp.max_tokens = ng;
+  gp.mtp = 0;
+  ids_out b = { base, 0, ng };
+  if (!rc) rc = floe_generate(s, ids, n, &gp, on_tok, &b, NULL, err, sizeof err);
+  static const double dear[5] = { 1e-3, 2e-3, 3e-3, 4e-3, 5e-3 }, cheap[5] = { 1e-3, 1.01e-3, 1.02e-3, 1.03e-3, 1.04e-3 };
+  for (int c = 0; c < 2 && !rc; c++) {
+    floe_session_free(s); /* a fresh session: nothing measured yet */
+    s = NULL;
+    rc = floe_session_new(e, NULL, &s, err, sizeof err);
+    if (rc) break;
+    spec_test_pin_costs(c ? cheap : dear);
+    gp.mtp = -1;
+    ids_out g = { got, 0, ng };
+    rc = floe_generate(s, ids, n, &gp, on_tok, &g, NULL, err, sizeof err);
+    spec_test_pin_costs(NULL);
+    int first = -1;
+    for (int i = 0; i < b.n && first < 0; i++)
+      if (i >= g.n || g.v[i] != b.v[i]) first = i;
+    CHECK(rc == 0 && g.n == b.n && first < 0, "%s: %d ids identical to mtp 0 (first diff at %d)", c ? "cheap" : "dear", b.n,
+          first);
+    floe_session_stats st;
+    floe_session_stats_get(s, &st);
+    printf("   %s drafts: steps with k = 0..4: %lld %lld %lld %lld %lld\n", c ? "cheap" : "dear",
+           (long long)st.mtp_k_steps[0], (long long)st.mtp_k_steps[1], (long long)st.mtp_k_steps[2],
+           (long long)st.mtp_k_steps[3], (long long)st.mtp_k_steps[4]);
+    if (c == 0)
+      CHECK(st.mtp_k_steps[0] > 300 && st.mtp_steps < 40,
+            "dear: drafting switched off (%lld plain steps, %lld drafting steps: the exploration and a probe)",
+            (long long)st.mtp_k_steps[0], (long long)st.mtp_steps);
+    else
+      CHECK(st.mtp_k_steps[4] > st.mtp_k_steps[0] + st.mtp_k_steps[1] + st.mtp_k_steps[2] + st.mtp_k_steps[3],
+            "cheap: k = 4 chosen for most steps (%lld of %lld)", (long long)st.mtp_k_steps[4],
+            (long long)(st.mtp_k_steps[0] + st.mtp_k_steps[1] + st.mtp_k_steps[2] + st.mtp_k_steps[3] + st.mtp_k_steps[4]));
+  }
+  CHECK(rc == 0, "generation: %s", rc ? err : "ok");
+  free(ids), free(base), free(got);
+  floe_session_free(s);
+  floe_engine_close(e);
+}
+
+static void test_greedy(int threads, uint64_t budget, int n_prompts, int n_gen) {
+  static const int modes[] = { 1, 2, 3, 4, -1 };
+  test_greedy_modes(threads, budget, n_prompts, n_gen, modes, 5);
 }
 
 int main(int argc, char **argv) {
@@ -347,9 +481,15 @@ int main(int argc, char **argv) {
   test_verify_and_rollback(m, 2);
   test_mtp_reference(m);
   model_free(m);
+  test_best_k();
+  test_auto_pinned();
   const int np = quick ? 2 : 10, ng = quick ? 64 : 256;
   test_greedy(1, 0, np, ng);
   test_greedy(2, 0, np, ng);
   test_greedy(2, 64ull << 20, quick ? 1 : 3, ng);
+  test_greedy(1, 58ull << 20, 1, ng); /* ~30 slots for 9 x 32 experts: evictions every step */
+  static const int auto_only[] = { -1 };
+  test_greedy_modes(2, 0, quick ? 2 : 3, ng, auto_only, 1);
+  test_greedy_modes(2, 58ull << 20, 1, ng, auto_only, 1);
   return TEST_DONE();
 }

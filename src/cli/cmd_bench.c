@@ -59,7 +59,9 @@ static void usage(FILE *f) {
           "  --json      one JSON object per line\n"
           "  --mtp K     also decode N tokens of a fixed Python prompt through floe_generate with\n"
           "              speculative decoding (K drafts, -1 auto) and without (mtp 0), same run: one\n"
-          "              more line (\"bench\":\"mtp\") with both tok/s, mtp_k, acceptance, tokens_per_step\n"
+          "              more line (\"bench\":\"mtp\") with both tok/s (decode_tok_s, decode_tok_s_mtp0),\n"
+          "              mtp_k (the k of most steps), mtp_k_steps, mtp_accept_rate overall and per\n"
+          "              draft position (mtp_accept_rate_pos), tokens_per_step\n"
           "%s", cli_stream_help());
 }
 
@@ -126,23 +128,31 @@ static int bench_mtp(floe_engine *e, floe_session *s, int mtp, int64_t n_gen, in
       sum.mtp_steps += st.mtp_steps, sum.mtp_tokens += st.mtp_tokens;
       for (int j = 0; j < 4; j++) sum.mtp_drafted[j] += st.mtp_drafted[j], sum.mtp_accepted[j] += st.mtp_accepted[j];
       sum.mtp_k_last = st.mtp_k_last;
+      for (int k = 0; k < 5; k++) sum.mtp_k_steps[k] += st.mtp_k_steps[k];
     }
   free(ids);
   const double d0 = median(t0, reps), d1 = median(t1, reps);
   int64_t dr = 0, ac = 0;
   for (int j = 0; j < 4; j++) dr += sum.mtp_drafted[j], ac += sum.mtp_accepted[j];
   const double rate = dr ? (double)ac / (double)dr : 0, tps = sum.mtp_steps ? (double)sum.mtp_tokens / (double)sum.mtp_steps : 0;
+  /* mtp_k: the k of most decode steps (forced: K; automatic: what it settled on, 0 when drafting
+   * did not pay); tokens_per_step over the drafting steps (mtp_k_steps[1..4]) */
+  int kmode = 0;
+  for (int k = 1; k < 5; k++)
+    if (sum.mtp_k_steps[k] > sum.mtp_k_steps[kmode]) kmode = k;
   if (json) {
-    printf("{\"bench\":\"mtp\",\"mtp\":%d,\"mtp_k\":%d,\"n_gen\":%lld,\"reps\":%d,\"decode_tok_s\":%.3f,"
-           "\"decode_tok_s_mtp0\":%.3f,\"speedup\":%.3f,\"tokens_per_step\":%.3f,\"mtp_accept_rate\":%.4f,"
-           "\"mtp_accept_rate_pos\":[",
-           mtp, sum.mtp_k_last, (long long)n_gen, reps, d1, d0, d0 > 0 ? d1 / d0 : 0, tps, rate);
+    printf("{\"bench\":\"mtp\",\"mtp\":%d,\"mtp_k\":%d,\"mtp_k_last\":%d,\"n_gen\":%lld,\"reps\":%d,"
+           "\"decode_tok_s\":%.3f,\"decode_tok_s_mtp0\":%.3f,\"speedup\":%.3f,\"tokens_per_step\":%.3f,"
+           "\"mtp_accept_rate\":%.4f,\"mtp_k_steps\":[%lld,%lld,%lld,%lld,%lld],\"mtp_accept_rate_pos\":[",
+           mtp, kmode, sum.mtp_k_last, (long long)n_gen, reps, d1, d0, d0 > 0 ? d1 / d0 : 0, tps, rate,
+           (long long)sum.mtp_k_steps[0], (long long)sum.mtp_k_steps[1], (long long)sum.mtp_k_steps[2],
+           (long long)sum.mtp_k_steps[3], (long long)sum.mtp_k_steps[4]);
     for (int j = 0; j < 4; j++)
       printf(j ? ",%.4f" : "%.4f", sum.mtp_drafted[j] ? (double)sum.mtp_accepted[j] / (double)sum.mtp_drafted[j] : 0.0);
     printf("]}\n");
   } else {
-    printf("mtp %d (last k %d): decode %.2f tok/s vs %.2f tok/s without (%.2fx), %.2f tokens/step, acceptance %.3f [",
-           mtp, sum.mtp_k_last, d1, d0, d0 > 0 ? d1 / d0 : 0, tps, rate);
+    printf("mtp %d (k %d, last %d): decode %.2f tok/s vs %.2f tok/s without (%.2fx), %.2f tokens/step, acceptance %.3f [",
+           mtp, kmode, sum.mtp_k_last, d1, d0, d0 > 0 ? d1 / d0 : 0, tps, rate);
     for (int j = 0; j < 4; j++)
       printf(j ? " %.3f" : "%.3f", sum.mtp_drafted[j] ? (double)sum.mtp_accepted[j] / (double)sum.mtp_drafted[j] : 0.0);
     printf("]\n");

@@ -335,7 +335,7 @@ void floe_session_stats_reset(floe_session *s) {
 
 void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, uint64_t *misses) {
   *hits = *misses = 0;
-  if (!e->m->xs || l < 0 || l >= e->m->hp.n_layer) return;
+  if (!e->m->xs || l < 0 || l >= xs_store_of(e->m->xs)->n_layer) return; /* l == n_layer: the MTP block */
   const xs_layer_stats *ls = xs_layer_stats_of(e->m->xs);
   *hits = ls[l].hits;
   *misses = ls[l].misses;
@@ -658,10 +658,14 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
   sp.seed = p->sampling.seed;
   const int mtp_k = p->mtp >= 0 ? p->mtp : s->e->p.mtp; /* -1: automatic */
   if (mtp_k > 4) return floe_err(err, errlen, FLOE_E_INVALID, "mtp must be -1 (auto), 0 (off) or 1..4 (got %d)", mtp_k);
-  const bool use_mtp = mtp_k != 0 && model_has_mtp(s->e->m) && s->e->m->be == &model_backend_cpu;
   sampler *smp;
   int rc = sampler_new(&sp, (int32_t)nv, &smp, err, errlen);
   if (rc) return rc;
+  /* automatic k only for greedy requests: the choice follows measured step times, and a sampled
+   * request's random draws depend on the k of each step, so a seed would no longer reproduce its
+   * sample (a forced k keeps it reproducible) */
+  const bool use_mtp = mtp_k != 0 && (mtp_k > 0 || sampler_greedy(smp)) && model_has_mtp(s->e->m) &&
+                       s->e->m->be == &model_backend_cpu;
   if (use_mtp && !s->spec && (rc = spec_new(s->ms, &s->spec, err, errlen))) {
     sampler_free(smp);
     return rc;

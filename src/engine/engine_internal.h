@@ -29,6 +29,14 @@ int spec_eval(spec *sp, model_session *ms, const int32_t *ids, int64_t n, float 
 /* Drafts per step for the next step: forced (1..4) or, forced < 0, the automatic choice; at most
  * room (positions left in the context minus one). */
 int spec_choose_k(spec *sp, int forced, int64_t room);
+/* The automatic choice itself: the k in 0..kmax with the most expected tokens per second, given
+ * the measured cost of a step with k drafts (cost[0]: a plain decode step; <= 0: unknown, never
+ * chosen) and the conditional acceptance alpha[j] of draft position j (expected tokens of a step:
+ * 1 + sum_i prod_{j<=i} alpha_j). Ties go to the smaller k. */
+int spec_best_k(const double *cost, const double *alpha, int kmax);
+/* Tests only: every step's cost is taken as cost[k] (5 values, seconds) instead of its measured
+ * wall time, so the automatic choice is deterministic; NULL: measure again. Process-wide. */
+void spec_test_pin_costs(const double *cost);
 /* One speculative step: the session holds n_past tokens and `id` (sampled from last_logits) is the
  * next one. Drafts k tokens with the MTP, verifies [id, drafts] in one trunk pass, keeps the
  * accepted rows. Out: the accepted drafts acc[0..*n_acc) (the session then holds id + them),

@@ -21,10 +21,14 @@
  *
  * k is chosen automatically unless forced: the expected tokens of a step with k drafts,
  * 1 + sum_i prod_{j<=i} alpha_j (alpha_j: the measured conditional acceptance at draft position
- * j), over its measured cost (an average of the step's wall time: draft + verify, or a plain
- * decode step for k = 0); each k is tried a few times first and the neighbours of the best are
- * re-measured every 16 steps. Under a memory budget a verify step reads the union of its rows'
- * experts; when that makes it cost more than it gains, k = 0 wins and MTP is off. */
+ * j), over its measured cost (the median of the last 8 step wall times: draft + verify, or a
+ * plain decode step for k = 0); each k is tried a few times first (round robin) and the
+ * neighbours of the best are re-measured every 16 steps (spec_best_k is the choice itself).
+ * Under a memory budget a verify step reads the union of its rows' experts (and the MTP block's
+ * experts stream too); when drafting costs more than it gains, k = 0 wins, and 32 such choices
+ * in a row switch drafting off for 256 steps that skip the MTP block entirely (plain decode);
+ * then it is fed and measured again (spec_choose_k). Only greedy requests reach the automatic
+ * choice (engine.c): a sampled request's draws depend on each step's k, and k on timing. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +40,10 @@
 
 #define SPEC_KMAX 4
 #define SPEC_EXPLORE 3 /* steps of each k measured before choosing */
+#define SPEC_OFF_AFTER 32 /* automatic choices of k = 0 in a row that switch drafting off ... */
+#define SPEC_OFF 256      /* ... for this many decode steps */
+#define SPEC_WIN 8     /* step times kept per k: their median is the cost (a preempted step, or one
+                        * that flushes the MTP's pending rows, is an outlier, not a trend) */
 
 struct spec {
   int64_t E, V;
@@ -49,11 +57,16 @@ struct spec {
   float *dlog, *g;       /* [V] draft logits, [E] chained hidden */
   float *q, *p, *tmp;    /* [SPEC_KMAX][V] draft distributions, [V], [V] */
   /* automatic k */
-  double cost[SPEC_KMAX + 1];
+  double cost[SPEC_KMAX + 1];                   /* the median of the last SPEC_WIN step times */
+  double cost_win[SPEC_KMAX + 1][SPEC_WIN];
   int64_t cost_n[SPEC_KMAX + 1], n_choice;
+  int64_t zero_run; /* automatic choices of k = 0 in a row (probes aside) */
+  int64_t off;      /* decode steps left with drafting off: no MTP rows are fed */
+  bool unfed;       /* the step spec_choose_k just chose is one of those */
   int64_t a_tried[SPEC_KMAX], a_acc[SPEC_KMAX]; /* lifetime acceptance (not reset with the stats) */
   /* counters (floe_session_stats) */
   int64_t steps, drafted[SPEC_KMAX], accepted[SPEC_KMAX], tokens;
+  int64_t k_steps[SPEC_KMAX + 1]; /* steps taken with k drafts (0: plain steps) */
   int k_last;
   double step_s;
 };
@@ -114,6 +127,7 @@ void spec_stats(const spec *sp, floe_session_stats *out) {
   }
   out->mtp_tokens = sp->tokens;
   out->mtp_k_last = sp->k_last;
+  for (int k = 0; k <= SPEC_KMAX; k++) out->mtp_k_steps[k] = sp->k_steps[k];
   out->mtp_step_s = sp->step_s;
 }
 
@@ -123,6 +137,7 @@ void spec_stats_reset(spec *sp) {
   sp->step_s = 0;
   memset(sp->drafted, 0, sizeof sp->drafted);
   memset(sp->accepted, 0, sizeof sp->accepted);
+  memset(sp->k_steps, 0, sizeof sp->k_steps);
 }
 
 void spec_forget_hidden(spec *sp) {
@@ -179,28 +194,54 @@ int spec_eval(spec *sp, model_session *ms, const int32_t *ids, int64_t n, float 
   return 0;
 }
 
-static double expected_tokens(const spec *sp, int k) {
+/* Tokens a step with k drafts produces on average: 1 + sum_i prod_{j<=i} alpha_j. */
+static double expected_tokens(const double *alpha, int k) {
   double e = 1, run = 1;
   for (int j = 0; j < k; j++) {
-    run *= (double)(sp->a_acc[j] + 1) / (double)(sp->a_tried[j] + 2);
+    run *= alpha[j];
     e += run;
   }
   return e;
 }
 
+int spec_best_k(const double *cost, const double *alpha, int kmax) {
+  int k = 0;
+  double best = -1;
+  for (int kk = 0; kk <= kmax; kk++) {
+    const double r = cost[kk] > 0 ? expected_tokens(alpha, kk) / cost[kk] : 0;
+    if (r > best) best = r, k = kk; /* ties: the smaller k (cheaper when the costs are equal) */
+  }
+  return k;
+}
+
 int spec_choose_k(spec *sp, int forced, int64_t room) {
   int k;
+  sp->unfed = false;
   if (forced > 0) k = forced;
-  else {
+  else if (sp->off > 0) { /* drafting did not pay: plain steps that skip the MTP entirely */
+    sp->off--;
+    sp->unfed = true;
+    return 0;
+  } else {
+    /* exploration, round robin (1, 2, 3, 4, 0, 1, ...) so that every k sees the same drift of
+     * the machine and of the expert cache (a cold cache makes the first steps slow) */
     static const int order[SPEC_KMAX + 1] = { 1, 2, 3, 4, 0 };
     k = -1;
-    for (int i = 0; i <= SPEC_KMAX && k < 0; i++)
-      if (sp->cost_n[order[i]] < SPEC_EXPLORE) k = order[i];
+    for (int i = 0; i <= SPEC_KMAX; i++)
+      if (sp->cost_n[order[i]] < SPEC_EXPLORE && (k < 0 || sp->cost_n[order[i]] < sp->cost_n[k])) k = order[i];
     if (k < 0) {
-      double best = -1;
-      for (int kk = 0; kk <= SPEC_KMAX; kk++) {
-        const double r = expected_tokens(sp, kk) / sp->cost[kk];
-        if (r > best) best = r, k = kk;
+      double alpha[SPEC_KMAX]; /* the conditional acceptance per draft position (Laplace-smoothed) */
+      for (int j = 0; j < SPEC_KMAX; j++) alpha[j] = (double)(sp->a_acc[j] + 1) / (double)(sp->a_tried[j] + 2);
+      k = spec_best_k(sp->cost, alpha, SPEC_KMAX);
+      /* k = 0 chosen SPEC_OFF_AFTER times in a row: drafting is switched off for SPEC_OFF steps,
+       * which then skip the MTP's rows too (what a plain step in MTP mode still pays for); then
+       * the rows are fed again and the choice (with its probes) resumes. The MTP's attention rows
+       * of the switched-off span stay stale: that can only lower the acceptance of later drafts
+       * (so the decision errs towards off), never change the output. */
+      sp->zero_run = k == 0 ? sp->zero_run + 1 : 0;
+      if (sp->zero_run >= SPEC_OFF_AFTER) {
+        sp->zero_run = 0;
+        sp->off = SPEC_OFF;
       }
       if (++sp->n_choice % 16 == 0) { /* re-measure a neighbour: costs drift (cache, experts) */
         const int nb = (sp->n_choice / 16) % 2 ? k + 1 : k - 1;
@@ -213,9 +254,27 @@ int spec_choose_k(spec *sp, int forced, int64_t room) {
   return k;
 }
 
+/* tests: step costs pinned instead of measured (spec_test_pin_costs) */
+static double pinned[SPEC_KMAX + 1];
+static bool pinned_on;
+
+void spec_test_pin_costs(const double *cost) {
+  pinned_on = cost != NULL;
+  if (cost) memcpy(pinned, cost, sizeof pinned);
+}
+
 static void note_cost(spec *sp, int k, double dt) {
-  sp->cost[k] = sp->cost_n[k] ? 0.75 * sp->cost[k] + 0.25 * dt : dt;
+  if (pinned_on) dt = pinned[k];
+  double *w = sp->cost_win[k], v[SPEC_WIN];
+  w[sp->cost_n[k] % SPEC_WIN] = dt;
   sp->cost_n[k]++;
+  const int n = sp->cost_n[k] < SPEC_WIN ? (int)sp->cost_n[k] : SPEC_WIN;
+  for (int i = 0; i < n; i++) { /* insertion sort of the window (n <= 8) */
+    int j = i;
+    for (; j > 0 && v[j - 1] > w[i]; j--) v[j] = v[j - 1];
+    v[j] = w[i];
+  }
+  sp->cost[k] = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, float *last_logits, int32_t *acc,
@@ -226,9 +285,17 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
   *n_acc = 0;
   *forced = -1;
   *acc_logits = sp->vlog;
+  if (k < 1 && sp->unfed) { /* drafting switched off: the trunk alone, no hidden state kept */
+    sp->unfed = false;
+    sp->hpos = -1;
+    rc = model_eval_h(ms, &id, 1, last_logits, false, NULL, err, errlen);
+    if (!rc) sp->k_steps[0]++;
+    return rc;
+  }
   if (k < 1 || sp->hpos != P - 1) { /* a plain step (still feeding the MTP's rows) */
     rc = spec_eval(sp, ms, &id, 1, last_logits, err, errlen);
     if (!rc && k == 0) note_cost(sp, 0, floe_time_s() - t0);
+    if (!rc) sp->k_steps[0]++;
     return rc;
   }
   if (k > SPEC_KMAX) k = SPEC_KMAX;
@@ -281,6 +348,7 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
   const double dt = floe_time_s() - t0;
   note_cost(sp, k, dt);
   sp->steps++;
+  sp->k_steps[k]++;
   sp->tokens += a + 1;
   sp->k_last = k;
   sp->step_s += dt;

@@ -697,15 +697,24 @@ static void glu_worker(void *ctx, int ith, int nth) {
 size_t layer_task_bytes(void) { return sizeof(mm_task); }
 
 /* ---- streamed experts (src/experts) ---- */
-/* Top-k of one row of logits (ties to the lower index, like the router), added to set[] if new. */
+/* Top-k of one row of logits (ties to the lower index, like the router), each added to set[] if
+ * new: over several rows, set[] is the union of their top-k (at most NE entries). The row's j-th
+ * pick is the largest after pick j-1 in the order (value descending, index ascending), so no list
+ * of the row's own picks is needed. (Excluding every expert already in set[] instead, as this did
+ * for decode's two rows, picks a row's next-best experts where rows overlap, and with more rows
+ * than NE / k runs past NE entries.) */
 static int topk_add(const float *p, int64_t NE, int64_t K, int32_t *set, int n) {
+  float pv = 0.0f;
+  int64_t pi = -1;
   for (int64_t jj = 0; jj < K; jj++) {
     int64_t best = -1;
     for (int64_t e = 0; e < NE; e++) {
-      bool taken = false;
-      for (int u = 0; u < n; u++) taken |= set[u] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      if (pi >= 0 && !(p[e] < pv || (p[e] == pv && e > pi))) continue; /* picked already */
+      if (best < 0 || p[e] > p[best]) best = e;
     }
+    if (best < 0) break;
+    pv = p[best];
+    pi = best;
     bool dup = false;
     for (int u = 0; u < n; u++) dup |= set[u] == best;
     if (!dup) set[n++] = (int32_t)best;
@@ -713,7 +722,9 @@ static int topk_add(const float *p, int64_t NE, int64_t K, int32_t *set, int n) 
   return n;
 }
 
-/* Decode only (n <= 2): predicts layer l+1's experts and starts reading them at prefetch priority.
+/* Decode and speculative verify chunks (n <= KV_KEEP_MAX rows: the token and its drafts, whose
+ * union of experts a verify step reads): predicts layer l+1's experts, the union of each row's
+ * top-k, and starts reading them at prefetch priority.
  * XS_PF_NEXT: layer l+1's router on this layer's MoE input h (quantized rows reused when the
  * routers share a layout), or with XS_PF_RESID on the residual stream xres (after this layer's
  * attention) normed with layer l+1's ffn_norm; XS_PF_PREV: the previous token's experts at l+1. Scratch: s->rlog
@@ -723,7 +734,7 @@ static void stream_prefetch(model_session *s, int64_t l, int64_t n, const uint8_
   xstream *x = m->xs;
   const int pf = xs_params_of(x)->prefetch;
   const int64_t NE = m->hp.n_expert, K = m->hp.n_expert_used, E = m->hp.n_embd;
-  if (n > 2 || l + 1 >= m->hp.n_layer || !pf) return;
+  if (n > KV_KEEP_MAX || l + 1 >= m->hp.n_layer || !pf) return;
   const model_layer *L = &m->layers[l], *N = &m->layers[l + 1];
   int32_t *pred = s->xs_tmp;
   if (pf & XS_PF_NEXT) {
@@ -915,9 +926,10 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, I = hp->n_ff_exp;
   const int64_t Is = hp->n_ff_shexp;
   const bool mt = s->pool && floe_pool_size(s->pool) > 1;
-  /* streamed experts: the trunk's layers only. The MTP block (l == n_layer) is not in the expert
-   * store: its experts are used in place (through the mapping under a memory budget) */
-  const bool xs = m->xs && l < hp->n_layer;
+  /* streamed experts: every layer of the expert store (the trunk's, and the MTP block's at
+   * l == n_layer unless the experts come from a pack, which holds the trunk's only: then the MTP
+   * block's are used in place through the source file's mapping) */
+  const bool xs = m->xs && l < xs_store_of(m->xs)->n_layer;
   mm_task *tk = s->tasks;
 
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->ffn_norm, E, hp->rms_eps, s->h + t * E);

@@ -534,9 +534,12 @@ static const model_arch *arch_of(int arch) {
   }
 }
 
-int model_xs_view(const model *m, xs_model *v) {
+/* with_mtp: the MTP block's routed experts too, as layer n_layer (streamed like the trunk's). A
+ * pack holds the trunk's experts only: its binding and writing use the trunk view, and a model
+ * bound to a pack uses its MTP experts in place (through the source file's mapping). */
+static int xs_view(const model *m, xs_model *v, bool with_mtp) {
   memset(v, 0, sizeof *v);
-  const int64_t NL = m->hp.n_layer;
+  const int64_t NL = m->hp.n_layer + (with_mtp ? 1 : 0);
   v->n_layer = NL;
   v->n_expert = m->hp.n_expert;
   v->n_expert_used = m->hp.n_expert_used;
@@ -559,6 +562,8 @@ int model_xs_view(const model *m, xs_model *v) {
   return 0;
 }
 
+int model_xs_view(const model *m, xs_model *v) { return xs_view(m, v, m->mtp.on && !m->pack); }
+
 void model_xs_view_free(xs_model *v) {
   free(v->gate);
   free(v->up);
@@ -576,7 +581,7 @@ int model_store_open(const model *m, bool direct, xs_store **out, char *err, siz
 
 int model_pack_write(const model *m, const char *source, const char *dir, char *err, size_t errlen) {
   xs_model v;
-  if (model_xs_view(m, &v)) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  if (xs_view(m, &v, false)) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   int rc = xpack_write(&v, source, dir, err, errlen);
   model_xs_view_free(&v);
   return rc;
@@ -666,7 +671,7 @@ int model_load_ex(const char *path, int load, model **out, char *err, size_t err
     return rc;
   }
   xs_model v;
-  if ((rc = model_xs_view(m, &v)) == 0) {
+  if ((rc = xs_view(m, &v, false)) == 0) {
     rc = xpack_bind(pk, &v, err, errlen);
     model_xs_view_free(&v);
   } else {

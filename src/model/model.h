@@ -226,7 +226,8 @@ int model_load_ex(const char *path, int load, model **out, char *err, size_t err
 struct xs_params;
 int model_stream_start(model *m, const struct xs_params *p, char *err, size_t errlen);
 void model_free(model *m);
-/* src/experts' view of m (its routed experts and sources): arrays allocated for the call. */
+/* src/experts' view of m (its routed experts and sources): arrays allocated for the call. Layers
+ * 0..n_layer-1, plus the MTP block as layer n_layer when it is bound and m is not bound to a pack. */
 int model_xs_view(const model *m, xs_model *v);
 void model_xs_view_free(xs_model *v);
 /* xs_store_open / xpack_write of m's experts (through model_xs_view). */

@@ -18,13 +18,16 @@
  * keeps them under the HF names binds like HF, quantized or not.
  *
  * Memory and devices: the block's attention cache is layer n_layer of the session's kv_state
- * (kv.c). Its routed experts are not in the expert store: under a memory budget they are used in
- * place through the file mapping (layers.c layer_moe), not streamed and not counted in the budget
- * (2.2M parameters for the default model; ~1/40 of the experts of 35B-A3B). The forward runs the
- * backend's attention / moe blocks but does the fc and the norms on the host: CPU backend only. */
+ * (kv.c). Under a memory budget its routed experts are streamed like the trunk's: they are layer
+ * n_layer of the expert store (model_xs_view) and share the cache; an evaluation holds the stream
+ * (xs_lock) like model_eval does. Exception: a model bound to a `floe pack` directory, whose pack
+ * holds the trunk's experts only, uses the MTP block's in place through the source's mapping (not
+ * counted in the budget). The forward runs the backend's attention / moe blocks but does the fc
+ * and the norms on the host: CPU backend only. */
 #include <stdio.h>
 #include <string.h>
 
+#include "experts/experts.h"
 #include "model/model.h"
 
 bool model_has_mtp(const model *m) { return m->mtp.on; }
@@ -95,9 +98,11 @@ int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t
     layer_rmsnorm(h + t * E, m->mtp.hnorm, E, hp->rms_eps, row + E);
   }
   layer_matmul(s, &m->mtp.fc, n, cat, 2 * E, x, E);
+  if (m->xs) xs_lock(m->xs); /* one evaluation at a time per stream (experts.h) */
   s->xs_err = 0;
   s->be->attention(s, l, x, n, pos0, true);
   s->be->moe(s, l, x, n);
+  if (m->xs) xs_unlock(m->xs);
   if (s->xs_err) return floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
   float *g = h_out ? h_out : s->y;
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, m->mtp.norm, E, hp->rms_eps, g + t * E);
