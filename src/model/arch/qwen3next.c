@@ -41,12 +41,13 @@ static int bind(model *m, const model_src *src, char *err, size_t errlen) {
   return 0;
 }
 
-static void layer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
+static void mixer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
   if (s->m->hp.recurrent[l])
     s->be->gdn(s, l, x, n);
   else
     s->be->attention(s, l, x, n, pos0, true);
-  s->be->moe(s, l, x, n);
 }
 
-const model_arch model_arch_qwen3next = { FLOE_ARCH_QWEN3NEXT, bind, layer };
+static void ffn(model_session *s, int64_t l, float *x, int64_t n) { s->be->moe(s, l, x, n); }
+
+const model_arch model_arch_qwen3next = { FLOE_ARCH_QWEN3NEXT, bind, mixer, ffn };
