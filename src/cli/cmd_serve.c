@@ -26,7 +26,8 @@ static void usage(FILE *f) {
           "  --alias NAME           model id served by /v1/models (default: the file name)\n"
           "  -c, --ctx N            context size per session (default: the model's, capped at 4096)\n"
           "  --slots N              sessions kept for prefix reuse (default 1; at least --parallel)\n"
-          "  --parallel N           requests decoded together in one batched forward pass (default 4)\n"
+          "  --parallel N           requests decoded together in one batched forward pass (default 4, or\n"
+          "                         fewer when --mem-budget cannot hold 4 sessions)\n"
           "  --chunk N              prompt tokens evaluated per step while other requests decode (default 64)\n"
           "  --mtp K                MTP speculative decoding: 0 off (default), -1 auto, 1..4 drafts; used\n"
           "                         while one request decodes alone (greedy output unchanged; sampled\n"
@@ -69,7 +70,7 @@ int cmd_serve(int argc, char **argv) {
     else if (!strcmp(a, "--port")) { NEEDINT(0, 65535); o.port = (int)num; }
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDINT(0, 1LL << 40); o.n_ctx = num; }
     else if (!strcmp(a, "--slots")) { NEEDINT(1, 64); o.n_slots = (int)num; }
-    else if (!strcmp(a, "--parallel")) { NEEDINT(1, 64); o.n_parallel = (int)num; }
+    else if (!strcmp(a, "--parallel")) { NEEDINT(1, 64); o.n_parallel = (int)num; o.parallel_set = true; }
     else if (!strcmp(a, "--chunk")) { NEEDINT(1, 512); o.chunk = num; }
     else if (!strcmp(a, "--mtp")) { NEEDINT(-1, 4); o.mtp = (int)num; }
     else if (!strcmp(a, "--checkpoints")) { NEEDINT(0, 4096); o.n_checkpoints = num ? (int)num : -1; }

@@ -10,8 +10,11 @@
  * <|im_start|> tokens (where a re-rendered turn starts) and every checkpoint_every tokens. Every
  * op is row-exact (model.h), so a resumed run is bit-identical to a cold one.
  *
- * The prompt is evaluated in steps of at most PREFILL_STEP tokens, asking should_stop between
- * them; a stopped prefill leaves history = the tokens evaluated (and their last logits).
+ * Generation is a state machine (floe_gen): the prompt in chunks of at most PREFILL_STEP tokens
+ * (smaller when a server steps it beside others), asking should_stop between them (a stopped
+ * prefill leaves history = the tokens evaluated, and their last logits), then one token per step.
+ * floe_gen_step steps several generations of distinct sessions together and evaluates their rows
+ * in one batched pass (model_eval_multi); floe_generate steps one alone.
  *
  * Text streaming: generated token bytes go through a small pending buffer. Bytes are released to
  * the callback only when they form whole UTF-8 characters and cannot be the start of a stop
@@ -362,8 +365,9 @@ static int session_budget(floe_engine *e, floe_session *s, int more, char *err, 
   if (fixed + K * slot > B)
     return floe_err(err, errlen, FLOE_E_NOMEM,
                     "memory budget %s is too small: needs at least %s (non-expert weights %s, KV and scratch "
-                    "%s with state checkpoints, one layer's %llu experts %s)",
-                    hsize(B).s, hsize(fixed + K * slot).s, hsize(e->info.resident_bytes).s, hsize(sb).s,
+                    "%s with state checkpoints for %d session%s, one layer's %llu experts %s)",
+                    hsize(B).s, hsize(fixed + K * slot).s, hsize(e->info.resident_bytes).s,
+                    hsize(sb * (uint64_t)(1 + (more > 0 ? more : 0))).s, 1 + (more > 0 ? more : 0), more > 0 ? "s" : "",
                     (unsigned long long)K, hsize(K * e->info.expert_slot_bytes).s);
   const uint64_t n_slots = (B - fixed) / slot;
   xs_params xp = { 0 };

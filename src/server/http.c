@@ -489,7 +489,8 @@ static void *loader_main(void *arg) {
   floe_engine *e = NULL;
   int rc = floe_engine_open(&ep, &e, s->load_err, sizeof s->load_err);
   if (!rc)
-    rc = queue_start(s->queue, e, &sp, s->o.n_slots, s->o.n_parallel, s->o.chunk, s->load_err, sizeof s->load_err);
+    rc = queue_start(s->queue, e, &sp, s->o.n_slots, s->o.n_parallel, !s->o.parallel_set, s->o.chunk, s->load_err,
+                     sizeof s->load_err);
   if (rc) {
     fprintf(stderr, "floe serve: cannot load %s: %s\n", s->o.model, s->load_err);
     s->engine = e; /* freed by srv_stop */
@@ -499,9 +500,10 @@ static void *loader_main(void *arg) {
   s->engine = e;
   s->n_ctx = queue_n_ctx(s->queue);
   __atomic_store_n(&s->loaded, 1, __ATOMIC_RELEASE);
-  const int n_sess = s->o.n_slots > s->o.n_parallel ? s->o.n_slots : s->o.n_parallel;
+  int n_sess, n_par;
+  queue_slots(s->queue, &n_sess, &n_par);
   fprintf(stderr, "floe serve: model %s loaded in %.2f s (context %lld tokens, %d slot%s, %d decoded together)\n",
-          s->model_id, floe_time_s() - t0, (long long)s->n_ctx, n_sess, n_sess == 1 ? "" : "s", s->o.n_parallel);
+          s->model_id, floe_time_s() - t0, (long long)s->n_ctx, n_sess, n_sess == 1 ? "" : "s", n_par);
   return NULL;
 }
 

@@ -595,10 +595,11 @@ static void *worker_main(void *arg) {
 }
 
 int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int n_slots, int n_parallel,
-                int64_t chunk, char *err, size_t errlen) {
+                bool shrink, int64_t chunk, char *err, size_t errlen) {
   q->e = e;
   q->n_parallel = n_parallel > 0 ? n_parallel : 1;
   q->n_slots = n_slots > q->n_parallel ? n_slots : q->n_parallel; /* a session per parallel request */
+  const int want = q->n_slots;
   q->chunk = chunk > 0 ? chunk : 64;
   q->slots = calloc((size_t)q->n_slots, sizeof *q->slots);
   if (!q->slots) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
@@ -607,14 +608,29 @@ int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int
     p.share_threads = i ? q->slots[0].s : NULL;      /* one set of threads: one step at a time anyway */
     p.budget_sessions = i ? 0 : q->n_slots - 1;      /* a memory budget keeps room for every slot */
     int rc = floe_session_new(e, &p, &q->slots[i].s, err, errlen);
+    if (rc == FLOE_E_NOMEM && i == 0 && shrink && q->n_slots > 1) {
+      /* the default --parallel under a tight --mem-budget: as many slots as the budget holds */
+      q->n_slots--;
+      q->n_parallel = q->n_slots;
+      i--;
+      continue;
+    }
     if (rc) return rc;
   }
+  if (shrink && q->n_slots < want)
+    fprintf(stderr, "floe serve: the memory budget holds %d session%s: decoding %d request%s together\n", q->n_slots,
+            q->n_slots == 1 ? "" : "s", q->n_parallel, q->n_parallel == 1 ? "" : "s");
   if (pthread_create(&q->worker, NULL, worker_main, q))
     return floe_err(err, errlen, FLOE_E_NOMEM, "cannot start the worker thread");
   pthread_mutex_lock(&q->mu);
   q->started = true;
   pthread_mutex_unlock(&q->mu);
   return 0;
+}
+
+void queue_slots(srv_queue *q, int *n_slots, int *n_parallel) {
+  *n_slots = q->n_slots;
+  *n_parallel = q->n_parallel;
 }
 
 int64_t queue_n_ctx(srv_queue *q) { return q->n_slots ? floe_session_n_ctx(q->slots[0].s) : 0; }

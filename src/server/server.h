@@ -37,6 +37,7 @@ typedef struct srv_opts {
   bool kv_f32;
   int n_slots;         /* sessions kept for prefix reuse (default 1; at least n_parallel are made) */
   int n_parallel;      /* requests decoded together, continuous batching (default 4) */
+  bool parallel_set;   /* --parallel given (else a tight memory budget may lower it) */
   int64_t chunk;       /* prompt chunk (tokens) evaluated per step while other requests decode (default 64) */
   int mtp;             /* floe_engine_params.mtp: 0 off (default), -1 auto, 1..4 drafts */
   int n_checkpoints;   /* floe_session_params.n_checkpoints (0: the engine default, < 0: none) */
@@ -187,12 +188,16 @@ void job_wait(srv_job *j);
 /* Creates the queue (no worker yet). */
 srv_queue *queue_new(srv *s, int queue_max);
 /* Starts the worker on the loaded engine with max(n_slots, n_parallel) sessions, decoding up to
- * n_parallel jobs together; chunk: prompt tokens per step while others decode. */
+ * n_parallel jobs together; chunk: prompt tokens per step while others decode. shrink: when a
+ * memory budget cannot hold that many sessions, use as many as it holds (the default --parallel)
+ * instead of failing. */
 int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int n_slots, int n_parallel,
-                int64_t chunk, char *err, size_t errlen);
+                bool shrink, int64_t chunk, char *err, size_t errlen);
 /* Submits a job (takes a reference). Returns 0, or -1 when the queue is full / stopping. */
 int queue_submit(srv_queue *q, srv_job *j);
 void queue_depth(srv_queue *q, int *pending, int *running);
+/* Sessions and requests decoded together (after queue_start). */
+void queue_slots(srv_queue *q, int *n_slots, int *n_parallel);
 /* Context size of the sessions (after queue_start). */
 int64_t queue_n_ctx(srv_queue *q);
 /* Cancels everything, stops and joins the worker, frees the sessions. */
