@@ -33,7 +33,8 @@ def stream(port, prompt, max_tokens, seed, out, started=None):
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         ev = json.loads(line[6:])
-        if ev.get("choices") and ev["choices"][0].get("text") is not None:
+        ch = ev.get("choices") or [{}]
+        if ch[0].get("text") is not None and ch[0].get("finish_reason") is None:  # one token each
             times.append(time.time())
             if started is not None and len(times) == 1:
                 started.set()

@@ -6,6 +6,7 @@
  *   - decode steps of 4 sessions, with sessions joining and leaving between steps and a prompt
  *     chunk in the same pass as the decoding rows;
  *   - quantized activations (the default) and the exact float path;
+ *   - the mixers' projections batched (attention_multi, gdn_multi) or run per segment;
  *   - a backend without multi_begin (the generic fallback: one session after another);
  * and the sessions sharing one thread pool (model_session_share_pool). */
 #include <math.h>
@@ -139,6 +140,10 @@ int main(void) {
   model_backend nomulti = model_backend_cpu;
   nomulti.multi_begin = NULL;
   run(m, false, &nomulti, "a backend without multi_begin: sessions one after another");
+  model_backend permix = model_backend_cpu;
+  permix.attention_multi = NULL;
+  permix.gdn_multi = NULL;
+  run(m, false, &permix, "multi_begin without attention_multi / gdn_multi: the mixers per segment");
   model_free(m);
   return TEST_DONE();
 }

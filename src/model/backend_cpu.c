@@ -173,4 +173,6 @@ const model_backend model_backend_cpu = {
   .keep_begin = cpu_keep_begin,
   .keep_accept = cpu_keep_accept,
   .multi_begin = cpu_multi_begin,
+  .attention_multi = layer_attention_multi,
+  .gdn_multi = layer_gdn_multi,
 };

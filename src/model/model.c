@@ -1041,7 +1041,7 @@ static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, cha
   const model *m = lead->m;
   const model_backend *be = lead->be;
   const floe_hparams *hp = &m->hp;
-  const int64_t E = hp->n_embd, V = hp->n_vocab;
+  const int64_t V = hp->n_vocab;
   int64_t off[k], first = N, nl = 0;
   int32_t *tok = malloc((size_t)N * sizeof *tok);
   if (!tok) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
@@ -1065,11 +1065,10 @@ static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, cha
   lead->xs_err = 0;
   float *x = be->multi_begin(lead, N);
   be->embed(lead, tok, N, x);
+  model_rows rows[k];
+  for (int i = 0; i < k; i++) rows[i] = (model_rows){ seg[ord[i]].s, off[i], seg[ord[i]].n };
   for (int64_t l = 0; l < hp->n_layer && !lead->xs_err; l++) {
-    for (int i = 0; i < k; i++) {
-      const model_seg *g = &seg[ord[i]];
-      m->arch->mixer(g->s, l, x + off[i] * E, g->n, g->s->kv.n_past);
-    }
+    m->arch->mixer_multi(lead, rows, k, l, x, N);
     m->arch->ffn(lead, l, x, N);
   }
   int rc = 0;

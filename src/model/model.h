@@ -105,6 +105,13 @@ typedef struct model_tref {
 typedef struct model model;
 typedef struct model_session model_session;
 
+/* A session's rows in a multi-session pass (model_eval_multi): rows [off, off + n) of the pass's
+ * residual buffer, at the session's positions n_past.. */
+struct model_rows {
+  model_session *s;
+  int64_t off, n;
+};
+
 /* One architecture: binds its tensors (GGUF and HF names) and builds one decoder layer from the
  * backend's blocks (s->be: attention, gdn, moe), never touching a device itself. A layer is its
  * token mixer (attention or GatedDeltaNet: reads and advances the session's own KV / recurrent
@@ -116,6 +123,10 @@ typedef struct model_arch {
   int (*bind)(model *m, const model_src *src, char *err, size_t errlen);
   void (*mixer)(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0);
   void (*ffn)(model_session *s, int64_t l, float *x, int64_t n);
+  /* The mixer of k sessions' rows of one pass (x: the pass's N rows; lead: the session whose
+   * scratch the pass uses): the backend's attention_multi / gdn_multi, or the mixer per segment
+   * when the backend has none. */
+  void (*mixer_multi)(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N);
 } model_arch;
 
 extern const model_arch model_arch_qwen3moe, model_arch_qwen3next, model_arch_qwen35moe;
@@ -408,6 +419,11 @@ void layer_rope_table(float *cs, int64_t n_rot, float theta, int64_t pos);
 void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated);
 /* GatedDeltaNet layer. x += gdn(norm(x)). */
 void layer_gdn(model_session *s, int64_t l, float *x, int64_t n);
+/* The same two over the rows of several sessions (backend.h attention_multi, gdn_multi): the
+ * projections once over all N rows in lead's scratch, the per-session part (cache / recurrent
+ * state) per segment. Row for row the arithmetic of the single-session functions. */
+void layer_attention_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N, bool gated);
+void layer_gdn_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N);
 /* MoE block (routed experts, plus the sigmoid-gated shared expert when present). x += moe(norm(x)). */
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n);
 #endif
