@@ -4,8 +4,8 @@
 #
 #   sh bench/parallel.sh [BUILD_DIR]
 #   env: MODEL (default /work/synth/q35b-8l.gguf: the 35B-A3B shape cut to 8 layers, Q4_K; made
-#        with floe synth when missing, ~4.9 GB), THREADS (2), ROUNDS (2: the stream counts are
-#        alternated round by round, so a shared machine's slow phases spread over all of them),
+#        with floe synth when missing, ~4.9 GB), THREADS (2), ROUNDS (2: the stream counts run
+#        1 2 4 8, then 8 4 2 1, ..., so a shared machine's slow phases spread over all of them),
 #        TOKENS (max_tokens per stream, 48), PARALLEL (8)
 # One JSON line per measurement on stdout.
 set -eu
@@ -38,7 +38,9 @@ curl -sf "http://127.0.0.1:$port/health" >/dev/null || { cat "$log" >&2; exit 1;
 python3 "$here/parallel_client.py" "$port" throughput 1 8 >/dev/null # warm the pages and the caches
 r=0
 while [ $r -lt "$R" ]; do
-  for s in 1 2 4 8; do python3 "$here/parallel_client.py" "$port" throughput $s "$N"; done
+  order="1 2 4 8"
+  [ $((r % 2)) -eq 1 ] && order="8 4 2 1"
+  for s in $order; do python3 "$here/parallel_client.py" "$port" throughput $s "$N"; done
   python3 "$here/parallel_client.py" "$port" ttft 3 "$N" 200
   r=$((r + 1))
 done

@@ -34,7 +34,8 @@ def stream(port, prompt, max_tokens, seed, out, started=None):
             continue
         ev = json.loads(line[6:])
         ch = ev.get("choices") or [{}]
-        if ch[0].get("text") is not None and ch[0].get("finish_reason") is None:  # one token each
+        # one chunk a token; the last may only carry finish_reason (empty text): not a token
+        if ch[0].get("text") is not None and (ch[0].get("finish_reason") is None or ch[0]["text"]):
             times.append(time.time())
             if started is not None and len(times) == 1:
                 started.set()
@@ -61,7 +62,7 @@ def throughput(port, n, max_tokens):
 def ttft(port, n_bg, max_tokens, words):
     prompt = "# " + " ".join("word%d" % i for i in range(words)) + "\ndef main():"
     alone = {}
-    stream(port, prompt, 1, 7, alone)  # TTFT without load (a cold slot; the server keeps 4 slots)
+    stream(port, prompt, 2, 7, alone)  # TTFT without load (a cold slot; the server keeps 4 slots)
     res = [dict() for _ in range(n_bg)]
     evs = [threading.Event() for _ in range(n_bg)]
     th = [threading.Thread(target=stream, args=(port, PROMPTS[i], max_tokens, 200 + i, res[i], evs[i]))
@@ -72,7 +73,7 @@ def ttft(port, n_bg, max_tokens, words):
         e.wait()
     time.sleep(0.5)  # well into their decode
     new = {}
-    stream(port, prompt.replace("main", "main2"), 1, 8, new)  # not a cached prefix: a full prefill
+    stream(port, prompt.replace("main", "main2"), 2, 8, new)  # not a cached prefix: a full prefill
     for t in th:
         t.join()
     # the background streams' longest gap between tokens while the new prompt was evaluated
