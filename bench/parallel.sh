@@ -23,7 +23,7 @@ if [ ! -f "$M" ]; then
   "$FLOE" synth --preset qwen35moe-35b-a3b --layers 8 --type q4_K -o "$M" >&2
 fi
 log=$(mktemp)
-"$FLOE" serve -m "$M" --port 0 -t "$T" -c 1024 --parallel "${PARALLEL:-8}" --mtp 0 2>"$log" &
+"$FLOE" serve -m "$M" --port 0 -t "$T" -c 2048 --parallel "${PARALLEL:-8}" --mtp 0 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; rm -f "$log"' EXIT
 port=""
@@ -41,7 +41,7 @@ while [ $r -lt "$R" ]; do
   order="1 2 4 8"
   [ $((r % 2)) -eq 1 ] && order="8 4 2 1"
   for s in $order; do python3 "$here/parallel_client.py" "$port" throughput $s "$N"; done
-  python3 "$here/parallel_client.py" "$port" ttft 3 "$N" 200
+  python3 "$here/parallel_client.py" "$port" ttft 3 "$N" 60
   r=$((r + 1))
 done
 curl -s "http://127.0.0.1:$port/metrics" | grep -E '^floe_batch' >&2

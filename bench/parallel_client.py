@@ -27,6 +27,8 @@ def stream(port, prompt, max_tokens, seed, out, started=None):
     t0 = time.time()
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = c.getresponse()
+    if r.status != 200:
+        raise SystemExit("HTTP %d: %s" % (r.status, r.read()[:300]))
     times = []
     for raw in r:
         line = raw.decode("utf-8", "replace").strip()
