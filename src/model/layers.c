@@ -56,8 +56,24 @@ typedef struct mm_task {
   uint64_t *amax;      /* NULL, or (nb = 1) the best kern_argmax_key of Y's rows so far (atomic) */
 } mm_task;
 
+/* A few activation rows (the decode rows of several requests, continuous batching) on quantized
+ * weights: the kernel's paths for 3..8 rows are slower per row than its 1-2 row paths
+ * (bench_matvec q4_K 248320x2048, 2 threads: nb 1 5.9 ms, 2 9.6 ms, 4 29 ms, 8 33 ms), so such a
+ * batch runs as pairs of rows over blocks of SMALL_BLOCK weight rows, the block staying in cache
+ * for the next pair. Exact: every row's value does not depend on nb (kern_matmul_batch). */
+#define SMALL_NB_MAX 8
+#define SMALL_BLOCK 64
 static void task_rows(const mm_task *t, int64_t r0, int64_t r1) {
-  kern_matmul_batch(t->W, t->nb, t->X, t->ldx, t->xq, t->xqs, t->Y, t->ldy, r0, r1);
+  if (t->xq && t->nb >= 3 && t->nb <= SMALL_NB_MAX) {
+    for (int64_t a = r0; a < r1; a += SMALL_BLOCK) {
+      const int64_t b1 = a + SMALL_BLOCK < r1 ? a + SMALL_BLOCK : r1;
+      for (int64_t b = 0; b < t->nb; b += 2)
+        kern_matmul_batch(t->W, t->nb - b < 2 ? t->nb - b : 2, t->X + b * t->ldx, t->ldx, t->xq + (size_t)b * t->xqs,
+                          t->xqs, t->Y + b * t->ldy, t->ldy, a, b1);
+    }
+  } else {
+    kern_matmul_batch(t->W, t->nb, t->X, t->ldx, t->xq, t->xqs, t->Y, t->ldy, r0, r1);
+  }
   if (t->amax && r1 > r0) { /* the greedy pick of these rows while they are in this core's cache */
     const int64_t i = r0 + kern_argmax(t->Y + r0, r1 - r0);
     const uint64_t k = kern_argmax_key(t->Y[i], i);
