@@ -6,7 +6,7 @@
 #   env: MODEL (default /work/synth/q35b-8l.gguf: the 35B-A3B shape cut to 8 layers, Q4_K; made
 #        with floe synth when missing, ~4.9 GB), THREADS (2), ROUNDS (2: the stream counts run
 #        1 2 4 8, then 8 4 2 1, ..., so a shared machine's slow phases spread over all of them),
-#        TOKENS (max_tokens per stream, 48), PARALLEL (8)
+#        TOKENS (max_tokens per stream, 48), PARALLEL (8). Greedy requests (see parallel_client.py).
 # One JSON line per measurement on stdout.
 set -eu
 B=${1:-build}
@@ -23,7 +23,9 @@ if [ ! -f "$M" ]; then
   "$FLOE" synth --preset qwen35moe-35b-a3b --layers 8 --type q4_K -o "$M" >&2
 fi
 log=$(mktemp)
-"$FLOE" serve -m "$M" --port 0 -t "$T" -c 2048 --parallel "${PARALLEL:-8}" --mtp 0 2>"$log" &
+# --no-mmap: the weights in huge-page memory (AUTO maps the file when the shared machine's free
+# memory looks short, and 4 KiB pages make decode ~3x slower)
+"$FLOE" serve -m "$M" --port 0 -t "$T" -c 2048 --parallel "${PARALLEL:-8}" --mtp 0 --no-mmap 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; rm -f "$log"' EXIT
 port=""
