@@ -174,6 +174,13 @@ typedef struct floe_session_params {
    * the divergence itself and keep none. With a memory budget their memory is counted. */
   int n_checkpoints;        /* copies kept (0: default 8; < 0: none, only whole-history reuse) */
   int64_t checkpoint_every; /* interior copies every this many prompt tokens (0: default 1024; < 0: none) */
+  /* Run on the worker threads of this session (same engine and thread count; it must outlive the
+   * new one, and the two must not run at the same time): the sessions a server steps together
+   * share one set of threads. NULL: the session starts its own. */
+  struct floe_session *share_threads;
+  /* With a memory budget, the first session sizes the expert cache from what the budget leaves:
+   * budget_sessions > 0 keeps room for that many more sessions of its size (the slots of a server). */
+  int budget_sessions;
 } floe_session_params;
 void floe_session_params_init(floe_session_params *p);
 int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session **out, char *err, size_t errlen);
@@ -304,6 +311,38 @@ typedef struct floe_gen_result {
  * restorable position, see floe_session_reusable); the result is bit-identical to a cold run. */
 int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
                   floe_token_cb cb, void *user, floe_gen_result *res, char *err, size_t errlen);
+
+/* ---- several generations stepped together (continuous batching) ----
+ * floe_generate is floe_gen_begin, floe_gen_step until floe_gen_done, then floe_gen_end. A server
+ * steps the generations of several sessions together: each step evaluates the next rows of all of
+ * them (one prompt chunk, or the last chosen token) in ONE batched forward pass where the backend
+ * supports it (the token mixers per session, the MoE and the logits over all rows), so a request
+ * joins or leaves between steps and a long prompt delays the others by at most one chunk. Every
+ * row is computed exactly as alone, so a generation's output does not depend on what runs beside
+ * it (nor on the chunk size). Speculative decoding (mtp) is used only in steps where the
+ * generation is the only one that is not done; its output is the same either way. */
+typedef struct floe_gen floe_gen;
+/* Starts a generation on s (prefix reuse as floe_generate; nothing evaluated yet). p's stop
+ * strings, cb and user must stay valid until floe_gen_end; the prompt is copied. */
+int floe_gen_begin(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
+                   floe_token_cb cb, void *user, floe_gen **out, char *err, size_t errlen);
+/* What one step evaluated: the rows and sessions of its largest forward pass (sessions > 1: a
+ * batched pass), and the rows evaluated in all. */
+typedef struct floe_step_info {
+  int64_t rows, rows_total;
+  int sessions;
+} floe_step_info;
+/* One step of the generations g[0..n) (on distinct sessions of one engine; those already done are
+ * skipped): each emits its next token (callbacks run here) or takes its next prompt chunk of at
+ * most prefill_chunk tokens (<= 0: the engine's default, 512), then all rows are evaluated.
+ * info may be NULL. An evaluation error ends the generations of that pass (floe_gen_end returns
+ * it). Returns 0. */
+int floe_gen_step(floe_gen *const *g, int n, int64_t prefill_chunk, floe_step_info *info);
+bool floe_gen_done(const floe_gen *g);
+/* True while the generation still has prompt tokens to evaluate (its next step is a chunk). */
+bool floe_gen_prefilling(const floe_gen *g);
+/* Frees the generation: its status (0 or the error that ended it, message in err) and *res. */
+int floe_gen_end(floe_gen *g, floe_gen_result *res, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -25,7 +25,13 @@ static void usage(FILE *f) {
           "  --api-key KEY          require 'Authorization: Bearer KEY' (default: any key accepted)\n"
           "  --alias NAME           model id served by /v1/models (default: the file name)\n"
           "  -c, --ctx N            context size per session (default: the model's, capped at 4096)\n"
-          "  --slots N              sessions kept for prefix reuse (default 1)\n"
+          "  --slots N              sessions kept for prefix reuse (default 1; at least --parallel)\n"
+          "  --parallel N           requests decoded together in one batched forward pass (default 4, or\n"
+          "                         fewer when --mem-budget cannot hold 4 sessions)\n"
+          "  --chunk N              prompt tokens evaluated per step while other requests decode (default 64)\n"
+          "  --mtp K                MTP speculative decoding: 0 off (default), -1 auto, 1..4 drafts; used\n"
+          "                         while one request decodes alone (greedy output unchanged; sampled\n"
+          "                         output then depends on whether the request decoded alone)\n"
           "  --checkpoints N        recurrent-state copies per session for partial prefix reuse on hybrid\n"
           "                         models (default 8; 0: none; counted in --mem-budget)\n"
           "  --queue N              pending requests before 503 (default 64)\n"
@@ -64,6 +70,9 @@ int cmd_serve(int argc, char **argv) {
     else if (!strcmp(a, "--port")) { NEEDINT(0, 65535); o.port = (int)num; }
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDINT(0, 1LL << 40); o.n_ctx = num; }
     else if (!strcmp(a, "--slots")) { NEEDINT(1, 64); o.n_slots = (int)num; }
+    else if (!strcmp(a, "--parallel")) { NEEDINT(1, 64); o.n_parallel = (int)num; o.parallel_set = true; }
+    else if (!strcmp(a, "--chunk")) { NEEDINT(1, 512); o.chunk = num; }
+    else if (!strcmp(a, "--mtp")) { NEEDINT(-1, 4); o.mtp = (int)num; }
     else if (!strcmp(a, "--checkpoints")) { NEEDINT(0, 4096); o.n_checkpoints = num ? (int)num : -1; }
     else if (!strcmp(a, "--queue")) { NEEDINT(1, 1000000); o.queue_max = (int)num; }
     else if (!strcmp(a, "--max-conn")) { NEEDINT(4, 100000); o.max_conn = (int)num; }

@@ -10,8 +10,11 @@
  * <|im_start|> tokens (where a re-rendered turn starts) and every checkpoint_every tokens. Every
  * op is row-exact (model.h), so a resumed run is bit-identical to a cold one.
  *
- * The prompt is evaluated in steps of at most PREFILL_STEP tokens, asking should_stop between
- * them; a stopped prefill leaves history = the tokens evaluated (and their last logits).
+ * Generation is a state machine (floe_gen): the prompt in chunks of at most PREFILL_STEP tokens
+ * (smaller when a server steps it beside others), asking should_stop between them (a stopped
+ * prefill leaves history = the tokens evaluated, and their last logits), then one token per step.
+ * floe_gen_step steps several generations of distinct sessions together and evaluates their rows
+ * in one batched pass (model_eval_multi); floe_generate steps one alone.
  *
  * Text streaming: generated token bytes go through a small pending buffer. Bytes are released to
  * the callback only when they form whole UTF-8 characters and cannot be the start of a stop
@@ -43,6 +46,7 @@ struct floe_engine {
   floe_engine_params p;
   int32_t im_start; /* "<|im_start|>" (turn starts are checkpointed), -1: none */
   uint64_t budget_used; /* streaming: resident weights + cache + overhead + live sessions */
+  uint64_t budget_reserved; /* part of budget_used kept for sessions still to come (budget_sessions) */
 };
 
 /* Streaming bookkeeping that is not weights, cache or sessions: the store's offset tables, the
@@ -72,6 +76,7 @@ struct floe_session {
   int64_t ckpt_every; /* interior checkpoints every this many tokens (0: none) */
   uint64_t acct_bytes; /* counted in the engine's memory budget: model session + checkpoints */
   struct spec *spec;   /* speculative decoding state (engine_mtp.c), NULL until first used */
+  bool from_reserve;   /* its budget came from budget_reserved (returned there when freed) */
 };
 
 #define PREFILL_STEP MODEL_MAX_BATCH /* one model_eval chunk: no throughput lost by stepping */
@@ -343,8 +348,13 @@ void floe_engine_layer_stats(const floe_engine *e, int64_t l, uint64_t *hits, ui
 
 /* Streaming: the first session sizes the expert cache from what is left of the budget; later
  * sessions must fit in what the cache left. */
-static int session_budget(floe_engine *e, floe_session *s, char *err, size_t errlen) {
+static int session_budget(floe_engine *e, floe_session *s, int more, char *err, size_t errlen) {
   const uint64_t B = e->p.mem_budget, sb = s->acct_bytes;
+  if (e->m->xs && e->budget_reserved >= sb) { /* room the first session kept for this one */
+    e->budget_reserved -= sb;
+    s->from_reserve = true;
+    return 0;
+  }
   if (e->m->xs) {
     if (e->budget_used + sb > B)
       return floe_err(err, errlen, FLOE_E_NOMEM, "memory budget %s: no room for another session of %s (%s in use)",
@@ -353,12 +363,13 @@ static int session_budget(floe_engine *e, floe_session *s, char *err, size_t err
     return 0;
   }
   const uint64_t K = (uint64_t)e->m->hp.n_expert_used, slot = e->info.expert_slot_bytes + XS_SLOT_OVERHEAD;
-  const uint64_t fixed = e->info.resident_bytes + stream_overhead(e->m) + sb;
+  const uint64_t fixed = e->info.resident_bytes + stream_overhead(e->m) + sb * (uint64_t)(1 + (more > 0 ? more : 0));
   if (fixed + K * slot > B)
     return floe_err(err, errlen, FLOE_E_NOMEM,
                     "memory budget %s is too small: needs at least %s (non-expert weights %s, KV and scratch "
-                    "%s with state checkpoints, one layer's %llu experts %s)",
-                    hsize(B).s, hsize(fixed + K * slot).s, hsize(e->info.resident_bytes).s, hsize(sb).s,
+                    "%s with state checkpoints for %d session%s, one layer's %llu experts %s)",
+                    hsize(B).s, hsize(fixed + K * slot).s, hsize(e->info.resident_bytes).s,
+                    hsize(sb * (uint64_t)(1 + (more > 0 ? more : 0))).s, 1 + (more > 0 ? more : 0), more > 0 ? "s" : "",
                     (unsigned long long)K, hsize(K * e->info.expert_slot_bytes).s);
   const uint64_t n_slots = (B - fixed) / slot;
   xs_params xp = { 0 };
@@ -378,6 +389,7 @@ static int session_budget(floe_engine *e, floe_session *s, char *err, size_t err
   e->info.cache_bytes = xp.cache_bytes;
   e->info.cache_slots = (int64_t)n_slots;
   e->budget_used = fixed + n_slots * slot;
+  e->budget_reserved = sb * (uint64_t)(more > 0 ? more : 0);
   return 0;
 }
 
@@ -434,7 +446,14 @@ int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session 
   }
   /* checkpoint buffers are allocated on first use but counted now, so a budget holds them all */
   s->acct_bytes = s->ms->bytes + (uint64_t)s->ms->max_ckpt * model_session_ckpt_bytes(s->ms);
-  if (e->p.mem_budget > 0 && (rc = session_budget(e, s, err, errlen))) {
+  if (p->share_threads && (p->share_threads->e != e ||
+                            (rc = model_session_share_pool(s->ms, p->share_threads->ms, err, errlen)))) {
+    if (!rc) rc = floe_err(err, errlen, FLOE_E_INVALID, "share_threads: a session of another engine");
+    model_session_free(s->ms);
+    free(s);
+    return rc;
+  }
+  if (e->p.mem_budget > 0 && (rc = session_budget(e, s, p->budget_sessions, err, errlen))) {
     model_session_free(s->ms);
     free(s);
     return rc;
@@ -453,7 +472,8 @@ int floe_session_new(floe_engine *e, const floe_session_params *p, floe_session 
 
 void floe_session_free(floe_session *s) {
   if (!s) return;
-  if (s->ms && s->e->m->xs && s->e->budget_used >= s->acct_bytes) s->e->budget_used -= s->acct_bytes;
+  if (s->ms && s->e->m->xs && s->from_reserve) s->e->budget_reserved += s->acct_bytes;
+  else if (s->ms && s->e->m->xs && s->e->budget_used >= s->acct_bytes) s->e->budget_used -= s->acct_bytes;
   model_session_free(s->ms);
   spec_free(s->spec);
   free(s->hist);
@@ -597,44 +617,69 @@ static float logprob_of(const float *logits, int64_t nv, int32_t id, int n_top, 
   return (float)(logits[id] - lse);
 }
 
-/* Evaluates prompt[from..n) (the session holds prompt[0..from)), saving checkpoints: TURN at
- * the prompt's end and at its last two <|im_start|> tokens (the state before each), INTERIOR at
- * multiples of ckpt_every. Steps end at those positions and at multiples of PREFILL_STEP. */
-static int prefill(floe_session *s, const int32_t *prompt, int64_t n, int64_t from, const floe_gen_params *p,
-                   void *user, bool use_mtp, bool *stopped, char *err, size_t errlen) {
-  int64_t turn[3] = { n, -1, -1 }; /* the prompt end and the last two turn starts at or after from */
-  for (int64_t i = n - 1, k = 1; i >= from && k < 3 && s->e->im_start >= 0; i--)
-    if (prompt[i] == s->e->im_start) turn[k++] = i;
-  const bool ckpt = s->ms->max_ckpt > 0;
-  for (int64_t pos = from;;) {
-    if (ckpt && pos > 0) { /* best effort: a checkpoint that cannot be allocated is skipped */
-      if (pos == turn[0] || pos == turn[1] || pos == turn[2]) model_session_checkpoint(s->ms, MODEL_CKPT_TURN);
-      else if (pos > from && s->ckpt_every > 0 && pos % s->ckpt_every == 0)
-        model_session_checkpoint(s->ms, MODEL_CKPT_INTERIOR);
-    }
-    if (pos >= n) return 0;
-    if (p->should_stop && p->should_stop(user)) {
-      *stopped = true;
-      return 0;
-    }
-    int64_t next = (pos / PREFILL_STEP + 1) * PREFILL_STEP;
-    if (next > n) next = n;
-    for (int k = 1; k < 3; k++)
-      if (turn[k] > pos && turn[k] < next) next = turn[k];
-    if (ckpt && s->ckpt_every > 0) {
-      const int64_t b = (pos / s->ckpt_every + 1) * s->ckpt_every;
-      if (b < next) next = b;
-    }
-    int rc = use_mtp ? session_eval_spec(s, prompt + pos, next - pos, err, errlen)
-                     : floe_session_eval(s, prompt + pos, (size_t)(next - pos), NULL, false, err, errlen);
-    if (rc) return rc;
-    pos = next;
+/* ---- generation as a state machine (floe_gen): floe_generate runs one, a server steps many ----
+ * A generation first evaluates its prompt in chunks (PREFILL), then alternates: choose the next
+ * token from the last logits and emit its text (DECODE), evaluate it. A step does one chunk or one
+ * token per generation; floe_gen_step evaluates the rows of all generations of the step in one
+ * batched pass (model_eval_multi). Every op being row-exact, a generation's tokens do not depend
+ * on what is stepped beside it or on the chunk size. */
+enum { GEN_PREFILL = 0, GEN_DECODE, GEN_DONE };
+
+struct floe_gen {
+  floe_session *s;
+  floe_gen_params p;         /* the caller's; its stop strings must outlive the generation */
+  floe_token_cb cb;
+  void *user;
+  int32_t *prompt;           /* a copy */
+  int64_t n_prompt;
+  int phase;                 /* GEN_* */
+  int64_t pos;               /* prefill: the next prompt position to evaluate */
+  int64_t turn[3];           /* the prompt end and its last two turn starts (checkpointed) */
+  sampler *smp;
+  int mtp_k;                 /* drafts per step: -1 automatic */
+  bool use_mtp;
+  textbuf pend;              /* generated bytes not yet released (UTF-8, stop strings) */
+  size_t max_stop;
+  /* speculative steps: drafts the trunk accepted are already in the session and are emitted one
+   * by one before the next token is chosen; forced: the sampling rule's token */
+  int32_t acc[4], forced;
+  int n_acc, acc_i;
+  const float *acc_lg;
+  int32_t top_ids[20];
+  float top_lp[20];
+  floe_gen_result r;
+  double t0, t1;
+  int rc;
+  bool res_valid;            /* r is the result (false after a failed prefill, as floe_generate did) */
+  char err[384];
+};
+
+/* Ends a generation: the text held back for a stop string that never came is flushed when it ran
+ * out of tokens, and the decode time is taken. */
+static void gen_finish(floe_gen *g, int finish) {
+  g->r.finish = finish;
+  if (g->rc == 0 && finish == FLOE_FINISH_LENGTH && g->pend.n && g->cb) {
+    floe_token_event ev = {0};
+    ev.id = -1;
+    ev.text = g->pend.p;
+    ev.text_len = g->pend.n;
+    g->cb(g->user, &ev);
   }
+  if (g->phase == GEN_DECODE) g->r.decode_s = floe_time_s() - g->t1;
+  g->phase = GEN_DONE;
 }
 
-int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
-                  floe_token_cb cb, void *user, floe_gen_result *res, char *err, size_t errlen) {
-  floe_gen_result r = {0};
+static void gen_fail(floe_gen *g, int rc, const char *err) {
+  g->rc = rc;
+  snprintf(g->err, sizeof g->err, "%s", err);
+  g->res_valid = g->phase == GEN_DECODE;
+  if (g->phase == GEN_DECODE) g->r.decode_s = floe_time_s() - g->t1;
+  g->phase = GEN_DONE;
+}
+
+int floe_gen_begin(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
+                   floe_token_cb cb, void *user, floe_gen **out, char *err, size_t errlen) {
+  *out = NULL;
   floe_gen_params def;
   if (!p) {
     floe_gen_params_init(&def);
@@ -648,166 +693,295 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
     return floe_err(err, errlen, FLOE_E_INVALID, "top_logprobs must be in [0, 20] (got %d)", p->n_top_logprobs);
   for (size_t i = 0; i < p->n_stop; i++)
     if (!p->stop[i] || !p->stop[i][0]) return floe_err(err, errlen, FLOE_E_INVALID, "empty stop string");
-
   const int64_t nv = s->e->m->hp.n_vocab;
+  for (size_t i = 0; i < n_prompt; i++) /* before touching the session: a bad id must not cost the cache */
+    if (prompt[i] < 0 || prompt[i] >= nv)
+      return floe_err(err, errlen, FLOE_E_INVALID, "token id %d out of range [0, %lld)", prompt[i], (long long)nv);
+  const int mtp_k = p->mtp >= 0 ? p->mtp : s->e->p.mtp; /* -1: automatic */
+  if (mtp_k > 4) return floe_err(err, errlen, FLOE_E_INVALID, "mtp must be -1 (auto), 0 (off) or 1..4 (got %d)", mtp_k);
+  floe_gen *g = calloc(1, sizeof *g);
+  if (!g || !(g->prompt = malloc(n_prompt * sizeof *g->prompt))) {
+    free(g);
+    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  }
+  memcpy(g->prompt, prompt, n_prompt * sizeof *prompt);
+  g->s = s;
+  g->p = *p;
+  g->cb = cb;
+  g->user = user;
+  g->n_prompt = (int64_t)n_prompt;
+  g->mtp_k = mtp_k;
+  g->use_mtp = mtp_k != 0 && model_has_mtp(s->e->m) && s->e->m->be == &model_backend_cpu;
+  g->forced = -1;
+  for (size_t i = 0; i < p->n_stop; i++)
+    if (strlen(p->stop[i]) > g->max_stop) g->max_stop = strlen(p->stop[i]);
   sampler_params sp = sampler_default_params();
   sp.temperature = p->sampling.temperature;
   sp.top_k = p->sampling.top_k;
   sp.top_p = p->sampling.top_p;
   sp.min_p = p->sampling.min_p;
   sp.seed = p->sampling.seed;
-  const int mtp_k = p->mtp >= 0 ? p->mtp : s->e->p.mtp; /* -1: automatic */
-  if (mtp_k > 4) return floe_err(err, errlen, FLOE_E_INVALID, "mtp must be -1 (auto), 0 (off) or 1..4 (got %d)", mtp_k);
-  sampler *smp;
-  int rc = sampler_new(&sp, (int32_t)nv, &smp, err, errlen);
-  if (rc) return rc;
+  int rc = sampler_new(&sp, (int32_t)nv, &g->smp, err, errlen);
   /* automatic k only for greedy requests: the choice follows measured step times, and a sampled
    * request's random draws depend on the k of each step, so a seed would no longer reproduce its
    * sample (a forced k keeps it reproducible) */
-  const bool use_mtp = mtp_k != 0 && (mtp_k > 0 || sampler_greedy(smp)) && model_has_mtp(s->e->m) &&
-                       s->e->m->be == &model_backend_cpu;
-  if (use_mtp && !s->spec && (rc = spec_new(s->ms, &s->spec, err, errlen))) {
-    sampler_free(smp);
+  if (!rc && g->use_mtp && mtp_k < 0 && !sampler_greedy(g->smp)) g->use_mtp = false;
+  if (!rc && g->use_mtp && !s->spec) rc = spec_new(s->ms, &s->spec, err, errlen);
+  if (rc) {
+    sampler_free(g->smp);
+    free(g->prompt);
+    free(g);
     return rc;
   }
-
   /* prefix reuse: resume at the common prefix (or the restorable position before it) */
-  r.n_prompt = (int64_t)n_prompt;
-  double t0 = floe_time_s();
-  for (size_t i = 0; i < n_prompt; i++) /* before touching the session: a bad id must not cost the cache */
-    if (prompt[i] < 0 || prompt[i] >= nv) {
-      sampler_free(smp);
-      return floe_err(err, errlen, FLOE_E_INVALID, "token id %d out of range [0, %lld)", prompt[i], (long long)nv);
-    }
+  g->r.n_prompt = g->n_prompt;
+  g->t0 = floe_time_s();
   const int64_t keep = resume_pos(s, common_prefix(s, prompt, n_prompt), n_prompt, true);
   if (keep != s->n_hist) spec_rewound(s->spec, keep);
   s->n_hist = keep;
-  r.n_reused = keep;
-  bool stopped = false;
-  rc = prefill(s, prompt, (int64_t)n_prompt, keep, p, user, use_mtp, &stopped, err, errlen);
-  double t1 = floe_time_s();
-  r.prefill_s = t1 - t0;
-  if (rc || stopped) {
-    sampler_free(smp);
-    r.finish = FLOE_FINISH_CANCELLED;
-    if (res && !rc) *res = r;
-    return rc;
+  g->r.n_reused = keep;
+  g->pos = keep;
+  g->turn[0] = g->n_prompt;
+  g->turn[1] = g->turn[2] = -1;
+  for (int64_t i = g->n_prompt - 1, k = 1; i >= keep && k < 3 && s->e->im_start >= 0; i--)
+    if (prompt[i] == s->e->im_start) g->turn[k++] = i;
+  g->phase = GEN_PREFILL;
+  *out = g;
+  return 0;
+}
+
+/* Prefill bookkeeping at g->pos: the checkpoints due there (TURN at the prompt's end and at its
+ * last two <|im_start|> tokens, the state before each; INTERIOR at multiples of ckpt_every), then
+ * the end of the next chunk (*next), which stops at those positions and at multiples of `chunk`.
+ * Returns false when the prefill is over (done, or stopped by should_stop: the generation ends
+ * CANCELLED, the session keeps the tokens evaluated so far). */
+static bool gen_prefill_next(floe_gen *g, int64_t chunk, int64_t *next) {
+  floe_session *s = g->s;
+  const int64_t pos = g->pos, n = g->n_prompt;
+  const bool ckpt = s->ms->max_ckpt > 0;
+  if (ckpt && pos > 0) { /* best effort: a checkpoint that cannot be allocated is skipped */
+    if (pos == g->turn[0] || pos == g->turn[1] || pos == g->turn[2]) model_session_checkpoint(s->ms, MODEL_CKPT_TURN);
+    else if (pos > g->r.n_reused && s->ckpt_every > 0 && pos % s->ckpt_every == 0)
+      model_session_checkpoint(s->ms, MODEL_CKPT_INTERIOR);
   }
+  if (pos >= n) {
+    g->t1 = floe_time_s();
+    g->r.prefill_s = g->t1 - g->t0;
+    g->phase = GEN_DECODE;
+    return false;
+  }
+  if (g->p.should_stop && g->p.should_stop(g->user)) {
+    g->r.prefill_s = floe_time_s() - g->t0;
+    g->phase = GEN_DONE; /* floe_generate's contract: a stopped prefill returns 0, finish CANCELLED */
+    g->r.finish = FLOE_FINISH_CANCELLED;
+    return false;
+  }
+  int64_t e = (pos / chunk + 1) * chunk;
+  if (e > n) e = n;
+  for (int k = 1; k < 3; k++)
+    if (g->turn[k] > pos && g->turn[k] < e) e = g->turn[k];
+  if (ckpt && s->ckpt_every > 0) {
+    const int64_t b = (pos / s->ckpt_every + 1) * s->ckpt_every;
+    if (b < e) e = b;
+  }
+  *next = e;
+  return true;
+}
 
-  textbuf pend = {0};
-  int32_t top_ids[20];
-  float top_lp[20];
+/* Chooses the next token of a decoding generation and emits its text. Returns true when the
+ * token must now be evaluated (*id), false when it needs no evaluation (an accepted draft, already
+ * in the session) or the generation ended. */
+static bool gen_pick(floe_gen *g, int32_t *id_out) {
+  floe_session *s = g->s;
+  const floe_gen_params *p = &g->p;
+  const int64_t nv = s->e->m->hp.n_vocab;
+  if (p->max_tokens > 0 && g->r.n_gen >= p->max_tokens) {
+    gen_finish(g, FLOE_FINISH_LENGTH);
+    return false;
+  }
+  int32_t id;
+  const float *lg = s->last_logits; /* the logits the token was chosen from */
+  const bool drafted = g->acc_i < g->n_acc; /* an accepted draft: already in the session */
+  if (drafted) {
+    lg = g->acc_lg + (size_t)g->acc_i * (size_t)nv;
+    id = g->acc[g->acc_i++];
+  } else if (g->forced >= 0) {
+    id = g->forced;
+    g->forced = -1;
+  } else {
+    id = sampler_greedy(g->smp) ? floe_session_argmax(s) : sampler_sample(g->smp, s->last_logits);
+  }
+  floe_token_event ev = {0};
+  ev.id = id;
+  if (p->logprobs || p->n_top_logprobs) {
+    ev.logprob = logprob_of(lg, nv, id, p->n_top_logprobs, g->top_ids, g->top_lp);
+    ev.n_top = p->n_top_logprobs;
+    ev.top_ids = g->top_ids;
+    ev.top_logprobs = g->top_lp;
+  }
+  g->r.n_gen++;
   int finish = FLOE_FINISH_NONE;
-  size_t max_stop = 0;
-  for (size_t i = 0; i < p->n_stop; i++)
-    if (strlen(p->stop[i]) > max_stop) max_stop = strlen(p->stop[i]);
-
-  /* speculative steps (engine_mtp.c): drafts the trunk accepted are already in the session and
-   * are emitted one by one before the next token is chosen; forced: the sampling rule's token */
-  int32_t acc[4], forced = -1;
-  int n_acc = 0, acc_i = 0;
-  const float *acc_lg = NULL;
-  while (finish == FLOE_FINISH_NONE) {
-    if (p->max_tokens > 0 && r.n_gen >= p->max_tokens) {
-      finish = FLOE_FINISH_LENGTH;
-      break;
+  textbuf *pend = &g->pend;
+  const bool eog = tok_is_eog(s->e->tok, id);
+  if (!eog) {
+    size_t plen;
+    const char *piece = tok_piece(s->e->tok, id, &plen);
+    if (piece && textbuf_add(pend, piece, plen)) {
+      gen_fail(g, FLOE_E_NOMEM, "out of memory");
+      return false;
     }
-    int32_t id;
-    const float *lg = s->last_logits; /* the logits the token was chosen from */
-    const bool drafted = acc_i < n_acc; /* an accepted draft: already in the session */
-    if (drafted) {
-      lg = acc_lg + (size_t)acc_i * (size_t)nv;
-      id = acc[acc_i++];
-    } else if (forced >= 0) {
-      id = forced;
-      forced = -1;
-    } else {
-      id = sampler_greedy(smp) ? floe_session_argmax(s) : sampler_sample(smp, s->last_logits);
+  }
+  /* decide what text this token releases */
+  const size_t complete = eog ? pend->n : utf8_complete(pend->p ? pend->p : "", pend->n);
+  size_t release = complete;
+  for (size_t i = 0; i < p->n_stop && pend->n; i++) {
+    const char *hit = memmem(pend->p, pend->n, p->stop[i], strlen(p->stop[i]));
+    if (hit && (size_t)(hit - pend->p) <= release) {
+      release = (size_t)(hit - pend->p);
+      finish = FLOE_FINISH_STOP;
     }
-    floe_token_event ev = {0};
-    ev.id = id;
-    if (p->logprobs || p->n_top_logprobs) {
-      ev.logprob = logprob_of(lg, nv, id, p->n_top_logprobs, top_ids, top_lp);
-      ev.n_top = p->n_top_logprobs;
-      ev.top_ids = top_ids;
-      ev.top_logprobs = top_lp;
-    }
-    r.n_gen++;
-    bool eog = tok_is_eog(s->e->tok, id);
-    if (!eog) {
-      size_t plen;
-      const char *piece = tok_piece(s->e->tok, id, &plen);
-      if (piece && textbuf_add(&pend, piece, plen)) {
-        rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
-        break;
-      }
-    }
-    /* decide what text this token releases */
-    size_t complete = eog ? pend.n : utf8_complete(pend.p ? pend.p : "", pend.n);
-    size_t release = complete;
-    for (size_t i = 0; i < p->n_stop && pend.n; i++) {
-      const char *hit = memmem(pend.p, pend.n, p->stop[i], strlen(p->stop[i]));
-      if (hit && (size_t)(hit - pend.p) <= release) {
-        release = (size_t)(hit - pend.p);
-        finish = FLOE_FINISH_STOP;
-      }
-    }
-    if (finish != FLOE_FINISH_STOP && !eog && max_stop) {
-      /* hold back a tail that could still grow into a stop string */
-      for (size_t i = 0; i < p->n_stop; i++) {
-        size_t sl = strlen(p->stop[i]);
-        for (size_t k = sl - 1; k > 0; k--) {
-          if (k <= release && !memcmp(pend.p + release - k, p->stop[i], k)) {
-            release -= k;
-            break;
-          }
+  }
+  if (finish != FLOE_FINISH_STOP && !eog && g->max_stop) {
+    /* hold back a tail that could still grow into a stop string */
+    for (size_t i = 0; i < p->n_stop; i++) {
+      const size_t sl = strlen(p->stop[i]);
+      for (size_t k = sl - 1; k > 0; k--) {
+        if (k <= release && !memcmp(pend->p + release - k, p->stop[i], k)) {
+          release -= k;
+          break;
         }
       }
     }
-    if (eog) finish = FLOE_FINISH_STOP;
-    ev.text = pend.p ? pend.p : "";
-    ev.text_len = release;
-    if (cb && cb(user, &ev)) {
-      if (finish == FLOE_FINISH_NONE) finish = FLOE_FINISH_CANCELLED;
-    }
-    if (release) {
-      memmove(pend.p, pend.p + release, pend.n - release);
-      pend.n -= release;
-      pend.p[pend.n] = 0;
-    }
-    if (finish != FLOE_FINISH_NONE) break;
-    if (drafted) continue;
-    if (s->n_hist >= s->n_ctx) {
-      finish = FLOE_FINISH_LENGTH;
-      break;
-    }
-    if (use_mtp) {
-      const int k = spec_choose_k(s->spec, mtp_k, s->n_ctx - s->n_hist - 1);
-      rc = spec_step(s->spec, s->ms, smp, id, k, s->last_logits, acc, &n_acc, &acc_lg, &forced, err, errlen);
-      if (rc) {
-        floe_session_reset(s); /* state is undefined after a failed step */
-        break;
+  }
+  if (eog) finish = FLOE_FINISH_STOP;
+  ev.text = pend->p ? pend->p : "";
+  ev.text_len = release;
+  if (g->cb && g->cb(g->user, &ev) && finish == FLOE_FINISH_NONE) finish = FLOE_FINISH_CANCELLED;
+  if (release) {
+    memmove(pend->p, pend->p + release, pend->n - release);
+    pend->n -= release;
+    pend->p[pend->n] = 0;
+  }
+  if (finish != FLOE_FINISH_NONE) {
+    gen_finish(g, finish);
+    return false;
+  }
+  if (drafted) return false;
+  if (s->n_hist >= s->n_ctx) {
+    gen_finish(g, FLOE_FINISH_LENGTH);
+    return false;
+  }
+  *id_out = id;
+  return true;
+}
+
+/* One speculative step of a generation decoding alone (engine_mtp.c). */
+static void gen_spec_step(floe_gen *g, int32_t id) {
+  floe_session *s = g->s;
+  char err[384];
+  const int k = spec_choose_k(s->spec, g->mtp_k, s->n_ctx - s->n_hist - 1);
+  int rc = spec_step(s->spec, s->ms, g->smp, id, k, s->last_logits, g->acc, &g->n_acc, &g->acc_lg, &g->forced, err,
+                     sizeof err);
+  if (rc) {
+    floe_session_reset(s); /* state is undefined after a failed step */
+    gen_fail(g, rc, err);
+    return;
+  }
+  s->hist[s->n_hist++] = id;
+  for (int i = 0; i < g->n_acc; i++) s->hist[s->n_hist++] = g->acc[i];
+  g->acc_i = 0;
+}
+
+bool floe_gen_done(const floe_gen *g) { return g->phase == GEN_DONE; }
+bool floe_gen_prefilling(const floe_gen *g) { return g->phase == GEN_PREFILL && g->pos < g->n_prompt; }
+
+int floe_gen_step(floe_gen *const *gens, int n, int64_t prefill_chunk, floe_step_info *info) {
+  floe_step_info dummy;
+  if (!info) info = &dummy;
+  memset(info, 0, sizeof *info);
+  if (n < 1) return 0;
+  if (prefill_chunk < 1 || prefill_chunk > PREFILL_STEP) prefill_chunk = PREFILL_STEP;
+  int active = 0;
+  for (int i = 0; i < n; i++) active += gens[i]->phase != GEN_DONE;
+  model_seg seg[n];
+  floe_gen *sg[n];
+  int32_t tok[n];
+  int64_t to[n]; /* prefill: the chunk's end */
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    floe_gen *g = gens[i];
+    floe_session *s = g->s;
+    if (g->phase == GEN_PREFILL) {
+      int64_t next;
+      if (gen_prefill_next(g, prefill_chunk, &next)) {
+        if (g->use_mtp && active == 1) { /* alone: feed the MTP's rows too (spec_eval) */
+          if (next - g->pos > info->rows) info->rows = next - g->pos, info->sessions = 1;
+          info->rows_total += next - g->pos;
+          char e2[384];
+          int rc = session_eval_spec(s, g->prompt + g->pos, next - g->pos, e2, sizeof e2);
+          if (rc) gen_fail(g, rc, e2);
+          else g->pos = next;
+          continue;
+        }
+        to[k] = next;
+        seg[k] = (model_seg){ s->ms, g->prompt + g->pos, next - g->pos, s->last_logits };
+        sg[k++] = g;
+        continue;
       }
-      s->hist[s->n_hist++] = id;
-      for (int i = 0; i < n_acc; i++) s->hist[s->n_hist++] = acc[i];
-      acc_i = 0;
-    } else {
-      rc = floe_session_eval(s, &id, 1, NULL, false, err, errlen);
+      if (g->phase != GEN_DECODE) continue; /* stopped */
     }
-    if (rc) break;
+    if (g->phase != GEN_DECODE || !gen_pick(g, &tok[i])) continue;
+    if (g->use_mtp && active == 1) {
+      const int64_t n0 = s->n_hist;
+      gen_spec_step(g, tok[i]);
+      info->rows_total += s->n_hist - n0;
+      if (info->rows < s->n_hist - n0) info->rows = s->n_hist - n0, info->sessions = 1;
+      continue;
+    }
+    to[k] = -1;
+    seg[k] = (model_seg){ s->ms, &tok[i], 1, s->last_logits };
+    sg[k++] = g;
   }
-  /* flush text held back for a stop string that never came */
-  if (rc == 0 && finish == FLOE_FINISH_LENGTH && pend.n && cb) {
-    floe_token_event ev = {0};
-    ev.id = -1;
-    ev.text = pend.p;
-    ev.text_len = pend.n;
-    cb(user, &ev);
+  if (k == 0) return 0;
+  char err[384];
+  int64_t rows = 0;
+  int segs = 0;
+  int rc = model_eval_multi(seg, k, &rows, &segs, err, sizeof err);
+  if (rows > info->rows) info->rows = rows, info->sessions = segs;
+  for (int i = 0; i < k && !rc; i++) info->rows_total += seg[i].n;
+  for (int i = 0; i < k; i++) {
+    floe_gen *g = sg[i];
+    floe_session *s = g->s;
+    if (rc) { /* the pass's states are undefined: every session of it starts over */
+      floe_session_reset(s);
+      gen_fail(g, rc, err);
+      continue;
+    }
+    spec_forget_hidden(s->spec); /* evaluated without hidden states: the next MTP row has no input */
+    memcpy(s->hist + s->n_hist, seg[i].tokens, (size_t)seg[i].n * sizeof(int32_t));
+    s->n_hist += seg[i].n;
+    if (to[i] >= 0) g->pos = to[i];
   }
-  free(pend.p);
-  sampler_free(smp);
-  r.finish = finish;
-  r.decode_s = floe_time_s() - t1;
-  if (res) *res = r;
+  return 0;
+}
+
+int floe_gen_end(floe_gen *g, floe_gen_result *res, char *err, size_t errlen) {
+  if (!g) return 0;
+  const int rc = g->rc;
+  if (rc) floe_err(err, errlen, rc, "%s", g->err);
+  if (res && (rc == 0 || g->res_valid)) *res = g->r;
+  free(g->pend.p);
+  sampler_free(g->smp);
+  free(g->prompt);
+  free(g);
   return rc;
+}
+
+int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const floe_gen_params *p,
+                  floe_token_cb cb, void *user, floe_gen_result *res, char *err, size_t errlen) {
+  floe_gen *g;
+  int rc = floe_gen_begin(s, prompt, n_prompt, p, cb, user, &g, err, errlen);
+  if (rc) return rc;
+  while (!floe_gen_done(g)) floe_gen_step(&g, 1, PREFILL_STEP, NULL);
+  return floe_gen_end(g, res, err, errlen);
 }

@@ -22,6 +22,7 @@
 typedef struct model model;
 typedef struct model_session model_session;
 typedef struct kv_ckpt kv_ckpt;
+typedef struct model_rows model_rows;
 
 enum model_device { MODEL_DEV_CPU = 0, MODEL_DEV_CUDA = 1 };
 enum { MODEL_EVAL_LOGITS = 1, MODEL_EVAL_HIDDEN = 2 };
@@ -74,6 +75,20 @@ typedef struct model_backend {
   /* The final hidden states (the residual stream after the last layer, before the output norm)
    * of rows [first, n) into host memory (n_embd floats a row). */
   void (*hidden)(model_session *s, const float *x, int64_t first, int64_t n, float *dst);
+  /* Multi-session evaluation (model_eval_multi; NULL: the backend cannot, and the sessions are
+   * evaluated one after another). Returns lead's residual buffer for a pass of n rows
+   * (n <= MODEL_MAX_BATCH) that holds the rows of several sessions of one model, one segment after
+   * another. The driver then calls embed, moe, logits and eval_end with lead on all n rows, and
+   * attention / gdn with each segment's own session on its rows of that buffer (x offset by the
+   * segment's first row): those blocks must use only the session's own state and scratch besides
+   * the rows they are given. */
+  float *(*multi_begin)(model_session *lead, int64_t n);
+  /* Optional with multi_begin (NULL: the driver calls attention / gdn per segment): the mixer
+   * over the rows of several sessions at once, the projections over all n rows in lead's scratch
+   * and the cache / recurrent part per segment (model.h model_rows). */
+  void (*attention_multi)(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t n,
+                          bool gated);
+  void (*gdn_multi)(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t n);
 } model_backend;
 
 extern const model_backend model_backend_cpu;

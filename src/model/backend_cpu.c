@@ -85,7 +85,7 @@ static int cpu_session_init(model_session *s, int n_threads, char *err, size_t e
 
 static void cpu_session_free(model_session *s) {
   kv_free(&s->kv);
-  if (s->pool) floe_pool_free(s->pool);
+  if (s->pool && !s->pool_shared) floe_pool_free(s->pool);
   floe_aligned_free(s->buf);
   free(s->sel);
   floe_aligned_free(s->xq_h);
@@ -142,6 +142,11 @@ static void cpu_hidden(model_session *s, const float *x, int64_t first, int64_t 
   memcpy(dst, x + first * E, (size_t)((n - first) * E) * sizeof(float));
 }
 
+static float *cpu_multi_begin(model_session *lead, int64_t n) {
+  (void)n;
+  return lead->x; /* MODEL_MAX_BATCH rows; the segments' own scratch is separate (h, q, k, ...) */
+}
+
 static int cpu_keep_begin(model_session *s, int64_t n) { return kv_keep_begin(&s->kv, n); }
 static void cpu_keep_accept(model_session *s, int64_t a) { kv_keep_accept(&s->kv, a); }
 
@@ -167,4 +172,7 @@ const model_backend model_backend_cpu = {
   .hidden = cpu_hidden,
   .keep_begin = cpu_keep_begin,
   .keep_accept = cpu_keep_accept,
+  .multi_begin = cpu_multi_begin,
+  .attention_multi = layer_attention_multi,
+  .gdn_multi = layer_gdn_multi,
 };

@@ -56,8 +56,24 @@ typedef struct mm_task {
   uint64_t *amax;      /* NULL, or (nb = 1) the best kern_argmax_key of Y's rows so far (atomic) */
 } mm_task;
 
+/* A few activation rows (the decode rows of several requests, continuous batching) on quantized
+ * weights: the kernel's paths for 3..8 rows are slower per row than its 1-2 row paths
+ * (bench_matvec q4_K 248320x2048, 2 threads: nb 1 5.9 ms, 2 9.6 ms, 4 29 ms, 8 33 ms), so such a
+ * batch runs as pairs of rows over blocks of SMALL_BLOCK weight rows, the block staying in cache
+ * for the next pair. Exact: every row's value does not depend on nb (kern_matmul_batch). */
+#define SMALL_NB_MAX 8
+#define SMALL_BLOCK 64
 static void task_rows(const mm_task *t, int64_t r0, int64_t r1) {
-  kern_matmul_batch(t->W, t->nb, t->X, t->ldx, t->xq, t->xqs, t->Y, t->ldy, r0, r1);
+  if (t->xq && t->nb >= 3 && t->nb <= SMALL_NB_MAX) {
+    for (int64_t a = r0; a < r1; a += SMALL_BLOCK) {
+      const int64_t b1 = a + SMALL_BLOCK < r1 ? a + SMALL_BLOCK : r1;
+      for (int64_t b = 0; b < t->nb; b += 2)
+        kern_matmul_batch(t->W, t->nb - b < 2 ? t->nb - b : 2, t->X + b * t->ldx, t->ldx, t->xq + (size_t)b * t->xqs,
+                          t->xqs, t->Y + b * t->ldy, t->ldy, a, b1);
+    }
+  } else {
+    kern_matmul_batch(t->W, t->nb, t->X, t->ldx, t->xq, t->xqs, t->Y, t->ldy, r0, r1);
+  }
   if (t->amax && r1 > r0) { /* the greedy pick of these rows while they are in this core's cache */
     const int64_t i = r0 + kern_argmax(t->Y + r0, r1 - r0);
     const uint64_t k = kern_argmax_key(t->Y[i], i);
@@ -290,10 +306,12 @@ static float *tscratch(model_session *s, int ith) { return s->tscr + (size_t)ith
 
 /* ---- full attention ---- */
 typedef struct attn_job {
-  model_session *s;
+  model_session *s;          /* the KV cache and the per-thread scratch */
   int64_t l, n, pos0, qdim, kvd, grp, hd, nkv, hsplit;
   bool gated;
   float scale;
+  const float *q;            /* [n][qdim] the rows' queries (the session's s->q, or a pass's rows) */
+  float *att;                /* [n][n_head * hd] their outputs */
 } attn_job;
 
 /* One (token t, kv head kh, query heads [h0, h1) of its group). Scores: kern_dot16_rows (16
@@ -309,8 +327,8 @@ static inline __attribute__((always_inline)) void attn_one(const attn_job *j, in
   const int64_t qstride = hd * (j->gated ? 2 : 1), nh = h1 - h0;
   const int bf = kv->kv_type == KV_BF16;
   const void *K = kv_head_rows(kv, j->l, false, kh), *V = kv_head_rows(kv, j->l, true, kh);
-  const float *q0 = s->q + t * j->qdim + (kh * j->grp + h0) * qstride;
-  float *o0 = s->att + t * s->m->hp.n_head * hd + (kh * j->grp + h0) * hd;
+  const float *q0 = j->q + t * j->qdim + (kh * j->grp + h0) * qstride;
+  float *o0 = j->att + t * s->m->hp.n_head * hd + (kh * j->grp + h0) * hd;
   if (hd % 16 == 0) kern_dot16_rows(q0, qstride, (int)nh, K, bf, ldkv, np, hd, scr, nctx);
   else
     for (int64_t h = 0; h < nh; h++)
@@ -381,26 +399,30 @@ VEC_FN static void attn_worker(void *ctx, int ith, int nth) {
   }
 }
 
-void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
-  const double t0 = floe_time_s();
-  const model *m = s->m;
-  const floe_hparams *hp = &m->hp;
-  const model_layer *L = &m->layers[l];
-  const int64_t E = hp->n_embd, nh = hp->n_head, nkv = hp->n_head_kv, hd = hp->head_dim;
-  const int64_t qdim = nh * hd * (gated ? 2 : 1), kvd = nkv * hd;
-  const float eps = hp->rms_eps, scale = (float)(1.0 / sqrt((double)hd));
-
-  for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->attn_norm, E, eps, s->h + t * E);
+/* Norm and the q / k / v projections of n rows into s->q, s->k, s->v. */
+static void attn_in(model_session *s, const model_layer *L, const float *x, int64_t n, int64_t qdim, int64_t kvd) {
+  const int64_t E = s->m->hp.n_embd;
+  for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->attn_norm, E, s->m->hp.rms_eps, s->h + t * E);
   size_t xs;
   const uint8_t *xq = act_prep(s, s->xq_h, &L->wq, n, s->h, E, &xs);
   mm_task tk[3] = { task(&L->wq, n, s->h, E, &L->wq, xq, xs, s->q, qdim),
                     task(&L->wk, n, s->h, E, &L->wq, xq, xs, s->k, kvd),
                     task(&L->wv, n, s->h, E, &L->wq, xq, xs, s->v, kvd) };
   mm_run(s, tk, 3);
+}
 
+/* The per-session part of attention for n rows at positions pos0..: q / k norms and RoPE, the
+ * rows' k / v into s's cache, attention over it. q, k, v, att: the rows' buffers (s's own, or
+ * rows of a multi-session pass); s gives the cache, the pool and the per-thread scratch. */
+static void attn_core(model_session *s, const model_layer *L, int64_t l, int64_t n, int64_t pos0, bool gated, float *qb,
+                      float *kb, const float *vb, float *att) {
+  const floe_hparams *hp = &s->m->hp;
+  const int64_t nh = hp->n_head, nkv = hp->n_head_kv, hd = hp->head_dim;
+  const int64_t qdim = nh * hd * (gated ? 2 : 1), kvd = nkv * hd;
+  const float eps = hp->rms_eps, scale = (float)(1.0 / sqrt((double)hd));
   float *cs = s->kvtmp; /* [n_rot] (kvtmp holds 2*kvd >= n_rot floats) */
   for (int64_t t = 0; t < n; t++) {
-    float *q = s->q + t * qdim, *k = s->k + t * kvd;
+    float *q = qb + t * qdim, *k = kb + t * kvd;
     layer_rope_table(cs, hp->n_rot, hp->rope_theta, pos0 + t);
     for (int64_t hh = 0; hh < nh; hh++) {
       float *qh = q + hh * hd * (gated ? 2 : 1);
@@ -411,27 +433,57 @@ void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t p
       layer_rmsnorm(k + hh * hd, L->k_norm, hd, eps, k + hh * hd);
       rope_head(k + hh * hd, hp->n_rot, cs);
     }
-    kv_put(&s->kv, l, pos0 + t, k, s->v + t * kvd);
+    kv_put(&s->kv, l, pos0 + t, k, vb + t * kvd);
   }
 
   /* fewer (token, kv head) pairs than threads (decode with few kv heads): split the query heads */
   const int nth = s->pool ? floe_pool_size(s->pool) : 1;
   int64_t hsplit = 1;
   while (n * nkv * hsplit < nth && hsplit < nh / nkv) hsplit++;
-  attn_job aj = { s, l, n, pos0, qdim, kvd, nh / nkv, hd, nkv, hsplit, gated, scale };
+  attn_job aj = { s, l, n, pos0, qdim, kvd, nh / nkv, hd, nkv, hsplit, gated, scale, qb, att };
   if (nth > 1 && n * nkv * hsplit > 1) layer_run(s, attn_worker, &aj);
   else attn_worker(&aj, 0, 1);
+}
 
+void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
+  const double t0 = floe_time_s();
+  const floe_hparams *hp = &s->m->hp;
+  const model_layer *L = &s->m->layers[l];
+  const int64_t E = hp->n_embd, nh = hp->n_head, hd = hp->head_dim;
+  const int64_t qdim = nh * hd * (gated ? 2 : 1), kvd = hp->n_head_kv * hd;
+  attn_in(s, L, x, n, qdim, kvd);
+  attn_core(s, L, l, n, pos0, gated, s->q, s->k, s->v, s->att);
   layer_matmul(s, &L->wo, n, s->att, nh * hd, s->out, E);
   vadd(x, s->out, n * E);
   s->ph[MODEL_PH_ATTN] += floe_time_s() - t0;
 }
 
+/* Attention of several sessions' rows in one pass: the projections (q / k / v in, o out) once
+ * over all N rows in lead's scratch, the per-session part (cache, attention) per segment on the
+ * segment's rows of those buffers. Row for row the arithmetic of layer_attention. */
+void layer_attention_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N, bool gated) {
+  const double t0 = floe_time_s();
+  const floe_hparams *hp = &lead->m->hp;
+  const model_layer *L = &lead->m->layers[l];
+  const int64_t E = hp->n_embd, nh = hp->n_head, hd = hp->head_dim;
+  const int64_t qdim = nh * hd * (gated ? 2 : 1), kvd = hp->n_head_kv * hd;
+  attn_in(lead, L, x, N, qdim, kvd);
+  for (int i = 0; i < k; i++)
+    attn_core(r[i].s, L, l, r[i].n, r[i].s->kv.n_past, gated, lead->q + r[i].off * qdim, lead->k + r[i].off * kvd,
+              lead->v + r[i].off * kvd, lead->att + r[i].off * nh * hd);
+  layer_matmul(lead, &L->wo, N, lead->att, nh * hd, lead->out, E);
+  vadd(x, lead->out, N * E);
+  lead->ph[MODEL_PH_ATTN] += floe_time_s() - t0;
+}
+
 /* ---- GatedDeltaNet ---- */
 typedef struct gdn_job {
-  model_session *s;
+  model_session *s;          /* the recurrent state and the per-thread scratch */
   const model_layer *L;
   int64_t l, n, C, K, Nk, Nv, dk, dv, r;
+  /* the rows' buffers (the session's own, or rows of a multi-session pass) */
+  const float *mix, *b, *a, *z; /* [n][C] projected q | k | v, [n][Nv], [n][Nv], [n][vd] */
+  float *raw, *o;               /* [n][C] conv output, [n][vd] normed output */
 } gdn_job;
 
 /* Kernel-4 causal conv of channels [c0, c1): the taps oldest first, then SiLU, and the window
@@ -469,13 +521,13 @@ VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
   int64_t c0, c1;
   floe_split_range(C, dk, ith, nth, &c0, &c1);
   for (int64_t t = 0; t < j->n; t++) {
-    const float *mix = s->mix + t * C;
+    const float *mix = j->mix + t * C;
     if (s->kv.keep_n) { /* a kept chunk: row t's window starts as row t-1's, in its own buffer */
       const float *in = kv_conv_in(&s->kv, j->l, t);
       conv = kv_conv_out(&s->kv, j->l, t);
       for (int64_t q = 0; q < K - 1; q++) memcpy(conv + q * C + c0, in + q * C + c0, (size_t)(c1 - c0) * 4);
     }
-    float *c = s->raw + t * C;
+    float *c = j->raw + t * C;
     if (K == 4) /* the Qwen kernel: one pass over the channels, every tap and the shift */
       conv4_range(c, conv, conv + C, conv + 2 * C, wt, wt + C, wt + 2 * C, wt + 3 * C, mix, c0, c1);
     else {
@@ -513,10 +565,10 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
   int64_t h0, h1;
   floe_split_range(Nv, 1, ith, nth, &h0, &h1);
   for (int64_t t = 0; t < j->n; t++) {
-    const float *c = s->raw + t * C;
+    const float *c = j->raw + t * C;
     const float *q = c, *k = c + kd, *v = c + 2 * kd;
-    float *o = s->o + t * vd;
-    const float *bt = s->b + t * Nv, *at = s->a + t * Nv, *zt = s->z + t * vd;
+    float *o = j->o + t * vd;
+    const float *bt = j->b + t * Nv, *at = j->a + t * Nv, *zt = j->z + t * vd;
     for (int64_t hv = h0; hv < h1; hv++) {
       const int64_t kh = m->v_tiled ? hv % Nk : hv / r;
       const float *kk = k + kh * dk, *qq = q + kh * dk, *vv = v + hv * dv;
@@ -576,16 +628,13 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
   }
 }
 
-void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
-  const double t0 = floe_time_s();
-  const model *m = s->m;
-  const floe_hparams *hp = &m->hp;
-  const model_layer *L = &m->layers[l];
+/* Norm and the input projections of n rows into s->mix (q | k | v), s->z, s->b, s->a. */
+static void gdn_in(model_session *s, const model_layer *L, const float *x, int64_t n) {
+  const floe_hparams *hp = &s->m->hp;
   const int64_t E = hp->n_embd, Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state;
-  const int64_t dv = hp->ssm_d_inner / Nv, r = Nv / Nk, K = hp->ssm_conv_kernel;
+  const int64_t dv = hp->ssm_d_inner / Nv, r = Nv / Nk;
   const int64_t kd = Nk * dk, vd = Nv * dv, C = 2 * kd + vd;
   const float eps = hp->rms_eps;
-
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, L->attn_norm, E, eps, s->h + t * E);
   const int64_t gq = 2 * dk + 2 * r * dv, gb = 2 * r;
   const floe_mat *lay = L->qkvz_grouped ? &L->ssm_qkvz : &L->ssm_qkv;
@@ -628,17 +677,53 @@ void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
       }
     }
   }
+}
 
-  gdn_job j = { s, L, l, n, C, K, Nk, Nv, dk, dv, r };
+/* The recurrent part for n rows of session s (its conv window and state, advanced row by row),
+ * reading and writing the rows' buffers (see gdn_job). */
+static void gdn_core(model_session *s, const model_layer *L, int64_t l, int64_t n, const float *mix, const float *b,
+                     const float *a, const float *z, float *raw, float *o) {
+  const floe_hparams *hp = &s->m->hp;
+  const int64_t Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state;
+  const int64_t dv = hp->ssm_d_inner / Nv, r = Nv / Nk, K = hp->ssm_conv_kernel;
+  const int64_t C = 2 * Nk * dk + Nv * dv;
+  gdn_job j = { s, L, l, n, C, K, Nk, Nv, dk, dv, r, mix, b, a, z, raw, o };
   const bool mt = s->pool && floe_pool_size(s->pool) > 1;
   if (mt) layer_run(s, gdn_conv_worker, &j);
   else gdn_conv_worker(&j, 0, 1);
   if (mt) layer_run(s, gdn_heads_worker, &j);
   else gdn_heads_worker(&j, 0, 1);
+}
 
+void layer_gdn(model_session *s, int64_t l, float *x, int64_t n) {
+  const double t0 = floe_time_s();
+  const model_layer *L = &s->m->layers[l];
+  const int64_t E = s->m->hp.n_embd, vd = s->m->hp.ssm_d_inner;
+  gdn_in(s, L, x, n);
+  gdn_core(s, L, l, n, s->mix, s->b, s->a, s->z, s->raw, s->o);
   layer_matmul(s, &L->ssm_out, n, s->o, vd, s->out, E);
   vadd(x, s->out, n * E);
   s->ph[MODEL_PH_GDN] += floe_time_s() - t0;
+}
+
+/* GatedDeltaNet of several sessions' rows in one pass: the projections (in and out) once over
+ * all N rows in lead's scratch, the recurrence per segment on its own state. Row for row the
+ * arithmetic of layer_gdn. */
+void layer_gdn_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N) {
+  const double t0 = floe_time_s();
+  const floe_hparams *hp = &lead->m->hp;
+  const model_layer *L = &lead->m->layers[l];
+  const int64_t E = hp->n_embd, Nv = hp->ssm_dt_rank, vd = hp->ssm_d_inner;
+  const int64_t C = 2 * hp->ssm_n_group * hp->ssm_d_state + vd;
+  gdn_in(lead, L, x, N);
+  for (int i = 0; i < k; i++) {
+    const int64_t o = r[i].off;
+    gdn_core(r[i].s, L, l, r[i].n, lead->mix + o * C, lead->b + o * Nv, lead->a + o * Nv, lead->z + o * vd,
+             lead->raw + o * C, lead->o + o * vd);
+  }
+  layer_matmul(lead, &L->ssm_out, N, lead->o, vd, lead->out, E);
+  vadd(x, lead->out, N * E);
+  lead->ph[MODEL_PH_GDN] += floe_time_s() - t0;
 }
 
 /* ---- MoE ---- */

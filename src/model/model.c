@@ -954,7 +954,10 @@ static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float
     const int flags = (logits && nb - first > 0 ? MODEL_EVAL_LOGITS : 0) | (hidden ? MODEL_EVAL_HIDDEN : 0);
     float *x = be->eval_begin(s, tokens + c0, nb, pos0, flags);
     be->embed(s, tokens + c0, nb, x);
-    for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) m->arch->layer(s, l, x, nb, pos0);
+    for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) {
+      m->arch->mixer(s, l, x, nb, pos0);
+      m->arch->ffn(s, l, x, nb);
+    }
     if (s->xs_err) { /* an expert could not be read: the state is undefined, the caller resets */
       if (m->xs) xs_unlock(m->xs);
       return floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
@@ -1004,5 +1007,155 @@ int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logi
   for (int i = 0; i < MODEL_PH_N; i++) t_now += s->ph[i];
   s->ph[MODEL_PH_OTHER] += (floe_time_s() - t_start) - (t_now - t_phases);
   s->n_eval_tok += n;
+  return 0;
+}
+
+/* ---- several sessions in one pass ---- */
+int model_session_share_pool(model_session *s, model_session *from, char *err, size_t errlen) {
+  if (s == from || s->pool_shared) return s->pool == from->pool ? 0 : floe_err(err, errlen, FLOE_E_INVALID, "share pool: already shared");
+  if (s->m != from->m || s->be != from->be)
+    return floe_err(err, errlen, FLOE_E_INVALID, "share pool: sessions of different models or backends");
+  if (!s->pool && !from->pool) return 0; /* single-threaded: nothing to share */
+  if (!s->pool || !from->pool || floe_pool_size(s->pool) != floe_pool_size(from->pool))
+    return floe_err(err, errlen, FLOE_E_INVALID, "share pool: the sessions have different thread counts");
+  floe_pool_free(s->pool);
+  s->pool = from->pool;
+  s->pool_shared = true;
+  return 0;
+}
+
+/* Checks one segment like model_eval_h does (the model file check is made once per call). */
+static int seg_check(const model_seg *g, char *err, size_t errlen) {
+  const model_session *s = g->s;
+  if (g->n < 1) return floe_err(err, errlen, FLOE_E_INVALID, "eval: no tokens");
+  if (g->n > s->kv.n_ctx - s->kv.n_past)
+    return floe_err(err, errlen, FLOE_E_INVALID, "eval: %lld tokens at position %lld do not fit the context of %lld",
+                    (long long)g->n, (long long)s->kv.n_past, (long long)s->kv.n_ctx);
+  for (int64_t i = 0; i < g->n; i++)
+    if (g->tokens[i] < 0 || g->tokens[i] >= s->m->hp.n_vocab)
+      return floe_err(err, errlen, FLOE_E_INVALID, "eval: token %d out of the vocabulary (%lld)", g->tokens[i],
+                      (long long)s->m->hp.n_vocab);
+  return 0;
+}
+
+/* One batched pass over the segments seg[ord[0..k)], in that order (the caller put the segments
+ * that want logits last, a multi-row one first among them, so the rows whose logits are wanted
+ * are the contiguous tail [first, N)). lead = the first segment's session. */
+static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, char *err, size_t errlen) {
+  model_session *lead = seg[ord[0]].s;
+  const model *m = lead->m;
+  const model_backend *be = lead->be;
+  const floe_hparams *hp = &m->hp;
+  const int64_t V = hp->n_vocab;
+  int64_t off[k], first = N, nl = 0;
+  int32_t *tok = malloc((size_t)N * sizeof *tok);
+  if (!tok) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  for (int i = 0, o = 0; i < k; i++) {
+    const model_seg *g = &seg[ord[i]];
+    off[i] = o;
+    memcpy(tok + o, g->tokens, (size_t)g->n * sizeof *tok);
+    o += (int)g->n;
+    if (g->logits) {
+      if (first == N) first = o - 1;
+      nl++;
+    }
+  }
+  FLOE_ASSERT(first == N || N - first == nl); /* the wanted rows are the tail */
+  float *lg = nl ? malloc((size_t)(nl * V) * sizeof(float)) : NULL;
+  if (nl && !lg) {
+    free(tok);
+    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  }
+  if (m->xs) xs_lock(m->xs);
+  lead->xs_err = 0;
+  float *x = be->multi_begin(lead, N);
+  be->embed(lead, tok, N, x);
+  model_rows rows[k];
+  for (int i = 0; i < k; i++) rows[i] = (model_rows){ seg[ord[i]].s, off[i], seg[ord[i]].n };
+  for (int64_t l = 0; l < hp->n_layer && !lead->xs_err; l++) {
+    m->arch->mixer_multi(lead, rows, k, l, x, N);
+    m->arch->ffn(lead, l, x, N);
+  }
+  int rc = 0;
+  if (lead->xs_err) {
+    rc = floe_err(err, errlen, lead->xs_err, "%s", lead->xs_msg);
+  } else {
+    if (nl) {
+      const double t1 = floe_time_s();
+      be->logits(lead, x, first, N, lg, false);
+      lead->ph[MODEL_PH_LMHEAD] += floe_time_s() - t1;
+    }
+    rc = be->eval_end(lead, N, err, errlen);
+  }
+  if (m->xs) xs_unlock(m->xs);
+  free(tok);
+  if (rc) {
+    free(lg);
+    return rc;
+  }
+  for (int i = 0, r = 0; i < k; i++) {
+    const model_seg *g = &seg[ord[i]];
+    if (g->logits) memcpy(g->logits, lg + (size_t)(r++) * (size_t)V, (size_t)V * sizeof(float));
+    g->s->kv.n_past += g->n;
+    g->s->greedy = -1;
+    g->s->n_eval_tok += g->n;
+  }
+  free(lg);
+  return 0;
+}
+
+int model_eval_multi(const model_seg *seg, int k, int64_t *rows_out, int *segs_out, char *err, size_t errlen) {
+  if (rows_out) *rows_out = 0;
+  if (segs_out) *segs_out = 0;
+  if (k < 1) return floe_err(err, errlen, FLOE_E_INVALID, "eval: no segments");
+  const model *m = seg[0].s->m;
+  for (int i = 0; i < k; i++) {
+    if (seg[i].s->m != m) return floe_err(err, errlen, FLOE_E_INVALID, "eval: sessions of different models");
+    for (int j = 0; j < i; j++)
+      if (seg[j].s == seg[i].s) return floe_err(err, errlen, FLOE_E_INVALID, "eval: a session twice in one pass");
+    int rc = seg_check(&seg[i], err, errlen);
+    if (rc) return rc;
+  }
+  if (m->gguf && gguf_check_unchanged(m->gguf, err, errlen)) return FLOE_E_IO;
+  if (m->st && st_model_check_unchanged(m->st, err, errlen)) return FLOE_E_IO;
+  /* Which segments share the pass: all, when the backend can and the rows fit. The rows whose
+   * logits are wanted must be a contiguous tail (be->logits takes a row range), so at most one
+   * multi-row segment with logits joins; another one, or rows beyond one pass, are evaluated on
+   * their own. */
+  const bool can = k > 1 && seg[0].s->be->multi_begin;
+  bool in[k];
+  int64_t rows = 0, max_rows = 0;
+  int multi = -1, n_in = 0, max_segs = 0;
+  for (int i = 0; i < k; i++) {
+    const model_seg *g = &seg[i];
+    const bool ml = g->logits && g->n > 1;
+    in[i] = can && rows + g->n <= MODEL_MAX_BATCH && !(ml && multi >= 0);
+    if (!in[i]) continue;
+    rows += g->n;
+    n_in++;
+    if (ml) multi = i;
+  }
+  for (int i = 0; i < k; i++) {
+    if (in[i] && n_in > 1) continue;
+    const model_seg *g = &seg[i]; /* alone: the single-session path (its greedy fast path included) */
+    int rc = model_eval(g->s, g->tokens, g->n, g->logits, false, err, errlen);
+    if (rc) return rc;
+    if (g->n > max_rows) max_rows = g->n;
+    max_segs = 1;
+  }
+  if (n_in > 1) {
+    int ord[k], n_ord = 0; /* no logits; the multi-row one with logits; the one-row ones with logits */
+    for (int i = 0; i < k; i++)
+      if (in[i] && !seg[i].logits) ord[n_ord++] = i;
+    if (multi >= 0) ord[n_ord++] = multi;
+    for (int i = 0; i < k; i++)
+      if (in[i] && seg[i].logits && i != multi) ord[n_ord++] = i;
+    int rc = eval_pass(seg, ord, n_ord, rows, err, errlen);
+    if (rc) return rc;
+    if (rows > max_rows) max_rows = rows;
+    max_segs = n_ord;
+  }
+  if (rows_out) *rows_out = max_rows;
+  if (segs_out) *segs_out = max_segs;
   return 0;
 }

@@ -105,12 +105,28 @@ typedef struct model_tref {
 typedef struct model model;
 typedef struct model_session model_session;
 
+/* A session's rows in a multi-session pass (model_eval_multi): rows [off, off + n) of the pass's
+ * residual buffer, at the session's positions n_past.. */
+struct model_rows {
+  model_session *s;
+  int64_t off, n;
+};
+
 /* One architecture: binds its tensors (GGUF and HF names) and builds one decoder layer from the
- * backend's blocks (s->be: attention, gdn, moe), never touching a device itself. */
+ * backend's blocks (s->be: attention, gdn, moe), never touching a device itself. A layer is its
+ * token mixer (attention or GatedDeltaNet: reads and advances the session's own KV / recurrent
+ * state) followed by its feed-forward block (router + experts: stateless per row). The split lets
+ * model_eval_multi run the mixer per session and the feed-forward block once over the rows of all
+ * sessions. */
 typedef struct model_arch {
   int arch;
   int (*bind)(model *m, const model_src *src, char *err, size_t errlen);
-  void (*layer)(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0);
+  void (*mixer)(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0);
+  void (*ffn)(model_session *s, int64_t l, float *x, int64_t n);
+  /* The mixer of k sessions' rows of one pass (x: the pass's N rows; lead: the session whose
+   * scratch the pass uses): the backend's attention_multi / gdn_multi, or the mixer per segment
+   * when the backend has none. */
+  void (*mixer_multi)(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N);
 } model_arch;
 
 extern const model_arch model_arch_qwen3moe, model_arch_qwen3next, model_arch_qwen35moe;
@@ -168,6 +184,7 @@ struct model_session {
   void *dev;                 /* the backend's session state (a device backend: its buffers, streams) */
   kv_state kv;               /* dimensions and n_past always; the buffers only on the CPU backend */
   floe_pool *pool;           /* NULL: single thread */
+  bool pool_shared;          /* pool belongs to another session (model_session_share_pool) */
   float *buf;                /* one arena for all scratch below */
   float *h, *out, *y;        /* [B][n_embd] */
   float *q, *k, *v, *att;    /* [B][...] attention */
@@ -284,6 +301,30 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
  * last layer, before the output norm: what an MTP head reads) into hidden [n][n_embd] when not NULL. */
 int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, float *hidden,
                  char *err, size_t errlen);
+/* ---- several sessions in one pass (continuous batching) ----
+ * A segment: n tokens appended to session s (at its n_past); logits NULL or [n_vocab] for the
+ * last of them. */
+typedef struct model_seg {
+  model_session *s;
+  const int32_t *tokens;
+  int64_t n;
+  float *logits;
+} model_seg;
+/* Evaluates k segments of distinct sessions of one model. When the backend supports it
+ * (backend.h multi_begin) and the rows fit one pass (MODEL_MAX_BATCH), they run as ONE forward
+ * pass: the token mixers per session on its own state, the MoE (router, experts, shared expert)
+ * and the logits once over all rows, so every weight is read once for all of them. Row-exactness
+ * makes each session's results bit-identical to a model_eval of its segment alone. Otherwise (or
+ * for the rows that do not fit) the segments are evaluated one after another. On error the
+ * sessions' states are undefined: the caller resets every session of the call. *rows_out and
+ * *segs_out (may be NULL): the rows and segments of the largest pass run. */
+int model_eval_multi(const model_seg *seg, int k, int64_t *rows_out, int *segs_out, char *err, size_t errlen);
+/* s drops its own worker threads and runs on those of `from` (same model, backend and thread
+ * count): the sessions of one batch then share one set of threads instead of each keeping its
+ * own spinning workers. `from` must outlive s and neither may run while the other does.
+ * 0 or FLOE_E_INVALID (nothing changed). */
+int model_session_share_pool(model_session *s, model_session *from, char *err, size_t errlen);
+
 /* ---- speculative decoding (the trunk side) ----
  * model_verify evaluates n (1..KV_KEEP_MAX) tokens at n_past.. like model_eval_h with every row's
  * logits [n][n_vocab] and hidden [n][n_embd] (either may be NULL), but keeps the recurrent state
@@ -379,6 +420,11 @@ void layer_rope_table(float *cs, int64_t n_rot, float theta, int64_t pos);
 void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated);
 /* GatedDeltaNet layer. x += gdn(norm(x)). */
 void layer_gdn(model_session *s, int64_t l, float *x, int64_t n);
+/* The same two over the rows of several sessions (backend.h attention_multi, gdn_multi): the
+ * projections once over all N rows in lead's scratch, the per-session part (cache / recurrent
+ * state) per segment. Row for row the arithmetic of the single-session functions. */
+void layer_attention_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N, bool gated);
+void layer_gdn_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N);
 /* MoE block (routed experts, plus the sigmoid-gated shared expert when present). x += moe(norm(x)). */
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n);
 #endif

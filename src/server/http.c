@@ -29,6 +29,9 @@ void srv_opts_init(srv_opts *o) {
   o->host = "127.0.0.1";
   o->port = 8080;
   o->n_slots = 1;
+  o->n_parallel = 4;
+  o->chunk = 64;
+  o->mtp = 0; /* opt-in: with MTP a sampled request's text depends on whether it decoded alone */
   o->queue_max = 64;
   o->max_body = (size_t)8 << 20;
   o->max_conn = 256;
@@ -476,6 +479,7 @@ static void *loader_main(void *arg) {
   ep.io_direct = s->o.io_direct;
   ep.device = s->o.device;
   ep.device_index = s->o.device_index;
+  ep.mtp = s->o.mtp;
   floe_session_params sp;
   floe_session_params_init(&sp);
   sp.n_ctx = s->o.n_ctx;
@@ -484,7 +488,9 @@ static void *loader_main(void *arg) {
   double t0 = floe_time_s();
   floe_engine *e = NULL;
   int rc = floe_engine_open(&ep, &e, s->load_err, sizeof s->load_err);
-  if (!rc) rc = queue_start(s->queue, e, &sp, s->o.n_slots, s->load_err, sizeof s->load_err);
+  if (!rc)
+    rc = queue_start(s->queue, e, &sp, s->o.n_slots, s->o.n_parallel, !s->o.parallel_set, s->o.chunk, s->load_err,
+                     sizeof s->load_err);
   if (rc) {
     fprintf(stderr, "floe serve: cannot load %s: %s\n", s->o.model, s->load_err);
     s->engine = e; /* freed by srv_stop */
@@ -494,8 +500,10 @@ static void *loader_main(void *arg) {
   s->engine = e;
   s->n_ctx = queue_n_ctx(s->queue);
   __atomic_store_n(&s->loaded, 1, __ATOMIC_RELEASE);
-  fprintf(stderr, "floe serve: model %s loaded in %.2f s (context %lld tokens, %d slot%s)\n", s->model_id,
-          floe_time_s() - t0, (long long)s->n_ctx, s->o.n_slots, s->o.n_slots == 1 ? "" : "s");
+  int n_sess, n_par;
+  queue_slots(s->queue, &n_sess, &n_par);
+  fprintf(stderr, "floe serve: model %s loaded in %.2f s (context %lld tokens, %d slot%s, %d decoded together)\n",
+          s->model_id, floe_time_s() - t0, (long long)s->n_ctx, n_sess, n_sess == 1 ? "" : "s", n_par);
   return NULL;
 }
 
@@ -506,6 +514,7 @@ int srv_start(const srv_opts *o, srv **out, char *err, size_t errlen) {
   if (!s) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   s->o = *o;
   if (s->o.n_slots < 1) s->o.n_slots = 1;
+  if (s->o.n_parallel < 1) s->o.n_parallel = 1;
   if (s->o.queue_max < 1) s->o.queue_max = 1;
   if (!s->o.max_body) s->o.max_body = (size_t)8 << 20;
   if (s->o.max_conn < 4) s->o.max_conn = 4;

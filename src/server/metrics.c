@@ -99,6 +99,35 @@ void metrics_render(srv_metrics *m, sbuf *o, int queue_depth, int processing, bo
   sb_printf(o, "floe_expert_cache_misses_total %llu\n", (unsigned long long)c.expert_misses);
   metric(o, "floe_expert_bytes_read_total", "counter", "Routed-expert bytes read from disk.");
   sb_printf(o, "floe_expert_bytes_read_total %llu\n", (unsigned long long)c.expert_bytes_read);
+  metric(o, "floe_batch_steps_total", "counter", "Worker steps (one batched forward pass each, plus any pass run alone).");
+  sb_printf(o, "floe_batch_steps_total %llu\n", (unsigned long long)c.steps);
+  metric(o, "floe_batch_rows_total", "counter", "Rows (tokens) evaluated by the worker's steps.");
+  sb_printf(o, "floe_batch_rows_total %llu\n", (unsigned long long)c.step_rows);
+  metric(o, "floe_batch_rows_max", "gauge", "Most rows of one forward pass since start.");
+  sb_printf(o, "floe_batch_rows_max %llu\n", (unsigned long long)c.step_rows_max);
+  metric(o, "floe_batch_sessions_max", "gauge", "Most requests evaluated in one forward pass since start.");
+  sb_printf(o, "floe_batch_sessions_max %llu\n", (unsigned long long)c.step_sessions_max);
+  metric(o, "floe_batched_steps_total", "counter", "Steps whose forward pass held the rows of several requests.");
+  sb_printf(o, "floe_batched_steps_total %llu\n", (unsigned long long)c.batched_steps);
+  metric(o, "floe_batched_rows_total", "counter", "Rows of those passes.");
+  sb_printf(o, "floe_batched_rows_total %llu\n", (unsigned long long)c.batched_rows);
+  uint64_t dr = 0, ac = 0;
+  for (int k = 0; k < 4; k++) dr += c.mtp_drafted[k], ac += c.mtp_accepted[k];
+  metric(o, "floe_mtp_steps_total", "counter", "Speculative (MTP draft + verify) decode steps.");
+  sb_printf(o, "floe_mtp_steps_total %llu\n", (unsigned long long)c.mtp_steps);
+  metric(o, "floe_mtp_drafted_tokens_total", "counter", "MTP draft tokens verified, all positions.");
+  sb_printf(o, "floe_mtp_drafted_tokens_total %llu\n", (unsigned long long)dr);
+  metric(o, "floe_mtp_accepted_tokens_total", "counter", "MTP draft tokens accepted, all positions.");
+  sb_printf(o, "floe_mtp_accepted_tokens_total %llu\n", (unsigned long long)ac);
+  metric(o, "floe_mtp_acceptance_ratio", "gauge", "Accepted / drafted MTP tokens since start (0: none drafted).");
+  sb_printf(o, "floe_mtp_acceptance_ratio %.6f\n", dr ? (double)ac / (double)dr : 0.0);
+  metric(o, "floe_mtp_position_drafted_total", "counter",
+         "MTP drafts at draft position N (counted when drafts 1..N-1 of the step were accepted).");
+  for (int k = 0; k < 4; k++)
+    sb_printf(o, "floe_mtp_position_drafted_total{position=\"%d\"} %llu\n", k + 1, (unsigned long long)c.mtp_drafted[k]);
+  metric(o, "floe_mtp_position_accepted_total", "counter", "MTP drafts accepted at draft position N.");
+  for (int k = 0; k < 4; k++)
+    sb_printf(o, "floe_mtp_position_accepted_total{position=\"%d\"} %llu\n", k + 1, (unsigned long long)c.mtp_accepted[k]);
   metric(o, "floe_model_loaded", "gauge", "1 once the model is loaded.");
   sb_printf(o, "floe_model_loaded %d\n", loaded ? 1 : 0);
 }

@@ -1,10 +1,14 @@
 /* Jobs, the request queue with admission control, and the inference worker.
  *
- * One worker thread owns n_slots sessions and runs queued jobs in FIFO order. For each job it
- * picks the session that can reuse the most of the job's prompt (floe_session_reusable: the
- * common prefix, down to a recurrent-state checkpoint on hybrid models), else the least recently
- * used one, so agents that resend the whole conversation reuse the KV and recurrent state even
- * when the template re-renders the last reply differently (the result is the same as a cold run).
+ * One worker thread owns the sessions (slots) and decodes up to n_parallel jobs together
+ * (continuous batching): between two steps it admits queued jobs into free slots, then one
+ * floe_gen_step evaluates the next row of every decoding job and at most one prompt chunk of a
+ * new one in one batched forward pass, and the jobs that finished leave. A new job takes the free
+ * session that can reuse the most of its prompt (floe_session_reusable: the common prefix, down
+ * to a recurrent-state checkpoint on hybrid models), else the least recently used free one, so
+ * agents that resend the whole conversation reuse the KV and recurrent state even when the
+ * template re-renders the last reply differently (the result is the same as a cold run). Rows are
+ * exact, so a job's output does not depend on the jobs decoded beside it.
  *
  * Replay map: the history an agent sends back is re-rendered and re-tokenized, and a re-tokenized
  * reply may not be the token sequence the model sampled (BPE is not unique). The worker remembers
@@ -13,7 +17,7 @@
  * which session holds what, so a request tokenizes the same way whether its prefix is cached or
  * not, and "warm" and "cold" runs of one request see the same tokens.
  *
- * Disconnects: floe_generate asks should_stop between prefill steps (so a long prompt is
+ * Disconnects: a generation asks should_stop between prefill chunks (so a long prompt is
  * abandoned too) and the token callback after each token; both poll the client socket
  * (POLLRDHUP) and job->cancelled, and a non-zero answer stops the generation at once. */
 #define _GNU_SOURCE /* memmem, POLLRDHUP */
@@ -32,6 +36,9 @@
 typedef struct slot {
   floe_session *s;
   uint64_t used;
+  srv_job *job;              /* the request decoding in this slot (worker only), NULL: free */
+  floe_gen *gen;
+  int64_t mtp_steps, mtp_drafted[4], mtp_accepted[4]; /* the session's MTP counters already counted */
 } slot;
 
 typedef struct replay {
@@ -55,7 +62,9 @@ struct srv_queue {
   srv_job **items; /* FIFO ring */
   size_t head, n, cap;
   int queue_max;
-  srv_job *running;
+  int n_active;    /* jobs taken from the queue and not finished (at most n_parallel) */
+  int n_parallel;  /* requests decoded together */
+  int64_t chunk;   /* prompt chunk while others decode */
   bool stopping, started;
   pthread_t worker;
   floe_engine *e;
@@ -222,7 +231,7 @@ int queue_submit(srv_queue *q, srv_job *j) {
 void queue_depth(srv_queue *q, int *pending, int *running) {
   pthread_mutex_lock(&q->mu);
   *pending = (int)q->n;
-  *running = q->running ? 1 : 0;
+  *running = q->n_active;
   pthread_mutex_unlock(&q->mu);
 }
 
@@ -409,11 +418,13 @@ static int on_token_cb(void *user, const floe_token_event *ev) {
   return job_gone(j) ? 1 : 0;
 }
 
-/* The session that reuses the most of the prompt; none reuses anything: the least recently used. */
+/* The free session that reuses the most of the prompt; none reuses anything: the least recently
+ * used free one. NULL: every session is busy. */
 static slot *pick_slot(srv_queue *q, const int32_t *ids, size_t n) {
   slot *best = NULL;
   int64_t best_n = 0;
   for (int i = 0; i < q->n_slots; i++) {
+    if (q->slots[i].job) continue;
     const int64_t r = floe_session_reusable(q->slots[i].s, ids, n);
     if (r > best_n) {
       best = &q->slots[i];
@@ -422,74 +433,193 @@ static slot *pick_slot(srv_queue *q, const int32_t *ids, size_t n) {
   }
   if (!best)
     for (int i = 0; i < q->n_slots; i++)
-      if (!best || q->slots[i].used < best->used) best = &q->slots[i];
-  best->used = ++q->tick;
+      if (!q->slots[i].job && (!best || q->slots[i].used < best->used)) best = &q->slots[i];
+  if (best) best->used = ++q->tick;
   return best;
 }
 
-static void run_job(srv_queue *q, srv_job *j) {
-  floe_gen_result res = {0};
-  char err[512] = "";
-  int rc;
-  pthread_mutex_lock(&j->mu);
-  bool cancelled = j->cancelled;
-  j->state = JOB_RUNNING;
-  pthread_mutex_unlock(&j->mu);
-  if (cancelled) { /* the client went away while the job was queued: count it like any cancellation */
-    rc = FLOE_E_CANCELLED;
-    snprintf(err, sizeof err, "cancelled");
-    res.finish = FLOE_FINISH_CANCELLED;
-    metrics_gen(&q->server->metrics, &res, true);
-  } else {
-    slot *sl = pick_slot(q, j->ids, j->n_ids);
-    j->gp.should_stop = should_stop_cb;
-    rc = floe_generate(sl->s, j->ids, j->n_ids, &j->gp, on_token_cb, j, &res, err, sizeof err);
+/* Adds what the slot's session counted since the last look (MTP drafts) to the server's metrics,
+ * and copies the engine-wide streaming counters. */
+static void slot_metrics(srv_queue *q, slot *sl) {
+  floe_session_stats st;
+  floe_session_stats_get(sl->s, &st);
+  srv_metrics *m = &q->server->metrics;
+  pthread_mutex_lock(&m->mu);
+  m->mtp_steps += (uint64_t)(st.mtp_steps - sl->mtp_steps);
+  for (int k = 0; k < 4; k++) {
+    m->mtp_drafted[k] += (uint64_t)(st.mtp_drafted[k] - sl->mtp_drafted[k]);
+    m->mtp_accepted[k] += (uint64_t)(st.mtp_accepted[k] - sl->mtp_accepted[k]);
+    sl->mtp_drafted[k] = st.mtp_drafted[k];
+    sl->mtp_accepted[k] = st.mtp_accepted[k];
+  }
+  sl->mtp_steps = st.mtp_steps;
+  pthread_mutex_unlock(&m->mu);
+  metrics_experts(m, &st);
+}
+
+/* A job leaves its slot: the protocol's on_done, the metrics, the waiting handler woken. */
+static void end_job(srv_queue *q, srv_job *j, slot *sl, int rc, const floe_gen_result *res, const char *err) {
+  if (sl) {
     if (rc == 0) {
       size_t n = j->n_sampled;
       while (n && floe_token_is_eog(q->e, j->sampled[n - 1])) n--;
-      if (res.finish != FLOE_FINISH_CANCELLED && n) replay_add(q, j->sampled, n);
+      if (res->finish != FLOE_FINISH_CANCELLED && n) replay_add(q, j->sampled, n);
     }
-    metrics_gen(&q->server->metrics, &res, res.finish == FLOE_FINISH_CANCELLED);
-    floe_session_stats st;
-    floe_session_stats_get(sl->s, &st);
-    metrics_experts(&q->server->metrics, &st);
+    slot_metrics(q, sl);
+    sl->job = NULL;
+    sl->gen = NULL;
   }
-  j->ops->on_done(j, rc, &res, err);
+  metrics_gen(&q->server->metrics, res, res->finish == FLOE_FINISH_CANCELLED);
+  j->ops->on_done(j, rc, res, err);
   job_finish(j);
+  pthread_mutex_lock(&q->mu);
+  q->n_active--;
+  pthread_mutex_unlock(&q->mu);
+  job_unref(j);
+}
+
+/* Starts a job taken from the queue in a free slot (the caller made sure one is free). */
+static void start_job(srv_queue *q, srv_job *j) {
+  floe_gen_result res = {0};
+  char err[512] = "";
+  pthread_mutex_lock(&j->mu);
+  const bool cancelled = j->cancelled;
+  j->state = JOB_RUNNING;
+  pthread_mutex_unlock(&j->mu);
+  if (cancelled) { /* the client went away while the job was queued: count it like any cancellation */
+    snprintf(err, sizeof err, "cancelled");
+    res.finish = FLOE_FINISH_CANCELLED;
+    end_job(q, j, NULL, FLOE_E_CANCELLED, &res, err);
+    return;
+  }
+  slot *sl = pick_slot(q, j->ids, j->n_ids);
+  FLOE_ASSERT(sl);
+  j->gp.should_stop = should_stop_cb;
+  floe_gen *g;
+  int rc = floe_gen_begin(sl->s, j->ids, j->n_ids, &j->gp, on_token_cb, j, &g, err, sizeof err);
+  if (rc) {
+    end_job(q, j, NULL, rc, &res, err);
+    return;
+  }
+  sl->job = j;
+  sl->gen = g;
+}
+
+/* One step of every active job (continuous batching): the decoding ones and at most one prompt
+ * chunk, so a new long prompt delays the others by one chunk per step at most; then the jobs
+ * that finished leave their slots. */
+static void step_jobs(srv_queue *q) {
+  floe_gen *g[q->n_slots];
+  slot *own[q->n_slots];
+  int n = 0, n_dec = 0;
+  bool chunk_taken = false;
+  for (int i = 0; i < q->n_slots; i++) {
+    slot *sl = &q->slots[i];
+    if (sl->gen && !floe_gen_prefilling(sl->gen)) n_dec++;
+  }
+  /* the prompt chunk: the oldest prefilling job's (slots in admission order would be fairer, the
+   * lowest slot is simpler and a prompt only takes a few steps) */
+  for (int i = 0; i < q->n_slots; i++) {
+    slot *sl = &q->slots[i];
+    if (!sl->gen) continue;
+    if (floe_gen_prefilling(sl->gen)) {
+      if (chunk_taken) continue;
+      chunk_taken = true;
+    }
+    g[n] = sl->gen;
+    own[n++] = sl;
+  }
+  if (n == 0) return;
+  floe_step_info info;
+  /* a prompt evaluated while others decode goes in small chunks; alone, in the engine's large ones */
+  floe_gen_step(g, n, n_dec > 0 ? q->chunk : 0, &info);
+  srv_metrics *m = &q->server->metrics;
+  pthread_mutex_lock(&m->mu);
+  m->steps++;
+  m->step_rows += (uint64_t)info.rows_total;
+  if ((uint64_t)info.rows > m->step_rows_max) m->step_rows_max = (uint64_t)info.rows;
+  if (info.sessions > 1) {
+    m->batched_steps++;
+    m->batched_rows += (uint64_t)info.rows;
+  }
+  if ((uint64_t)info.sessions > m->step_sessions_max) m->step_sessions_max = (uint64_t)info.sessions;
+  pthread_mutex_unlock(&m->mu);
+  for (int i = 0; i < n; i++) {
+    if (!floe_gen_done(g[i])) continue;
+    floe_gen_result res = {0};
+    char err[512] = "";
+    slot *sl = own[i];
+    srv_job *j = sl->job;
+    const int rc = floe_gen_end(g[i], &res, err, sizeof err);
+    end_job(q, j, sl, rc, &res, err);
+  }
 }
 
 static void *worker_main(void *arg) {
   srv_queue *q = arg;
   for (;;) {
     pthread_mutex_lock(&q->mu);
-    while (!q->stopping && q->n == 0) pthread_cond_wait(&q->cv, &q->mu);
+    while (!q->stopping && q->n == 0 && q->n_active == 0) pthread_cond_wait(&q->cv, &q->mu);
     if (q->stopping) {
       pthread_mutex_unlock(&q->mu);
       break;
     }
-    srv_job *j = q->items[q->head];
-    q->head = (q->head + 1) % q->cap;
-    q->n--;
-    q->running = j;
+    /* admit queued jobs while a slot is free (between steps: a request joins here) */
+    srv_job *adm[q->n_parallel];
+    int na = 0;
+    while (q->n && q->n_active < q->n_parallel) {
+      adm[na++] = q->items[q->head];
+      q->head = (q->head + 1) % q->cap;
+      q->n--;
+      q->n_active++;
+    }
     pthread_mutex_unlock(&q->mu);
-    run_job(q, j);
-    pthread_mutex_lock(&q->mu);
-    q->running = NULL;
-    pthread_mutex_unlock(&q->mu);
-    job_unref(j);
+    for (int i = 0; i < na; i++) start_job(q, adm[i]);
+    step_jobs(q);
+  }
+  /* stopping: the running generations end as cancelled (their callbacks see job->cancelled) */
+  for (int i = 0; i < q->n_slots; i++) {
+    slot *sl = &q->slots[i];
+    if (!sl->gen) continue;
+    job_cancel(sl->job);
+    while (!floe_gen_done(sl->gen)) {
+      floe_gen *g = sl->gen;
+      floe_gen_step(&g, 1, 0, NULL);
+    }
+    floe_gen_result res = {0};
+    char err[512] = "";
+    const int rc = floe_gen_end(sl->gen, &res, err, sizeof err);
+    end_job(q, sl->job, sl, rc, &res, err);
   }
   return NULL;
 }
 
-int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int n_slots, char *err, size_t errlen) {
+int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int n_slots, int n_parallel,
+                bool shrink, int64_t chunk, char *err, size_t errlen) {
   q->e = e;
-  q->n_slots = n_slots > 0 ? n_slots : 1;
+  q->n_parallel = n_parallel > 0 ? n_parallel : 1;
+  q->n_slots = n_slots > q->n_parallel ? n_slots : q->n_parallel; /* a session per parallel request */
+  const int want = q->n_slots;
+  q->chunk = chunk > 0 ? chunk : 64;
   q->slots = calloc((size_t)q->n_slots, sizeof *q->slots);
   if (!q->slots) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   for (int i = 0; i < q->n_slots; i++) {
-    int rc = floe_session_new(e, sp, &q->slots[i].s, err, errlen);
+    floe_session_params p = *sp;
+    p.share_threads = i ? q->slots[0].s : NULL;      /* one set of threads: one step at a time anyway */
+    p.budget_sessions = i ? 0 : q->n_slots - 1;      /* a memory budget keeps room for every slot */
+    int rc = floe_session_new(e, &p, &q->slots[i].s, err, errlen);
+    if (rc == FLOE_E_NOMEM && i == 0 && shrink && q->n_slots > 1) {
+      /* the default --parallel under a tight --mem-budget: as many slots as the budget holds */
+      q->n_slots--;
+      q->n_parallel = q->n_slots;
+      i--;
+      continue;
+    }
     if (rc) return rc;
   }
+  if (shrink && q->n_slots < want)
+    fprintf(stderr, "floe serve: the memory budget holds %d session%s: decoding %d request%s together\n", q->n_slots,
+            q->n_slots == 1 ? "" : "s", q->n_parallel, q->n_parallel == 1 ? "" : "s");
   if (pthread_create(&q->worker, NULL, worker_main, q))
     return floe_err(err, errlen, FLOE_E_NOMEM, "cannot start the worker thread");
   pthread_mutex_lock(&q->mu);
@@ -498,16 +628,20 @@ int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int
   return 0;
 }
 
+void queue_slots(srv_queue *q, int *n_slots, int *n_parallel) {
+  *n_slots = q->n_slots;
+  *n_parallel = q->n_parallel;
+}
+
 int64_t queue_n_ctx(srv_queue *q) { return q->n_slots ? floe_session_n_ctx(q->slots[0].s) : 0; }
 
 void queue_stop(srv_queue *q) {
   pthread_mutex_lock(&q->mu);
   bool started = q->started;
   q->stopping = true;
-  if (q->running) job_cancel(q->running);
   pthread_cond_broadcast(&q->cv);
   pthread_mutex_unlock(&q->mu);
-  if (started) pthread_join(q->worker, NULL);
+  if (started) pthread_join(q->worker, NULL); /* it cancels and ends the running jobs */
   /* jobs still queued: finish them as cancelled so their handlers return */
   for (;;) {
     pthread_mutex_lock(&q->mu);
@@ -516,12 +650,12 @@ void queue_stop(srv_queue *q) {
       j = q->items[q->head];
       q->head = (q->head + 1) % q->cap;
       q->n--;
+      q->n_active++;
     }
     pthread_mutex_unlock(&q->mu);
     if (!j) break;
     job_cancel(j);
-    run_job(q, j);
-    job_unref(j);
+    start_job(q, j);
   }
   q->started = false;
 }

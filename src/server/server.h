@@ -1,9 +1,9 @@
 /* floe serve: an OpenAI-compatible HTTP server on the public API (include/floe.h) only.
  *
  * Threads: libmicrohttpd runs one thread per connection (the handlers parse, render and tokenize
- * there, in parallel); one inference worker owns the engine's sessions and runs the queued jobs
- * one at a time (srv_queue.c); a loader thread opens the model after the socket is bound, so
- * /health answers 503 while it loads.
+ * there, in parallel); one inference worker owns the engine's sessions and decodes up to
+ * --parallel queued jobs together, one batched step at a time (queue.c); a loader thread opens the
+ * model after the socket is bound, so /health answers 503 while it loads.
  *
  * A job is reference counted: the HTTP side (the waiting handler or the streaming response) and
  * the queue each hold a reference. Output produced by the worker goes into job->out under
@@ -35,7 +35,11 @@ typedef struct srv_opts {
   int n_threads;       /* engine threads, 0: all */
   int64_t n_ctx;       /* per session, 0: the engine default */
   bool kv_f32;
-  int n_slots;         /* sessions kept for prefix reuse (default 1) */
+  int n_slots;         /* sessions kept for prefix reuse (default 1; at least n_parallel are made) */
+  int n_parallel;      /* requests decoded together, continuous batching (default 4) */
+  bool parallel_set;   /* --parallel given (else a tight memory budget may lower it) */
+  int64_t chunk;       /* prompt chunk (tokens) evaluated per step while other requests decode (default 64) */
+  int mtp;             /* floe_engine_params.mtp: 0 off (default), -1 auto, 1..4 drafts */
   int n_checkpoints;   /* floe_session_params.n_checkpoints (0: the engine default, < 0: none) */
   int queue_max;       /* pending requests beyond which new ones get 503 (default 64) */
   size_t max_body;     /* request body limit in bytes (default 8 MiB) */
@@ -101,6 +105,11 @@ typedef struct srv_metrics {
   double prefill_s, decode_s;
   double last_prefill_tps, last_decode_tps;
   uint64_t expert_hits, expert_misses, expert_bytes_read; /* engine-wide counters (streaming) */
+  /* continuous batching: worker steps, rows evaluated, the largest pass (rows, sessions), and the
+   * steps whose pass held several sessions with their rows */
+  uint64_t steps, step_rows, step_rows_max, step_sessions_max, batched_steps, batched_rows;
+  /* MTP speculative decoding: steps, drafted / accepted per draft position (floe_session_stats) */
+  uint64_t mtp_steps, mtp_drafted[4], mtp_accepted[4];
 } srv_metrics;
 enum { SRV_EP_CHAT, SRV_EP_COMPLETIONS, SRV_EP_MODELS, SRV_EP_HEALTH, SRV_EP_METRICS, SRV_EP_TOKENIZE,
        SRV_EP_DETOKENIZE, SRV_EP_RESPONSES, SRV_EP_MESSAGES, SRV_EP_COUNT_TOKENS, SRV_EP_OTHER };
@@ -178,11 +187,17 @@ void job_wait(srv_job *j);
 
 /* Creates the queue (no worker yet). */
 srv_queue *queue_new(srv *s, int queue_max);
-/* Starts the worker on the loaded engine with n_slots sessions. */
-int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int n_slots, char *err, size_t errlen);
+/* Starts the worker on the loaded engine with max(n_slots, n_parallel) sessions, decoding up to
+ * n_parallel jobs together; chunk: prompt tokens per step while others decode. shrink: when a
+ * memory budget cannot hold that many sessions, use as many as it holds (the default --parallel)
+ * instead of failing. */
+int queue_start(srv_queue *q, floe_engine *e, const floe_session_params *sp, int n_slots, int n_parallel,
+                bool shrink, int64_t chunk, char *err, size_t errlen);
 /* Submits a job (takes a reference). Returns 0, or -1 when the queue is full / stopping. */
 int queue_submit(srv_queue *q, srv_job *j);
 void queue_depth(srv_queue *q, int *pending, int *running);
+/* Sessions and requests decoded together (after queue_start). */
+void queue_slots(srv_queue *q, int *n_slots, int *n_parallel);
 /* Context size of the sessions (after queue_start). */
 int64_t queue_n_ctx(srv_queue *q);
 /* Cancels everything, stops and joins the worker, frees the sessions. */

@@ -18,9 +18,19 @@ static int bind(model *m, const model_src *src, char *err, size_t errlen) {
   return 0;
 }
 
-static void layer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
+static void mixer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
   s->be->attention(s, l, x, n, pos0, false);
-  s->be->moe(s, l, x, n);
 }
 
-const model_arch model_arch_qwen3moe = { FLOE_ARCH_QWEN3MOE, bind, layer };
+static void ffn(model_session *s, int64_t l, float *x, int64_t n) { s->be->moe(s, l, x, n); }
+
+static void mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N) {
+  if (lead->be->attention_multi) {
+    lead->be->attention_multi(lead, r, k, l, x, N, false);
+    return;
+  }
+  const int64_t E = lead->m->hp.n_embd;
+  for (int i = 0; i < k; i++) mixer(r[i].s, l, x + r[i].off * E, r[i].n, r[i].s->kv.n_past);
+}
+
+const model_arch model_arch_qwen3moe = { FLOE_ARCH_QWEN3MOE, bind, mixer, ffn, mixer_multi };
