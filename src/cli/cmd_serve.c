@@ -48,6 +48,11 @@ static void usage(FILE *f) {
           "  -v, --verbose          log each request\n");
 }
 
+static void serve_progress(void *user, uint64_t done, uint64_t total) {
+  cli_progress_update(user, done, total);
+  if (total && done >= total) cli_progress_done(user);
+}
+
 int cmd_serve(int argc, char **argv) {
   srv_opts o;
   srv_opts_init(&o);
@@ -129,6 +134,12 @@ int cmd_serve(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
 
+  /* the load runs in the server's loader thread (/health answers 503 meanwhile): a bar on a
+   * terminal, its line ended once the whole file is in */
+  static cli_progress lpr;
+  cli_progress_init(&lpr, "load", "MB", 1e6);
+  o.progress = serve_progress;
+  o.progress_user = &lpr;
   char err[512];
   srv *s = NULL;
   if (srv_start(&o, &s, err, sizeof err)) return cli_fail("%s", err);

@@ -480,6 +480,8 @@ static void *loader_main(void *arg) {
   ep.device = s->o.device;
   ep.device_index = s->o.device_index;
   ep.mtp = s->o.mtp;
+  ep.progress = s->o.progress;
+  ep.progress_user = s->o.progress_user;
   floe_session_params sp;
   floe_session_params_init(&sp);
   sp.n_ctx = s->o.n_ctx;

@@ -50,6 +50,9 @@ typedef struct srv_opts {
   int max_conn;        /* connection limit (default 256) */
   int64_t default_max_tokens; /* when the request gives none; <= 0: until the context is full */
   bool verbose;        /* one log line per request */
+  /* loading progress (floe_engine_params.progress), called from the loader thread; NULL: none */
+  void (*progress)(void *user, uint64_t done, uint64_t total);
+  void *progress_user;
 } srv_opts;
 void srv_opts_init(srv_opts *o);
 
