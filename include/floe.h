@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define FLOE_VERSION "0.1.0"
+#define FLOE_VERSION "0.2.0"
 
 enum {
   FLOE_OK = 0,
