@@ -54,7 +54,7 @@ sec_synth35() {
 }
 # test-synth: the 35B synth's decode vs prefill, and tiny synth models of the three architectures
 # in Q4_K / Q5_K (rows of one superblock, the shared expert as a routed slot) GPU vs CPU, with the
-# default kernels and with the opt-in ones (FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1)
+# default kernels and with the other choices (FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1)
 sec_test-synth() {
   local tiny="" p t f rc=0
   for p in tiny-qwen35moe tiny-qwen3next tiny-qwen3moe; do
@@ -66,8 +66,8 @@ sec_test-synth() {
   done
   FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
     "$BUILD/bin/test_cuda_model" || rc=1
-  echo "== opt-in kernels: FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1"
-  FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
+  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1"
+  FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
     FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model" || rc=1
   return $rc
 }
@@ -98,14 +98,10 @@ sec_bench35() {
     timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -d "$d" -r 2 --json || rc=1
   done
   timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 4096 -n 0 -r 2 --json || rc=1
-  # all the opt-in kernels together
-  echo "== A/B: FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1"
-  FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda \
-    -p 512 -n 128 -r 2 --json || rc=1
   # A/B of kernel choices, same binary (AB: a list of VAR=0/1 settings; measured earlier: FLOE_CUDA_NO_PDL=1,
   # FLOE_CUDA_PLAIN1=0)
   local v
-  for v in ${AB:-FLOE_CUDA_K4W=1 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_GDN2=1}; do
+  for v in ${AB:-FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1}; do
     echo "== A/B: $v"
     env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
   done

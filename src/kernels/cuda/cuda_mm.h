@@ -136,8 +136,8 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
 enum { CUDA_MM_Q16_AUTO = 0, CUDA_MM_Q16_WARP = 1, CUDA_MM_Q16_LANES = 2 };
 void cuda_mm_set_q16_impl(int impl);
 /* Q4_K / Q5_K one-activation-row calls (decode, the MoE modes): 1 = a warp per weight row
- * (k_k4w), 0 = 8 threads per row (k_k4, the default). Both give the same bits (test_cuda_mm runs
- * both); FLOE_CUDA_K4W=1 sets 1 at the first launch. */
+ * (k_k4w, the default), 0 = 8 threads per row (k_k4). Both give the same bits (test_cuda_mm runs
+ * both); FLOE_CUDA_K4W=0 sets 0 at the first launch. */
 void cuda_mm_set_k4w(int on);
 
 #ifdef __cplusplus

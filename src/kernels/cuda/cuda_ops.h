@@ -100,7 +100,7 @@ void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, 
                     const float *dt_bias, const float *ssm_a, const float *norm_w, float *S, float *o,
                     int64_t n_tok, void *stream);
 /* Tests and benchmarks: 1 = the two-threads-per-column recurrence for dk 128 (k_gdn_recur2, the
- * same bits), 0 = one thread per column (the default; FLOE_CUDA_GDN2=1 sets 1 at the first call). */
+ * default), 0 = one thread per column (the same bits; FLOE_CUDA_GDN2=0 sets 0 at the first call). */
 void cuda_gdn_set_impl(int two);
 
 /* ---- MoE (ops_moe.cu) ---- */
