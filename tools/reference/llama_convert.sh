@@ -62,7 +62,14 @@ except ImportError:
 for b in bases:
     if b is not None:
         b.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
-sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out, "--outtype", outtype]
+import json, os
+argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out, "--outtype", outtype]
+# The fixtures have no MTP layers; the converter asserts on Qwen3.5 / Qwen3-Next configs without
+# mtp_num_hidden_layers unless told so.
+cfg = json.load(open(os.path.join(model_dir, "config.json")))
+if not cfg.get("mtp_num_hidden_layers"):
+    argv.append("--no-mtp")
+sys.argv = argv
 conv.main()
 PYEOF
     if [ $? -ne 0 ] || [ ! -s "$OUT/$a-$t.gguf" ]; then

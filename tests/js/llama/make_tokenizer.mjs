@@ -41,7 +41,7 @@ const tok = {
   normalizer: null,
   pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
   post_processor: null,
-  decoder: { type: "ByteLevel" },
+  decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
   model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "",
            fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges },
 };
