@@ -11,6 +11,16 @@
  * For the default model (Q8_0, quantized activations): the GPU's greedy tokens equal the CPU's,
  * and the logits are close (the quantized matmuls are bit-identical, test_cuda_mm; attention's
  * split-K softmax differs by rounding).
+ * Speculative decoding on the GPU (the default model, which has an MTP block):
+ *  4. kept states: model_verify of n rows then model_verify_accept(a), for every a = 0..n, leaves
+ *     the session bit-identical to decoding those a tokens one at a time (the next steps' logits,
+ *     through the recorded graph, which was captured before the swap), and every verify row's
+ *     logits equal the single-token decode's;
+ *  5. the MTP block on the GPU against the CPU's (same inputs): logits within 2e-2 of the largest
+ *     logit (the trunk's bound below: the quantized matmuls are bit-identical, attention rounds
+ *     differently), normed outputs likewise; its rows one at a time bit-identical to one batch;
+ *  6. floe_generate with --mtp 1..4 on the GPU: the same greedy ids as --mtp 0 on the GPU and as
+ *     the CPU's --mtp 0.
  * FLOE_TEST_SYNTH=FILE (a `floe synth` model, e.g. the 35B-A3B shape): its first 64 greedy tokens
  * are the same through the decode path (one token at a time) and the prefill path (the prompt
  * plus the 64 tokens evaluated at once, argmax of every position). These two paths can share a
@@ -24,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "floe.h"
 #include "kernels/cpu/kernels.h"
 #include "model/model.h"
 #include "test.h"
@@ -227,6 +238,203 @@ done:
   model_free(mc);
 }
 
+/* ---- speculative decoding on the GPU ---- */
+#define SPEC_N 5 /* verify rows */
+
+/* A session at the state "prompt, then x0 decoded alone" (x0's step records the one-token graph
+ * with logits, so later steps replay it). */
+static model_session *spec_session(const model *m, const int32_t *prompt, int64_t T, int32_t x0, float *lg) {
+  char err[256];
+  model_session *s = NULL;
+  if (model_session_new(m, 512, KV_BF16, 1, &s, err, sizeof err) ||
+      model_eval(s, prompt, T, lg, false, err, sizeof err) || model_eval(s, &x0, 1, lg, false, err, sizeof err)) {
+    printf("  spec session: %s\n", err);
+    if (s) model_session_free(s);
+    return NULL;
+  }
+  return s;
+}
+
+static void test_keep(const model *mg) {
+  SECTION("kept states on the GPU: verify %d rows, accept a = 0..%d, vs one token at a time", SPEC_N, SPEC_N);
+  char err[256];
+  const int64_t V = mg->hp.n_vocab, T = 9, NX = 3;
+  int32_t prompt[9], d[SPEC_N], e[3];
+  for (int i = 0; i < T; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+  for (int i = 0; i < SPEC_N; i++) d[i] = (int32_t)((i * 104729 + 71) % V);
+  for (int i = 0; i < NX; i++) e[i] = (int32_t)((i * 1299709 + 5) % V);
+  float *lg = malloc((size_t)V * 4), *vlog = malloc((size_t)(SPEC_N * V) * 4), *ref = malloc((size_t)(SPEC_N * V) * 4);
+  float *o1 = malloc((size_t)(NX * V) * 4), *o2 = malloc((size_t)(NX * V) * 4);
+  /* the reference rows: d decoded one token at a time */
+  model_session *r = spec_session(mg, prompt, T, 5, lg);
+  int rc = r ? 0 : -1;
+  for (int i = 0; i < SPEC_N && !rc; i++) rc = model_eval(r, &d[i], 1, ref + i * V, false, err, sizeof err);
+  if (r) model_session_free(r);
+  CHECK(rc == 0, "reference decode ran");
+  for (int64_t a = 0; a <= SPEC_N && !rc; a++) {
+    model_session *s1 = spec_session(mg, prompt, T, 5, lg), *s2 = spec_session(mg, prompt, T, 5, lg);
+    if (!s1 || !s2) rc = -1;
+    for (int64_t i = 0; i < SPEC_N * V; i++) vlog[i] = NAN;
+    if (!rc) rc = model_verify(s1, d, SPEC_N, vlog, NULL, err, sizeof err);
+    if (!rc) {
+      model_verify_accept(s1, a);
+      for (int64_t i = 0; i < a && !rc; i++) rc = model_eval(s2, &d[i], 1, lg, false, err, sizeof err);
+    }
+    for (int64_t i = 0; i < NX && !rc; i++) { /* one-token steps: the graph replayed on the swapped state */
+      rc = model_eval(s1, &e[i], 1, o1 + i * V, false, err, sizeof err);
+      if (!rc) rc = model_eval(s2, &e[i], 1, o2 + i * V, false, err, sizeof err);
+    }
+    CHECK(rc == 0, "a = %lld: ran%s%s", (long long)a, rc ? ": " : "", rc ? err : "");
+    if (!rc) {
+      int64_t rows = 0, steps = 0;
+      for (int64_t i = 0; i < SPEC_N; i++) rows += memcmp(vlog + i * V, ref + i * V, (size_t)V * 4) != 0;
+      for (int64_t i = 0; i < NX; i++) steps += memcmp(o1 + i * V, o2 + i * V, (size_t)V * 4) != 0;
+      CHECK(rows == 0, "a = %lld: verify rows bit-identical to single-token decode (%lld differ)", (long long)a,
+            (long long)rows);
+      CHECK(steps == 0 && model_session_pos(s1) == model_session_pos(s2),
+            "a = %lld: the next %lld steps bit-identical to decoding the %lld tokens alone (%lld differ)", (long long)a,
+            (long long)NX, (long long)a, (long long)steps);
+    }
+    if (s1) model_session_free(s1);
+    if (s2) model_session_free(s2);
+  }
+  free(lg), free(vlog), free(ref), free(o1), free(o2);
+}
+
+static void test_mtp_block(const model *mg, const model *mc) {
+  SECTION("the MTP block on the GPU vs the CPU");
+  char err[256];
+  const int64_t V = mg->hp.n_vocab, E = mg->hp.n_embd, T = 12;
+  int32_t tok[12];
+  for (int i = 0; i < T; i++) tok[i] = (int32_t)((i * 7919 + 13) % V);
+  float *hid = malloc((size_t)(T * E) * 4), *lc = malloc((size_t)(T * V) * 4), *lgpu = malloc((size_t)(T * V) * 4);
+  float *l1 = malloc((size_t)(T * V) * 4), *hc = malloc((size_t)(T * E) * 4), *hg = malloc((size_t)(T * E) * 4);
+  float *h1 = malloc((size_t)(T * E) * 4);
+  model_session *sc = NULL, *sg = NULL, *s1 = NULL;
+  int rc = model_session_new(mc, 512, KV_BF16, 1, &sc, err, sizeof err);
+  if (!rc) rc = model_session_new(mg, 512, KV_BF16, 1, &sg, err, sizeof err);
+  if (!rc) rc = model_session_new(mg, 512, KV_BF16, 1, &s1, err, sizeof err);
+  /* the CPU trunk's normed hidden states feed both (the same inputs) */
+  if (!rc) rc = model_eval_h(sc, tok, T, NULL, false, hid, err, sizeof err);
+  if (!rc) model_final_norm(mc, hid, T, hid);
+  for (int64_t i = 0; i < (T - 1) * V; i++) lgpu[i] = l1[i] = NAN;
+  if (!rc) rc = model_mtp_eval(sc, tok + 1, hid, T - 1, 0, 0, lc, hc, err, sizeof err);
+  if (!rc) rc = model_mtp_eval(sg, tok + 1, hid, T - 1, 0, 0, lgpu, hg, err, sizeof err);
+  for (int64_t t = 0; t < T - 1 && !rc; t++)
+    rc = model_mtp_eval(s1, tok + 1 + t, hid + t * E, 1, t, 0, l1 + t * V, h1 + t * E, err, sizeof err);
+  CHECK(rc == 0, "MTP evaluated on both backends%s%s", rc ? ": " : "", rc ? err : "");
+  if (!rc) {
+    double md = 0, mx = 0, hd = 0, hx = 0;
+    for (int64_t i = 0; i < (T - 1) * V; i++) {
+      md = isnan(lgpu[i]) ? INFINITY : fmax(md, fabs((double)lgpu[i] - lc[i]));
+      mx = fmax(mx, fabs((double)lc[i]));
+    }
+    for (int64_t i = 0; i < (T - 1) * E; i++) {
+      hd = isnan(hg[i]) ? INFINITY : fmax(hd, fabs((double)hg[i] - hc[i]));
+      hx = fmax(hx, fabs((double)hc[i]));
+    }
+    printf("  MTP: max|GPU - CPU| logit %.3g (max |logit| %.3g), normed output %.3g (max %.3g)\n", md, mx, hd, hx);
+    CHECK(md <= 2e-2 * (mx > 1 ? mx : 1), "MTP logits within 2e-2 of the CPU's (%.3g)", md);
+    CHECK(hd <= 2e-2 * (hx > 1 ? hx : 1), "MTP normed outputs within 2e-2 of the CPU's (%.3g)", hd);
+    int64_t a = 0, b = 0, am = 0;
+    for (int64_t t = 0; t < T - 1; t++) {
+      a += memcmp(l1 + t * V, lgpu + t * V, (size_t)V * 4) != 0;
+      b += memcmp(h1 + t * E, hg + t * E, (size_t)E * 4) != 0;
+      am += kern_argmax(lgpu + t * V, V) != kern_argmax(lc + t * V, V);
+    }
+    CHECK(a == 0 && b == 0, "MTP rows one at a time bit-identical to one batch (%lld / %lld rows differ)", (long long)a,
+          (long long)b);
+    CHECK(am == 0, "MTP greedy drafts equal the CPU's (%lld of %lld rows differ)", (long long)am, (long long)(T - 1));
+  }
+  if (sc) model_session_free(sc);
+  if (sg) model_session_free(sg);
+  if (s1) model_session_free(s1);
+  free(hid), free(lc), free(lgpu), free(l1), free(hc), free(hg), free(h1);
+}
+
+typedef struct ids_out { int32_t *v; int n, cap; } ids_out;
+static int on_tok(void *user, const floe_token_event *ev) {
+  ids_out *o = user;
+  if (ev->id >= 0 && o->n < o->cap) o->v[o->n++] = ev->id;
+  return 0;
+}
+
+/* floe_generate's greedy ids on device dev with drafts k (0: off) for each prompt. */
+static int gen_ids(const char *path, int dev, int k, int32_t *out, int n_gen, int n_prompts, double *tps) {
+  static const char *const texts[] = { "import os\ndef main():\n    ", "class Node:\n    def __init__(self, value):\n",
+                                       "def fib(n):\n    \"\"\"" };
+  char err[256];
+  floe_engine_params ep;
+  floe_engine_params_init(&ep);
+  ep.model = path;
+  ep.n_threads = 1;
+  ep.device = dev;
+  floe_engine *e = NULL;
+  floe_session *s = NULL;
+  int rc = floe_engine_open(&ep, &e, err, sizeof err);
+  if (!rc) rc = floe_session_new(e, NULL, &s, err, sizeof err);
+  int64_t steps = 0, toks = 0;
+  for (int pi = 0; pi < n_prompts && !rc; pi++) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = floe_tokenize(e, texts[pi], strlen(texts[pi]), false, &ids, &n, err, sizeof err);
+    floe_gen_params gp;
+    floe_gen_params_init(&gp);
+    gp.max_tokens = n_gen;
+    gp.mtp = k;
+    for (int i = 0; i < n_gen; i++) out[pi * n_gen + i] = -1;
+    ids_out o = { out + pi * n_gen, 0, n_gen };
+    floe_session_reset(s);
+    floe_session_stats_reset(s);
+    if (!rc) rc = floe_generate(s, ids, n, &gp, on_tok, &o, NULL, err, sizeof err);
+    floe_session_stats st;
+    floe_session_stats_get(s, &st);
+    steps += st.mtp_steps;
+    toks += st.mtp_tokens;
+    free(ids);
+  }
+  if (rc) printf("  generate (device %d, mtp %d): %s\n", dev, k, err);
+  *tps = steps ? (double)toks / (double)steps : 0;
+  if (s) floe_session_free(s);
+  if (e) floe_engine_close(e);
+  return rc;
+}
+
+static void test_mtp_generate(const char *path) {
+  SECTION("floe_generate greedy on the GPU: --mtp 1..4 == --mtp 0 == the CPU's --mtp 0");
+  enum { NG = 48, NP = 3 };
+  int32_t *cpu = malloc(NG * NP * 4), *base = malloc(NG * NP * 4), *got = malloc(NG * NP * 4);
+  double tps = 0;
+  int rc = gen_ids(path, FLOE_DEVICE_CPU, 0, cpu, NG, NP, &tps);
+  int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, base, NG, NP, &tps);
+  int64_t same = 0;
+  while (rc == 0 && rc2 == 0 && same < NG * NP && cpu[same] == base[same]) same++;
+  CHECK(rc == 0 && rc2 == 0 && same == NG * NP, "GPU --mtp 0 ids equal the CPU's (%lld of %d)", (long long)same,
+        NG * NP);
+  for (int k = 1; k <= 4 && rc2 == 0; k++) {
+    rc = gen_ids(path, FLOE_DEVICE_CUDA, k, got, NG, NP, &tps);
+    int64_t eq = 0;
+    while (rc == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
+    printf("  --mtp %d: %.2f tokens per speculative step\n", k, tps);
+    CHECK(rc == 0 && eq == NG * NP, "GPU --mtp %d ids equal --mtp 0 (%lld of %d)", k, (long long)eq, NG * NP);
+    CHECK(tps > 1.0, "GPU --mtp %d took speculative steps that accepted drafts (%.2f tokens a step)", k, tps);
+  }
+  free(cpu), free(base), free(got);
+}
+
+static void test_spec(const char *path) {
+  model *mg = NULL, *mc = NULL;
+  CHECK(load(path, true, &mg) == 0 && load(path, false, &mc) == 0, "default model loaded on both backends");
+  if (mg && mc) {
+    CHECK(model_has_mtp(mg) && model_mtp_runs(mg), "the GPU runs the MTP block and the verify");
+    test_keep(mg);
+    test_mtp_block(mg, mc);
+  }
+  model_free(mg);
+  model_free(mc);
+  test_mtp_generate(path);
+}
+
 int main(void) {
   if (model_cuda_devices() <= 0) {
     printf("skipped: no CUDA device\n");
@@ -236,6 +444,7 @@ int main(void) {
   test_fixture_model("qwen3next");
   test_fixture_model("qwen35moe");
   test_quantized(test_fixture("../../models/default.gguf"), "default model (Q8_0)", 64, true);
+  test_spec(test_fixture("../../models/default.gguf"));
   const char *synth = getenv("FLOE_TEST_SYNTH");
   if (synth && *synth) test_quantized(synth, synth, 64, false);
   /* FLOE_TEST_SYNTH_CPU="F1 F2 ...": small `floe synth` models (e.g. the tiny presets in Q4_K /

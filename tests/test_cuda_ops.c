@@ -392,6 +392,84 @@ static void test_gdn_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int 
   free(graw), free(go), free(gS), free(gconv), free(rraw), free(ro), free(go2);
 }
 
+/* Kept chunks (cuda_gdn_conv_p / cuda_gdn_recur_p with keep): n rows against n single-row
+ * in-place steps. Row t's kept S and conv window are bit for bit the in-place state after t + 1
+ * rows, raw and o are the in-place rows, and the state the chunk started from is untouched. Also
+ * the in-place form through a pointer cell equals the plain launchers. */
+static void test_gdn_keep_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int n) {
+  SECTION("gdn kept chunk: Nk %d Nv %d dk %d dv %d K %d %s, %d rows", Nk, Nv, dk, dv, K, tiled ? "tiled" : "grouped",
+          n);
+  const cuda_gdn_shape sh = { Nk, Nv, dk, dv, K, tiled, 1e-6f };
+  const int64_t C = 2 * (int64_t)Nk * dk + (int64_t)Nv * dv, vd = (int64_t)Nv * dv;
+  const size_t Sn = (size_t)Nv * dk * dv, Cn = (size_t)(K - 1) * C;
+  float *wt = malloc(K * C * 4), *conv = malloc(Cn * 4), *S = malloc(Sn * 4), *dtb = malloc(Nv * 4), *A = malloc(Nv * 4);
+  float *nw = malloc(dv * 4), *mix = malloc(n * C * 4), *z = malloc(n * vd * 4), *b = malloc(n * Nv * 4);
+  float *a = malloc(n * Nv * 4);
+  for (int64_t i = 0; i < K * C; i++) wt[i] = urand(-0.6f, 0.6f);
+  for (size_t i = 0; i < Cn; i++) conv[i] = urand(-2, 2);
+  for (size_t i = 0; i < Sn; i++) S[i] = urand(-0.5f, 0.5f);
+  for (int i = 0; i < Nv; i++) dtb[i] = urand(-1, 1), A[i] = -expf(urand(-2, 1));
+  for (int i = 0; i < dv; i++) nw[i] = urand(0.5f, 1.5f);
+  for (int64_t i = 0; i < n * C; i++) mix[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n * vd; i++) z[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n * Nv; i++) b[i] = urand(-4, 4), a[i] = urand(-4, 25);
+  float *dwt = dup_dev(wt, K * C * 4), *ddtb = dup_dev(dtb, Nv * 4), *dA = dup_dev(A, Nv * 4), *dnw = dup_dev(nw, dv * 4);
+  float *dmix = dup_dev(mix, n * C * 4), *dz = dup_dev(z, n * vd * 4), *db = dup_dev(b, n * Nv * 4);
+  float *da = dup_dev(a, n * Nv * 4);
+  /* in place, one row at a time; the state after each row kept on the host */
+  float *dconv = dup_dev(conv, Cn * 4), *dS = dup_dev(S, Sn * 4), *draw = dup_dev(NULL, n * C * 4);
+  float *dout = dup_dev(NULL, n * vd * 4);
+  float *rS = malloc(n * Sn * 4), *rconv = malloc(n * Cn * 4), *rraw = malloc(n * C * 4), *ro = malloc(n * vd * 4);
+  for (int64_t t = 0; t < n; t++) {
+    cuda_gdn_conv(&sh, dmix + t * C, dwt, dconv, draw + t * C, 1, NULL);
+    cuda_gdn_recur(&sh, draw + t * C, dz + t * vd, db + t * Nv, da + t * Nv, ddtb, dA, dnw, dS, dout + t * vd, 1, NULL);
+    get(rS + t * Sn, dS, Sn * 4), get(rconv + t * Cn, dconv, Cn * 4);
+  }
+  get(rraw, draw, n * C * 4), get(ro, dout, n * vd * 4);
+  /* kept: the state behind a cell, n row buffers poisoned */
+  float *kconv = dup_dev(conv, Cn * 4), *kS = dup_dev(S, Sn * 4);
+  float *rowS[8], *rowC[8];
+  for (int t = 0; t < n; t++) {
+    rowS[t] = dup_dev(NULL, Sn * 4), rowC[t] = dup_dev(NULL, Cn * 4);
+    poison(rowS[t], Sn * 4), poison(rowC[t], Cn * 4);
+  }
+  float **cS = dup_dev(&kS, sizeof kS), **cC = dup_dev(&kconv, sizeof kconv);
+  float **tS = dup_dev(rowS, n * sizeof *rowS), **tC = dup_dev(rowC, n * sizeof *rowC);
+  poison(draw, n * C * 4), poison(dout, n * vd * 4);
+  cuda_gdn_conv_p(&sh, dmix, dwt, cC, tC, draw, n, NULL);
+  cuda_gdn_recur_p(&sh, draw, dz, db, da, ddtb, dA, dnw, cS, tS, dout, n, NULL);
+  CHECK(sync_ok(), "kept chunk ran");
+  float *gS = malloc(Sn * 4), *gC = malloc(Cn * 4), *graw = malloc(n * C * 4), *go = malloc(n * vd * 4);
+  get(graw, draw, n * C * 4), get(go, dout, n * vd * 4);
+  CHECK(n_diff_bits(graw, rraw, n * C) == 0 && n_diff_bits(go, ro, n * vd) == 0,
+        "raw and o bit-identical to the in-place rows (%zu, %zu differ)", n_diff_bits(graw, rraw, n * C),
+        n_diff_bits(go, ro, n * vd));
+  size_t ds = 0, dc = 0;
+  for (int t = 0; t < n; t++) {
+    get(gS, rowS[t], Sn * 4), get(gC, rowC[t], Cn * 4);
+    ds += n_diff_bits(gS, rS + t * Sn, Sn);
+    dc += n_diff_bits(gC, rconv + t * Cn, Cn);
+  }
+  CHECK(ds == 0 && dc == 0, "kept row states bit-identical to the in-place states (%zu S, %zu conv differ)", ds, dc);
+  get(gS, kS, Sn * 4), get(gC, kconv, Cn * 4);
+  CHECK(n_diff_bits(gS, S, Sn) == 0 && n_diff_bits(gC, conv, Cn) == 0, "the chunk's starting state untouched");
+  /* in place through the cells: n rows at once == the plain launchers' rows and final state */
+  poison(draw, n * C * 4), poison(dout, n * vd * 4);
+  cuda_gdn_conv_p(&sh, dmix, dwt, cC, NULL, draw, n, NULL);
+  cuda_gdn_recur_p(&sh, draw, dz, db, da, ddtb, dA, dnw, cS, NULL, dout, n, NULL);
+  CHECK(sync_ok(), "in place through the cells ran");
+  get(go, dout, n * vd * 4), get(gS, kS, Sn * 4), get(gC, kconv, Cn * 4);
+  CHECK(n_diff_bits(go, ro, n * vd) == 0 && n_diff_bits(gS, rS + (n - 1) * Sn, Sn) == 0 &&
+            n_diff_bits(gC, rconv + (n - 1) * Cn, Cn) == 0,
+        "in place through the cells == the plain launchers, bit for bit");
+  for (int t = 0; t < n; t++) cuda_rt_free(rowS[t]), cuda_rt_free(rowC[t]);
+  cuda_rt_free(cS), cuda_rt_free(cC), cuda_rt_free(tS), cuda_rt_free(tC), cuda_rt_free(kS), cuda_rt_free(kconv);
+  cuda_rt_free(dwt), cuda_rt_free(ddtb), cuda_rt_free(dA), cuda_rt_free(dnw), cuda_rt_free(dmix), cuda_rt_free(dz);
+  cuda_rt_free(db), cuda_rt_free(da), cuda_rt_free(dconv), cuda_rt_free(dS), cuda_rt_free(draw), cuda_rt_free(dout);
+  free(wt), free(conv), free(S), free(dtb), free(A), free(nw), free(mix), free(z), free(b), free(a), free(rS);
+  free(rconv), free(rraw), free(ro), free(gS), free(gC), free(graw), free(go);
+}
+
 /* ---- MoE ---- */
 static void route_ref(float *p, int64_t NE, int64_t K, bool norm, int32_t *sel, float *w) {
   float mx = -INFINITY, acc[16] = { 0 };
@@ -658,6 +736,9 @@ int main(void) {
     test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
     test_gdn_case(2, 2, 128, 100, 8, 1, 3, 2);
     test_gdn_case(1, 3, 128, 8, 4, 0, 4, 2); /* dv 8: one warp, half its columns past dv */
+    test_gdn_keep_case(16, 32, 128, 128, 4, 1, 5); /* the 35B-A3B shape, 1 + 4 drafts */
+    test_gdn_keep_case(2, 6, 128, 100, 8, 0, 8);
+    test_gdn_keep_case(1, 3, 128, 8, 4, 1, 2);
   }
   cuda_gdn_set_impl(0);
   test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);
@@ -667,6 +748,11 @@ int main(void) {
   test_gdn_case(4, 8, 64, 64, 4, 1, 5, 2);
   test_gdn_case(3, 9, 32, 40, 2, 0, 4, 2);
   test_gdn_case(2, 2, 128, 100, 8, 1, 3, 2);
+  /* kept chunks at every key dim of k_gdn_recur (the default model: dk 64) */
+  test_gdn_keep_case(4, 4, 64, 64, 4, 1, 5);
+  test_gdn_keep_case(2, 4, 16, 24, 4, 0, 3);
+  test_gdn_keep_case(3, 9, 32, 40, 2, 1, 8);
+  test_gdn_keep_case(2, 2, 128, 100, 3, 0, 1);
   test_route(256, 8, 1, 5, 0);
   test_route(256, 8, 1, 5, 3);
   test_route(100, 6, 0, 4, 2);

@@ -711,7 +711,7 @@ int floe_gen_begin(floe_session *s, const int32_t *prompt, size_t n_prompt, cons
   g->user = user;
   g->n_prompt = (int64_t)n_prompt;
   g->mtp_k = mtp_k;
-  g->use_mtp = mtp_k != 0 && model_has_mtp(s->e->m) && s->e->m->be == &model_backend_cpu;
+  g->use_mtp = mtp_k != 0 && model_mtp_runs(s->e->m);
   g->forced = -1;
   for (size_t i = 0; i < p->n_stop; i++)
     if (strlen(p->stop[i]) > g->max_stop) g->max_stop = strlen(p->stop[i]);

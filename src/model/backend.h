@@ -72,6 +72,16 @@ typedef struct model_backend {
   /* Ends the kept chunk: the state after row a-1 becomes the current one by swapping pointers
    * with the per-row buffer (a = 0: the state before the chunk stays). Never copies the state. */
   void (*keep_accept)(model_session *s, int64_t a);
+  /* The MTP block's input and output (mtp.c model_mtp_eval) on the backend's device; NULL: mtp.c
+   * computes them on the host with layers.c (the CPU backend). mtp_begin starts an evaluation of
+   * n rows at MTP positions pos0.. (never a recorded step) and returns the residual buffer with
+   * x[t] = fc(concat(enorm(embed(tok[t])), hnorm(h[t]))) (h: host rows) and the MTP layer's
+   * normed attention input prepared; the driver then calls attention and moe with l = n_layer.
+   * mtp_end finishes it: g = norm(x) into h_out (host, may be NULL), the logits of rows
+   * [first, n) of g into logits (host, may be NULL). 0 or FLOE_E_*. */
+  float *(*mtp_begin)(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0);
+  int (*mtp_end)(model_session *s, float *x, int64_t n, int64_t first, float *logits, float *h_out, char *err,
+                 size_t errlen);
   /* The final hidden states (the residual stream after the last layer, before the output norm)
    * of rows [first, n) into host memory (n_embd floats a row). */
   void (*hidden)(model_session *s, const float *x, int64_t first, int64_t n, float *dst);

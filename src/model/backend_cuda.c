@@ -64,7 +64,11 @@ typedef struct cu_layer {
 
 typedef struct cu_model {
   int dev;
-  cu_layer *L;
+  cu_layer *L;       /* [n_l]: the trunk's n_layer, then the MTP block's layer (index n_layer) */
+  int64_t n_l;
+  /* the MTP block (model.h m->mtp; NULL / empty without one): fc [E][2E], its three norms */
+  dmat mtp_fc;
+  float *mtp_enorm, *mtp_hnorm, *mtp_norm;
   dmat tok_embd, output;
   float *output_norm;
   void **allocs;
@@ -104,6 +108,14 @@ typedef struct cu_sess {
   void **kc, **vc;             /* [n_layer] caches (attention layers) */
   float **S, **conv;           /* [n_layer] recurrent state, conv window (GDN layers) */
   size_t s_bytes, conv_bytes;
+  /* Kept states of a verify chunk (backend.h keep_begin): kS[l][t] / kconv[l][t], the state after
+   * row t, allocated at the first verify. The GDN kernels find every state pointer through tab
+   * (device, mirrored in pinned tab_h; tab_at gives the cell): entry 0 of a layer is the current
+   * state, entry 1 + t row t's kept one. keep_accept swaps host pointers and re-uploads the
+   * table, so a recorded step (which captured cells, not pointers) replays on the new state. */
+  float *(*kS)[KV_KEEP_MAX], *(*kconv)[KV_KEEP_MAX];
+  float **tab, **tab_h;
+  int64_t keep_n, keep_alloc;
   uint64_t bytes;
   /* pinned host */
   int32_t *tok_h, *pos_h, *greedy_h;
@@ -298,6 +310,18 @@ static bool same_layout(const floe_mat *a, const floe_mat *b) {
                                        a->mlx.sb_type == b->mlx.sb_type));
 }
 
+/* The MTP block's own matrices (its layer n_layer is uploaded with the trunk's). */
+static int up_mtp(cu_model *cm, const model *m, char *err, size_t errlen) {
+  const int64_t E = m->hp.n_embd;
+  int rc = up_mats(cm, &m->mtp.fc, 1, NULL, 0, 0, &cm->mtp_fc, "nextn.eh_proj", m->hp.n_layer, err, errlen);
+  if (rc) return rc;
+  if (!(cm->mtp_enorm = up_vec(cm, m->mtp.enorm, E, err, errlen)) ||
+      !(cm->mtp_hnorm = up_vec(cm, m->mtp.hnorm, E, err, errlen)) ||
+      !(cm->mtp_norm = up_vec(cm, m->mtp.norm, E, err, errlen)))
+    return FLOE_E_NOMEM;
+  return 0;
+}
+
 static void cu_model_fini(model *m) {
   cu_model *cm = m->dev;
   if (!cm) return;
@@ -321,7 +345,8 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
   m->dev = cm;
   cm->dev = dev;
   cuda_rt_device_name(dev, cm->name, sizeof cm->name, NULL, 0);
-  cm->L = calloc((size_t)hp->n_layer, sizeof *cm->L);
+  cm->n_l = hp->n_layer + (m->mtp.on ? 1 : 0);
+  cm->L = calloc((size_t)cm->n_l, sizeof *cm->L);
   if (!cm->L) {
     rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
     goto fail;
@@ -336,7 +361,7 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
     rc = FLOE_E_NOMEM;
     goto fail;
   }
-  for (int64_t l = 0; l < hp->n_layer; l++) {
+  for (int64_t l = 0; l < cm->n_l; l++) { /* l == n_layer: the MTP block's attention + MoE */
     const model_layer *H = &m->layers[l];
     cu_layer *L = &cm->L[l];
     if (!(L->attn_norm = up_vec(cm, H->attn_norm, E, err, errlen)) ||
@@ -436,6 +461,7 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
          (rc = up_mats(cm, &H->sh_down, 1, NULL, 0, 0, &L->sh_down, "ffn_down_shexp", l, err, errlen))))
       goto fail;
   }
+  if (m->mtp.on && (rc = up_mtp(cm, m, err, errlen))) goto fail;
   return 0;
 fail:
   free(perm);
@@ -453,13 +479,21 @@ static void cu_session_free(model_session *s) {
                   c->rlog, c->selw, c->shg, c->sel, c->hr, c->hs, c->yr, c->ys, c->xq[0], c->xq[1], c->xqd,
                   c->logits, c->tok, c->pos, c->greedy, c->attn_scr, c->amax_scr, c->rope };
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cuda_rt_free(dev[i]);
-  const int64_t NL = s->m->hp.n_layer;
+  const int64_t NL = ((const cu_model *)s->m->dev)->n_l;
   for (int64_t l = 0; l < NL; l++) {
     if (c->kc) cuda_rt_free(c->kc[l]);
     if (c->vc) cuda_rt_free(c->vc[l]);
     if (c->S) cuda_rt_free(c->S[l]);
     if (c->conv) cuda_rt_free(c->conv[l]);
+    for (int t = 0; t < KV_KEEP_MAX; t++) {
+      if (c->kS) cuda_rt_free(c->kS[l][t]);
+      if (c->kconv) cuda_rt_free(c->kconv[l][t]);
+    }
   }
+  free(c->kS);
+  free(c->kconv);
+  cuda_rt_free(c->tab);
+  cuda_rt_host_free(c->tab_h);
   free(c->kc);
   free(c->vc);
   free(c->S);
@@ -481,6 +515,34 @@ static int dalloc(cu_sess *c, void *pp, size_t n, char *err, size_t errlen) {
 }
 
 static size_t act_bytes_of(const dmat *W) { return W->h && W->h->data ? cuda_mm_act_bytes(&W->d) : 0; }
+
+/* The state table (cu_sess tab): [2][n_l][1 + KV_KEEP_MAX] cells, S then conv. */
+static size_t tab_bytes(const model_session *s) {
+  return (size_t)(2 * ((const cu_model *)s->m->dev)->n_l * (1 + KV_KEEP_MAX)) * sizeof(float *);
+}
+
+/* The device cell of layer l's S (conv false) or conv window (conv true): t = 0 the current
+ * state, t = 1 + r row r's kept state. */
+static float *const *tab_at(const model_session *s, bool conv, int64_t l, int64_t t) {
+  const cu_sess *c = s->dev;
+  const int64_t NL = ((const cu_model *)s->m->dev)->n_l;
+  return c->tab + ((conv ? NL : 0) + l) * (1 + KV_KEEP_MAX) + t;
+}
+
+/* Writes the host pointers into tab_h and enqueues its copy to tab. The stream is idle first (a
+ * previous copy from tab_h may still be pending otherwise). */
+static int tab_upload(model_session *s) {
+  cu_sess *c = s->dev;
+  const int64_t NL = ((const cu_model *)s->m->dev)->n_l;
+  if (cuda_rt_stream_sync(c->stream, NULL, 0)) return FLOE_E_IO;
+  for (int k = 0; k < 2; k++)
+    for (int64_t l = 0; l < NL; l++) {
+      float **row = c->tab_h + (k * NL + l) * (1 + KV_KEEP_MAX);
+      row[0] = k ? c->conv[l] : c->S[l];
+      for (int t = 0; t < KV_KEEP_MAX; t++) row[1 + t] = k ? c->kconv[l][t] : c->kS[l][t];
+    }
+  return cuda_rt_h2d_async(c->tab, c->tab_h, tab_bytes(s), c->stream) ? FLOE_E_IO : 0;
+}
 
 static int cu_session_init(model_session *s, int n_threads, char *err, size_t errlen) {
   (void)n_threads;
@@ -514,7 +576,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if (has_gdn && (rc = cuda_gdn_check(&c->gsh, err, errlen))) return rc;
   /* quantized activation rows: the largest any matrix needs */
   size_t xr = 64;
-  for (int64_t l = 0; l < hp->n_layer; l++) {
+  for (int64_t l = 0; l < cm->n_l; l++) {
     const cu_layer *L = &cm->L[l];
     const dmat *all[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->qkv, &L->z, &L->b, &L->a, &L->ssm_out, &L->router,
                           &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_gate_inp, &L->gate, &L->up, &L->down };
@@ -524,6 +586,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     }
   }
   if (act_bytes_of(&cm->output) > xr) xr = act_bytes_of(&cm->output);
+  if (act_bytes_of(&cm->mtp_fc) > xr) xr = act_bytes_of(&cm->mtp_fc);
   c->xq_row = (xr + 255) / 256 * 256;
   const int64_t ffm = I > Is ? I : Is;
   struct { void *p; size_t n; } parts[] = {
@@ -556,12 +619,15 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     free(cs);
     if (rc) return rc;
   }
-  const int64_t NL = hp->n_layer;
+  const int64_t NL = cm->n_l; /* the MTP block's attention cache at index n_layer */
   c->kc = calloc((size_t)NL, sizeof *c->kc);
   c->vc = calloc((size_t)NL, sizeof *c->vc);
   c->S = calloc((size_t)NL, sizeof *c->S);
   c->conv = calloc((size_t)NL, sizeof *c->conv);
-  if (!c->kc || !c->vc || !c->S || !c->conv) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  c->kS = calloc((size_t)NL, sizeof *c->kS);
+  c->kconv = calloc((size_t)NL, sizeof *c->kconv);
+  if (!c->kc || !c->vc || !c->S || !c->conv || !c->kS || !c->kconv)
+    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   const size_t kvb = (size_t)(n_ctx * kvd) * (s->kv.kv_type == KV_BF16 ? 2 : 4);
   c->s_bytes = (size_t)(Nv * dk * c->gsh.dv) * 4;
   c->conv_bytes = (size_t)((hp->ssm_conv_kernel - 1) * C) * 4;
@@ -579,8 +645,11 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if ((rc = cuda_rt_host_alloc((void **)&c->tok_h, B * 4, err, errlen)) ||
       (rc = cuda_rt_host_alloc((void **)&c->pos_h, B * 4, err, errlen)) ||
       (rc = cuda_rt_host_alloc((void **)&c->greedy_h, 16, err, errlen)) ||
-      (rc = cuda_rt_host_alloc((void **)&c->logits_h, (size_t)(LB * V) * 4, err, errlen)))
+      (rc = cuda_rt_host_alloc((void **)&c->logits_h, (size_t)(LB * V) * 4, err, errlen)) ||
+      (rc = cuda_rt_host_alloc((void **)&c->tab_h, tab_bytes(s), err, errlen)) ||
+      (rc = dalloc(c, &c->tab, tab_bytes(s), err, errlen)))
     return rc;
+  if ((rc = tab_upload(s))) return floe_err(err, errlen, rc, "cuda: cannot upload the state table");
   if ((rc = cuda_rt_stream_sync(c->stream, err, errlen))) return rc;
   s->bytes = c->bytes;
   return 0;
@@ -640,6 +709,56 @@ static void cu_ckpt_free(model_session *s, kv_ckpt *ck) {
   cuda_rt_free(ck->data);
   ck->data = NULL;
   ck->pos = -1;
+}
+
+/* ---- kept states (speculative verify, backend.h keep_begin / keep_accept) ----
+ * Why a table and a swap: a verify chunk keeps every row's state so that accepting a rows costs
+ * no copy of the state (it is ~2 MiB a layer for the 35B shape, ~60 MiB a step); the accepted
+ * row's buffer simply becomes the current one. The one-token step is a recorded CUDA graph whose
+ * kernel arguments are fixed at capture: had it captured S[l] itself, every swap would leave the
+ * graph updating a buffer that is no longer the current one (and re-recording costs a capture
+ * and instantiation per step). So the GDN kernels read the state pointers from device cells
+ * (tab) that the graph captured; a swap rewrites the cells (one small copy). */
+_Static_assert(KV_KEEP_MAX <= 8, "cuda_gdn_*_p keep at most 8 rows");
+
+static int cu_keep_begin(model_session *s, int64_t n) {
+  cu_sess *c = s->dev;
+  const model *m = s->m;
+  if (n < 0 || n > KV_KEEP_MAX) return FLOE_E_INVALID;
+  if (n > c->keep_alloc) { /* the first verify chunk this long: its rows' buffers, once */
+    for (int64_t l = 0; l < m->hp.n_layer; l++) {
+      if (!c->S[l]) continue;
+      for (int64_t t = c->keep_alloc; t < n; t++)
+        if ((!c->kS[l][t] && dalloc(c, &c->kS[l][t], c->s_bytes, NULL, 0)) ||
+            (!c->kconv[l][t] && dalloc(c, &c->kconv[l][t], c->conv_bytes, NULL, 0)))
+          return FLOE_E_NOMEM; /* freed by session_free */
+    }
+    c->keep_alloc = n;
+    s->bytes = c->bytes;
+    if (tab_upload(s)) return FLOE_E_IO;
+  }
+  c->keep_n = n;
+  return 0;
+}
+
+static void cu_keep_accept(model_session *s, int64_t a) {
+  cu_sess *c = s->dev;
+  FLOE_ASSERT(a >= 0 && a <= c->keep_n);
+  c->keep_n = 0;
+  if (a == 0) return; /* the state before the chunk was never written */
+  for (int64_t l = 0; l < s->m->hp.n_layer; l++) {
+    if (!c->S[l]) continue;
+    float *p = c->S[l];
+    c->S[l] = c->kS[l][a - 1];
+    c->kS[l][a - 1] = p;
+    p = c->conv[l];
+    c->conv[l] = c->kconv[l][a - 1];
+    c->kconv[l][a - 1] = p;
+  }
+  if (tab_upload(s) && !c->err) { /* surfaces at the next eval_end */
+    c->err = FLOE_E_IO;
+    snprintf(c->msg, sizeof c->msg, "cannot upload the state table");
+  }
 }
 
 /* ---- blocks ---- */
@@ -733,7 +852,7 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
   for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
   /* one token, no hidden states: a recorded step (per kind: with or without logits) */
   const int slot = (flags & MODEL_EVAL_LOGITS) ? 1 : 0;
-  const bool graphable = n == 1 && !(flags & MODEL_EVAL_HIDDEN) && c->use_graph;
+  const bool graphable = n == 1 && !(flags & MODEL_EVAL_HIDDEN) && c->use_graph && c->keep_n == 0;
   if (graphable && c->graph[slot]) {
     c->replay = true;
     c->capturing = slot;
@@ -846,8 +965,13 @@ static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
     mm(s, &L->b, n, c->h, E, lay, xq, xs, b, Nv);
     mm(s, &L->a, n, c->h, E, lay, xq, xs, a, Nv);
   }
-  cuda_gdn_conv(&c->gsh, mix, L->conv_wt, c->conv[l], c->raw, n, c->stream);
-  cuda_gdn_recur(&c->gsh, c->raw, z, b, a, L->dt_bias, L->ssm_a, L->ssm_norm, c->S[l], c->o, n, c->stream);
+  /* the states through the table's cells (a recorded step follows keep_accept's swaps); a kept
+   * chunk writes row t's states into their own buffers (keep_begin) */
+  const bool kp = c->keep_n > 0;
+  cuda_gdn_conv_p(&c->gsh, mix, L->conv_wt, tab_at(s, true, l, 0), kp ? tab_at(s, true, l, 1) : NULL, c->raw, n,
+                  c->stream);
+  cuda_gdn_recur_p(&c->gsh, c->raw, z, b, a, L->dt_bias, L->ssm_a, L->ssm_norm, tab_at(s, false, l, 0),
+                   kp ? tab_at(s, false, l, 1) : NULL, c->o, n, c->stream);
   mm_own(s, &L->ssm_out, n, c->o, vd, c->out, E);
   residual(s, l, x, n);
   prof(s, MODEL_PH_GDN);
@@ -972,6 +1096,57 @@ static void cu_hidden(model_session *s, const float *x, int64_t first, int64_t n
   if (cuda_rt_stream_sync(c->stream, c->msg, sizeof c->msg)) c->err = FLOE_E_IO;
 }
 
+static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen);
+
+/* ---- the MTP block (backend.h mtp_begin / mtp_end; mtp.c has the math) ----
+ * The same operations as mtp.c's host path: embedding row, the two norms into the halves of a
+ * [n][2E] concat row (one norm launch per half row: the norm kernel writes contiguous rows), the
+ * fc through mm_own (layer_matmul's input choice), then layer n_layer's attention and MoE (the
+ * driver calls them), then the block's final norm and the output head (cu_logits). Never part of
+ * a recorded step: cu_eval_begin with MODEL_EVAL_HIDDEN does not record. */
+static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0) {
+  const model *m = s->m;
+  const cu_model *cm = m->dev;
+  const int64_t E = m->hp.n_embd;
+  const float eps = m->hp.rms_eps;
+  float *x = cu_eval_begin(s, tok, n, pos0, MODEL_EVAL_HIDDEN); /* tokens and positions uploaded */
+  cu_sess *c = s->dev;
+  /* scratch: embedding rows in ys [B][E], h in out [B][E], the concat rows in yr ([B*(K+1)][E],
+   * at least [B][2E]: model_mtp_eval checks 2n <= B*K) */
+  float *emb = c->ys, *hd = c->out, *cat = c->yr;
+  cuda_rt_h2d_async(hd, h, (size_t)(n * E) * sizeof(float), c->stream);
+  const cuda_mat *T = &cm->tok_embd.d;
+  if (cuda_embed_check(T->type, E, NULL, 0) == 0)
+    cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
+  else
+    cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
+  for (int64_t t = 0; t < n; t++) {
+    cuda_rmsnorm(emb + t * E, cm->mtp_enorm, cat + t * 2 * E, 1, E, eps, c->stream);
+    cuda_rmsnorm(hd + t * E, cm->mtp_hnorm, cat + t * 2 * E + E, 1, E, eps, c->stream);
+  }
+  c->hq[0] = c->hq[1] = NULL; /* h is about to change: no quantized copy of it is valid */
+  mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
+  /* the block's attention input (cu_attention reads h; it quantizes h itself, hq being empty) */
+  cuda_rmsnorm(x, cm->L[m->hp.n_layer].attn_norm, c->h, n, E, eps, c->stream);
+  c->hq[0] = c->hq[1] = NULL;
+  prof(s, MODEL_PH_OTHER);
+  return x;
+}
+
+static int cu_mtp_end(model_session *s, float *x, int64_t n, int64_t first, float *logits, float *h_out, char *err,
+                      size_t errlen) {
+  cu_sess *c = s->dev;
+  const model *m = s->m;
+  const cu_model *cm = m->dev;
+  const int64_t E = m->hp.n_embd;
+  /* the MoE's combine left h = output_norm(x) (its "next" norm); the block's own norm instead */
+  cuda_rmsnorm(x, cm->mtp_norm, c->h, n, E, m->hp.rms_eps, c->stream);
+  c->hq[0] = c->hq[1] = NULL;
+  if (h_out) cuda_rt_d2h_async(h_out, c->h, (size_t)(n * E) * sizeof(float), c->stream);
+  if (logits && n - first > 0) cu_logits(s, x, first, n, logits, false); /* rows of h, synchronized */
+  return cu_eval_end(s, n, err, errlen);
+}
+
 static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   (void)n;
   cu_sess *c = s->dev;
@@ -1013,6 +1188,10 @@ const model_backend model_backend_cuda = {
   .moe = cu_moe,
   .logits = cu_logits,
   .hidden = cu_hidden,
+  .keep_begin = cu_keep_begin,
+  .keep_accept = cu_keep_accept,
+  .mtp_begin = cu_mtp_begin,
+  .mtp_end = cu_mtp_end,
 };
 
 int model_cuda_devices(void) {

@@ -343,6 +343,9 @@ void model_verify_accept(model_session *s, int64_t a);
  * without its weights sets hp.n_mtp = 0 (not an error). */
 int model_mtp_bind(model *m, const model_src *src, char *err, size_t errlen);
 bool model_has_mtp(const model *m);
+/* The model has an MTP block and its backend runs it and the speculative verify (keep_begin /
+ * keep_accept): the CPU, and CUDA. */
+bool model_mtp_runs(const model *m);
 /* y[t] = output_norm(x[t]): the trunk's final-normed hidden state, what the MTP reads. */
 void model_final_norm(const model *m, const float *x, int64_t n, float *y);
 /* The MTP block on n rows at MTP positions pos0..pos0+n-1 (the block's own attention cache, kept
@@ -350,7 +353,7 @@ void model_final_norm(const model *m, const float *x, int64_t n, float *y);
  * position pos0+t) and h[t] (a normed hidden state at pos0+t: the trunk's model_final_norm, or the
  * MTP's own h_out of the previous draft when chaining). Writes h_out [n][n_embd] (mtp.norm output;
  * may be NULL) and logits of rows [first, n) into logits [n-first][n_vocab] (NULL: none).
- * CPU backend only for now (FLOE_E_UNSUPPORTED otherwise). */
+ * FLOE_E_UNSUPPORTED on a backend that cannot run it (model_mtp_runs). */
 int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0, int64_t first,
                    float *logits, float *h_out, char *err, size_t errlen);
 

@@ -22,8 +22,9 @@
  * n_layer of the expert store (model_xs_view) and share the cache; an evaluation holds the stream
  * (xs_lock) like model_eval does. Exception: a model bound to a `floe pack` directory, whose pack
  * holds the trunk's experts only, uses the MTP block's in place through the source's mapping (not
- * counted in the budget). The forward runs the backend's attention / moe blocks but does the fc
- * and the norms on the host: CPU backend only. */
+ * counted in the budget). The forward runs the backend's attention / moe blocks; the fc and the
+ * norms run on the host for the CPU backend (layers.c), on the device for a backend that has
+ * mtp_begin / mtp_end (CUDA: the same operations, backend_cuda.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -31,6 +32,12 @@
 #include "model/model.h"
 
 bool model_has_mtp(const model *m) { return m->mtp.on; }
+
+bool model_mtp_runs(const model *m) {
+  const model_backend *be = m->be;
+  return m->mtp.on && be->keep_begin && be->keep_accept &&
+         (be->device == MODEL_DEV_CPU || (be->mtp_begin && be->mtp_end));
+}
 
 void model_final_norm(const model *m, const float *x, int64_t n, float *y) {
   const int64_t E = m->hp.n_embd;
@@ -81,14 +88,27 @@ int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t
   const floe_hparams *hp = &m->hp;
   const int64_t E = hp->n_embd, V = hp->n_vocab, l = hp->n_layer;
   if (!m->mtp.on) return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "the model has no MTP module");
-  if (s->be != &model_backend_cpu)
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "MTP: the %s backend does not run the MTP block yet", s->be->name);
+  const bool dev = s->be->mtp_begin != NULL; /* the fc and the norms on the backend's device */
+  if (!dev && s->be->device != MODEL_DEV_CPU)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "MTP: the %s backend does not run the MTP block", s->be->name);
   if (n < 1 || n > MODEL_MAX_BATCH || 2 * n > MODEL_MAX_BATCH * hp->n_expert_used || pos0 < 0 || pos0 + n > s->kv.n_ctx || first < 0 || first > n)
     return floe_err(err, errlen, FLOE_E_INVALID, "MTP: %lld rows at position %lld do not fit the context of %lld",
                     (long long)n, (long long)pos0, (long long)s->kv.n_ctx);
   for (int64_t t = 0; t < n; t++)
     if (tok[t] < 0 || tok[t] >= V) return floe_err(err, errlen, FLOE_E_INVALID, "MTP: token %d out of range", tok[t]);
   const double t0 = floe_time_s();
+  if (dev) {
+    float *x = s->be->mtp_begin(s, tok, h, n, pos0);
+    if (m->xs) xs_lock(m->xs);
+    s->xs_err = 0;
+    s->be->attention(s, l, x, n, pos0, true);
+    s->be->moe(s, l, x, n);
+    if (m->xs) xs_unlock(m->xs);
+    int rc = s->xs_err ? floe_err(err, errlen, s->xs_err, "%s", s->xs_msg)
+                       : s->be->mtp_end(s, x, n, first, logits, h_out, err, errlen);
+    s->ph[MODEL_PH_OTHER] += floe_time_s() - t0;
+    return rc;
+  }
   /* concat rows [enorm(embed) | hnorm(h)] in s->contrib ([B*K][E] >= [B][2E] since K >= 2 here) */
   float *cat = s->contrib, *x = s->x;
   for (int64_t t = 0; t < n; t++) {

@@ -99,6 +99,16 @@ void cuda_gdn_conv(const cuda_gdn_shape *sh, const float *mix, const float *conv
 void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b, const float *a,
                     const float *dt_bias, const float *ssm_a, const float *norm_w, float *S, float *o,
                     int64_t n_tok, void *stream);
+/* The same two ops with the state behind a device pointer cell (*conv_state, *S: read by the
+ * kernel at launch, so a recorded graph follows pointer swaps made between replays), and kept
+ * chunks: keep NULL updates the state in place; keep != NULL (a device array of n_tok pointers,
+ * n_tok <= 8) leaves the state as it was and writes the state after token t into keep[t] (same
+ * layout), bit-identical to the in-place state after t + 1 tokens. */
+void cuda_gdn_conv_p(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *const *conv_state,
+                     float *const *keep, float *raw, int64_t n_tok, void *stream);
+void cuda_gdn_recur_p(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b, const float *a,
+                      const float *dt_bias, const float *ssm_a, const float *norm_w, float *const *S,
+                      float *const *keep, float *o, int64_t n_tok, void *stream);
 /* Tests and benchmarks: 1 = the two-threads-per-column recurrence for dk 128 (k_gdn_recur2, the
  * default), 0 = one thread per column (the same bits; FLOE_CUDA_GDN2=0 sets 0 at the first call). */
 void cuda_gdn_set_impl(int two);

@@ -9,7 +9,11 @@
  *     S^T q in order, then the gated RMSNorm with silu(z) (warp 0, sumsq16 order). Same
  *     operations and order as gdn_heads_worker; the columns are independent, so a thread per
  *     column is the CPU's loop order exactly. The decay's exp / log1p are computed in double and
- *     rounded (libm expf / log1pf on the CPU): see cuda_ops.h. */
+ *     rounded (libm expf / log1pf on the CPU): see cuda_ops.h.
+ * Kept chunks (KEEP = true, speculative verify): the same token loop, with the state after each
+ * token also stored into that token's own buffer and the state read at entry left as it was.
+ * The state lives in registers across the loop either way, so row t's kept state is bit for bit
+ * the in-place state after t + 1 tokens. The in-place instantiations are unchanged code. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -35,10 +39,12 @@ extern "C" int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen
   return 0;
 }
 
+template <bool KEEP>
 static __global__ void __launch_bounds__(128)
-    k_gdn_conv(const float *mix, const float *wt, float *state, float *raw, int C, int K, int dk, int Nk,
-               int n_tok, float qscale) {
+    k_gdn_conv(const float *mix, const float *wt, float *state, float *const *state_p, float *const *keep, float *raw,
+               int C, int K, int dk, int Nk, int n_tok, float qscale) {
   PDL_ENTER();
+  if (state_p) state = *state_p; /* the window behind a device pointer cell (graph replay after swaps) */
   __shared__ float xs[128];
   const int g = blockIdx.x, tid = threadIdx.x, ch = g * dk + tid;
   const bool ok = tid < dk && ch < C, norm = g < 2 * Nk; /* threads >= dk: barriers only */
@@ -78,22 +84,42 @@ static __global__ void __launch_bounds__(128)
       __syncthreads();
     }
     if (ok) raw[(int64_t)t * C + ch] = c;
+    if (KEEP && ok) { /* kept chunk: the window after row t into row t's buffer */
+      float *kt = keep[t];
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++)
+        if (q < K - 1) kt[(int64_t)q * C + ch] = win[q];
+    }
   }
-  if (ok)
+  if (!KEEP && ok)
 #pragma unroll
     for (int q = 0; q < GDN_KMAX - 1; q++)
       if (q < K - 1) state[(int64_t)q * C + ch] = win[q];
 }
 
-extern "C" void cuda_gdn_conv(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
-                              float *raw, int64_t n_tok, void *stream) {
+static void gdn_conv_launch(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
+                            float *const *state_p, float *const *keep, float *raw, int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
   const int C = 2 * sh->Nk * sh->dk + sh->Nv * sh->dv;
   const float qscale = (float)(1.0 / sqrt((double)sh->dk));
   /* whole warps: the sumsq16 warp needs all 32 lanes */
-  pdl_launch(k_gdn_conv, dim3((C + sh->dk - 1) / sh->dk), dim3((sh->dk + 31) / 32 * 32), (size_t)(0), OPS_STREAM(stream), mix, conv_wt, conv_state, raw, C,
-                                                                          sh->conv_k, sh->dk, sh->Nk, (int)n_tok,
-                                                                          qscale);
+  const dim3 grid((C + sh->dk - 1) / sh->dk), block((sh->dk + 31) / 32 * 32);
+  if (keep)
+    pdl_launch(k_gdn_conv<true>, grid, block, (size_t)0, OPS_STREAM(stream), mix, conv_wt, conv_state, state_p, keep,
+               raw, C, sh->conv_k, sh->dk, sh->Nk, (int)n_tok, qscale);
+  else
+    pdl_launch(k_gdn_conv<false>, grid, block, (size_t)0, OPS_STREAM(stream), mix, conv_wt, conv_state, state_p, keep,
+               raw, C, sh->conv_k, sh->dk, sh->Nk, (int)n_tok, qscale);
+}
+
+extern "C" void cuda_gdn_conv(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
+                              float *raw, int64_t n_tok, void *stream) {
+  gdn_conv_launch(sh, mix, conv_wt, conv_state, NULL, NULL, raw, n_tok, stream);
+}
+
+extern "C" void cuda_gdn_conv_p(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt,
+                                float *const *conv_state, float *const *keep, float *raw, int64_t n_tok, void *stream) {
+  gdn_conv_launch(sh, mix, conv_wt, NULL, conv_state, keep, raw, n_tok, stream);
 }
 
 /* expf / log1pf as libm computes them (correctly rounded float results, in practice) */
@@ -105,12 +131,13 @@ static __device__ __forceinline__ float gdn_softplus(float x) {
 /* DK: the kernel's key dim (16, 32, 64 or 128), dk <= DK the real one; rows i >= dk are skipped
  * (uniform branches). A thread per column jj < dv; blockDim is dv rounded up to whole warps, the
  * extra threads take part in the barriers only. */
-template <int DK>
+template <int DK, bool KEEP>
 static __global__ void __launch_bounds__(128)
     k_gdn_recur(const float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
-                const float *ssm_a, const float *norm_w, float *Sg, float *o, int Nk, int Nv, int dk, int dv,
-                int v_tiled, float eps, int n_tok) {
+                const float *ssm_a, const float *norm_w, float *Sg, float *const *Sp, float *const *keep, float *o,
+                int Nk, int Nv, int dk, int dv, int v_tiled, float eps, int n_tok) {
   PDL_ENTER();
+  if (Sp) Sg = *Sp; /* the state behind a device pointer cell (graph replay after swaps) */
   __shared__ float qk[2 * DK];
   __shared__ float os[128];
   __shared__ float s_rr;
@@ -183,6 +210,13 @@ static __global__ void __launch_bounds__(128)
         oo = __fadd_rn(oo, __fmul_rn(v, qk[i]));
       }
       os[jj] = oo;
+      if (KEEP) { /* kept chunk: the state after row t into row t's buffer */
+        float *Kt = keep[t] + (int64_t)hv * dk * dv + jj;
+#pragma unroll
+        for (int i = 0; i < SR; i++)
+          if (i < dk) Kt[(int64_t)i * dv] = s[i];
+        for (int i = SR; i < dk; i++) Kt[(int64_t)i * dv] = ssh[(i - SR) * dv + jj];
+      }
     }
     __syncthreads(); /* os complete; every thread has read beta / decay and qk of token t */
     if (jj < 32) {
@@ -192,7 +226,7 @@ static __global__ void __launch_bounds__(128)
     __syncthreads();
     if (col) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
   }
-  if (col) {
+  if (!KEEP && col) {
 #pragma unroll
     for (int i = 0; i < SR; i++)
       if (i < dk) S[(int64_t)i * dv] = s[i];
@@ -227,11 +261,13 @@ static __device__ __forceinline__ float g2_chain(const float p[G2_HALF], int lan
   return acc;
 }
 
+template <bool KEEP>
 static __global__ void __launch_bounds__(256)
     k_gdn_recur2(const float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
-                 const float *ssm_a, const float *norm_w, float *Sg, float *o, int Nk, int Nv, int dv, int v_tiled,
-                 float eps, int n_tok) {
+                 const float *ssm_a, const float *norm_w, float *Sg, float *const *Sp, float *const *keep, float *o,
+                 int Nk, int Nv, int dv, int v_tiled, float eps, int n_tok) {
   PDL_ENTER();
+  if (Sp) Sg = *Sp;
   constexpr int dk = 128;
   __shared__ float qk[2 * dk];
   __shared__ float os[128];
@@ -284,6 +320,11 @@ static __global__ void __launch_bounds__(256)
     }
     const float oo = g2_chain(p, lane, half);
     if (half == 1 && col) os[jj] = oo;
+    if (KEEP && col) { /* kept chunk: this half's rows of the state after row t */
+      float *Kt = keep[t] + (int64_t)hv * dk * dv + jj;
+#pragma unroll
+      for (int i = 0; i < G2_HALF; i++) Kt[(int64_t)(i0 + i) * dv] = s[i];
+    }
     __syncthreads(); /* os complete; every thread has read beta / decay and qk of token t */
     if (threadIdx.x < 32) {
       const float ss = ops_sumsq16_warp(os, dv);
@@ -293,7 +334,7 @@ static __global__ void __launch_bounds__(256)
     if (col && half == 1)
       o[(int64_t)t * vd + (int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
   }
-  if (col)
+  if (!KEEP && col)
 #pragma unroll
     for (int i = 0; i < G2_HALF; i++) S[(int64_t)(i0 + i) * dv] = s[i];
 }
@@ -302,30 +343,54 @@ static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur;
 
 extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
 
-extern "C" void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
-                               const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w,
-                               float *S, float *o, int64_t n_tok, void *stream) {
+static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
+                             const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w, float *S,
+                             float *const *Sp, float *const *keep, float *o, int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
   if (g_gdn_impl < 0) {
     const char *e = getenv("FLOE_CUDA_GDN2");
     g_gdn_impl = !(e && e[0] == '0');
   }
   if (g_gdn_impl == 1 && sh->dk == 128 && sh->dv <= 128) {
-    pdl_launch(k_gdn_recur2, dim3(sh->Nv), dim3((sh->dv + 15) / 16 * 32), (size_t)0, OPS_STREAM(stream), raw, z, b, a,
-               dt_bias, ssm_a, norm_w, S, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
+    const dim3 grid(sh->Nv), block((sh->dv + 15) / 16 * 32);
+    if (keep)
+      pdl_launch(k_gdn_recur2<true>, grid, block, (size_t)0, OPS_STREAM(stream), raw, z, b, a, dt_bias, ssm_a, norm_w,
+                 S, Sp, keep, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
+    else
+      pdl_launch(k_gdn_recur2<false>, grid, block, (size_t)0, OPS_STREAM(stream), raw, z, b, a, dt_bias, ssm_a, norm_w,
+                 S, Sp, keep, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
     return;
   }
   const int nt = (sh->dv + 31) / 32 * 32, DK = sh->dk <= 16 ? 16 : sh->dk <= 32 ? 32 : sh->dk <= 64 ? 64 : 128;
   const int sr = DK <= 32 ? DK : (DK == 64 ? 32 : GDN_SR128);
   const size_t shm = sh->dk > sr ? (size_t)(sh->dk - sr) * sh->dv * sizeof(float) : 0;
-#define GDN_CASE(D)                                                                                              \
-  pdl_launch(k_gdn_recur<D>, dim3(sh->Nv), dim3(nt), (size_t)(shm), OPS_STREAM(stream), raw, z, b, a, dt_bias, ssm_a, norm_w, S, o, sh->Nk, sh->Nv, \
-                                                          sh->dk, sh->dv, sh->v_tiled, sh->eps, (int)n_tok)
-  switch (DK) {
-  case 16: GDN_CASE(16); break;
-  case 32: GDN_CASE(32); break;
-  case 64: GDN_CASE(64); break;
-  default: GDN_CASE(128); break;
+#define GDN_CASE(D, KP)                                                                                          \
+  pdl_launch(k_gdn_recur<D, KP>, dim3(sh->Nv), dim3(nt), (size_t)(shm), OPS_STREAM(stream), raw, z, b, a, dt_bias, \
+             ssm_a, norm_w, S, Sp, keep, o, sh->Nk, sh->Nv, sh->dk, sh->dv, sh->v_tiled, sh->eps, (int)n_tok)
+#define GDN_CASES(KP)                   \
+  switch (DK) {                         \
+  case 16: GDN_CASE(16, KP); break;     \
+  case 32: GDN_CASE(32, KP); break;     \
+  case 64: GDN_CASE(64, KP); break;     \
+  default: GDN_CASE(128, KP); break;    \
   }
+  if (keep) {
+    GDN_CASES(true)
+  } else {
+    GDN_CASES(false)
+  }
+#undef GDN_CASES
 #undef GDN_CASE
+}
+
+extern "C" void cuda_gdn_recur(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
+                               const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w,
+                               float *S, float *o, int64_t n_tok, void *stream) {
+  gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, S, NULL, NULL, o, n_tok, stream);
+}
+
+extern "C" void cuda_gdn_recur_p(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
+                                 const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w,
+                                 float *const *S, float *const *keep, float *o, int64_t n_tok, void *stream) {
+  gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, NULL, S, keep, o, n_tok, stream);
 }
