@@ -265,6 +265,7 @@ static void test_keep(const model *mg) {
   for (int i = 0; i < NX; i++) e[i] = (int32_t)((i * 1299709 + 5) % V);
   float *lg = malloc((size_t)V * 4), *vlog = malloc((size_t)(SPEC_N * V) * 4), *ref = malloc((size_t)(SPEC_N * V) * 4);
   float *o1 = malloc((size_t)(NX * V) * 4), *o2 = malloc((size_t)(NX * V) * 4);
+  float *vhid = malloc((size_t)(SPEC_N * mg->hp.n_embd) * 4);
   /* the reference rows: d decoded one token at a time */
   model_session *r = spec_session(mg, prompt, T, 5, lg);
   int rc = r ? 0 : -1;
@@ -274,8 +275,14 @@ static void test_keep(const model *mg) {
   for (int64_t a = 0; a <= SPEC_N && !rc; a++) {
     model_session *s1 = spec_session(mg, prompt, T, 5, lg), *s2 = spec_session(mg, prompt, T, 5, lg);
     if (!s1 || !s2) rc = -1;
-    for (int64_t i = 0; i < SPEC_N * V; i++) vlog[i] = NAN;
-    if (!rc) rc = model_verify(s1, d, SPEC_N, vlog, NULL, err, sizeof err);
+    /* twice: the first (recorded, when verify chunks are) rejected, the second (replayed) kept */
+    int64_t rows = 0;
+    for (int rep = 0; rep < 2 && !rc; rep++) {
+      for (int64_t i = 0; i < SPEC_N * V; i++) vlog[i] = NAN;
+      rc = model_verify(s1, d, SPEC_N, vlog, vhid, err, sizeof err);
+      for (int64_t i = 0; i < SPEC_N && !rc; i++) rows += memcmp(vlog + i * V, ref + i * V, (size_t)V * 4) != 0;
+      if (!rc && rep == 0) model_verify_accept(s1, 0);
+    }
     if (!rc) {
       model_verify_accept(s1, a);
       for (int64_t i = 0; i < a && !rc; i++) rc = model_eval(s2, &d[i], 1, lg, false, err, sizeof err);
@@ -286,8 +293,7 @@ static void test_keep(const model *mg) {
     }
     CHECK(rc == 0, "a = %lld: ran%s%s", (long long)a, rc ? ": " : "", rc ? err : "");
     if (!rc) {
-      int64_t rows = 0, steps = 0;
-      for (int64_t i = 0; i < SPEC_N; i++) rows += memcmp(vlog + i * V, ref + i * V, (size_t)V * 4) != 0;
+      int64_t steps = 0;
       for (int64_t i = 0; i < NX; i++) steps += memcmp(o1 + i * V, o2 + i * V, (size_t)V * 4) != 0;
       CHECK(rows == 0, "a = %lld: verify rows bit-identical to single-token decode (%lld differ)", (long long)a,
             (long long)rows);
@@ -298,7 +304,7 @@ static void test_keep(const model *mg) {
     if (s1) model_session_free(s1);
     if (s2) model_session_free(s2);
   }
-  free(lg), free(vlog), free(ref), free(o1), free(o2);
+  free(lg), free(vlog), free(ref), free(o1), free(o2), free(vhid);
 }
 
 static void test_mtp_block(const model *mg, const model *mc) {
@@ -422,7 +428,9 @@ static void test_mtp_generate(const char *path) {
   free(cpu), free(base), free(got);
 }
 
-static void test_spec(const char *path) {
+static void test_spec(const char *path, bool graphs) {
+  SECTION("speculative decoding on the GPU, verify chunks and MTP evaluations %s", graphs ? "recorded" : "not recorded");
+  setenv("FLOE_CUDA_SPEC_GRAPH", graphs ? "1" : "0", 1); /* read by each new session */
   model *mg = NULL, *mc = NULL;
   CHECK(load(path, true, &mg) == 0 && load(path, false, &mc) == 0, "default model loaded on both backends");
   if (mg && mc) {
@@ -444,7 +452,9 @@ int main(void) {
   test_fixture_model("qwen3next");
   test_fixture_model("qwen35moe");
   test_quantized(test_fixture("../../models/default.gguf"), "default model (Q8_0)", 64, true);
-  test_spec(test_fixture("../../models/default.gguf"));
+  test_spec(test_fixture("../../models/default.gguf"), true);
+  test_spec(test_fixture("../../models/default.gguf"), false);
+  unsetenv("FLOE_CUDA_SPEC_GRAPH");
   const char *synth = getenv("FLOE_TEST_SYNTH");
   if (synth && *synth) test_quantized(synth, synth, 64, false);
   /* FLOE_TEST_SYNTH_CPU="F1 F2 ...": small `floe synth` models (e.g. the tiny presets in Q4_K /

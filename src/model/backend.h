@@ -74,12 +74,15 @@ typedef struct model_backend {
   void (*keep_accept)(model_session *s, int64_t a);
   /* The MTP block's input and output (mtp.c model_mtp_eval) on the backend's device; NULL: mtp.c
    * computes them on the host with layers.c (the CPU backend). mtp_begin starts an evaluation of
-   * n rows at MTP positions pos0.. (never a recorded step) and returns the residual buffer with
+   * n rows at MTP positions pos0.. and returns the residual buffer with
    * x[t] = fc(concat(enorm(embed(tok[t])), hnorm(h[t]))) (h: host rows) and the MTP layer's
    * normed attention input prepared; the driver then calls attention and moe with l = n_layer.
-   * mtp_end finishes it: g = norm(x) into h_out (host, may be NULL), the logits of rows
-   * [first, n) of g into logits (host, may be NULL). 0 or FLOE_E_*. */
-  float *(*mtp_begin)(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0);
+   * first and flags (MODEL_EVAL_LOGITS: logits wanted, MODEL_EVAL_HIDDEN: h_out wanted) say
+   * what mtp_end will be asked (a backend may record the evaluation as one step). mtp_end
+   * finishes it: g = norm(x) into h_out (host, may be NULL), the logits of rows [first, n) of g
+   * into logits (host, may be NULL). 0 or FLOE_E_*. */
+  float *(*mtp_begin)(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0, int64_t first,
+                      int flags);
   int (*mtp_end)(model_session *s, float *x, int64_t n, int64_t first, float *logits, float *h_out, char *err,
                  size_t errlen);
   /* The final hidden states (the residual stream after the last layer, before the output norm)

@@ -17,7 +17,10 @@
  * without logits) and replayed afterwards: the token and position are copied from pinned host
  * memory by the graph's first nodes, every kernel reads them from device memory, and the logits
  * and greedy pick land in pinned memory that eval_end copies out. While a graph is replayed the
- * block calls of the driver do nothing.
+ * block calls of the driver do nothing. Speculative decoding records two more kinds per row count
+ * n <= KV_KEEP_MAX (FLOE_CUDA_SPEC_GRAPH=0: not recorded): the kept verify chunk (all logits and
+ * the hidden states) and the MTP block's evaluation (the last row's logits and every row's normed
+ * output); their host inputs and outputs go through pinned staging buffers, like the token.
  *
  * Memory: the model's device copies (weights, expert stacks with a fixed stride per expert) belong
  * to cu_model (model->dev); a session's (KV cache, recurrent state, scratch for MODEL_MAX_BATCH
@@ -79,6 +82,10 @@ typedef struct cu_model {
 
 #define AB 16 /* attention rows per launch in prefill (its split-K scratch grows with the rows) */
 #define LB 16 /* logits rows per launch (the [LB][n_vocab] device buffer) */
+/* recorded steps: one token (without logits, with, with logits and its hidden state: a plain step
+ * that feeds the MTP), kept verify chunks and MTP evaluations of
+ * n = 1..KV_KEEP_MAX rows */
+enum { G_DEC = 0, G_VER = 3, G_MTP = G_VER + KV_KEEP_MAX, G_N = G_MTP + KV_KEEP_MAX };
 
 typedef struct cu_sess {
   void *stream;
@@ -125,8 +132,14 @@ typedef struct cu_sess {
   int64_t dst_rows;
   bool staged;                 /* logits_h holds dst_rows rows to copy out at eval_end */
   bool want_greedy;
-  /* graphs: [0] one token without logits, [1] with logits + greedy */
-  void *graph[2];
+  /* graphs (G_*): one token without / with logits + greedy; kept verify chunks of n rows; MTP
+   * evaluations of n rows. gfirst: the first logits row the graph was recorded with. */
+  void *graph[G_N];
+  int64_t gfirst[G_N];
+  bool spec_graph;             /* record verify chunks and MTP evaluations (FLOE_CUDA_SPEC_GRAPH) */
+  float *hin_h, *hid_h;        /* pinned [B][E]: the MTP's input rows; hidden / h_out rows staged */
+  float *hid_dst;              /* where eval_end copies the hid_rows rows staged in hid_h */
+  int64_t hid_rows;
   int capturing;               /* -1 none, else the graph slot being captured */
   bool replay;
   bool profile;                /* FLOE_CUDA_PROFILE: no graph, a sync after every block, timed into s->ph */
@@ -474,7 +487,9 @@ static void cu_session_free(model_session *s) {
   cu_sess *c = s->dev;
   if (!c) return;
   if (c->stream) cuda_rt_stream_sync(c->stream, NULL, 0);
-  for (int i = 0; i < 2; i++) cuda_graph_destroy(c->graph[i]);
+  for (int i = 0; i < G_N; i++) cuda_graph_destroy(c->graph[i]);
+  cuda_rt_host_free(c->hin_h);
+  cuda_rt_host_free(c->hid_h);
   void *dev[] = { c->x, c->h, c->out, c->q, c->k, c->v, c->att, c->mix, c->z, c->b, c->a, c->raw, c->o,
                   c->rlog, c->selw, c->shg, c->sel, c->hr, c->hs, c->yr, c->ys, c->xq[0], c->xq[1], c->xqd,
                   c->logits, c->tok, c->pos, c->greedy, c->attn_scr, c->amax_scr, c->rope };
@@ -555,6 +570,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   c->capturing = -1;
   c->profile = getenv("FLOE_CUDA_PROFILE") != NULL;
   c->use_graph = !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL;
+  const char *sg = getenv("FLOE_CUDA_SPEC_GRAPH");
+  c->spec_graph = c->use_graph && !(sg && sg[0] == '0');
   int rc = cuda_rt_init(cm->dev, err, errlen);
   if (rc || (rc = cuda_rt_stream_create(&c->stream, err, errlen))) return rc;
   const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
@@ -647,6 +664,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
       (rc = cuda_rt_host_alloc((void **)&c->greedy_h, 16, err, errlen)) ||
       (rc = cuda_rt_host_alloc((void **)&c->logits_h, (size_t)(LB * V) * 4, err, errlen)) ||
       (rc = cuda_rt_host_alloc((void **)&c->tab_h, tab_bytes(s), err, errlen)) ||
+      (rc = cuda_rt_host_alloc((void **)&c->hin_h, (size_t)(B * E) * 4, err, errlen)) ||
+      (rc = cuda_rt_host_alloc((void **)&c->hid_h, (size_t)(B * E) * 4, err, errlen)) ||
       (rc = dalloc(c, &c->tab, tab_bytes(s), err, errlen)))
     return rc;
   if ((rc = tab_upload(s))) return floe_err(err, errlen, rc, "cuda: cannot upload the state table");
@@ -840,25 +859,25 @@ static void mm_own(model_session *s, const dmat *W, int64_t n, const float *X, i
   mm(s, W, n, X, ldx, W->h, xq, xs, Y, ldy);
 }
 
-static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int flags) {
+/* Starts a chunk: tokens and positions staged (pinned) and uploaded; slot >= 0: the recorded
+ * step of that slot serves it (replayed when recorded, else recorded now). */
+static float *begin_chunk(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int slot) {
   cu_sess *c = s->dev;
   c->staged = false;
   c->dst = NULL;
+  c->hid_dst = NULL;
   c->want_greedy = false;
   c->replay = false;
   c->capturing = -1;
   c->err = 0;
   memcpy(c->tok_h, tokens, (size_t)n * sizeof *tokens);
   for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
-  /* one token, no hidden states: a recorded step (per kind: with or without logits) */
-  const int slot = (flags & MODEL_EVAL_LOGITS) ? 1 : 0;
-  const bool graphable = n == 1 && !(flags & MODEL_EVAL_HIDDEN) && c->use_graph && c->keep_n == 0;
-  if (graphable && c->graph[slot]) {
+  if (slot >= 0 && c->graph[slot]) {
     c->replay = true;
     c->capturing = slot;
     return c->x;
   }
-  if (graphable && cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) c->capturing = slot;
+  if (slot >= 0 && cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) c->capturing = slot;
   cuda_rt_h2d_async(c->tok, c->tok_h, (size_t)n * 4, c->stream);
   cuda_rt_h2d_async(c->pos, c->pos_h, (size_t)n * 4, c->stream);
   if (c->profile) {
@@ -866,6 +885,19 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
     c->t_blk = floe_time_s();
   }
   return c->x;
+}
+
+static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int flags) {
+  cu_sess *c = s->dev;
+  int slot = -1;
+  if (c->keep_n) { /* a kept verify chunk: recorded per row count when it asks for all it can */
+    if (c->spec_graph && n == c->keep_n && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_HIDDEN)) slot = G_VER + (int)n - 1;
+  } else if (n == 1 && !(flags & MODEL_EVAL_HIDDEN) && c->use_graph) { /* decode, per kind */
+    slot = G_DEC + ((flags & MODEL_EVAL_LOGITS) ? 1 : 0);
+  } else if (n == 1 && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_HIDDEN) && c->spec_graph) {
+    slot = G_DEC + 2;
+  }
+  return begin_chunk(s, tokens, n, pos0, slot);
 }
 
 /* FLOE_CUDA_PROFILE: the block's time (synchronized) into phase ph. */
@@ -1059,12 +1091,18 @@ static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
   if (c->replay) { /* the recorded step computes them; eval_end copies them out */
+    if (first != c->gfirst[c->capturing] && !c->err) { /* recorded for other rows: refuse, never mix */
+      c->err = FLOE_E_INVALID;
+      snprintf(c->msg, sizeof c->msg, "a recorded step replayed for logits from row %lld (recorded: %lld)",
+               (long long)first, (long long)c->gfirst[c->capturing]);
+    }
     c->dst = logits;
     c->dst_rows = n - first;
     c->staged = true;
     c->want_greedy = greedy;
     return;
   }
+  if (c->capturing >= 0) c->gfirst[c->capturing] = first;
   for (int64_t r0 = first; r0 < n; r0 += LB) {
     const int64_t nb = n - r0 < LB ? n - r0 : LB;
     mm_own(s, &cm->output, nb, c->h + r0 * E, E, c->logits, V);
@@ -1089,11 +1127,13 @@ static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n
   }
 }
 
+/* Staged in pinned memory (a recorded step copies there), copied out by eval_end. */
 static void cu_hidden(model_session *s, const float *x, int64_t first, int64_t n, float *dst) {
   cu_sess *c = s->dev;
   const int64_t E = s->m->hp.n_embd;
-  cuda_rt_d2h_async(dst, x + first * E, (size_t)((n - first) * E) * 4, c->stream);
-  if (cuda_rt_stream_sync(c->stream, c->msg, sizeof c->msg)) c->err = FLOE_E_IO;
+  if (!c->replay) cuda_rt_d2h_async(c->hid_h, x + first * E, (size_t)((n - first) * E) * 4, c->stream);
+  c->hid_dst = dst;
+  c->hid_rows = n - first;
 }
 
 static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen);
@@ -1102,19 +1142,26 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen);
  * The same operations as mtp.c's host path: embedding row, the two norms into the halves of a
  * [n][2E] concat row (one norm launch per half row: the norm kernel writes contiguous rows), the
  * fc through mm_own (layer_matmul's input choice), then layer n_layer's attention and MoE (the
- * driver calls them), then the block's final norm and the output head (cu_logits). Never part of
- * a recorded step: cu_eval_begin with MODEL_EVAL_HIDDEN does not record. */
-static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0) {
+ * driver calls them), then the block's final norm and the output head (cu_logits). A draft's
+ * evaluation (n <= KV_KEEP_MAX rows, the last row's logits, every row's output) is a recorded
+ * step per n: h is staged in pinned hin_h, the outputs in hid_h / logits_h. */
+static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0,
+                           int64_t first, int flags) {
   const model *m = s->m;
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd;
   const float eps = m->hp.rms_eps;
-  float *x = cu_eval_begin(s, tok, n, pos0, MODEL_EVAL_HIDDEN); /* tokens and positions uploaded */
   cu_sess *c = s->dev;
+  /* recorded: the draft's form (the last row's logits and every row's output), n <= KV_KEEP_MAX */
+  const bool rec = c->spec_graph && n <= KV_KEEP_MAX && first == n - 1 &&
+                   flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_HIDDEN);
+  float *x = begin_chunk(s, tok, n, pos0, rec ? G_MTP + (int)n - 1 : -1); /* tokens and positions */
+  memcpy(c->hin_h, h, (size_t)(n * E) * sizeof(float));
+  if (c->replay) return x;
   /* scratch: embedding rows in ys [B][E], h in out [B][E], the concat rows in yr ([B*(K+1)][E],
    * at least [B][2E]: model_mtp_eval checks 2n <= B*K) */
   float *emb = c->ys, *hd = c->out, *cat = c->yr;
-  cuda_rt_h2d_async(hd, h, (size_t)(n * E) * sizeof(float), c->stream);
+  cuda_rt_h2d_async(hd, c->hin_h, (size_t)(n * E) * sizeof(float), c->stream);
   const cuda_mat *T = &cm->tok_embd.d;
   if (cuda_embed_check(T->type, E, NULL, 0) == 0)
     cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
@@ -1139,11 +1186,17 @@ static int cu_mtp_end(model_session *s, float *x, int64_t n, int64_t first, floa
   const model *m = s->m;
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd;
-  /* the MoE's combine left h = output_norm(x) (its "next" norm); the block's own norm instead */
-  cuda_rmsnorm(x, cm->mtp_norm, c->h, n, E, m->hp.rms_eps, c->stream);
-  c->hq[0] = c->hq[1] = NULL;
-  if (h_out) cuda_rt_d2h_async(h_out, c->h, (size_t)(n * E) * sizeof(float), c->stream);
-  if (logits && n - first > 0) cu_logits(s, x, first, n, logits, false); /* rows of h, synchronized */
+  if (!c->replay) {
+    /* the MoE's combine left h = output_norm(x) (its "next" norm); the block's own norm instead */
+    cuda_rmsnorm(x, cm->mtp_norm, c->h, n, E, m->hp.rms_eps, c->stream);
+    c->hq[0] = c->hq[1] = NULL;
+    if (h_out) cuda_rt_d2h_async(c->hid_h, c->h, (size_t)(n * E) * sizeof(float), c->stream);
+  }
+  if (h_out) {
+    c->hid_dst = h_out;
+    c->hid_rows = n;
+  }
+  if (logits && n - first > 0) cu_logits(s, x, first, n, logits, false); /* rows of h */
   return cu_eval_end(s, n, err, errlen);
 }
 
@@ -1164,6 +1217,7 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   if (!rc && c->err) rc = floe_err(err, errlen, c->err, "cuda: %s", c->msg);
   if (rc) return rc;
   if (c->staged && c->dst) memcpy(c->dst, c->logits_h, (size_t)(c->dst_rows * s->m->hp.n_vocab) * 4);
+  if (c->hid_dst) memcpy(c->hid_dst, c->hid_h, (size_t)(c->hid_rows * s->m->hp.n_embd) * 4);
   if (c->want_greedy) s->greedy = c->greedy_h[0];
   return 0;
 }

@@ -98,7 +98,8 @@ int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t
     if (tok[t] < 0 || tok[t] >= V) return floe_err(err, errlen, FLOE_E_INVALID, "MTP: token %d out of range", tok[t]);
   const double t0 = floe_time_s();
   if (dev) {
-    float *x = s->be->mtp_begin(s, tok, h, n, pos0);
+    const int flags = (logits && n - first > 0 ? MODEL_EVAL_LOGITS : 0) | (h_out ? MODEL_EVAL_HIDDEN : 0);
+    float *x = s->be->mtp_begin(s, tok, h, n, pos0, first, flags);
     if (m->xs) xs_lock(m->xs);
     s->xs_err = 0;
     s->be->attention(s, l, x, n, pos0, true);
