@@ -364,10 +364,51 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   tmat_free(&m);
 }
 
+/* ---- the tensor-core path: nb activation rows through cuda_mm_matmul, GPU == CPU bit for bit ---- */
+static void check_mma(uint32_t type, int64_t rows, int64_t cols, int nb, int on) {
+  tmat m = make_mat(type, 0, 0, 0, rows, cols, 1);
+  const floe_mat *W = &m.W;
+  dmat g = upload(&m, 1);
+  const int64_t ldx = cols + 5, ldy = rows + 3;
+  float *X = malloc(sizeof(float) * (size_t)(ldx * nb));
+  fill_x(X, ldx * nb);
+  const size_t ab = kern_act_bytes(W);
+  uint8_t *xq = malloc(ab * (size_t)nb);
+  kern_act_quantize_rows(W, nb, X, ldx, xq, ab);
+  void *dxq = dev_put(xq, ab * (size_t)nb);
+  float *Yc = calloc((size_t)(ldy * nb), sizeof(float)), *Yg = malloc(sizeof(float) * (size_t)(ldy * nb));
+  float *dY = dev_put(NULL, sizeof(float) * (size_t)(ldy * nb));
+  kern_matmul_batch(W, nb, X, ldx, xq, ab, Yc, ldy, 0, rows);
+  cuda_mm_set_mma(on);
+  dev_poison(dY, sizeof(float) * (size_t)(ldy * nb));
+  cuda_mm_matmul(&g.M, nb, NULL, ldx, dxq, ab, dY, ldy, NULL);
+  CHECK(cuda_rt_check("mma", err, sizeof err) == 0, "mma launch: %s", err);
+  dev_get(Yg, dY, sizeof(float) * (size_t)(ldy * nb));
+  int64_t bad = -1;
+  for (int b = 0; b < nb && bad < 0; b++) {
+    const int64_t d = first_diff(Yc + b * ldy, Yg + b * ldy, rows);
+    if (d >= 0) bad = b * ldy + d;
+  }
+  CHECK(bad < 0, "%s %lldx%lld nb=%d %s: GPU == CPU bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
+        floe_type_info(type)->name, (long long)rows, (long long)cols, nb, on ? "tensor cores" : "k_k4", (long long)bad,
+        bad >= 0 ? Yg[bad] : 0.0, bad >= 0 ? Yc[bad] : 0.0);
+  free(X);
+  free(xq);
+  free(Yc);
+  free(Yg);
+  cuda_rt_free(dxq);
+  cuda_rt_free(dY);
+  dmat_free(&g);
+  tmat_free(&m);
+}
+
 /* ---- MoE ---- */
 
-static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t E, int64_t I, int T, int K, int shared) {
-  const int NE = shared ? 1 : 5;
+/* grouped: the prefill form (cuda_mm_moe_group, then the _grp calls: the tensor-core kernels for
+ * Q4_K / Q5_K), which must give the same bits */
+static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t E, int64_t I, int T, int K, int shared,
+                      int grouped, int n_exp) {
+  const int NE = shared ? 1 : n_exp;
   tmat mg = make_mat(type, bits, group, sbt, I, E, NE), mu = make_mat(type, bits, group, sbt, I, E, NE);
   tmat md = make_mat(type, bits, group, sbt, E, I, NE);
   char nm[64];
@@ -434,11 +475,19 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
   float *Hg = malloc(sizeof(float) * (size_t)(S * I)), *Yg = malloc(sizeof(float) * (size_t)(S * E));
   dev_poison(dH, sizeof(float) * (size_t)(S * I));
   dev_poison(dY, sizeof(float) * (size_t)(S * E));
-  cuda_mm_moe_gate_up(&gg.M, &gu.M, T, K, dids, dX, E, dxq, ab, dH, I, NULL);
+  void *dgrp = NULL;
+  if (grouped) {
+    dgrp = dev_put(NULL, cuda_mm_moe_group_bytes(S, NE));
+    cuda_mm_moe_group(dids, S, NE, dgrp, NULL);
+    cuda_mm_moe_gate_up_grp(&gg.M, &gu.M, T, K, dids, dgrp, dX, E, dxq, ab, dH, I, NULL);
+  } else {
+    cuda_mm_moe_gate_up(&gg.M, &gu.M, T, K, dids, dX, E, dxq, ab, dH, I, NULL);
+  }
   dev_get(Hg, dH, sizeof(float) * (size_t)(S * I));
   /* the down kernel reads the CPU's h (so the two checks are independent) */
   cuda_rt_h2d(dH, H, sizeof(float) * (size_t)(S * I), err, sizeof err);
-  cuda_mm_moe_down(&gd.M, T, K, dids, dH, I, dxqd, abd, dY, E, NULL);
+  if (grouped) cuda_mm_moe_down_grp(&gd.M, T, K, dids, dgrp, dH, I, dxqd, abd, dY, E, NULL);
+  else cuda_mm_moe_down(&gd.M, T, K, dids, dH, I, dxqd, abd, dY, E, NULL);
   CHECK(cuda_rt_check("moe", err, sizeof err) == 0, "moe %s launch: %s", nm, err);
   dev_get(Yg, dY, sizeof(float) * (size_t)(S * E));
   int ok_h = 1, ok_y = 1, nan_ok = 1;
@@ -451,10 +500,10 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
     ok_h &= first_diff(H + (size_t)s * I, Hg + (size_t)s * I, I) < 0;
     ok_y &= first_diff(Y + (size_t)s * E, Yg + (size_t)s * E, E) < 0;
   }
-  CHECK(ok_h, "moe %s E=%lld I=%lld T=%d K=%d%s: gate+up+GLU == CPU bit for bit", nm, (long long)E, (long long)I, T, K,
-        shared ? " (shared)" : "");
-  CHECK(ok_y, "moe %s E=%lld I=%lld T=%d K=%d%s: down == CPU bit for bit", nm, (long long)E, (long long)I, T, K,
-        shared ? " (shared)" : "");
+  CHECK(ok_h, "moe %s E=%lld I=%lld T=%d K=%d%s%s: gate+up+GLU == CPU bit for bit", nm, (long long)E, (long long)I, T,
+        K, shared ? " (shared)" : "", grouped ? " (grouped by expert)" : "");
+  CHECK(ok_y, "moe %s E=%lld I=%lld T=%d K=%d%s%s: down == CPU bit for bit", nm, (long long)E, (long long)I, T, K,
+        shared ? " (shared)" : "", grouped ? " (grouped by expert)" : "");
   if (bad_slot >= 0) CHECK(nan_ok, "moe %s: an expert id out of range gives NaN rows", nm);
   free(ids);
   free(X);
@@ -465,6 +514,7 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
   free(hq);
   free(Hg);
   free(Yg);
+  cuda_rt_free(dgrp);
   cuda_rt_free(dids);
   cuda_rt_free(dX);
   cuda_rt_free(dxq);
@@ -667,15 +717,36 @@ int main(void) {
     for (size_t i = 0; i < sizeof moe_types / sizeof moe_types[0]; i++) {
       if (im == 1 && (!floe_type_info(moe_types[i])->quantized || moe_types[i] == FLOE_TYPE_Q3_K))
         continue; /* one implementation */
-      check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0);
-      check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0);
-      check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1);
+      check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0, 0, 5);
+      check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0, 0, 5);
+      check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1, 0, 5);
     }
-    check_moe(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 512, 256, 3, 2, 0);
-    check_moe(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 256, 512, 2, 3, 0);
-    if (im == 0) check_moe(FLOE_TYPE_MLX, 6, 64, FLOE_TYPE_BF16, 256, 512, 2, 2, 0);
+    check_moe(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 512, 256, 3, 2, 0, 0, 5);
+    check_moe(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 256, 512, 2, 3, 0, 0, 5);
+    if (im == 0) check_moe(FLOE_TYPE_MLX, 6, 64, FLOE_TYPE_BF16, 256, 512, 2, 2, 0, 0, 5);
   }
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
   cuda_mm_set_k4w(0);
+
+  /* prefill: the tensor-core kernels (mm_mma.cu) against the CPU, and k_k4 (FLOE_CUDA_MMA=0) too;
+   * rows not multiples of 16 / 64, activation rows not multiples of 32, 1..16 superblocks, and
+   * past 16 (not taken: k_k4 runs them) */
+  SECTION("tensor-core matmuls (Q4_K / Q5_K, 16+ activation rows)");
+  static const int64_t mshape[][3] = {{67, 2048, 33}, {130, 4096, 45}, {19, 512, 16}, {200, 256 * 3, 97},
+                                      {64, 256, 32}, {70, 256 * 18, 20}, {257, 1024, 130}};
+  for (int ti = 0; ti < 2; ti++)
+    for (size_t i = 0; i < sizeof mshape / sizeof mshape[0]; i++)
+      for (int on = 1; on >= 0; on--)
+        check_mma(ti ? FLOE_TYPE_Q5_K : FLOE_TYPE_Q4_K, mshape[i][0], mshape[i][1], (int)mshape[i][2], on);
+  cuda_mm_set_mma(1);
+  SECTION("moe grouped by expert (prefill)");
+  for (int ti = 0; ti < 2; ti++) {
+    const uint32_t t = ti ? FLOE_TYPE_Q5_K : FLOE_TYPE_Q4_K;
+    check_moe(t, 0, 0, 0, 512, 256, 100, 4, 0, 1, 6);  /* ~67 slots an expert: several tiles each */
+    check_moe(t, 0, 0, 0, 2048, 512, 37, 8, 0, 1, 20); /* the 35B-A3B row lengths */
+    check_moe(t, 0, 0, 0, 256 * 3, 256 * 3, 5, 3, 0, 1, 9);
+  }
+  check_moe(FLOE_TYPE_Q6_K, 0, 0, 0, 512, 256, 40, 4, 0, 1, 6); /* no tensor-core kernel: the per-slot ones */
+  check_moe(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 9, 256, 20, 2, 0, 1, 4); /* gate+up past 8 superblocks: per slot */
   return TEST_DONE();
 }

@@ -109,6 +109,7 @@ typedef struct cu_sess {
   float *logits;               /* [LB][V] */
   int32_t *tok, *pos, *greedy; /* [B], [B] positions pos0 + t, [1] */
   unsigned *route_ctr;         /* cuda_mm_router_route's block counter (0 between launches) */
+  void *grp;                   /* a prefill chunk's MoE slots grouped by expert (cuda_mm_moe_group) */
   bool route_fused;            /* one-token steps route in the router's launch (FLOE_CUDA_ROUTE_FUSED=1) */
   void *attn_scr, *amax_scr;
   float *rope;                 /* [n_ctx][n_rot] */
@@ -615,6 +616,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->yr, B * (K + 1) * E * 4 }, { &c->ys, B * E * 4 }, { &c->xq[0], (size_t)B * c->xq_row },
     { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * (K + 1)) * c->xq_row }, { &c->logits, LB * V * 4 },
     { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 }, { &c->route_ctr, 16 },
+    { &c->grp, NE > 0 ? cuda_mm_moe_group_bytes(B * (K + 1), (int)NE + 1) : 16 },
     { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16 },
     { &c->amax_scr, cuda_argmax_scratch_bytes(V) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
   };
@@ -1058,23 +1060,30 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   }
   const bool qe = xq_e && layer_same_act(&H->exp_up[0], lay_e);
   const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : cm->output_norm;
+  /* several tokens: the slots grouped by expert, each expert's weights read once per tile of slots
+   * (decode keeps the per-slot kernels: one token has one slot per expert) */
+  const int ks = L->sh_in_stack ? (int)K + 1 : (int)K;
+  void *grp = NULL;
+  if (n > 1 && qe && L->gate.d.n_expert <= 1023) {
+    cuda_mm_moe_group(c->sel, n * ks, L->gate.d.n_expert, c->grp, c->stream);
+    grp = c->grp;
+  }
   if (L->sh_in_stack) { /* the shared expert is slot K of K + 1 in the same launches */
-    const int ks = (int)K + 1;
-    cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, ks, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
-                        c->stream);
-    cuda_mm_moe_down(&L->down.d, n, ks, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+    cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, ks, c->sel, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr,
+                            I, c->stream);
+    cuda_mm_moe_down_grp(&L->down.d, n, ks, c->sel, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
     h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, ks, NULL, NULL);
     prof(s, MODEL_PH_EXPERTS);
     return;
   }
-  cuda_mm_moe_gate_up(&L->gate.d, &L->up.d, n, (int)K, c->sel, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr, I,
-                      c->stream);
+  cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, (int)K, c->sel, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0,
+                          c->hr, I, c->stream);
   if (Is > 0) {
     const bool qs = xq_e && layer_same_act(&H->sh_gate, lay_e) && layer_same_act(&H->sh_up, lay_e);
     cuda_mm_moe_gate_up(&L->sh_gate.d, &L->sh_up.d, n, 1, NULL, c->h, E, qs ? xq_e : NULL, qs ? xs_e : 0, c->hs, Is,
                         c->stream);
   }
-  cuda_mm_moe_down(&L->down.d, n, (int)K, c->sel, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+  cuda_mm_moe_down_grp(&L->down.d, n, (int)K, c->sel, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
   if (Is > 0) {
     cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
     c->hq[1] = NULL; /* xq[1] was the scratch */

@@ -65,9 +65,9 @@ for b in bases:
 import json, os
 argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out, "--outtype", outtype]
 # The fixtures have no MTP layers; the converter asserts on Qwen3.5 / Qwen3-Next configs without
-# mtp_num_hidden_layers unless told so.
+# mtp_num_hidden_layers unless told so (and refuses the flag for architectures without MTP).
 cfg = json.load(open(os.path.join(model_dir, "config.json")))
-if not cfg.get("mtp_num_hidden_layers"):
+if not cfg.get("mtp_num_hidden_layers") and any("Qwen3_5" in a or "Qwen3Next" in a for a in cfg.get("architectures", [])):
     argv.append("--no-mtp")
 sys.argv = argv
 conv.main()

@@ -130,6 +130,25 @@ void cuda_mm_moe_gate_up(const cuda_mat *gate, const cuda_mat *up, int64_t T, in
 void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const float *H, int64_t ldh,
                       void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream);
 
+/* The MoE of a prefill chunk with its slots grouped by expert, so that each expert's weights are
+ * read once per tile of up to 32 slots (tensor-core kernels, mm_mma.cu; Q4_K / Q5_K with rows of
+ * at most 16 superblocks, gate+up at most 8). cuda_mm_moe_group fills grp (device memory of
+ * cuda_mm_moe_group_bytes(slots, n_expert) bytes) from the device ids of `slots` slots, for an
+ * expert stack of n_expert (<= 1023: more, and nothing is written and the _grp calls below must
+ * not be given grp). The _grp calls take the same arguments as cuda_mm_moe_gate_up /
+ * cuda_mm_moe_down plus grp (made from these ids and the stack's n_expert), write the same bits,
+ * and fall back to those calls where the kernels do not apply (grp NULL, another type). */
+size_t cuda_mm_moe_group_bytes(int64_t slots, int n_expert);
+void cuda_mm_moe_group(const int32_t *ids, int64_t slots, int n_expert, void *grp, void *stream);
+void cuda_mm_moe_gate_up_grp(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
+                             const void *grp, const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H,
+                             int64_t ldh, void *stream);
+void cuda_mm_moe_down_grp(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const void *grp, const float *H,
+                          int64_t ldh, void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream);
+/* Q4_K / Q5_K calls of 16 or more activation rows: 1 = the tensor-core kernels where they apply
+ * (the default), 0 = k_k4 (the same bits; FLOE_CUDA_MMA=0 sets 0 at the first launch). */
+void cuda_mm_set_mma(int on);
+
 /* Tests and benchmarks: which implementation the 16-lane types use (both give the same bits):
  * AUTO (the default) picks by shape, WARP forces a warp per row (mm_q16.cu), LANES 4 lanes per
  * thread (mm_q4l.cu). Not thread-safe; set it before launching. */

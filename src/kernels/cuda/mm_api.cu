@@ -107,13 +107,18 @@ static bool q_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
                                   : mm_q4l_launch(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
 }
 
+/* Activation rows from which a matmul takes the tensor-core kernels where they apply (below it,
+ * k_k4's 16-row tiles read each weight once anyway) */
+#define MMA_MIN_NB 16
+
 void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                     float *Y, int64_t ldy, void *stream) {
   if (nb <= 0 || W->rows <= 0) return;
   const KArgs a = mm_kargs(W);
   const cudaStream_t st = (cudaStream_t)stream;
   if (xq && cuda_mm_act_bytes(W) &&
-      q_launch(a, a, MM_PLAIN, nb, 1, nullptr, (const uint8_t *)xq, xq_stride, Y, ldy, st))
+      ((nb >= MMA_MIN_NB && mm_mma_launch(a, nb, (const uint8_t *)xq, xq_stride, Y, ldy, st)) ||
+       q_launch(a, a, MM_PLAIN, nb, 1, nullptr, (const uint8_t *)xq, xq_stride, Y, ldy, st)))
     return;
   mm_float_launch(a, a, MM_PLAIN, nb, 1, nullptr, X, ldx, Y, ldy, st);
 }
@@ -165,4 +170,28 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
       continue;
     mm_float_launch(a, a, MM_DOWN, ns, 1, id, H + s0 * ldh, ldh, Y + s0 * ldy, ldy, st);
   }
+}
+
+void cuda_mm_moe_gate_up_grp(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
+                             const void *grp, const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H,
+                             int64_t ldh, void *stream) {
+  if (T <= 0 || K <= 0 || gate->rows <= 0) return;
+  if (xq && cuda_mm_act_bytes(gate) &&
+      mm_mma_moe_launch(mm_kargs(gate), mm_kargs(up), MM_GLU, T * K, K, grp, (const uint8_t *)xq, xq_stride, H, ldh,
+                        (cudaStream_t)stream))
+    return;
+  cuda_mm_moe_gate_up(gate, up, T, K, ids, X, ldx, xq, xq_stride, H, ldh, stream);
+}
+
+void cuda_mm_moe_down_grp(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const void *grp, const float *H,
+                          int64_t ldh, void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream) {
+  if (T <= 0 || K <= 0 || down->rows <= 0) return;
+  const KArgs a = mm_kargs(down);
+  const cudaStream_t st = (cudaStream_t)stream;
+  if (grp && xq_scratch && cuda_mm_act_bytes(down) && mm_mma_fits(a, MM_DOWN) && a.n_expert <= 1023) {
+    mm_act_launch(a, T * K, H, ldh, (uint8_t *)xq_scratch, xq_stride, st);
+    mm_mma_moe_launch(a, a, MM_DOWN, T * K, K, grp, (const uint8_t *)xq_scratch, xq_stride, Y, ldy, st);
+    return;
+  }
+  cuda_mm_moe_down(down, T, K, ids, H, ldh, xq_scratch, xq_stride, Y, ldy, stream);
 }

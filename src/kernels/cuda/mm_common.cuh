@@ -131,6 +131,13 @@ bool mm_q4l_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K,
                    const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
 bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+/* mm_mma.cu: the tensor-core kernels (Q4_K / Q5_K, rows of at most 16 superblocks): prefill's
+ * matmuls (false: not taken, run another kernel) and the grouped MoE modes (grp from
+ * cuda_mm_moe_group; mm_mma_fits tells beforehand whether a mode takes them) */
+bool mm_mma_fits(const KArgs &a, int mode);
+bool mm_mma_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+bool mm_mma_moe_launch(const KArgs &a, const KArgs &a2, int mode, int64_t slots, int K, const void *grp,
+                       const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
 /* mm_float.cu: the float path (any type), same modes, X float rows ldx apart */
 void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                      const float *X, int64_t ldx, float *Y, int64_t ldy, cudaStream_t st);
