@@ -18,7 +18,7 @@ run() { # label, env settings..., then K
   local label=$1 k=$2
   shift 2
   echo "== $label --mtp $k" >>"$f"
-  env "$@" timeout 90 "$BUILD/bin/floe" bench -m "$MODEL" --device cuda -p 0 -n 256 -r 3 --mtp "$k" --json >>"$f" 2>&1 ||
+  env "$@" timeout 40 "$BUILD/bin/floe" bench -m "$MODEL" --device cuda -p 0 -n 256 -r 3 --mtp "$k" --json >>"$f" 2>&1 ||
     echo "FAILED rc $?" >>"$f"
 }
 for k in ${KS:-0 1 2 3 -1}; do run recorded "$k" FLOE_CUDA_SPEC_GRAPH=1; done
