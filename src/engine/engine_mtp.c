@@ -22,8 +22,9 @@
  * k is chosen automatically unless forced: the expected tokens of a step with k drafts,
  * 1 + sum_i prod_{j<=i} alpha_j (alpha_j: the measured conditional acceptance at draft position
  * j), over its measured cost (the median of the last 8 step wall times: draft + verify, or a
- * plain decode step for k = 0); each k is tried a few times first (round robin) and the
- * neighbours of the best are re-measured every 16 steps (spec_best_k is the choice itself).
+ * plain decode step for k = 0; a step that recorded a GPU graph is not counted); each k is tried
+ * a few times first (round robin) and the neighbours of the best are re-measured every 16 steps
+ * (spec_best_k is the choice itself).
  * Under a memory budget a verify step reads the union of its rows' experts (and the MTP block's
  * experts stream too); when drafting costs more than it gains, k = 0 wins, and 32 such choices
  * in a row switch drafting off for 256 steps that skip the MTP block entirely (plain decode);
@@ -279,7 +280,7 @@ static void note_cost(spec *sp, int k, double dt) {
 
 int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, float *last_logits, int32_t *acc,
               int *n_acc, const float **acc_logits, int32_t *forced, char *err, size_t errlen) {
-  const int64_t P = model_session_pos(ms), V = sp->V, E = sp->E;
+  const int64_t P = model_session_pos(ms), V = sp->V, E = sp->E, rec0 = model_session_recorded(ms);
   const double t0 = floe_time_s();
   int rc;
   *n_acc = 0;
@@ -294,7 +295,7 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
   }
   if (k < 1 || sp->hpos != P - 1) { /* a plain step (still feeding the MTP's rows) */
     rc = spec_eval(sp, ms, &id, 1, last_logits, err, errlen);
-    if (!rc && k == 0) note_cost(sp, 0, floe_time_s() - t0);
+    if (!rc && k == 0 && model_session_recorded(ms) == rec0) note_cost(sp, 0, floe_time_s() - t0);
     if (!rc) sp->k_steps[0]++;
     return rc;
   }
@@ -346,7 +347,9 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
   /* the trunk's hidden states of the kept rows feed the MTP's catch-up rows */
   if ((rc = feed(sp, ms, P, toks, a + 1, sp->vhid, err, errlen))) return rc;
   const double dt = floe_time_s() - t0;
-  note_cost(sp, k, dt);
+  /* a step that recorded a replayable step (a GPU graph, once per kind and row count) is not a
+   * measure of what the next ones cost: steady costs decide k */
+  if (model_session_recorded(ms) == rec0) note_cost(sp, k, dt);
   sp->steps++;
   sp->k_steps[k]++;
   sp->tokens += a + 1;

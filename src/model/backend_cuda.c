@@ -1217,6 +1217,7 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
     void *g = NULL;
     rc = cuda_graph_end(c->stream, &g, err, errlen);
     if (!rc) c->graph[c->capturing] = g;
+    s->n_recorded++;
   }
   if (!rc && c->capturing >= 0) {
     rc = cuda_graph_launch(c->graph[c->capturing], c->stream, err, errlen);

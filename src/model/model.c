@@ -808,6 +808,7 @@ void model_session_reset(model_session *s) {
   for (int i = 0; i < s->max_ckpt; i++) s->ckpt[i].c.pos = -1; /* buffers kept for reuse */
 }
 int64_t model_session_pos(const model_session *s) { return s->kv.n_past; }
+int64_t model_session_recorded(const model_session *s) { return s->n_recorded; }
 
 /* ---- checkpoints ---- */
 int model_session_set_ckpt_max(model_session *s, int max, char *err, size_t errlen) {

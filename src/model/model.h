@@ -221,6 +221,7 @@ struct model_session {
   /* checkpoints for rewinding (model_session_checkpoint / _rewind); invariant: each one describes
    * a prefix of the tokens now in the session (positions <= kv.n_past) */
   int64_t verify_pos0, verify_n; /* the kept chunk of model_verify awaiting model_verify_accept (n 0: none) */
+  int64_t n_recorded; /* steps the backend recorded (CUDA graphs): model_session_recorded */
   model_ckpt *ckpt;          /* [max_ckpt] */
   int max_ckpt;
   uint64_t ckpt_seq;
@@ -261,6 +262,10 @@ void model_session_free(model_session *s);
 /* Forgets every token (and every checkpoint). */
 void model_session_reset(model_session *s);
 int64_t model_session_pos(const model_session *s);
+/* How many evaluations so far recorded a replayable step (the CUDA backend's graphs: a capture and
+ * instantiation cost milliseconds once). A step that recorded one is no measure of its usual cost
+ * (engine_mtp.c's automatic k skips it). Always 0 on the CPU. */
+int64_t model_session_recorded(const model_session *s);
 
 /* ---- rewinding (partial prefix reuse) ----
  * Attention layers rewind for free (rows >= pos are dead); GatedDeltaNet layers only to a
