@@ -105,8 +105,8 @@ int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t
     s->be->attention(s, l, x, n, pos0, true);
     s->be->moe(s, l, x, n);
     if (m->xs) xs_unlock(m->xs);
-    int rc = s->xs_err ? floe_err(err, errlen, s->xs_err, "%s", s->xs_msg)
-                       : s->be->mtp_end(s, x, n, first, logits, h_out, err, errlen);
+    int rc = s->be->mtp_end(s, x, n, first, logits, h_out, err, errlen); /* ends the step in any case */
+    if (s->xs_err) rc = floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
     s->ph[MODEL_PH_OTHER] += floe_time_s() - t0;
     return rc;
   }
