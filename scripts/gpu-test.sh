@@ -14,7 +14,8 @@
 #   depth35   35B decode at DEPTHS_LONG (default 32768)
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
-#   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096
+#   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096,
+#             A/B lines for decode (AB) and prefill (ABP), the per-phase profile
 #   bench-mm-warp, bench-mm-lanes   bench_cuda_mm with one implementation of the 16-lane
 #             types forced (FLOE_CUDA_MM_Q16=warp / lanes; the default picks by shape)
 # To add a step: write a function sec_NAME (its output goes to $LOG/NAME.log, its exit status
@@ -104,6 +105,11 @@ sec_bench35() {
   for v in ${AB:-FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1}; do
     echo "== A/B: $v"
     env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
+  done
+  # A/B of prefill kernel choices (ABP: a list of VAR=0/1 settings, e.g. FLOE_CUDA_MMA=0)
+  for v in ${ABP:-}; do
+    echo "== A/B prefill: $v"
+    env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 0 -r 2 --json || rc=1
   done
   # where the time goes, per phase, in prefill and decode: every block synchronized and timed (no
   # graph); then no graph alone
