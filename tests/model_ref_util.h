@@ -1,7 +1,7 @@
 /* Shared by the tests that compare floe with HF reference fixtures (test_model_hf, test_llama_gguf,
- * test_model_quant, test_model_mlx, test_default_model): reading a reference (meta.json and
- * logits.bin, the format of tools/reference/make_fixtures.py), running tokens through a fresh
- * session, and the references of quantized models.
+ * test_model_speed, test_model_quant, test_model_mlx, test_default_model): reading a reference
+ * (meta.json and logits.bin, the format of tools/reference/make_fixtures.py), running tokens
+ * through a fresh session, and the references of quantized models.
  *
  * A quantized GGUF (Q8_0, Q4_K) of a model is compared against HF run on the dequantized
  * weights. The dequantized weights are made here, on the CPU, with floe's own
@@ -238,7 +238,8 @@ static inline int ru_argmax(const float *x, int64_t n) {
   return (int)b;
 }
 
-/* A stored reference: meta.json (parsed) and logits.bin (bytes floats, every prompt's rows). */
+/* A stored reference: meta.json (parsed) and logits.bin (`bytes` bytes of floats: every prompt's
+ * rows, prompt after prompt). */
 typedef struct ru_ref {
   char *js;
   cJSON *meta;
