@@ -1,5 +1,7 @@
 /* Activation quantization on the GPU: the bytes of kern_act_quantize (src/kernels/cpu/kernels.c)
- * for every activation format (KACT_A32, KACT_A256, KACT_MLX; kernels_internal.h).
+ * for every activation format (KACT_A32, KACT_A256, KACT_MLX; kernels_internal.h); and the
+ * one-row kernels that end in it: k_norm (residual add + RMSNorm) and k_combine (MoE weighted sum
+ * + residual + RMSNorm), bit-identical to layers.c.
  *
  * One block per activation row. Pass 1: the absolute maximum of every scale unit (32-block,
  * superblock or MLX group; a maximum does not depend on the order it is taken in). Pass 2: every
@@ -14,7 +16,11 @@
  *  - act_row_warp (the default): a warp per 256-value chunk, eight values per lane in registers,
  *    loaded straight from the row: the unit's maximum by shuffles, one 127 / amax per lane, the
  *    bytes, the 16-value sums (A256) by shuffles; no barrier, so a one-row quantization's serial
- *    path is load -> max -> divide -> store. */
+ *    path is load -> max -> divide -> store.
+ * The same switch picks the norms' forms: the default stores each value's square transposed as
+ * it is written (sq_put) so the 16-lane sum of squares reads its lanes by float4 (sumsq16_rows,
+ * the CPU's adds in the CPU's order), and k_combine loads up to COMB_KB slots of a row at once
+ * into registers before the adds; the first forms read the row value by value. */
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
