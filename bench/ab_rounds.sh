@@ -5,19 +5,10 @@
 # Usage: bench/ab_rounds.sh ROUNDS "LABEL:BUILD_DIR[:ENV=V,ENV=V]" ... -- [bench_matvec args...]
 # e.g.   bench/ab_rounds.sh 6 A:build-base B:build-new C:build-new:FLOE_KPF_PRO=0 -- --types q8_0 --nb 1
 # Every timing run holds /tmp/floe-bench.lock (shared with other benchmarking sessions).
-set -euo pipefail
-N=$1
-shift
-cfg=()
-while [ $# -gt 0 ] && [ "$1" != "--" ]; do cfg+=("$1"); shift; done
-[ $# -gt 0 ] && shift
-nc=${#cfg[@]}
+# Sourced (`. bench/ab_rounds.sh`, as bench/mtp_cost.sh does), it only defines idle_wait.
+
 # wait (up to AB_WAIT seconds, default 120) until the machine was >= 90 % idle over half a second:
 # a 2-thread timing next to another process measures the other process
-# CPU centiseconds of this shell's waited-for children (the bench runs), from `times`
-# (times runs in this shell, not in a command substitution's subshell)
-TF=$(mktemp)
-own_cs() { times > "$TF"; OWN=$(tail -1 "$TF" | awk '{split($1,a,"m"); split($2,b,"m"); printf "%d", (a[1]*60+a[2]+b[1]*60+b[2])*100}'); }
 idle_wait() {
   for _ in $(seq $((${AB_WAIT:-120} * 2))); do
     read -r _ u n s i w _ < /proc/stat
@@ -25,10 +16,23 @@ idle_wait() {
     read -r _ u2 n2 s2 i2 w2 _ < /proc/stat
     busy=$(((u2 + n2 + s2) - (u + n + s)))
     idle=$(((i2 + w2) - (i + w)))
-    [ $((busy * 10)) -le $(((busy + idle))) ] && return 0
+    [ $((busy * 10)) -le $((busy + idle)) ] && return 0
   done
-  echo "# not idle" >&2
+  echo "# not idle (load $(cut -d' ' -f1 /proc/loadavg))" >&2
 }
+[ "${BASH_SOURCE[0]}" != "$0" ] && return 0
+
+set -euo pipefail
+N=$1
+shift
+cfg=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do cfg+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+nc=${#cfg[@]}
+# CPU centiseconds of this shell's waited-for children (the bench runs), from `times`
+# (times runs in this shell, not in a command substitution's subshell)
+TF=$(mktemp)
+own_cs() { times > "$TF"; OWN=$(tail -1 "$TF" | awk '{split($1,a,"m"); split($2,b,"m"); printf "%d", (a[1]*60+a[2]+b[1]*60+b[2])*100}'); }
 for r in $(seq "$N"); do
   first=${cfg[0]#*:}
   first=${first%%:*}

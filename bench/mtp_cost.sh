@@ -8,8 +8,8 @@
 #  3. bench_verify on a 35B-A3B-shape synth cut to 8 layers (SYNTH, made if missing, kept outside
 #     git), resident and with the experts streamed through a cache of CACHE_MB (--mem-budget's
 #     question: a verify step reads the union of its rows' experts), scaled to 40 layers.
-# Every timed run waits for a mostly idle machine (bench/ab_rounds.sh's test, AB_WAIT seconds at
-# most) and holds /tmp/floe-bench.lock (shared with other benchmarking sessions).
+# Every timed run waits for a mostly idle machine (bench/ab_rounds.sh's idle_wait, AB_WAIT seconds
+# at most, default 60) and holds /tmp/floe-bench.lock (shared with other benchmarking sessions).
 # Usage: bench/mtp_cost.sh BUILD_DIR [OUT.jsonl (default mtp_cost.jsonl)]   (env: REPS, ROUNDS, SYNTH, CACHE_MB, N_GEN)
 set -euo pipefail
 B=${1:?usage: bench/mtp_cost.sh BUILD_DIR [OUT.jsonl]}
@@ -20,17 +20,8 @@ N_GEN=${N_GEN:-256}
 SYNTH=${SYNTH:-/work/synth/q35b-8l.gguf}
 CACHE_MB=${CACHE_MB:-1024}
 DM=models/default.gguf
-idle_wait() {
-  for _ in $(seq $((${AB_WAIT:-60} * 2))); do
-    read -r _ u n s i w _ < /proc/stat
-    sleep 0.5
-    read -r _ u2 n2 s2 i2 w2 _ < /proc/stat
-    busy=$(((u2 + n2 + s2) - (u + n + s)))
-    idle=$(((i2 + w2) - (i + w)))
-    [ $((busy * 10)) -le $((busy + idle)) ] && return 0
-  done
-  echo "# not idle (load $(cut -d' ' -f1 /proc/loadavg))" >&2
-}
+AB_WAIT=${AB_WAIT:-60}
+. "$(dirname "${BASH_SOURCE[0]}")/ab_rounds.sh" # idle_wait
 run() { idle_wait; echo "# load $(cut -d' ' -f1 /proc/loadavg): $*" >&2; flock /tmp/floe-bench.lock "$@"; }
 TMP=$(mktemp)
 trap 'rm -f "$TMP"' EXIT

@@ -14,7 +14,8 @@
 #   depth35   35B decode at DEPTHS_LONG (default 32768)
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
-#   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096
+#   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096,
+#             A/B lines for decode (AB) and prefill (ABP), the per-phase profile
 #   bench-mm-warp, bench-mm-lanes   bench_cuda_mm with one implementation of the 16-lane
 #             types forced (FLOE_CUDA_MM_Q16=warp / lanes; the default picks by shape)
 # To add a step: write a function sec_NAME (its output goes to $LOG/NAME.log, its exit status
@@ -54,7 +55,8 @@ sec_synth35() {
 }
 # test-synth: the 35B synth's decode vs prefill, and tiny synth models of the three architectures
 # in Q4_K / Q5_K (rows of one superblock, the shared expert as a routed slot) GPU vs CPU, with the
-# default kernels and with the other choices (FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1)
+# default kernels and with the other choices (FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1
+# FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0)
 sec_test-synth() {
   local tiny="" p t f rc=0
   for p in tiny-qwen35moe tiny-qwen3next tiny-qwen3moe; do
@@ -66,8 +68,9 @@ sec_test-synth() {
   done
   FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
     "$BUILD/bin/test_cuda_model" || rc=1
-  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1"
-  FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
+  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0"
+  FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 \
+    FLOE_CUDA_ATTN_SPREAD=0 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
     FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model" || rc=1
   return $rc
 }
@@ -104,6 +107,11 @@ sec_bench35() {
   for v in ${AB:-FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1}; do
     echo "== A/B: $v"
     env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 2 --json || rc=1
+  done
+  # A/B of prefill kernel choices (ABP: a list of VAR=0/1 settings, e.g. FLOE_CUDA_MMA=0)
+  for v in ${ABP:-}; do
+    echo "== A/B prefill: $v"
+    env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 0 -r 2 --json || rc=1
   done
   # where the time goes, per phase, in prefill and decode: every block synchronized and timed (no
   # graph); then no graph alone

@@ -1,7 +1,10 @@
-/* Shared by test_model_quant.c and test_model_mlx.c: HF reference fixtures of quantized models.
+/* Shared by the tests that compare floe with HF reference fixtures (test_model_hf, test_llama_gguf,
+ * test_model_speed, test_model_quant, test_model_mlx, test_default_model): reading a reference
+ * (meta.json and logits.bin, the format of tools/reference/make_fixtures.py), running tokens
+ * through a fresh session, and the references of quantized models.
  *
- * Issue 3: "For quantized GGUF (Q8_0, Q4_K) of the same model, compare against HF run on the
- * dequantized weights". The dequantized weights are made here, on the CPU, with floe's own
+ * A quantized GGUF (Q8_0, Q4_K) of a model is compared against HF run on the dequantized
+ * weights. The dequantized weights are made here, on the CPU, with floe's own
  * quantizers (byte-exact with ggml) and dequantizers, as HF-layout safetensors directories (F32,
  * the HF fixture's names and shapes), and HF transformers is run on them on the GPU machine
  * (tools/reference/make_fixtures.py --from-dir). The references live in
@@ -235,6 +238,80 @@ static inline int ru_argmax(const float *x, int64_t n) {
   return (int)b;
 }
 
+/* A stored reference: meta.json (parsed) and logits.bin (`bytes` bytes of floats: every prompt's
+ * rows, prompt after prompt). */
+typedef struct ru_ref {
+  char *js;
+  cJSON *meta;
+  float *logits;
+  size_t bytes;
+} ru_ref;
+
+/* Reads dir/meta.json and dir/logits.bin; 0 when both are there and the JSON parses. Whatever was
+ * read is kept for ru_ref_free either way. */
+static inline int ru_ref_load(const char *dir, ru_ref *r) {
+  char path[1200];
+  memset(r, 0, sizeof *r);
+  snprintf(path, sizeof path, "%s/meta.json", dir);
+  r->js = test_read_all(path, NULL);
+  snprintf(path, sizeof path, "%s/logits.bin", dir);
+  r->logits = (float *)test_read_all(path, &r->bytes);
+  r->meta = r->js ? cJSON_Parse(r->js) : NULL;
+  return r->meta && r->logits ? 0 : -1;
+}
+
+static inline void ru_ref_free(ru_ref *r) {
+  cJSON_Delete(r->meta);
+  free(r->js);
+  free(r->logits);
+  memset(r, 0, sizeof *r);
+}
+
+/* Prompt p of r's meta.json ("prompts"): its T tokens then HF's G greedy ones (malloc'ed), and
+ * off, where its [T + G][V] logits start in r->logits. NULL when those logits are not all in the
+ * file (or out of memory). */
+static inline int32_t *ru_ref_prompt(const ru_ref *r, const cJSON *p, int64_t V, int64_t *T, int64_t *G,
+                                     int64_t *off) {
+  const cJSON *jt = cJSON_GetObjectItem(p, "tokens"), *jg = cJSON_GetObjectItem(p, "greedy");
+  *T = cJSON_GetArraySize(jt);
+  *G = cJSON_GetArraySize(jg);
+  *off = (int64_t)cJSON_GetObjectItem(p, "logits_offset")->valuedouble;
+  const int64_t n = *T + *G;
+  if ((size_t)(*off + n * V) * 4 > r->bytes) return NULL;
+  int32_t *tok = malloc((size_t)n * sizeof *tok);
+  if (!tok) return NULL;
+  for (int64_t i = 0; i < *T; i++) tok[i] = cJSON_GetArrayItem(jt, (int)i)->valueint;
+  for (int64_t i = 0; i < *G; i++) tok[*T + i] = cJSON_GetArrayItem(jg, (int)i)->valueint;
+  return tok;
+}
+
+/* tok[0..n) through a fresh session of m (`threads` threads, kv: enum kv_type, exact: see
+ * model_session_set_exact; false is a new session's default) in chunks of `chunk` tokens (0: all
+ * at once); every position's logits into out [n][V]. The context, 1024, holds more than one
+ * internal batch (test_model_speed crosses a MODEL_MAX_BATCH boundary). */
+static inline int ru_run(const model *m, const int32_t *tok, int64_t n, int64_t chunk, int threads, int kv, bool exact,
+                         float *out) {
+  char err[256];
+  model_session *s;
+  const int64_t V = m->hp.n_vocab;
+  if (model_session_new(m, 1024, kv, threads, &s, err, sizeof err)) {
+    printf("session: %s\n", err);
+    return -1;
+  }
+  model_session_set_exact(s, exact);
+  if (chunk <= 0) chunk = n;
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t c = n - i < chunk ? n - i : chunk;
+    if (model_eval(s, tok + i, c, out + i * V, true, err, sizeof err)) {
+      printf("eval: %s\n", err);
+      model_session_free(s);
+      return -1;
+    }
+  }
+  model_session_free(s);
+  return 0;
+}
+
 typedef struct ru_result {
   double max_abs;      /* max |floe - HF| over every logit */
   double mean_abs;     /* mean |floe - HF| */
@@ -248,26 +325,20 @@ typedef struct ru_result {
  * decode of the prompt. kv: enum kv_type. exact: the exact float path (model_session_set_exact),
  * else the quantized-activation speed path. */
 static inline void ru_compare(const model *m, const char *ref_dir, int kv, bool exact, ru_result *res) {
-  char path[1200], err[256];
+  char err[256];
   memset(res, 0, sizeof *res);
-  snprintf(path, sizeof path, "%s/meta.json", ref_dir);
-  char *js = test_read_all(path, NULL);
-  snprintf(path, sizeof path, "%s/logits.bin", ref_dir);
-  size_t lbytes = 0;
-  float *ref = (float *)test_read_all(path, &lbytes);
-  cJSON *meta = js ? cJSON_Parse(js) : NULL;
+  ru_ref rf;
+  const int lrc = ru_ref_load(ref_dir, &rf);
+  const float *ref = rf.logits;
   res->rc = -1;
-  if (!meta || !ref) goto done;
+  if (lrc) goto done;
   const int64_t V = m->hp.n_vocab;
   cJSON *p;
-  cJSON_ArrayForEach(p, cJSON_GetObjectItem(meta, "prompts")) {
-    cJSON *jt = cJSON_GetObjectItem(p, "tokens"), *jg = cJSON_GetObjectItem(p, "greedy");
-    int64_t T = cJSON_GetArraySize(jt), G = cJSON_GetArraySize(jg), n = T + G;
-    int64_t off = (int64_t)cJSON_GetObjectItem(p, "logits_offset")->valuedouble;
-    if ((size_t)(off + n * V) * 4 > lbytes) goto done;
-    int32_t *tok = malloc((size_t)n * sizeof *tok);
-    for (int64_t i = 0; i < T; i++) tok[i] = cJSON_GetArrayItem(jt, (int)i)->valueint;
-    for (int64_t i = 0; i < G; i++) tok[T + i] = cJSON_GetArrayItem(jg, (int)i)->valueint;
+  cJSON_ArrayForEach(p, cJSON_GetObjectItem(rf.meta, "prompts")) {
+    int64_t T, G, off;
+    int32_t *tok = ru_ref_prompt(&rf, p, V, &T, &G, &off);
+    if (!tok) goto done;
+    const int64_t n = T + G;
     float *lg = malloc((size_t)(n * V) * 4);
     model_session *s;
     if (model_session_new(m, 512, kv, 1, &s, err, sizeof err)) {
@@ -314,9 +385,7 @@ static inline void ru_compare(const model *m, const char *ref_dir, int kv, bool 
   if (res->n_pos > 0) res->mean_abs /= (double)(res->n_pos * m->hp.n_vocab);
   res->rc = 0;
 done:
-  cJSON_Delete(meta);
-  free(js);
-  free(ref);
+  ru_ref_free(&rf);
 }
 /* m (quantized, label e.g. "qwen3next q4_k") against HF on the dequantized weights in ref: the
  * exact float path within abs_tol with equal argmax and greedy tokens (or HF's own top-2 margin

@@ -16,7 +16,8 @@
  *    of kern_matmul + the CPU's GLU (floe_siluf of base/vexp.h, the function layers.c calls) + kern_act_quantize, bit
  *    for bit; the shared-expert form (ids NULL); an invalid id gives NaN rows;
  *  - the norms with the quantization fused (cuda_mm_norm_act, cuda_mm_combine_act) equal the plain
- *    norm + cuda_mm_act_quantize, and the CPU's kern_act_quantize_rows;
+ *    norm + cuda_mm_act_quantize, and the CPU's kern_act_quantize_rows; both implementations of the
+ *    quantization and the combine (cuda_mm_set_act2), also alone on awkward sizes (check_act);
  *  - outputs are poisoned (NaN bytes) before each launch, so an unwritten element fails;
  *  - sensitivity: every block's f16 scales vary (test_vary_f16), and changing one scale of the
  *    device copy must change the GPU result (a comparison that cannot fail would pass it). */
@@ -529,6 +530,46 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
   tmat_free(&md);
 }
 
+/* Activation quantization alone (cuda_mm_act_quantize) with both implementations
+ * (cuda_mm_set_act2), against kern_act_quantize_rows byte for byte, padding included: rows of
+ * random values, one row with an all-zero unit and a huge value, a column count that leaves a
+ * partial 256-chunk (A32), more chunks than a block has warps, and rows past the staging limit. */
+static void check_act(uint32_t type, int64_t cols, int nb) {
+  tmat m = make_mat(type, 0, 0, 0, 1, cols, 1);
+  char nm[64];
+  tname(&m.W, nm, sizeof nm);
+  dmat g = upload(&m, 1);
+  const int64_t ldx = cols + 3;
+  const size_t ab = kern_act_bytes(&m.W);
+  float *X = malloc(sizeof(float) * (size_t)(ldx * nb));
+  fill_x(X, ldx * nb);
+  const int64_t U = floe_type_info(type)->blck == 256 ? 256 : 32;
+  for (int64_t j = 0; j < U && nb > 1; j++) X[ldx + j] = 0.0f; /* row 1: an all-zero unit, then a huge value */
+  if (nb > 1 && cols > U) X[ldx + U] = 3e38f;
+  uint8_t *qc = malloc(ab * (size_t)nb), *qg = malloc(ab * (size_t)nb);
+  memset(qc, 0xA5, ab * (size_t)nb);
+  kern_act_quantize_rows(&m.W, nb, X, ldx, qc, ab);
+  float *dX = dev_put(X, sizeof(float) * (size_t)(ldx * nb));
+  void *dq = dev_put(NULL, ab * (size_t)nb);
+  for (int impl = 0; impl < 2; impl++) {
+    cuda_mm_set_act2(impl);
+    memset(qg, 0xA5, ab * (size_t)nb);
+    cuda_rt_h2d(dq, qg, ab * (size_t)nb, err, sizeof err);
+    cuda_mm_act_quantize(&g.M, nb, dX, ldx, dq, ab, NULL);
+    CHECK(cuda_rt_check("act", err, sizeof err) == 0, "%s act quantize launch: %s", nm, err);
+    dev_get(qg, dq, ab * (size_t)nb);
+    size_t bad = 0;
+    while (bad < ab * (size_t)nb && qc[bad] == qg[bad]) bad++;
+    CHECK(bad == ab * (size_t)nb, "%s cols=%lld rows=%d act quantize (%s) bytes == kern_act_quantize_rows (first diff %zu of %zu)",
+          nm, (long long)cols, nb, impl ? "warp per chunk" : "block per row", bad, ab * (size_t)nb);
+  }
+  cuda_mm_set_act2(1);
+  cuda_rt_free(dX), cuda_rt_free(dq);
+  free(X), free(qc), free(qg);
+  dmat_free(&g);
+  tmat_free(&m);
+}
+
 /* The norms with the quantization fused (cuda_mm_norm_act, cuda_mm_combine_act): the normed rows
  * equal the plain norm's (cuda_add_rmsnorm / cuda_moe_combine, held to the CPU by test_cuda_ops),
  * the x written back equals, and the quantized bytes equal cuda_mm_act_quantize of those rows and
@@ -539,7 +580,7 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
   tname(&m.W, nm, sizeof nm);
   dmat g = upload(&m, 1);
   const size_t ab = kern_act_bytes(&m.W), xs = (ab + 63) / 64 * 64 + 64; /* a padded stride */
-  const int K = 3;
+  const int K = 3 + (int)(n / 256 + 5 * T) % 14; /* 3..16 slots: one and two of the combine's load batches */
   float *x = malloc(sizeof(float) * (size_t)(n * T)), *dl = malloc(sizeof(float) * (size_t)(n * T));
   float *w = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)(n * T * K));
   float *wt = malloc(sizeof(float) * (size_t)(T * K)), *sh = malloc(sizeof(float) * (size_t)(n * T));
@@ -685,14 +726,31 @@ int main(void) {
   check_router_route(FLOE_TYPE_BF16, 512, 10, 1, 1, 2048);
   check_router_route(FLOE_TYPE_F16, 60, 4, 1, 0, 200);
   check_router_route(FLOE_TYPE_F32, 500, 64, 1, 0, 64);
-  SECTION("norms with the quantization fused");
-  check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 2048, 1);
-  check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 3, 3);
-  check_norm_act(FLOE_TYPE_Q8_0, 0, 0, 0, 32 * 37, 2);
-  check_norm_act(FLOE_TYPE_IQ4_XS, 0, 0, 0, 256 * 5, 1);
-  check_norm_act(FLOE_TYPE_Q6_K, 0, 0, 0, 256 * 9, 2);
-  check_norm_act(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 64 * 7, 2);
-  check_norm_act(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 32 * 40, 1);
+  SECTION("activation quantization, both implementations");
+  check_act(FLOE_TYPE_Q4_K, 256, 3);
+  check_act(FLOE_TYPE_Q4_K, 4096, 2);     /* the 35B-A3B's GatedDeltaNet output: 16 chunks */
+  check_act(FLOE_TYPE_Q4_K, 256 * 17, 2); /* more chunks than a block's warps */
+  check_act(FLOE_TYPE_Q5_K, 256 * 37, 2); /* past the first form's staging limit */
+  check_act(FLOE_TYPE_Q6_K, 256 * 3, 9);
+  check_act(FLOE_TYPE_IQ4_XS, 256 * 5, 2);
+  check_act(FLOE_TYPE_Q8_0, 32, 2);
+  check_act(FLOE_TYPE_Q8_0, 32 * 13, 3);  /* a partial 256-chunk */
+  check_act(FLOE_TYPE_Q4_0, 32 * 71, 2);
+  check_act(FLOE_TYPE_IQ4_NL, 32 * 300, 2);
+  check_act(FLOE_TYPE_MXFP4, 32 * 9, 2);
+  for (int impl = 0; impl < 2; impl++) {
+    SECTION("norms with the quantization fused (%s)", impl ? "warp per chunk, combine loads batched" : "first forms");
+    cuda_mm_set_act2(impl);
+    check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 2048, 1);
+    check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 3, 3);
+    check_norm_act(FLOE_TYPE_Q8_0, 0, 0, 0, 32 * 37, 2);
+    check_norm_act(FLOE_TYPE_IQ4_XS, 0, 0, 0, 256 * 5, 1);
+    check_norm_act(FLOE_TYPE_Q6_K, 0, 0, 0, 256 * 9, 2);
+    check_norm_act(FLOE_TYPE_Q5_K, 0, 0, 0, 256 * 12, 1); /* past the combine's register path */
+    check_norm_act(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 64 * 7, 2);
+    check_norm_act(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 32 * 40, 1);
+  }
+  cuda_mm_set_act2(1);
   SECTION("mlx");
   static const int mbits[] = {4, 8, 2, 3, 5, 6};
   static const int mgroups[] = {32, 64, 128};

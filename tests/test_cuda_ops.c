@@ -9,7 +9,9 @@
  * The CPU references below mirror layers.c line by line (its helpers are static there; exp, sigmoid
  * and SiLU are base/vexp.h's, as on the CPU):
  * sumsq16, the attention softmax of attn_one, the conv / delta rule / gated norm of
- * gdn_conv_worker and gdn_heads_worker, router_softmax and the sorted top-k insert, the combine. */
+ * gdn_conv_worker and gdn_heads_worker, router_softmax and the sorted top-k insert, the combine.
+ * The routing and the combine run with both of their implementations (cuda_moe_set_route_impl,
+ * cuda_mm_set_act2). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 
 #include "base/vexp.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cuda/cuda_mm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_rt.h"
 #include "model/model.h"
@@ -259,19 +262,24 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
   }
   const double bound = 1e-4 * vmax + 1e-6;
   CHECK(worst <= bound, "output vs CPU: max |diff| %.3g <= %.3g", worst, bound);
-  /* decode of each row alone: the same bits as the prefill row */
+  /* decode of each row alone: the same bits as the prefill row, with the heads batched per block
+   * and (where the grid is small enough) a block per head (cuda_attn_set_spread) */
   float *g1 = malloc(od * 4);
-  size_t ndiff = 0;
-  for (int64_t t = 0; t < n_tok; t++) {
-    const int32_t p = (int32_t)(n0 + t);
-    h2d(dpos, &p, 4);
-    poison(dout, od * 4);
-    cuda_attn(&sh, dq + t * qdim, dK, dV, dpos, 1, dout, dscr, NULL);
-    if (!sync_ok()) break;
-    get(g1, dout, od * 4);
-    ndiff += n_diff_bits(g1, go + t * od, od);
+  for (int spread = 0; spread < 2; spread++) {
+    cuda_attn_set_spread(spread);
+    size_t ndiff = 0;
+    for (int64_t t = 0; t < n_tok; t++) {
+      const int32_t p = (int32_t)(n0 + t);
+      h2d(dpos, &p, 4);
+      poison(dout, od * 4);
+      cuda_attn(&sh, dq + t * qdim, dK, dV, dpos, 1, dout, dscr, NULL);
+      if (!sync_ok()) break;
+      get(g1, dout, od * 4);
+      ndiff += n_diff_bits(g1, go + t * od, od);
+    }
+    CHECK(ndiff == 0, "decode of each row (%s) == its prefill row, bit for bit (%zu differ)",
+          spread ? "a block per head where it fits" : "heads batched", ndiff);
   }
-  CHECK(ndiff == 0, "decode of each row == its prefill row, bit for bit (%zu differ)", ndiff);
   printf("   max |diff| vs CPU %.3g (max|V| %.3g)\n", worst, vmax);
   cuda_rt_free(dq), cuda_rt_free(dk), cuda_rt_free(dv), cuda_rt_free(dqn), cuda_rt_free(dkn), cuda_rt_free(dcs);
   cuda_rt_free(dK), cuda_rt_free(dV), cuda_rt_free(dpos), cuda_rt_free(dscr), cuda_rt_free(dout);
@@ -712,8 +720,15 @@ int main(void) {
   }
   printf("device: %s\n", name);
   floe_rng_seed(&R, 0x0c0ffee5ull ^ (uint64_t)floe_time_s());
-  test_norm(3, 2050);
-  test_norm(2, 64); /* E = 64: the fixtures' n_embd */
+  for (int impl = 0; impl < 2; impl++) { /* the sum of squares from the row, then from the squares' rows */
+    printf("-- norms: %s\n", impl ? "squares in rows (sumsq16_rows)" : "the first form");
+    cuda_mm_set_act2(impl);
+    test_norm(3, 2050);
+    test_norm(1, 2048);
+    test_norm(2, 7);    /* fewer values than lanes */
+    test_norm(2, 64);   /* E = 64: the fixtures' n_embd */
+    test_norm(1, 6001); /* past the squares' shared-memory budget: the first form */
+  }
   /* 35B-A3B shape at >= 32K positions, both cache types; then smaller awkward ones */
   test_attn_case(16, 2, 256, 64, 1, 1, 32771, 5, 64);
   test_attn_case(16, 2, 256, 64, 1, 0, 32771, 3, 64);
@@ -730,6 +745,9 @@ int main(void) {
   test_attn_case(12, 1, 128, 64, 1, 1, 1500, 2, 16);
   test_attn_case(32, 2, 128, 64, 0, 1, 4000, 2, 33);
   test_attn_case(8, 2, 80, 32, 1, 1, 300, 2, 4); /* not a power of two: zero-padded to 128 */
+  /* the 35B-A3B shape at a short context (n_split 1, 2): prefill and decode get a block per head */
+  test_attn_case(16, 2, 256, 64, 1, 1, 600, 3, 1);
+  test_attn_case(16, 2, 256, 64, 1, 0, 130, 2, 2);
   for (int impl = 0; impl < 2; impl++) { /* dk 128: one thread per column, then two (k_gdn_recur2) */
     cuda_gdn_set_impl(impl);
     test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
@@ -753,14 +771,26 @@ int main(void) {
   test_gdn_keep_case(2, 4, 16, 24, 4, 0, 3);
   test_gdn_keep_case(3, 9, 32, 40, 2, 1, 8);
   test_gdn_keep_case(2, 2, 128, 100, 3, 0, 1);
-  test_route(256, 8, 1, 5, 0);
-  test_route(256, 8, 1, 5, 3);
-  test_route(100, 6, 0, 4, 2);
-  test_route(512, 10, 1, 3, 5);
-  test_combine(3, 8, 2050, 1, 1);
-  test_combine(2, 6, 1000, 0, 0);
-  test_combine(2, 4, 64, 1, 1); /* E = 64: the fixtures' n_embd */
-  test_route(64, 4, 1, 3, 2);
+  for (int impl = 0; impl < 2; impl++) { /* a block per token, then a warp per token (the default) */
+    printf("-- routing: %s; combine: %s\n", impl ? "a warp per token" : "a block per token",
+           impl ? "loads batched in registers" : "the first form");
+    cuda_moe_set_route_impl(impl);
+    cuda_mm_set_act2(impl);
+    test_route(256, 8, 1, 5, 0);
+    test_route(256, 8, 1, 5, 3);
+    test_route(256, 8, 0, 1, 2);
+    test_route(100, 6, 0, 4, 2);
+    test_route(200, 9, 1, 3, 4);  /* not a multiple of 32 or 16 */
+    test_route(40, 32, 1, 2, 3);  /* K = 32: every lane holds a pick */
+    test_route(257, 8, 1, 2, 0);  /* past the warp kernel: the block kernel */
+    test_route(512, 10, 1, 3, 5);
+    test_combine(3, 8, 2050, 1, 1);
+    test_combine(1, 8, 2048, 1, 1); /* the 35B-A3B shape, one token */
+    test_combine(2, 13, 2000, 1, 1); /* two load batches */
+    test_combine(2, 6, 1000, 0, 0);
+    test_combine(2, 4, 64, 1, 1); /* E = 64: the fixtures' n_embd */
+    test_route(64, 4, 1, 3, 2);
+  }
   test_embed(FLOE_TYPE_F32, 2048);
   test_embed(FLOE_TYPE_F32, 64);
   test_embed(FLOE_TYPE_Q8_0, 64);

@@ -18,31 +18,11 @@
 
 #include "convert/convert.h"
 #include "model/model.h"
+#include "model_ref_util.h"
 #include "quant/quant.h"
 #include "test.h"
 
 #define ABS_TOL 2e-4f
-
-static int argmax(const float *x, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return (int)b;
-}
-
-/* All logits of tok[0..n) from one batched call into out [n][V]. */
-static int eval_all(const model *m, const int32_t *tok, int64_t n, float *out) {
-  char err[256];
-  model_session *s;
-  if (model_session_new(m, 512, KV_F32, 1, &s, err, sizeof err)) {
-    printf("session: %s\n", err);
-    return -1;
-  }
-  int rc = model_eval(s, tok, n, out, true, err, sizeof err);
-  if (rc) printf("eval: %s\n", err);
-  model_session_free(s);
-  return rc;
-}
 
 /* Greedy tokens from tok[0..T) for G steps, compared with tok[T..T+G); returns the matches. */
 static int64_t greedy_match(const model *m, const int32_t *tok, int64_t T, int64_t G) {
@@ -54,7 +34,7 @@ static int64_t greedy_match(const model *m, const int32_t *tok, int64_t T, int64
   int64_t match = 0;
   int rc = model_eval(s, tok, T, lg, false, err, sizeof err);
   for (int64_t i = 0; i < G && rc == 0; i++) {
-    int32_t t = argmax(lg, V);
+    int32_t t = ru_argmax(lg, V);
     if (t != tok[T + i]) break;
     match++;
     rc = model_eval(s, &t, 1, lg, false, err, sizeof err);
@@ -66,12 +46,10 @@ static int64_t greedy_match(const model *m, const int32_t *tok, int64_t T, int64
 
 static void check_arch(const char *a, int *n_files) {
   char path[512], err[256];
-  snprintf(path, sizeof path, "models/%s/meta.json", a);
-  char *js = test_read_all(test_fixture(path), NULL);
-  snprintf(path, sizeof path, "models/%s/logits.bin", a);
-  size_t lbytes = 0;
-  float *ref = (float *)test_read_all(test_fixture(path), &lbytes);
-  cJSON *meta = js ? cJSON_Parse(js) : NULL;
+  snprintf(path, sizeof path, "models/%s", a);
+  ru_ref rf;
+  const int lrc = ru_ref_load(test_fixture(path), &rf);
+  const float *ref = rf.logits;
   for (int q = 0; q < 2; q++) {
     snprintf(path, sizeof path, "llama_gguf/%s-%s.gguf", a, q ? "q8_0" : "f32");
     const char *file = test_fixture(path);
@@ -81,13 +59,13 @@ static void check_arch(const char *a, int *n_files) {
     }
     (*n_files)++;
     SECTION("%s", path);
-    CHECK(meta && ref, "%s: HF fixture readable", a);
+    CHECK(lrc == 0, "%s: HF fixture readable", a);
     model *m = NULL, *own = NULL;
     int rc = model_load(file, &m, err, sizeof err);
     CHECK(rc == 0, "%s: floe loads llama.cpp's file: %s", path, rc ? err : "ok");
-    if (rc || !meta || !ref) continue;
+    if (rc || lrc) continue;
     const int64_t V = m->hp.n_vocab;
-    CHECK(cJSON_GetObjectItem(meta, "vocab")->valueint == V, "%s: vocab %lld", path, (long long)V);
+    CHECK(cJSON_GetObjectItem(rf.meta, "vocab")->valueint == V, "%s: vocab %lld", path, (long long)V);
     if (q) { /* floe's own q8_0 conversion of the same fixture */
       char out[512];
       snprintf(out, sizeof out, "%s", test_tmp("llama_gguf_own_q8_0.gguf"));
@@ -105,20 +83,17 @@ static void check_arch(const char *a, int *n_files) {
     }
     cJSON *p;
     int pi = 0;
-    cJSON_ArrayForEach(p, cJSON_GetObjectItem(meta, "prompts")) {
-      cJSON *jt = cJSON_GetObjectItem(p, "tokens"), *jg = cJSON_GetObjectItem(p, "greedy");
-      const int64_t T = cJSON_GetArraySize(jt), G = cJSON_GetArraySize(jg), n = T + G;
-      const int64_t off = (int64_t)cJSON_GetObjectItem(p, "logits_offset")->valuedouble;
-      if ((size_t)(off + n * V) * 4 > lbytes) {
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(rf.meta, "prompts")) {
+      int64_t T, G, off;
+      int32_t *tok = ru_ref_prompt(&rf, p, V, &T, &G, &off);
+      if (!tok) {
         CHECK(0, "%s/%d: HF logits in range", a, pi);
         break;
       }
-      int32_t *tok = malloc((size_t)n * sizeof *tok);
-      for (int64_t i = 0; i < T; i++) tok[i] = cJSON_GetArrayItem(jt, (int)i)->valueint;
-      for (int64_t i = 0; i < G; i++) tok[T + i] = cJSON_GetArrayItem(jg, (int)i)->valueint;
+      const int64_t n = T + G;
       float *lg = malloc((size_t)(n * V) * 4), *lo = own ? malloc((size_t)(n * V) * 4) : NULL;
-      rc = eval_all(m, tok, n, lg);
-      if (own && !rc) rc = eval_all(own, tok, n, lo);
+      rc = ru_run(m, tok, n, 0, 1, KV_F32, false, lg);
+      if (own && !rc) rc = ru_run(own, tok, n, 0, 1, KV_F32, false, lo);
       CHECK(rc == 0, "%s/%d: eval", a, pi);
       if (!rc && !own) {
         double maxd = 0;
@@ -134,7 +109,7 @@ static void check_arch(const char *a, int *n_files) {
         double maxd = 0;
         int64_t same = 0;
         for (int64_t i = 0; i < n * V; i++) maxd = fmax(maxd, fabs((double)lg[i] - (double)lo[i]));
-        for (int64_t i = 0; i < n; i++) same += argmax(lg + i * V, V) == argmax(lo + i * V, V);
+        for (int64_t i = 0; i < n; i++) same += ru_argmax(lg + i * V, V) == ru_argmax(lo + i * V, V);
         printf("  %s q8_0 prompt %d: max|llama.cpp file - floe's q8_0| = %.3g, argmax equal at %lld/%lld\n", a, pi,
                maxd, (long long)same, (long long)n);
         CHECK(same * 100 >= n * 95, "%s/%d: q8_0 argmax equal to floe's own q8_0 at >= 95 %% of positions (%lld/%lld)",
@@ -148,9 +123,7 @@ static void check_arch(const char *a, int *n_files) {
     model_free(m);
     model_free(own);
   }
-  cJSON_Delete(meta);
-  free(js);
-  free(ref);
+  ru_ref_free(&rf);
 }
 
 int main(void) {

@@ -25,39 +25,11 @@
 #include "format/safetensors.h"
 #include "model/model.h"
 #include "model/model_meta.h"
+#include "model_ref_util.h"
 #include "quant/quant.h"
 #include "test.h"
 
 #define ABS_TOL 2e-4f
-
-static int argmax(const float *x, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return (int)b;
-}
-
-/* Runs tokens in chunks of `chunk` (0 = all at once); all logits into out [n][V]. */
-static int run(const model *m, const int32_t *tok, int64_t n, int64_t chunk, int threads, int kv_type, float *out) {
-  char err[256];
-  model_session *s;
-  int64_t V = m->hp.n_vocab;
-  if (model_session_new(m, 512, kv_type, threads, &s, err, sizeof err)) {
-    printf("session: %s\n", err);
-    return -1;
-  }
-  if (chunk <= 0) chunk = n;
-  for (int64_t i = 0; i < n; i += chunk) {
-    int64_t c = n - i < chunk ? n - i : chunk;
-    if (model_eval(s, tok + i, c, out + i * V, true, err, sizeof err)) {
-      printf("eval: %s\n", err);
-      model_session_free(s);
-      return -1;
-    }
-  }
-  model_session_free(s);
-  return 0;
-}
 
 static void test_model(const char *name) {
   char path[512], err[256];
@@ -67,31 +39,25 @@ static void test_model(const char *name) {
   int rc = model_load(test_fixture(path), &m, err, sizeof err);
   CHECK(rc == 0, "%s: load: %s", name, rc ? err : "ok");
   if (rc) return;
-  snprintf(path, sizeof path, "models/%s/meta.json", name);
-  char *js = test_read_all(test_fixture(path), NULL);
-  snprintf(path, sizeof path, "models/%s/logits.bin", name);
-  size_t lbytes = 0;
-  float *ref = (float *)test_read_all(test_fixture(path), &lbytes);
-  cJSON *meta = js ? cJSON_Parse(js) : NULL;
-  CHECK(meta && ref, "%s: fixture files readable", name);
-  if (!meta || !ref) goto done;
+  ru_ref rf;
+  const int lrc = ru_ref_load(test_fixture(path), &rf);
+  const float *ref = rf.logits;
+  CHECK(lrc == 0, "%s: fixture files readable", name);
+  if (lrc) goto done;
   const int64_t V = m->hp.n_vocab;
-  CHECK(cJSON_GetObjectItem(meta, "vocab")->valueint == V, "%s: vocab %lld", name, (long long)V);
-  cJSON *prompts = cJSON_GetObjectItem(meta, "prompts"), *p;
+  CHECK(cJSON_GetObjectItem(rf.meta, "vocab")->valueint == V, "%s: vocab %lld", name, (long long)V);
+  cJSON *p;
   int pi = 0;
-  cJSON_ArrayForEach(p, prompts) {
-    cJSON *jt = cJSON_GetObjectItem(p, "tokens"), *jg = cJSON_GetObjectItem(p, "greedy");
-    int64_t T = cJSON_GetArraySize(jt), G = cJSON_GetArraySize(jg), n = T + G;
-    int64_t off = (int64_t)cJSON_GetObjectItem(p, "logits_offset")->valuedouble;
-    CHECK((size_t)(off + n * V) * 4 <= lbytes, "%s/%d: logits in range", name, pi);
-    if ((size_t)(off + n * V) * 4 > lbytes) break;
-    int32_t *tok = malloc((size_t)n * sizeof *tok);
-    for (int64_t i = 0; i < T; i++) tok[i] = cJSON_GetArrayItem(jt, (int)i)->valueint;
-    for (int64_t i = 0; i < G; i++) tok[T + i] = cJSON_GetArrayItem(jg, (int)i)->valueint;
+  cJSON_ArrayForEach(p, cJSON_GetObjectItem(rf.meta, "prompts")) {
+    int64_t T, G, off;
+    int32_t *tok = ru_ref_prompt(&rf, p, V, &T, &G, &off);
+    CHECK(tok, "%s/%d: logits in range", name, pi);
+    if (!tok) break;
+    const int64_t n = T + G;
     float *full = malloc((size_t)(n * V) * 4), *alt = malloc((size_t)(n * V) * 4);
 
     /* 1. all positions in one call vs HF */
-    rc = run(m, tok, n, 0, 1, KV_F32, full);
+    rc = ru_run(m, tok, n, 0, 1, KV_F32, false, full);
     CHECK(rc == 0, "%s/%d: eval", name, pi);
     double maxd = 0, maxref = 0;
     int64_t worst = 0;
@@ -104,7 +70,7 @@ static void test_model(const char *name) {
            name, pi, (long long)T, (long long)G, maxd, (long long)(worst / V), maxref, maxd / maxref);
     CHECK(maxd <= ABS_TOL, "%s/%d: logits within %.0e of HF (got %.3g)", name, pi, ABS_TOL, maxd);
     int same_argmax = 0;
-    for (int64_t i = 0; i < n; i++) same_argmax += argmax(full + i * V, V) == argmax(ref + off + i * V, V);
+    for (int64_t i = 0; i < n; i++) same_argmax += ru_argmax(full + i * V, V) == ru_argmax(ref + off + i * V, V);
     CHECK(same_argmax == n, "%s/%d: argmax equal at %d/%lld positions", name, pi, same_argmax, (long long)n);
 
     /* 2. greedy decode: prompt as a batch, then one token at a time, HF's 64 tokens */
@@ -117,7 +83,7 @@ static void test_model(const char *name) {
       rc = model_eval(s, tok, T, lg, false, err, sizeof err);
       for (int64_t i = 0; i < G && rc == 0; i++) {
         bitsame += memcmp(lg, full + (T - 1 + i) * V, (size_t)V * 4) == 0;
-        int32_t t = argmax(lg, V);
+        int32_t t = ru_argmax(lg, V);
         if (t != tok[T + i]) break;
         match++;
         rc = model_eval(s, &t, 1, lg, false, err, sizeof err);
@@ -137,7 +103,7 @@ static void test_model(const char *name) {
     };
     for (size_t v = 0; v < sizeof var / sizeof var[0]; v++) {
       memset(alt, 0, (size_t)(n * V) * 4);
-      rc = run(m, tok, n, var[v].chunk, var[v].threads, KV_F32, alt);
+      rc = ru_run(m, tok, n, var[v].chunk, var[v].threads, KV_F32, false, alt);
       int64_t diff = 0;
       for (int64_t i = 0; i < n; i++) diff += memcmp(alt + i * V, full + i * V, (size_t)V * 4) != 0;
       CHECK(rc == 0 && diff == 0, "%s/%d: %s bit-identical to one batch (%lld positions differ)", name, pi,
@@ -146,7 +112,7 @@ static void test_model(const char *name) {
 
     /* 4. BF16 KV cache: K/V rounded to 8 mantissa bits moves these tiny random models' logits by up
      * to ~0.2 where a router choice flips; the mean stays small. */
-    rc = run(m, tok, n, 0, 1, KV_BF16, alt);
+    rc = ru_run(m, tok, n, 0, 1, KV_BF16, false, alt);
     double maxb = 0, sumb = 0;
     for (int64_t i = 0; i < n * V; i++) {
       double d = fabs((double)alt[i] - (double)full[i]);
@@ -164,9 +130,7 @@ static void test_model(const char *name) {
   }
   CHECK(pi == 3, "%s: 3 prompts checked", name);
 done:
-  cJSON_Delete(meta);
-  free(js);
-  free(ref);
+  ru_ref_free(&rf);
   model_free(m);
 }
 
@@ -204,7 +168,8 @@ static void test_gguf(const char *name) {
     int32_t tok[90];
     for (int i = 0; i < n; i++) tok[i] = (i * 37 + 11) % (int)V;
     float *la = malloc((size_t)(n * V) * 4), *lb = malloc((size_t)(n * V) * 4), *lc = malloc((size_t)(n * V) * 4);
-    rc = run(a, tok, n, 0, 1, KV_F32, la) | run(b, tok, n, 0, 1, KV_F32, lb) | run(c, tok, n, 0, 1, KV_F32, lc);
+    rc = ru_run(a, tok, n, 0, 1, KV_F32, false, la) | ru_run(b, tok, n, 0, 1, KV_F32, false, lb) |
+         ru_run(c, tok, n, 0, 1, KV_F32, false, lc);
     int64_t diff = 0, diffc = 0;
     double maxd = 0;
     for (int64_t i = 0; i < n; i++) diff += memcmp(la + i * V, lb + i * V, (size_t)V * 4) != 0;

@@ -20,44 +20,15 @@
 
 #include "convert/convert.h"
 #include "model/model.h"
+#include "model_ref_util.h"
 #include "test.h"
 
 #define SPEED_MEAN_TOL 0.15
-
-static int run(const model *m, const int32_t *tok, int64_t n, int64_t chunk, int threads, int kv, bool exact,
-               float *out) {
-  char err[256];
-  model_session *s;
-  const int64_t V = m->hp.n_vocab;
-  if (model_session_new(m, 1024, kv, threads, &s, err, sizeof err)) {
-    printf("session: %s\n", err);
-    return -1;
-  }
-  model_session_set_exact(s, exact);
-  if (chunk <= 0) chunk = n;
-  for (int64_t i = 0; i < n; i += chunk) {
-    const int64_t c = n - i < chunk ? n - i : chunk;
-    if (model_eval(s, tok + i, c, out + i * V, true, err, sizeof err)) {
-      printf("eval: %s\n", err);
-      model_session_free(s);
-      return -1;
-    }
-  }
-  model_session_free(s);
-  return 0;
-}
 
 static int64_t ndiff(const float *a, const float *b, int64_t n, int64_t V) {
   int64_t d = 0;
   for (int64_t i = 0; i < n; i++) d += memcmp(a + i * V, b + i * V, (size_t)V * 4) != 0;
   return d;
-}
-
-static int argmax(const float *x, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return (int)b;
 }
 
 static void test_one(const char *name) {
@@ -83,7 +54,7 @@ static void test_one(const char *name) {
   for (int i = 0; i < n; i++) tok[i] = (int32_t)((i * 37 + 11) % V);
   float *ref = malloc((size_t)(n * V) * 4), *alt = malloc((size_t)(n * V) * 4), *ex = malloc((size_t)(n * V) * 4);
 
-  rc = run(m, tok, n, 0, 1, KV_F32, false, ref);
+  rc = ru_run(m, tok, n, 0, 1, KV_F32, false, ref);
   CHECK(rc == 0, "%s: speed path, one call", name);
   const struct { int64_t chunk; int threads; int kv; const char *what; } var[] = {
     { 1, 1, KV_F32, "one token at a time" }, { 7, 1, KV_F32, "chunks of 7" }, { 0, 2, KV_F32, "2 threads" },
@@ -91,18 +62,18 @@ static void test_one(const char *name) {
   };
   for (size_t v = 0; v < sizeof var / sizeof var[0]; v++) {
     memset(alt, 0, (size_t)(n * V) * 4);
-    rc = run(m, tok, n, var[v].chunk, var[v].threads, var[v].kv, false, alt);
+    rc = ru_run(m, tok, n, var[v].chunk, var[v].threads, var[v].kv, false, alt);
     const int64_t d = ndiff(ref, alt, n, V);
     CHECK(rc == 0 && d == 0, "%s: speed path, %s: bit-identical to one batch (%lld positions differ)", name,
           var[v].what, (long long)d);
   }
   /* BF16 cache: its own reference, then stepwise with 2 threads */
-  rc = run(m, tok, n, 0, 1, KV_BF16, false, ex);
-  rc |= run(m, tok, n, 1, 2, KV_BF16, false, alt);
+  rc = ru_run(m, tok, n, 0, 1, KV_BF16, false, ex);
+  rc |= ru_run(m, tok, n, 1, 2, KV_BF16, false, alt);
   CHECK(rc == 0 && ndiff(ex, alt, n, V) == 0, "%s: speed path, BF16 KV: stepwise x 2 threads bit-identical", name);
 
   /* speed vs exact */
-  rc = run(m, tok, n, 0, 1, KV_F32, true, ex);
+  rc = ru_run(m, tok, n, 0, 1, KV_F32, true, ex);
   double maxd = 0, sum = 0;
   int64_t same = 0;
   for (int64_t i = 0; i < n * V; i++) {
@@ -110,7 +81,7 @@ static void test_one(const char *name) {
     maxd = fmax(maxd, d);
     sum += d;
   }
-  for (int64_t i = 0; i < n; i++) same += argmax(ex + i * V, V) == argmax(ref + i * V, V);
+  for (int64_t i = 0; i < n; i++) same += ru_argmax(ex + i * V, V) == ru_argmax(ref + i * V, V);
   printf("  %s q8_0: speed vs exact: max %.3g, mean %.3g, argmax equal %lld/%lld\n", name, maxd,
          sum / (double)(n * V), (long long)same, (long long)n);
   CHECK(rc == 0 && maxd > 0, "%s: the speed path ran (differs from the exact path)", name);
@@ -118,7 +89,7 @@ static void test_one(const char *name) {
         SPEED_MEAN_TOL);
   CHECK(same * 3 >= n * 2, "%s: argmax equal at >= 2/3 of positions (%lld/%lld)", name, (long long)same,
         (long long)n);
-  rc = run(m, tok, n, 0, 2, KV_F32, true, alt);
+  rc = ru_run(m, tok, n, 0, 2, KV_F32, true, alt);
   CHECK(rc == 0 && ndiff(ex, alt, n, V) == 0, "%s: exact path, 2 threads bit-identical to 1", name);
 
   free(ref);

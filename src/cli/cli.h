@@ -41,4 +41,9 @@ void cli_progress_update(cli_progress *p, uint64_t done, uint64_t total); /* tot
 void cli_progress_done(cli_progress *p); /* ends the line if one was drawn */
 /* Adapter for the library's progress callbacks: user is a cli_progress. */
 void cli_progress_cb(void *user, uint64_t done, uint64_t total);
+/* The bar of a model load: "load", in MB. */
+void cli_progress_load_init(cli_progress *p);
+/* floe_engine_open(p) with the load bar, its line ended before returning; on failure the error is
+ * printed as "floe: <err>" (cli_fail) and the open's code returned. */
+int cli_engine_open(const floe_engine_params *p, floe_engine **e, char *err, size_t errlen);
 #endif

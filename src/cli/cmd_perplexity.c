@@ -205,16 +205,7 @@ int cmd_perplexity(int argc, char **argv) {
     cli_fail("-f: %s", err);
     goto done;
   }
-  cli_progress lpr;
-  cli_progress_init(&lpr, "load", "MB", 1e6);
-  ep.progress = cli_progress_cb;
-  ep.progress_user = &lpr;
-  const int orc = floe_engine_open(&ep, &e, err, sizeof err);
-  cli_progress_done(&lpr);
-  if (orc) {
-    cli_fail("%s", err);
-    goto done;
-  }
+  if (cli_engine_open(&ep, &e, err, sizeof err)) goto done;
   cli_device_note(e);
   floe_model_info info;
   floe_engine_info(e, &info);

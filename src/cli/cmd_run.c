@@ -169,16 +169,7 @@ int cmd_run(int argc, char **argv) {
   size_t n_ids = 0;
   int rc = 1;
   double t0 = now_s();
-  cli_progress lpr;
-  cli_progress_init(&lpr, "load", "MB", 1e6);
-  ep.progress = cli_progress_cb;
-  ep.progress_user = &lpr;
-  const int orc = floe_engine_open(&ep, &e, err, sizeof err);
-  cli_progress_done(&lpr);
-  if (orc) {
-    cli_fail("%s", err);
-    goto done;
-  }
+  if (cli_engine_open(&ep, &e, err, sizeof err)) goto done;
   double t_load = now_s() - t0;
   cli_device_note(e);
   if (chat) {

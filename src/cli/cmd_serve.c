@@ -137,7 +137,7 @@ int cmd_serve(int argc, char **argv) {
   /* the load runs in the server's loader thread (/health answers 503 meanwhile): a bar on a
    * terminal, its line ended once the whole file is in */
   static cli_progress lpr;
-  cli_progress_init(&lpr, "load", "MB", 1e6);
+  cli_progress_load_init(&lpr);
   o.progress = serve_progress;
   o.progress_user = &lpr;
   char err[512];

@@ -1,7 +1,8 @@
 /* Progress bars for the CLI: one line on stderr redrawn in place, only when stderr is a terminal
  * (a log or a pipe gets nothing), at most 8 times a second, with the rate and the ETA when the
  * total is known. Nothing is drawn during the first half second, so quick steps (loading a small
- * model) leave no bar behind. The library reports progress through callbacks; only the CLI draws. */
+ * model) leave no bar behind. The library reports progress through callbacks; only the CLI draws.
+ * cli_engine_open is the engine open of the subcommands that load a model in the foreground. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -71,3 +72,19 @@ void cli_progress_done(cli_progress *p) {
 }
 
 void cli_progress_cb(void *user, uint64_t done, uint64_t total) { cli_progress_update(user, done, total); }
+
+void cli_progress_load_init(cli_progress *p) { cli_progress_init(p, "load", "MB", 1e6); }
+
+/* The bar lives in this frame only: the engine calls progress during floe_engine_open and never
+ * after, so the caller's params are left as they were (no callback pointing at a dead frame). */
+int cli_engine_open(const floe_engine_params *p, floe_engine **e, char *err, size_t errlen) {
+  cli_progress pr;
+  cli_progress_load_init(&pr);
+  floe_engine_params q = *p;
+  q.progress = cli_progress_cb;
+  q.progress_user = &pr;
+  const int rc = floe_engine_open(&q, e, err, errlen);
+  cli_progress_done(&pr);
+  if (rc) cli_fail("%s", err);
+  return rc;
+}

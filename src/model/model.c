@@ -1025,6 +1025,22 @@ int model_session_share_pool(model_session *s, model_session *from, char *err, s
   return 0;
 }
 
+/* model.h. Without the backend's multi-session op for the layer's kind, each session's rows go
+ * through the architecture's mixer at that session's own positions and state. */
+void model_mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N, bool gated) {
+  const bool rec = lead->m->hp.recurrent[l];
+  if (rec && lead->be->gdn_multi) {
+    lead->be->gdn_multi(lead, r, k, l, x, N);
+    return;
+  }
+  if (!rec && lead->be->attention_multi) {
+    lead->be->attention_multi(lead, r, k, l, x, N, gated);
+    return;
+  }
+  const int64_t E = lead->m->hp.n_embd;
+  for (int i = 0; i < k; i++) lead->m->arch->mixer(r[i].s, l, x + r[i].off * E, r[i].n, r[i].s->kv.n_past);
+}
+
 /* Checks one segment like model_eval_h does (the model file check is made once per call). */
 static int seg_check(const model_seg *g, char *err, size_t errlen) {
   const model_session *s = g->s;

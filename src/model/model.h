@@ -130,6 +130,10 @@ typedef struct model_arch {
 } model_arch;
 
 extern const model_arch model_arch_qwen3moe, model_arch_qwen3next, model_arch_qwen35moe;
+/* The body of every architecture's mixer_multi (model.c): the backend's gdn_multi for a recurrent
+ * layer, attention_multi (with the output gate when gated) for an attention layer, or, where the
+ * backend has none, m->arch->mixer per segment. */
+void model_mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N, bool gated);
 
 struct model {
   floe_hparams hp;

@@ -158,6 +158,11 @@ void cuda_mm_set_q16_impl(int impl);
  * (k_k4w, the default), 0 = 8 threads per row (k_k4). Both give the same bits (test_cuda_mm runs
  * both); FLOE_CUDA_K4W=0 sets 0 at the first launch. */
 void cuda_mm_set_k4w(int on);
+/* Activation quantization of A32 / A256 rows (cuda_mm_act_quantize, the fused norms) and the MoE
+ * combine's sum: 1 = a warp per 256 values in registers and the combine's loads batched (the
+ * default), 0 = the first forms. The same bytes (test_cuda_mm runs both); FLOE_CUDA_ACT2=0 sets
+ * 0 at the first launch. */
+void cuda_mm_set_act2(int on);
 
 #ifdef __cplusplus
 }

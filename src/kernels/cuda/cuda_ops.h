@@ -61,6 +61,10 @@ int cuda_attn_check(const cuda_attn_shape *sh, char *err, size_t errlen);
 /* A good n_split for a device of n_sm SMs: one wave of blocks at long context (the kernel runs
  * one block per SM). Parts past a row's length exit at once, so it suits every length. */
 int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm);
+/* Tests and benchmarks: 1 = a block per query head where that grid fits in one wave of the device
+ * (the default), 0 = always the head batches that read each K/V row once for several heads. The
+ * same bits; FLOE_CUDA_ATTN_SPREAD=0 sets 0 at the first call. */
+void cuda_attn_set_spread(int on);
 /* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once. */
 size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_tok);
 /* Rows t < n_tok at positions pos = *pos0 + t (pos0: device int32):
@@ -125,6 +129,10 @@ void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert, int K, int
  * depend on its operands' order): the same bits as the separate form. */
 void cuda_moe_route_sh(const float *logits, int64_t n_tok, int n_expert, int K, int norm_topk, const float *sh_logit,
                        int sh_id, int32_t *sel, float *w, void *stream);
+/* Tests and benchmarks: 1 = a warp per token (k_moe_route_warp, the default where n_expert <= 256
+ * and K <= 32), 0 = a block per token (the same bits; FLOE_CUDA_ROUTE_WARP=0 sets 0 at the first
+ * call). */
+void cuda_moe_set_route_impl(int warp);
 /* x[t] += (sum_j w[t*K+j] * y[t*K+j]  +  sigmoid(sh_logit[t]) * sh[t]) in the CPU's order
  * (j ascending, then the shared expert); sh / sh_logit NULL: no shared expert. Then, when norm_w
  * is not NULL, h[t] = rmsnorm(x[t]) * norm_w (the next block's input norm, fused).

@@ -1,11 +1,26 @@
 /* Activation quantization on the GPU: the bytes of kern_act_quantize (src/kernels/cpu/kernels.c)
- * for every activation format (KACT_A32, KACT_A256, KACT_MLX; kernels_internal.h).
+ * for every activation format (KACT_A32, KACT_A256, KACT_MLX; kernels_internal.h); and the
+ * one-row kernels that end in it: k_norm (residual add + RMSNorm) and k_combine (MoE weighted sum
+ * + residual + RMSNorm), bit-identical to layers.c.
  *
  * One block per activation row. Pass 1: the absolute maximum of every scale unit (32-block,
  * superblock or MLX group; a maximum does not depend on the order it is taken in). Pass 2: every
  * output byte / field from its unit's maximum, with the CPU's operations: id = 127 / amax,
  * q = rint(x * id) clamped to +-127, d = amax / 127, both 0 when amax is 0. Padding bytes
- * between the layout's regions are not written (the CPU does not write them either). */
+ * between the layout's regions are not written (the CPU does not write them either).
+ *
+ * Two implementations of a row's A32 / A256 quantization, the same bytes (test_cuda_mm runs
+ * both; cuda_mm_set_act2, FLOE_CUDA_ACT2=0 selects the first):
+ *  - act_row (MLX always): a warp per unit for the maxima, a barrier, then a thread per output
+ *    byte or field, each computing its own 127 / amax;
+ *  - act_row_warp (the default): a warp per 256-value chunk, eight values per lane in registers,
+ *    loaded straight from the row: the unit's maximum by shuffles, one 127 / amax per lane, the
+ *    bytes, the 16-value sums (A256) by shuffles; no barrier, so a one-row quantization's serial
+ *    path is load -> max -> divide -> store.
+ * The same switch picks the norms' forms: the default stores each value's square transposed as
+ * it is written (sq_put) so the 16-lane sum of squares reads its lanes by float4 (sumsq16_rows,
+ * the CPU's adds in the CPU's order), and k_combine loads up to COMB_KB slots of a row at once
+ * into registers before the adds; the first forms read the row value by value. */
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -19,6 +34,35 @@ __device__ __forceinline__ int q8v(float x, float amax) {
   return (int)(v > 127 ? 127 : v < -127 ? -127 : v);
 }
 __device__ __forceinline__ float d8(float amax) { return amax > 0 ? amax / 127.0f : 0.0f; }
+
+/* the unit's reciprocal for q8i: 127 / amax as q8v computes it, -1 where q8v returns 0 (amax not
+ * > 0; 127 / amax is >= 0 otherwise, +inf included) */
+__device__ __forceinline__ float id8(float amax) { return amax > 0 ? 127.0f / amax : -1.0f; }
+/* q8v(x, amax) from id = id8(amax): the same operations on the same values */
+__device__ __forceinline__ int q8i(float x, float id) {
+  if (!(id >= 0)) return 0;
+  const float v = rintf(x * id);
+  return (int)(v > 127 ? 127 : v < -127 ? -127 : v);
+}
+
+/* kact_perm256's inverse: the activation position (within a superblock) of natural index j. The
+ * permutations move aligned runs of 16, so 4 consecutive values from a multiple of 4 stay
+ * consecutive. */
+__device__ __forceinline__ int iperm256(int type, int j) {
+  if (type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K) { /* swaps bits 0 and 1 of the 32-run: its own inverse */
+    const int t = j >> 5, pt = (t & 4) | ((t & 1) << 1) | ((t >> 1) & 1);
+    return pt * 32 + (j & 31);
+  }
+  if (type == FLOE_TYPE_IQ4_XS) {
+    const int h = j / 128, r = j % 128, k = r / 32, hi = (r % 32) / 16;
+    return h * 128 + hi * 64 + k * 16 + r % 16;
+  }
+  return j;
+}
+
+__device__ __forceinline__ uint32_t pack4(const int v[4]) {
+  return (uint32_t)(v[0] & 255) | (uint32_t)(v[1] & 255) << 8 | (uint32_t)(v[2] & 255) << 16 | (uint32_t)(v[3] & 255) << 24;
+}
 
 /* kact_perm256: natural index (within a superblock) of activation position p */
 __device__ __forceinline__ int perm256(int type, int p) {
@@ -113,9 +157,97 @@ __device__ void act_row(const KArgs &a, int kind, const float *x, float *s_amax,
   }
 }
 
+/* act_row for KACT_A32 / KACT_A256 (kind), a warp per 256-value chunk: lane l holds values
+ * 4l..4l+3 and 128+4l..128+4l+3 of its chunk (one A256 unit; eight A32 units of 8 lanes each).
+ * Needs no shared memory and no barrier; x: shared or global memory. */
+__device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *o) {
+  int8_t *q = (int8_t *)o;
+  float *d = (float *)(o + a.off_d);
+  const int n = (int)a.cols;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int c = warp; c * 256 < n; c += nw) {
+    const int j0 = c * 256 + 4 * lane, j1 = j0 + 128;
+    const bool in0 = j0 < n, in1 = j1 < n; /* n is a multiple of 32: 4-runs are wholly in or out */
+    float v0[4], v1[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v0[i] = in0 ? x[j0 + i] : 0.0f;
+      v1[i] = in1 ? x[j1 + i] : 0.0f;
+    }
+    float m0 = 0.0f, m1 = 0.0f; /* a maximum does not depend on the order it is taken in */
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      m0 = fmaxf(m0, fabsf(v0[i]));
+      m1 = fmaxf(m1, fabsf(v1[i]));
+    }
+    int q0[4], q1[4];
+    if (kind == KACT_A256) {
+      float m = fmaxf(m0, m1);
+#pragma unroll
+      for (int s = 1; s < 32; s <<= 1) m = fmaxf(m, __shfl_xor_sync(MM_FULL, m, s));
+      const float id = id8(m);
+      int s0 = 0, s1 = 0;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        q0[i] = q8i(v0[i], id);
+        q1[i] = q8i(v1[i], id);
+        s0 += q0[i];
+        s1 += q1[i];
+      }
+      /* the 16-value sums (natural order): 4 lanes each, an exact integer sum */
+      s0 += __shfl_xor_sync(MM_FULL, s0, 1);
+      s1 += __shfl_xor_sync(MM_FULL, s1, 1);
+      s0 += __shfl_xor_sync(MM_FULL, s0, 2);
+      s1 += __shfl_xor_sync(MM_FULL, s1, 2);
+      int8_t *qc = q + c * 256;
+      *(uint32_t *)(qc + iperm256(a.type, 4 * lane)) = pack4(q0);
+      *(uint32_t *)(qc + iperm256(a.type, 128 + 4 * lane)) = pack4(q1);
+      int16_t *bs = (int16_t *)(o + a.off_s) + c * 16;
+      if ((lane & 3) == 0) {
+        bs[lane >> 2] = (int16_t)s0;
+        bs[8 + (lane >> 2)] = (int16_t)s1;
+      }
+      if (lane == 0) d[c] = d8(m);
+    } else { /* KACT_A32: units of 8 lanes */
+#pragma unroll
+      for (int s = 1; s < 8; s <<= 1) {
+        m0 = fmaxf(m0, __shfl_xor_sync(MM_FULL, m0, s));
+        m1 = fmaxf(m1, __shfl_xor_sync(MM_FULL, m1, s));
+      }
+      const float id0 = id8(m0), id1 = id8(m1);
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        q0[i] = q8i(v0[i], id0);
+        q1[i] = q8i(v1[i], id1);
+      }
+      float *dexp = (float *)(o + a.off_s);
+      const int u0 = c * 8 + (lane >> 3), u1 = u0 + 4, i8 = lane & 7;
+      if (in0) {
+        *(uint32_t *)(q + j0) = pack4(q0);
+        const float dk = d8(m0);
+        dexp[8 * u0 + i8] = dk;
+        if (i8 == 0) d[u0] = dk;
+      }
+      if (in1) {
+        *(uint32_t *)(q + j1) = pack4(q1);
+        const float dk = d8(m1);
+        dexp[8 * u1 + i8] = dk;
+        if (i8 == 0) d[u1] = dk;
+      }
+    }
+  }
+}
+
+/* act_row_warp where it applies (impl 1, kinds A32 / A256), else act_row */
+__device__ __forceinline__ bool act_warp_ok(int impl, int kind) { return impl && kind != KACT_MLX; }
+
 __global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const float *__restrict__ X, int64_t ldx,
-                                                     uint8_t *__restrict__ xq, size_t xs, int stage) {
+                                                     uint8_t *__restrict__ xq, size_t xs, int stage, int impl) {
   PDL_ENTER();
+  if (act_warp_ok(impl, kind)) { /* each lane loads its own values: nothing to stage */
+    act_row_warp(a, kind, X + (int64_t)blockIdx.x * ldx, xq + (size_t)blockIdx.x * xs);
+    return;
+  }
   extern __shared__ float s_dyn[];
   /* staged: the row is read from global memory once, all its loads in flight together (a one-row
    * quantization is latency-bound), then every pass reads shared memory */
@@ -132,16 +264,46 @@ __global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const fl
 #define NORM_THREADS 512
 #define NORM_PER 4 /* values a thread keeps in registers (rows up to 2048 in one memory round trip) */
 
+/* The squares for sumsq16_rows: value i's square (a plain multiply, as sumsq16's) at row i % 16,
+ * column i / 16 of sq, rows sq_rs floats apart. sq_rs: a multiple of 4 (float4 rows) that is 4
+ * more than a multiple of 32 (the 16 rows start in different banks). */
+static __host__ __device__ __forceinline__ int sq_rs(int n) { return ((n + 15) / 16 + 31) / 32 * 32 + 4; }
+__device__ __forceinline__ void sq_put(float *sq, int rs, int i, float v) { sq[(i & 15) * rs + (i >> 4)] = __fmul_rn(v, v); }
+
+/* ops_sumsq16_warp from the squares sq_put stored (called by one whole warp): lane k < 16 adds
+ * its row, x[k]^2, x[k+16]^2, ... in order, then fold16: the same adds in the same order; the
+ * row comes in float4 loads, eight in flight, so the serial path is the chain of adds. */
+__device__ __forceinline__ float sumsq16_rows(const float *sq, int n) {
+  const int lane = threadIdx.x & 31, rs = sq_rs(n);
+  float acc = 0.0f;
+  if (lane < 16) {
+    const int cnt = (n - lane + 15) / 16; /* values lane + 16 m < n */
+    const float *r = sq + lane * rs;
+    int m = 0;
+#pragma unroll 8
+    for (; m + 4 <= cnt; m += 4) {
+      const float4 v = *(const float4 *)(r + m);
+      acc = __fadd_rn(acc, v.x);
+      acc = __fadd_rn(acc, v.y);
+      acc = __fadd_rn(acc, v.z);
+      acc = __fadd_rn(acc, v.w);
+    }
+    for (; m < cnt; m++) acc = __fadd_rn(acc, r[m]);
+  }
+  acc = ops_fold16(acc);
+  return __shfl_sync(0xffffffffu, acc, 0);
+}
+
 /* y = (xs * r) * w for the row staged in xs (r = 1 / sqrt(sumsq / n + eps), the CPU's 16-lane
- * sum of squares: ops_sumsq16_warp), into global y and back into xs; wr: this thread's weights
- * for i = tid + k * bs, k < NORM_PER. */
-__device__ __forceinline__ void norm_row(float *xs, const float *__restrict__ w, const float wr[NORM_PER], float *y,
-                                         int n, float eps) {
+ * sum of squares: ops_sumsq16_warp, or sumsq16_rows from sq when sq is not NULL), into global y
+ * and back into xs; wr: this thread's weights for i = tid + k * bs, k < NORM_PER. */
+__device__ __forceinline__ void norm_row(float *xs, const float *sq, const float *__restrict__ w,
+                                         const float wr[NORM_PER], float *y, int n, float eps) {
   __shared__ float rs;
   const int tid = threadIdx.x, bs = blockDim.x;
   __syncthreads();
   if (tid < 32) {
-    const float ss = ops_sumsq16_warp(xs, n);
+    const float ss = sq ? sumsq16_rows(sq, n) : ops_sumsq16_warp(xs, n);
     if (tid == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
   }
   __syncthreads();
@@ -162,9 +324,11 @@ __device__ __forceinline__ void norm_row(float *xs, const float *__restrict__ w,
  * w == NULL: only the add. Bit-identical to layer_rmsnorm (and vadd + layer_rmsnorm). */
 __global__ void __launch_bounds__(NORM_THREADS)
     k_norm(float *__restrict__ x, const float *__restrict__ delta, const float *__restrict__ w, float *__restrict__ y,
-           int n, float eps, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs) {
+           int n, float eps, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs, int impl, int sqoff) {
   PDL_ENTER();
   extern __shared__ float xs[];
+  float *sq = sqoff ? xs + sqoff : nullptr; /* the squares for sumsq16_rows */
+  const int rs = sq_rs(n);
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x, bs = blockDim.x;
   float *xr = x + row * n;
@@ -181,26 +345,37 @@ __global__ void __launch_bounds__(NORM_THREADS)
       const float v = __fadd_rn(xr[i], dr[i]);
       xr[i] = v;
       xs[i] = v;
+      if (sq) sq_put(sq, rs, i, v);
     }
   } else {
 #pragma unroll 4
-    for (int i = tid; i < n; i += bs) xs[i] = xr[i];
+    for (int i = tid; i < n; i += bs) {
+      const float v = xr[i];
+      xs[i] = v;
+      if (sq) sq_put(sq, rs, i, v);
+    }
   }
   if (!w) return;
-  norm_row(xs, w, wr, y + row * n, n, eps);
-  if (qkind >= 0) act_row(qa, qkind, xs, xs + n, xq + (size_t)row * xqs);
+  norm_row(xs, sq, w, wr, y + row * n, n, eps);
+  if (qkind < 0) return;
+  if (act_warp_ok(impl, qkind)) act_row_warp(qa, qkind, xs, xq + (size_t)row * xqs);
+  else act_row(qa, qkind, xs, xs + n, xq + (size_t)row * xqs);
 }
 
 #define COMB_THREADS 512
+#define COMB_KB 12 /* MoE slots whose loads the register path issues together */
 
 /* x[t] += sum_j w[t*K+j] * y[t*K+j] (j ascending) + sigmoid(sh_logit[t]) * sh[t]; then, when nw
  * is not NULL, h[t] = rmsnorm(x[t]) * nw, and when qkind >= 0 h[t] quantized for qa into xq. */
 __global__ void __launch_bounds__(COMB_THREADS)
     k_combine(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ w, int K,
               const float *__restrict__ sh, const float *__restrict__ shl, const float *__restrict__ nw,
-              float *__restrict__ h, float eps, int n, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs) {
+              float *__restrict__ h, float eps, int n, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs,
+              int impl, int sqoff) {
   PDL_ENTER();
   extern __shared__ float xs[];
+  float *sq = sqoff ? xs + sqoff : nullptr; /* the squares for sumsq16_rows */
+  const int rs = sq_rs(n);
   const int64_t t = blockIdx.x;
   const int tid = threadIdx.x, bs = blockDim.x;
   float wr[NORM_PER];
@@ -210,6 +385,47 @@ __global__ void __launch_bounds__(COMB_THREADS)
     wr[k] = nw && i < n ? nw[i] : 0.0f;
   }
   const float g = sh ? floe_sigmoidf(shl[t]) : 0.0f;
+  if (impl && n <= NORM_PER * bs) {
+    /* the row in registers (NORM_PER values a thread): every load of a batch of COMB_KB slots is
+     * issued before the first add, the adds then in the order of the loop below */
+    float acc[NORM_PER], xv[NORM_PER], sv[NORM_PER];
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+      const int i = tid + k * bs;
+      acc[k] = 0.0f;
+      xv[k] = i < n ? x[t * n + i] : 0.0f;
+      sv[k] = sh && i < n ? sh[t * n + i] : 0.0f;
+    }
+    for (int j0 = 0; j0 < K; j0 += COMB_KB) {
+      float yv[COMB_KB][NORM_PER], wv[COMB_KB];
+#pragma unroll
+      for (int jj = 0; jj < COMB_KB; jj++) {
+        const int j = j0 + jj;
+        wv[jj] = j < K ? w[t * K + j] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) {
+          const int i = tid + k * bs;
+          yv[jj][k] = j < K && i < n ? y[(t * K + j) * n + i] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int jj = 0; jj < COMB_KB; jj++)
+        if (j0 + jj < K)
+#pragma unroll
+          for (int k = 0; k < NORM_PER; k++) acc[k] = __fadd_rn(acc[k], __fmul_rn(yv[jj][k], wv[jj]));
+    }
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+      const int i = tid + k * bs;
+      if (i >= n) break;
+      float a = acc[k];
+      if (sh) a = __fadd_rn(a, __fmul_rn(sv[k], g));
+      const float v = __fadd_rn(xv[k], a);
+      x[t * n + i] = v;
+      xs[i] = v;
+      if (sq) sq_put(sq, rs, i, v);
+    }
+  } else
 #pragma unroll 4
   for (int i = tid; i < n; i += bs) {
     float acc = 0.0f;
@@ -219,13 +435,30 @@ __global__ void __launch_bounds__(COMB_THREADS)
     const float v = __fadd_rn(x[t * n + i], acc);
     x[t * n + i] = v;
     xs[i] = v;
+    if (sq) sq_put(sq, rs, i, v);
   }
   if (!nw) return;
-  norm_row(xs, nw, wr, h + t * n, n, eps);
-  if (qkind >= 0) act_row(qa, qkind, xs, xs + n, xq + (size_t)t * xqs);
+  norm_row(xs, sq, nw, wr, h + t * n, n, eps);
+  if (qkind < 0) return;
+  if (act_warp_ok(impl, qkind)) act_row_warp(qa, qkind, xs, xq + (size_t)t * xqs);
+  else act_row(qa, qkind, xs, xs + n, xq + (size_t)t * xqs);
 }
 
 } // namespace
+
+/* act_row_warp and k_combine's register path are the default; FLOE_CUDA_ACT2=0 (or
+ * cuda_mm_set_act2(0)) selects the first forms, the same bytes. */
+static int g_act2 = -1;
+
+static int act2_on(void) {
+  if (g_act2 < 0) {
+    const char *e = getenv("FLOE_CUDA_ACT2");
+    g_act2 = !(e && e[0] == '0');
+  }
+  return g_act2;
+}
+
+extern "C" void cuda_mm_set_act2(int on) { g_act2 = on ? 1 : 0; }
 
 static int act_kind(const KArgs &a) {
   return a.type == FLOE_TYPE_MLX ? KACT_MLX
@@ -247,6 +480,16 @@ static void act_epilogue(const cuda_mat *W, KArgs *qa, int *qkind, size_t *extra
   *extra_floats = (size_t)(qa->cols / act_unit(*qa, *qkind));
 }
 
+/* the norms' dynamic shared memory: the row (n floats), act_row's maxima (extra), then from float
+ * sqoff (16-byte aligned; 0: none) the squares for sumsq16_rows */
+static int sq_off(int64_t n, size_t extra) {
+  const int64_t off = (n + (int64_t)extra + 3) / 4 * 4;
+  return (off + 16 * (int64_t)sq_rs((int)n)) * 4 <= 48 * 1024 ? (int)off : 0; /* within the default limit */
+}
+static size_t norm_smem(int64_t n, size_t extra, int sqoff) {
+  return (sqoff ? (size_t)sqoff + (size_t)16 * sq_rs((int)n) : (size_t)n + extra) * sizeof(float);
+}
+
 extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const float *w, float *y,
                                  int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream) {
   if (n_rows <= 0) return;
@@ -254,8 +497,9 @@ extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta
   int qkind;
   size_t extra;
   act_epilogue(xq && w ? W : nullptr, &qa, &qkind, &extra);
-  pdl_launch(k_norm, dim3((unsigned)n_rows), dim3(NORM_THREADS), (size_t)(n + extra) * sizeof(float),
-             (cudaStream_t)stream, x, delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride);
+  const int sqoff = w && act2_on() ? sq_off(n, extra) : 0;
+  pdl_launch(k_norm, dim3((unsigned)n_rows), dim3(NORM_THREADS), norm_smem(n, extra, sqoff), (cudaStream_t)stream, x,
+             delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
 }
 
 extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
@@ -266,18 +510,26 @@ extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y,
   int qkind;
   size_t extra;
   act_epilogue(xq && norm_w ? W : nullptr, &qa, &qkind, &extra);
-  pdl_launch(k_combine, dim3((unsigned)n_tok), dim3(COMB_THREADS), (size_t)(n + extra) * sizeof(float),
-             (cudaStream_t)stream, x, y, w, K, sh, sh_logit, norm_w, h, eps, (int)n, qa, qkind, (uint8_t *)xq,
-             xq_stride);
+  const int sqoff = norm_w && act2_on() ? sq_off(n, extra) : 0;
+  pdl_launch(k_combine, dim3((unsigned)n_tok), dim3(COMB_THREADS), norm_smem(n, extra, sqoff), (cudaStream_t)stream, x,
+             y, w, K, sh, sh_logit, norm_w, h, eps, (int)n, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
 }
 
 void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st) {
   const int kind = act_kind(a);
   const int U = act_unit(a, kind);
+  const int impl = act2_on();
   const int stage = a.cols <= ACT_STAGE_MAX;
-  const size_t smem = (size_t)(a.cols / U + (stage ? a.cols : 0)) * sizeof(float);
+  size_t smem = (size_t)(a.cols / U + (stage ? a.cols : 0)) * sizeof(float);
+  int threads = ACT_THREADS;
+  if (impl && kind != KACT_MLX) { /* a warp per 256-value chunk, no shared memory */
+    const int64_t warps = (a.cols + 255) / 256;
+    threads = warps < ACT_THREADS / 32 ? (int)warps * 32 : ACT_THREADS;
+    smem = 0;
+  }
   for (int64_t b = 0; b < nb; b += 65535) { /* grid x limit is 2^31, but keep launches modest */
     const int64_t n = nb - b < 65535 ? nb - b : 65535;
-    pdl_launch(k_act, dim3((unsigned)n), dim3(ACT_THREADS), (size_t)(smem), st, a, kind, X + b * ldx, ldx, xq + (size_t)b * xs, xs, stage);
+    pdl_launch(k_act, dim3((unsigned)n), dim3(threads), smem, st, a, kind, X + b * ldx, ldx, xq + (size_t)b * xs, xs,
+               stage, impl);
   }
 }

@@ -3,7 +3,8 @@
  * sigmoid output gate in the same launch (cuda_attn).
  *
  * cuda_attn: block (part c, kv head kh / head batch, row t), 256 threads, HB query heads of the
- * group at once so each K/V row is read once for them. Row t sees np = *pos0 + t + 1 positions,
+ * group at once so each K/V row is read once for them (HB = 1 where a block per head fits in one
+ * wave: attn_hb_for; the same bits). Row t sees np = *pos0 + t + 1 positions,
  * cut into parts of CH = roundup128(ceil(np / n_split)) positions: the cut depends only on np, so
  * a prefill row and the decode of the same position run the same arithmetic (bit-identical).
  *   - K/V tiles of TP positions stream into shared memory through cp.async, ATT_STAGES deep:
@@ -23,6 +24,7 @@
  * change no score; but the CPU scores a head_dim that is not a multiple of 16 with one sequential
  * fmaf chain, so there the scores differ from the CPU's by rounding. */
 #include <stdio.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "base/base.h"
@@ -49,6 +51,32 @@ static int attn_hb(const cuda_attn_shape *sh) { /* query heads per block: a powe
   while (hb * 2 <= cap && G % (hb * 2) == 0 && hb * 2 <= 8) hb *= 2;
   return hb;
 }
+
+/* The heads a launch gives each block. A head's arithmetic does not depend on how many heads share
+ * its block (scores, softmax, V sums and the combine are per head, in the same order), so this
+ * choice changes no bit. attn_hb's batches read each K/V row once for HB heads, which pays when
+ * the grid is large; when one block per query head still fits in a wave (decode at a short
+ * context: 1 x 2 blocks of 8 heads otherwise), a block per head cuts the serial work of each block
+ * HB-fold. cuda_attn_set_spread(0) / FLOE_CUDA_ATTN_SPREAD=0 keep attn_hb always. */
+static int g_attn_spread = -1, g_attn_nsm = 0;
+
+static int attn_hb_for(const cuda_attn_shape *sh, int64_t n_tok) {
+  if (g_attn_spread < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_SPREAD");
+    g_attn_spread = !(e && e[0] == '0');
+  }
+  if (g_attn_nsm <= 0) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+      g_attn_nsm = n;
+    else
+      (void)cudaGetLastError();
+  }
+  if (g_attn_spread && g_attn_nsm > 0 && n_tok * sh->n_split * (int64_t)sh->n_head <= g_attn_nsm) return 1;
+  return attn_hb(sh);
+}
+
+extern "C" void cuda_attn_set_spread(int on) { g_attn_spread = on ? 1 : 0; }
 /* positions per tile: ~32 KiB of K + V per stage, 16..128 */
 static __host__ __device__ constexpr int att_tp(int hd, int es) {
   return 32768 / (2 * hd * es) > 128 ? 128 : (32768 / (2 * hd * es) < 16 ? 16 : 32768 / (2 * hd * es));
@@ -73,6 +101,7 @@ extern "C" int cuda_attn_check(const cuda_attn_shape *sh, char *err, size_t errl
     return floe_err(err, errlen, FLOE_E_INVALID, "cuda attention: n_ctx %lld", (long long)sh->n_ctx);
   /* the kernel's shared memory above 48 KiB needs an opt-in: done here, at setup, so that no
    * attribute call happens inside a graph capture (the launcher repeats it only if this failed) */
+  if (cuda_rt_device_count() > 0) (void)attn_hb_for(sh, 1); /* the SM count read now, not inside a capture */
   if (cuda_rt_device_count() > 0 && attn_set_smem(sh))
     return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda attention: the device refused %zu bytes of shared memory",
                     att_smem(attn_hd(sh->head_dim), sh->kv_bf16 ? 2 : 4));
@@ -89,9 +118,10 @@ extern "C" int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm) {
 static size_t part_floats(const cuda_attn_shape *sh) { return (size_t)attn_hd(sh->head_dim) + 4; }
 
 extern "C" size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_tok) {
-  const int hb = attn_hb(sh), nhb = sh->n_head / sh->n_head_kv / hb;
-  const size_t parts = (size_t)n_tok * (size_t)sh->n_head_kv * nhb * hb * (size_t)sh->n_split * part_floats(sh) * sizeof(float);
-  const size_t cnt = (size_t)n_tok * (size_t)sh->n_head_kv * (size_t)nhb * sizeof(int);
+  /* parts: one per (row, head, split) whatever the heads per block; counters: one per (row, block
+   * of heads), at most one per head (attn_hb_for may give a launch a block per head) */
+  const size_t parts = (size_t)n_tok * (size_t)sh->n_head * (size_t)sh->n_split * part_floats(sh) * sizeof(float);
+  const size_t cnt = (size_t)n_tok * (size_t)sh->n_head * sizeof(int);
   return (cnt + 255) / 256 * 256 + parts;
 }
 
@@ -471,9 +501,9 @@ static int launch_attn(const cuda_attn_shape *sh, const float *q, const void *kc
 }
 
 template <int HD, bool BF>
-static int attn_hb_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+static int attn_hb_dispatch(int hb, const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                             const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
-  switch (attn_hb(sh)) {
+  switch (hb) {
   case 1: return launch_attn<1, HD, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
   case 2: return launch_attn<2, HD, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
   case 4: return launch_attn<4, HD, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
@@ -481,32 +511,36 @@ static int attn_hb_dispatch(const cuda_attn_shape *sh, const float *q, const voi
   }
 }
 template <bool BF>
-static int attn_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+static int attn_dispatch(int hb, const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                          const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
   switch (attn_hd(sh->head_dim)) {
-  case 16: return attn_hb_dispatch<16, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 32: return attn_hb_dispatch<32, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 64: return attn_hb_dispatch<64, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 128: return attn_hb_dispatch<128, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  default: return attn_hb_dispatch<256, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 16: return attn_hb_dispatch<16, BF>(hb, sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 32: return attn_hb_dispatch<32, BF>(hb, sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 64: return attn_hb_dispatch<64, BF>(hb, sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 128: return attn_hb_dispatch<128, BF>(hb, sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  default: return attn_hb_dispatch<256, BF>(hb, sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
   }
 }
 
-static int attn_set_smem(const cuda_attn_shape *sh) {
-  return sh->kv_bf16 ? attn_dispatch<true>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)
-                     : attn_dispatch<false>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
+static int attn_set_smem(const cuda_attn_shape *sh) { /* both head batchings attn_hb_for picks from */
+  int rc = 0;
+  for (int i = 0; i < 2; i++) {
+    const int hb = i ? attn_hb(sh) : 1;
+    rc |= sh->kv_bf16 ? attn_dispatch<true>(hb, sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)
+                      : attn_dispatch<false>(hb, sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
+  }
+  return rc;
 }
 
 extern "C" void cuda_attn(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
                           const int32_t *pos0, int64_t n_tok, float *out, void *scratch, void *stream) {
   if (n_tok <= 0) return;
-  const int hb = attn_hb(sh);
+  const int hb = attn_hb_for(sh, n_tok);
   /* the counters first: their place must not depend on n_tok (a decode launch after a prefill
-   * launch finds them at zero), the partials after them */
-  const int nhb = sh->n_head / sh->n_head_kv / hb;
-  const size_t cnt_bytes = (size_t)n_tok * (size_t)sh->n_head_kv * (size_t)nhb * sizeof(int);
+   * launch finds them at zero), the partials after them (as cuda_attn_scratch_bytes counts them) */
+  const size_t cnt_bytes = (size_t)n_tok * (size_t)sh->n_head * sizeof(int);
   int *cnt = (int *)scratch;
   float *part = (float *)((char *)scratch + (cnt_bytes + 255) / 256 * 256);
-  if (sh->kv_bf16) attn_dispatch<true>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
-  else attn_dispatch<false>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
+  if (sh->kv_bf16) attn_dispatch<true>(hb, sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
+  else attn_dispatch<false>(hb, sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
 }

@@ -1,4 +1,9 @@
 /* MoE routing and combine, SiLU-GLU (cuda_ops.h); every value bit-identical to layer_moe.
+ *   k_moe_route_warp (the default for n_expert <= 256, K <= 32): a warp per token, 8 experts a
+ *     lane in registers; the same softmax (the 16-lane sum's lanes gathered by shuffles, in the
+ *     CPU's order), the top-k as K argmax passes (value descending, ties to the lower index: the
+ *     CPU's picks and order) by warp reductions, the renormalisation summed in pick order.
+ *     cuda_moe_set_route_impl(0) / FLOE_CUDA_ROUTE_WARP=0 select k_moe_route, the same bits.
  *   k_moe_route: block per token. router_softmax (max, vexpf, the 16-lane sum folded in halves,
  *     divide), the top-k as ranks (descending probability, ties to the lower index: the picks
  *     and order of the CPU's sorted insert), the renormalisation summed in that order, then the
@@ -6,6 +11,8 @@
  *   the combine (mm_act.cu's k_combine): block per token. y = 0; y += y_j * w_j for j ascending;
  *     y += sh * sigmoid(gate); x += y (vaxpy / vadd), then optionally the next block's RMSNorm of x
  *     (and its quantization for a matmul, cuda_mm_combine_act). */
+#include <stdlib.h>
+
 #include "kernels/cuda/cuda_mm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/moe_route.cuh"
@@ -23,9 +30,101 @@ static __global__ void __launch_bounds__(MOE_MAXE)
                   sh_id, sel + t * ks, wout + t * ks);
 }
 
+#define ROUTE_R 8 /* experts a lane holds: k_moe_route_warp takes n_expert <= 32 * ROUTE_R */
+
+/* A warp per token (blockDim 32). Lane l holds experts e = l + 32 r. No shared memory, no barrier:
+ * the serial path is the logits' load, two reductions, K argmax passes and the stores. */
+static __global__ void __launch_bounds__(32)
+    k_moe_route_warp(const float *logits, int NE, int K, int norm_topk, const float *sh_logit, int sh_id, int32_t *sel,
+                     float *wout) {
+  PDL_ENTER();
+  const int ks = sh_logit ? K + 1 : K;
+  const int64_t t = blockIdx.x;
+  const float *lt = logits + t * NE;
+  const int lane = threadIdx.x;
+  float p[ROUTE_R];
+#pragma unroll
+  for (int r = 0; r < ROUTE_R; r++) p[r] = lane + 32 * r < NE ? lt[lane + 32 * r] : -INFINITY;
+  const float shl = sh_logit && lane == 0 ? sh_logit[t] : 0.0f;
+  float mx = p[0];
+#pragma unroll
+  for (int r = 1; r < ROUTE_R; r++) mx = fmaxf(mx, p[r]);
+#pragma unroll
+  for (int s = 16; s >= 1; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+#pragma unroll
+  for (int r = 0; r < ROUTE_R; r++) p[r] = lane + 32 * r < NE ? floe_vexpf(__fsub_rn(p[r], mx)) : 0.0f;
+  /* router_softmax's sum: lane k < 16 adds p[k], p[k+16], p[k+32], ... in order; those are its own
+   * p[r] (e = k + 32 r) and lane k+16's (e = k + 16 + 32 r), alternately */
+  float acc = 0.0f;
+#pragma unroll
+  for (int r = 0; r < ROUTE_R; r++) {
+    const float hi = __shfl_down_sync(0xffffffffu, p[r], 16);
+    if (lane < 16) {
+      if (lane + 32 * r < NE) acc = __fadd_rn(acc, p[r]);
+      if (lane + 16 + 32 * r < NE) acc = __fadd_rn(acc, hi);
+    }
+  }
+  acc = ops_fold16(acc);
+  const float sum = __shfl_sync(0xffffffffu, acc, 0);
+  /* keys: the probability's bits + 1 (probabilities are >= 0, so their bits order as the values);
+   * 0 for no expert or one already picked */
+  uint32_t key[ROUTE_R];
+#pragma unroll
+  for (int r = 0; r < ROUTE_R; r++) key[r] = lane + 32 * r < NE ? __float_as_uint(p[r] / sum) + 1u : 0u;
+  float myw = 0.0f, sw = 0.0f;
+  int mye = 0;
+  for (int j = 0; j < K; j++) {
+    uint32_t km = key[0];
+#pragma unroll
+    for (int r = 1; r < ROUTE_R; r++) km = key[r] > km ? key[r] : km;
+    km = __reduce_max_sync(0xffffffffu, km);
+    uint32_t ei = 0xffffffffu; /* this lane's lowest expert holding the maximum */
+#pragma unroll
+    for (int r = ROUTE_R - 1; r >= 0; r--) ei = key[r] == km ? (uint32_t)(lane + 32 * r) : ei;
+    ei = __reduce_min_sync(0xffffffffu, ei);
+    const float pv = __uint_as_float(km - 1u);
+#pragma unroll
+    for (int r = 0; r < ROUTE_R; r++)
+      if ((uint32_t)(lane + 32 * r) == ei) key[r] = 0u;
+    if (lane == j) {
+      myw = pv;
+      mye = (int)ei;
+    }
+    sw = __fadd_rn(sw, pv); /* the renormalisation's sum, in pick order */
+  }
+  if (norm_topk) myw = myw / sw;
+  int pos = 0; /* the selections in ascending expert order */
+  for (int j = 0; j < K; j++) pos += __shfl_sync(0xffffffffu, mye, j) < mye;
+  if (lane < K) {
+    sel[t * ks + pos] = mye;
+    wout[t * ks + pos] = myw;
+  }
+  if (sh_logit && lane == 0) {
+    sel[t * ks + K] = sh_id;
+    wout[t * ks + K] = floe_sigmoidf(shl);
+  }
+}
+
+static int g_route_warp = -1;
+
+static int route_warp_on(int NE, int K) {
+  if (g_route_warp < 0) {
+    const char *e = getenv("FLOE_CUDA_ROUTE_WARP");
+    g_route_warp = !(e && e[0] == '0');
+  }
+  return g_route_warp && NE <= 32 * ROUTE_R && K <= 32;
+}
+
+extern "C" void cuda_moe_set_route_impl(int warp) { g_route_warp = warp ? 1 : 0; }
+
 extern "C" void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert, int K, int norm_topk, int32_t *sel,
                                float *w, void *stream) {
   if (n_tok <= 0) return;
+  if (route_warp_on(n_expert, K)) {
+    pdl_launch(k_moe_route_warp, dim3((unsigned)n_tok), dim3(32), (size_t)0, OPS_STREAM(stream), logits, n_expert, K,
+               norm_topk, (const float *)nullptr, 0, sel, w);
+    return;
+  }
   const int th = (n_expert + 31) / 32 * 32;
   pdl_launch(k_moe_route, dim3((unsigned)n_tok), dim3(th), (size_t)(0), OPS_STREAM(stream), logits, n_expert, K, norm_topk, nullptr, 0, sel, w);
 }
@@ -33,6 +132,11 @@ extern "C" void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert,
 extern "C" void cuda_moe_route_sh(const float *logits, int64_t n_tok, int n_expert, int K, int norm_topk,
                                   const float *sh_logit, int sh_id, int32_t *sel, float *w, void *stream) {
   if (n_tok <= 0) return;
+  if (route_warp_on(n_expert, K)) {
+    pdl_launch(k_moe_route_warp, dim3((unsigned)n_tok), dim3(32), (size_t)0, OPS_STREAM(stream), logits, n_expert, K,
+               norm_topk, sh_logit, sh_id, sel, w);
+    return;
+  }
   const int th = (n_expert + 31) / 32 * 32;
   pdl_launch(k_moe_route, dim3((unsigned)n_tok), dim3(th), (size_t)(0), OPS_STREAM(stream), logits, n_expert, K, norm_topk, sh_logit, sh_id, sel, w);
 }

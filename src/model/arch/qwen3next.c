@@ -51,17 +51,7 @@ static void mixer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0
 static void ffn(model_session *s, int64_t l, float *x, int64_t n) { s->be->moe(s, l, x, n); }
 
 static void mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N) {
-  const bool rec = lead->m->hp.recurrent[l];
-  if (rec && lead->be->gdn_multi) {
-    lead->be->gdn_multi(lead, r, k, l, x, N);
-    return;
-  }
-  if (!rec && lead->be->attention_multi) {
-    lead->be->attention_multi(lead, r, k, l, x, N, true);
-    return;
-  }
-  const int64_t E = lead->m->hp.n_embd;
-  for (int i = 0; i < k; i++) mixer(r[i].s, l, x + r[i].off * E, r[i].n, r[i].s->kv.n_past);
+  model_mixer_multi(lead, r, k, l, x, N, true);
 }
 
 const model_arch model_arch_qwen3next = { FLOE_ARCH_QWEN3NEXT, bind, mixer, ffn, mixer_multi };
