@@ -14,6 +14,7 @@
 #   depth35   35B decode at DEPTHS_LONG (default 32768)
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
+#   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
 #   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096,
 #             A/B lines for decode (AB) and prefill (ABP), the per-phase profile
 #   bench-mm-warp, bench-mm-lanes   bench_cuda_mm with one implementation of the 16-lane
@@ -81,6 +82,13 @@ sec_kernels35() {
   [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
   FLOE_CUDA_NO_GRAPH=1 timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 4 -r 1 -c 64
+}
+# kernels35p: the same for one 512-token prefill chunk (the prefill kernels' breakdown)
+sec_kernels35p() {
+  local small=/tmp/floe-q35-4l.gguf
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024
 }
 # ncu35: ncu's full report (speed of light, memory, occupancy, warp stalls) for one launch of each
 # hot decode kernel of the 35B-A3B shape cut to 4 layers (NCU_KERNELS: a regex of kernel names)

@@ -74,23 +74,28 @@ __global__ void k_grp_count(const int32_t *__restrict__ ids, int64_t slots, int 
 __global__ void k_grp_scan(int nep, int32_t *__restrict__ grp, GrpLayout L) {
   PDL_ENTER();
   const int n = nep + 1;
-  __shared__ int32_t s_toff[1025];
+  __shared__ int32_t s_cnt[1024], s_off[1025], s_toff[1025];
+  /* the counts into shared memory by every thread first: a serial loop over global memory would
+   * pay a load latency per expert (its stores may alias the next load) */
+  for (int e = threadIdx.x; e < n; e += blockDim.x) s_cnt[e] = grp[L.cnt + e];
+  __syncthreads();
   if (threadIdx.x == 0) {
     int32_t o = 0, to = 0;
     for (int e = 0; e < n; e++) {
-      const int32_t c = grp[L.cnt + e];
-      grp[L.off + e] = o;
+      const int32_t c = s_cnt[e];
+      s_off[e] = o;
       s_toff[e] = to;
       o += c;
       to += (c + MMA_NT - 1) / MMA_NT;
     }
-    grp[L.off + n] = o;
+    s_off[n] = o;
     s_toff[n] = to;
     grp[0] = to;
   }
   __syncthreads();
+  for (int e = threadIdx.x; e <= n; e += blockDim.x) grp[L.off + e] = s_off[e];
   for (int e = threadIdx.x; e < n; e += blockDim.x) {
-    const int32_t c = grp[L.cnt + e], o = grp[L.off + e];
+    const int32_t c = s_cnt[e], o = s_off[e];
     grp[L.fill + e] = 0;
     for (int32_t i = 0, ti = s_toff[e]; i < c; i += MMA_NT, ti++) {
       grp[L.tiles + 3 * ti] = e;
