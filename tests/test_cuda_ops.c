@@ -748,8 +748,12 @@ int main(void) {
   /* the 35B-A3B shape at a short context (n_split 1, 2): prefill and decode get a block per head */
   test_attn_case(16, 2, 256, 64, 1, 1, 600, 3, 1);
   test_attn_case(16, 2, 256, 64, 1, 0, 130, 2, 2);
-  for (int impl = 0; impl < 2; impl++) { /* dk 128: one thread per column, then two (k_gdn_recur2) */
+  /* dk 128: one thread per column with the token-by-token conv, then two (k_gdn_recur2) with the
+   * conv a block per token (k_gdn_conv_par, opt-in until it has run here; the cases below use it
+   * too) */
+  for (int impl = 0; impl < 2; impl++) {
     cuda_gdn_set_impl(impl);
+    cuda_gdn_set_conv_par(impl);
     test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
     test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
     test_gdn_case(2, 2, 128, 100, 8, 1, 3, 2);

@@ -97,13 +97,85 @@ static __global__ void __launch_bounds__(128)
       if (q < K - 1) state[(int64_t)q * C + ch] = win[q];
 }
 
+/* k_gdn_conv_par: k_gdn_conv's outputs for a chunk of tokens with a block per (channel group,
+ * token). The conv has no recurrence: token t's window is the chunk's rows t-K+1 .. t-1, or the
+ * entry window for positions before the chunk, so the tokens run in parallel while each output
+ * takes k_gdn_conv's operations in its order (c = 0, then c + w[q] * x over the window oldest
+ * first, then c + w[K-1] * x_t, SiLU, the L2 norm of q / k heads). The window state is advanced
+ * after the chunk by k_gdn_conv_shift. Prefill measured the serial kernel at ~1 us a token a layer
+ * (H200, 35B-A3B shape), its tokens walked one by one. Not for kept chunks (k_gdn_conv<true>). */
+static __global__ void __launch_bounds__(128)
+    k_gdn_conv_par(const float *__restrict__ mix, const float *__restrict__ wt, const float *state,
+                   float *const *state_p, float *__restrict__ raw, int C, int K, int dk, int Nk, float qscale) {
+  PDL_ENTER();
+  if (state_p) state = *state_p;
+  __shared__ float xs[128];
+  __shared__ float rn;
+  const int g = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, ch = g * dk + tid;
+  const bool ok = tid < dk && ch < C, norm = g < 2 * Nk;
+  float c = 0.0f, m = 0.0f, wl = 0.0f;
+  if (ok) {
+    for (int q = 0; q < K - 1; q++) {
+      const int i = t - (K - 1) + q; /* the input at window slot q */
+      const float v = i >= 0 ? mix[(int64_t)i * C + ch] : state[(int64_t)(K - 1 + i) * C + ch];
+      c = __fadd_rn(c, __fmul_rn(wt[(int64_t)q * C + ch], v));
+    }
+    m = mix[(int64_t)t * C + ch];
+    wl = wt[(int64_t)(K - 1) * C + ch];
+  }
+  c = floe_siluf(__fadd_rn(c, __fmul_rn(wl, m)));
+  if (norm) { /* block-uniform */
+    if (tid < dk) xs[tid] = c;
+    __syncthreads();
+    if (tid < 32) {
+      const float ss = ops_sumsq16_warp(xs, dk);
+      if (tid == 0) rn = 1.0f / sqrtf(__fadd_rn(ss, 1e-6f));
+    }
+    __syncthreads();
+    c = g < Nk ? __fmul_rn(__fmul_rn(c, rn), qscale) : __fmul_rn(c, rn);
+  }
+  if (ok) raw[(int64_t)t * C + ch] = c;
+}
+
+/* The window after n_tok more inputs: slot q = input n_tok - (K-1) + q, from the chunk or from the
+ * window itself (a slot read is always past the slots already written: in place, oldest first). */
+static __global__ void k_gdn_conv_shift(const float *__restrict__ mix, float *state, float *const *state_p, int C,
+                                        int K, int n_tok) {
+  PDL_ENTER();
+  if (state_p) state = *state_p;
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ch >= C) return;
+  for (int q = 0; q < K - 1; q++) {
+    const int i = n_tok - (K - 1) + q;
+    state[(int64_t)q * C + ch] = i >= 0 ? mix[(int64_t)i * C + ch] : state[(int64_t)(K - 1 + i) * C + ch];
+  }
+}
+
+/* 1: chunks of several tokens through k_gdn_conv_par; 0: k_gdn_conv (the same bits);
+ * -1: from FLOE_CUDA_CONV_PAR. Opt-in (=1) until it has passed test_cuda_ops on a GPU: it was
+ * written when no device time was left. */
+static int g_conv_par = -1;
+
+extern "C" void cuda_gdn_set_conv_par(int on) { g_conv_par = on ? 1 : 0; }
+
 static void gdn_conv_launch(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
                             float *const *state_p, float *const *keep, float *raw, int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
   const int C = 2 * sh->Nk * sh->dk + sh->Nv * sh->dv;
   const float qscale = (float)(1.0 / sqrt((double)sh->dk));
+  if (g_conv_par < 0) {
+    const char *e = getenv("FLOE_CUDA_CONV_PAR");
+    g_conv_par = e && e[0] == '1';
+  }
   /* whole warps: the sumsq16 warp needs all 32 lanes */
   const dim3 grid((C + sh->dk - 1) / sh->dk), block((sh->dk + 31) / 32 * 32);
+  if (!keep && n_tok > 1 && n_tok <= 65535 && g_conv_par == 1) {
+    pdl_launch(k_gdn_conv_par, dim3(grid.x, (unsigned)n_tok), block, (size_t)0, OPS_STREAM(stream), mix, conv_wt,
+               (const float *)conv_state, state_p, raw, C, sh->conv_k, sh->dk, sh->Nk, qscale);
+    pdl_launch(k_gdn_conv_shift, dim3((unsigned)((C + 127) / 128)), dim3(128), (size_t)0, OPS_STREAM(stream), mix,
+               conv_state, state_p, C, sh->conv_k, (int)n_tok);
+    return;
+  }
   if (keep)
     pdl_launch(k_gdn_conv<true>, grid, block, (size_t)0, OPS_STREAM(stream), mix, conv_wt, conv_state, state_p, keep,
                raw, C, sh->conv_k, sh->dk, sh->Nk, (int)n_tok, qscale);
