@@ -134,10 +134,11 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
  * read once per tile of up to 32 slots (tensor-core kernels, mm_mma.cu; Q4_K / Q5_K with rows of
  * at most 16 superblocks, gate+up at most 8). cuda_mm_moe_group fills grp (device memory of
  * cuda_mm_moe_group_bytes(slots, n_expert) bytes) from the device ids of `slots` slots, for an
- * expert stack of n_expert (<= 1023: more, and nothing is written and the _grp calls below must
+ * expert stack of n_expert (<= CUDA_MM_GROUP_MAX_EXPERT: more, and nothing is written and the _grp calls below must
  * not be given grp). The _grp calls take the same arguments as cuda_mm_moe_gate_up /
  * cuda_mm_moe_down plus grp (made from these ids and the stack's n_expert), write the same bits,
  * and fall back to those calls where the kernels do not apply (grp NULL, another type). */
+#define CUDA_MM_GROUP_MAX_EXPERT 1023 /* experts of a stack that can be grouped (+1 run of bad ids) */
 size_t cuda_mm_moe_group_bytes(int64_t slots, int n_expert);
 void cuda_mm_moe_group(const int32_t *ids, int64_t slots, int n_expert, void *grp, void *stream);
 void cuda_mm_moe_gate_up_grp(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,

@@ -188,7 +188,7 @@ void cuda_mm_moe_down_grp(const cuda_mat *down, int64_t T, int K, const int32_t 
   if (T <= 0 || K <= 0 || down->rows <= 0) return;
   const KArgs a = mm_kargs(down);
   const cudaStream_t st = (cudaStream_t)stream;
-  if (grp && xq_scratch && cuda_mm_act_bytes(down) && mm_mma_fits(a, MM_DOWN) && a.n_expert <= 1023) {
+  if (grp && xq_scratch && cuda_mm_act_bytes(down) && mm_mma_fits(a, MM_DOWN)) {
     mm_act_launch(a, T * K, H, ldh, (uint8_t *)xq_scratch, xq_stride, st);
     mm_mma_moe_launch(a, a, MM_DOWN, T * K, K, grp, (const uint8_t *)xq_scratch, xq_stride, Y, ldy, st);
     return;

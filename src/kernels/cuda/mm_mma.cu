@@ -74,7 +74,8 @@ __global__ void k_grp_count(const int32_t *__restrict__ ids, int64_t slots, int 
 __global__ void k_grp_scan(int nep, int32_t *__restrict__ grp, GrpLayout L) {
   PDL_ENTER();
   const int n = nep + 1;
-  __shared__ int32_t s_cnt[1024], s_off[1025], s_toff[1025];
+  __shared__ int32_t s_cnt[CUDA_MM_GROUP_MAX_EXPERT + 1], s_off[CUDA_MM_GROUP_MAX_EXPERT + 2],
+      s_toff[CUDA_MM_GROUP_MAX_EXPERT + 2];
   /* the counts into shared memory by every thread first: a serial loop over global memory would
    * pay a load latency per expert (its stores may alias the next load) */
   for (int e = threadIdx.x; e < n; e += blockDim.x) s_cnt[e] = grp[L.cnt + e];
@@ -411,11 +412,13 @@ void launch_mma(const KArgs &a, const KArgs &a2, int K, const int32_t *grp, cons
 
 } // namespace
 
-/* whether a's shape and type take the tensor-core kernels (GLU: one staged round) */
+/* whether a's shape and type take the tensor-core kernels (GLU: one staged round; the grouped
+ * modes: a stack cuda_mm_moe_group can group) */
 bool mm_mma_fits(const KArgs &a, int mode) {
   if (!mma_on() || (a.type != FLOE_TYPE_Q4_K && a.type != FLOE_TYPE_Q5_K)) return false;
   const int64_t nsb = a.cols / 256;
-  return nsb >= 1 && nsb <= 16 && (mode != MM_GLU || nsb <= MMA_SBC);
+  return nsb >= 1 && nsb <= 16 && (mode != MM_GLU || nsb <= MMA_SBC) &&
+         (mode == MM_PLAIN || a.n_expert <= CUDA_MM_GROUP_MAX_EXPERT);
 }
 
 void cuda_mm_set_mma(int on) { g_mma = on ? 1 : 0; }
@@ -441,7 +444,7 @@ size_t cuda_mm_moe_group_bytes(int64_t slots, int n_expert) {
 }
 
 void cuda_mm_moe_group(const int32_t *ids, int64_t slots, int n_expert, void *grp, void *stream) {
-  if (slots <= 0 || n_expert < 1 || n_expert > 1023) return; /* the kernels then fall back: see cuda_mm.h */
+  if (slots <= 0 || n_expert < 1 || n_expert > CUDA_MM_GROUP_MAX_EXPERT) return; /* see cuda_mm.h */
   const cudaStream_t st = (cudaStream_t)stream;
   const GrpLayout L = grp_layout(slots, n_expert);
   int32_t *g = (int32_t *)grp;
@@ -456,7 +459,7 @@ void cuda_mm_moe_group(const int32_t *ids, int64_t slots, int n_expert, void *gr
  * kernels). */
 bool mm_mma_moe_launch(const KArgs &a, const KArgs &a2, int mode, int64_t slots, int K, const void *grp,
                        const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
-  if (!grp || !mm_mma_fits(a, mode) || (mode == MM_GLU && a2.type != a.type) || a.n_expert > 1023) return false;
+  if (!grp || !mm_mma_fits(a, mode) || (mode == MM_GLU && a2.type != a.type)) return false;
   const GrpLayout L = grp_layout(slots, a.n_expert);
   if (L.max_tiles > 65535) return false;
   const int32_t *g = (const int32_t *)grp;
