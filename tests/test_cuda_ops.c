@@ -749,8 +749,7 @@ int main(void) {
   test_attn_case(16, 2, 256, 64, 1, 1, 600, 3, 1);
   test_attn_case(16, 2, 256, 64, 1, 0, 130, 2, 2);
   /* dk 128: one thread per column with the token-by-token conv, then two (k_gdn_recur2) with the
-   * conv a block per token (k_gdn_conv_par, opt-in until it has run here; the cases below use it
-   * too) */
+   * conv a block per token (k_gdn_conv_par, the default; the cases below use it too) */
   for (int impl = 0; impl < 2; impl++) {
     cuda_gdn_set_impl(impl);
     cuda_gdn_set_conv_par(impl);

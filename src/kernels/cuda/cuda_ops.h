@@ -95,9 +95,9 @@ int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen);
 /* Causal conv + SiLU + q/k L2 norms (q also * dk^-0.5) of n_tok tokens in order, C = 2*Nk*dk + Nv*dv:
  *   mix [n_tok][C] (q | k | v before the conv), conv_wt [K][C], conv_state [K-1][C] (updated),
  *   raw [n_tok][C] (out). */
-/* Chunks of several tokens (not kept): 1 = the conv with a block per token, 0 = token by token
- * (the default until the first is run on a GPU); the same bits by construction
- * (FLOE_CUDA_CONV_PAR=1 sets 1 at the first launch; test_cuda_ops runs both). */
+/* Chunks of several tokens (not kept): 1 = the conv with a block per token (the default),
+ * 0 = token by token; the same bits by construction (FLOE_CUDA_CONV_PAR=0 sets 0 at the first
+ * launch; test_cuda_ops runs both). */
 void cuda_gdn_set_conv_par(int on);
 void cuda_gdn_conv(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state, float *raw,
                    int64_t n_tok, void *stream);

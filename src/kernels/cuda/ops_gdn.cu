@@ -151,9 +151,8 @@ static __global__ void k_gdn_conv_shift(const float *__restrict__ mix, float *st
   }
 }
 
-/* 1: chunks of several tokens through k_gdn_conv_par; 0: k_gdn_conv (the same bits);
- * -1: from FLOE_CUDA_CONV_PAR. Opt-in (=1) until it has passed test_cuda_ops on a GPU: it was
- * written when no device time was left. */
+/* 1: chunks of several tokens through k_gdn_conv_par (the default); 0: k_gdn_conv token by token
+ * (the same bits); -1: from FLOE_CUDA_CONV_PAR (=0 selects k_gdn_conv). */
 static int g_conv_par = -1;
 
 extern "C" void cuda_gdn_set_conv_par(int on) { g_conv_par = on ? 1 : 0; }
@@ -165,7 +164,7 @@ static void gdn_conv_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   const float qscale = (float)(1.0 / sqrt((double)sh->dk));
   if (g_conv_par < 0) {
     const char *e = getenv("FLOE_CUDA_CONV_PAR");
-    g_conv_par = e && e[0] == '1';
+    g_conv_par = !(e && e[0] == '0');
   }
   /* whole warps: the sumsq16 warp needs all 32 lanes */
   const dim3 grid((C + sh->dk - 1) / sh->dk), block((sh->dk + 31) / 32 * 32);
