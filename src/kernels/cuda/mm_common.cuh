@@ -142,8 +142,24 @@ bool mm_mma_moe_launch(const KArgs &a, const KArgs &a2, int mode, int64_t slots,
 void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                      const float *X, int64_t ldx, float *Y, int64_t ldy, cudaStream_t st);
 void mm_dequant_launch(const KArgs &a, const int32_t *rows, int64_t n, float *out, int64_t ldo, cudaStream_t st);
-/* mm_act.cu */
+/* mm_k4.cu: MM_GLU of Q4_K / Q5_K gate a / up a2 whose last block per slot also quantizes the
+ * slot's Y row for the layout qa into xqd (xsd apart; ctr: a zeroed counter per slot, left zeroed);
+ * false: not taken (another type, k_k4 selected, an MLX layout), nothing launched */
+bool mm_k4_glu_act_launch(const KArgs &a, const KArgs &a2, int64_t slots, int K, const int32_t *ids, const uint8_t *xq,
+                          size_t xs, float *Y, int64_t ldy, const KArgs &qa, uint8_t *xqd, size_t xsd, unsigned *ctr,
+                          cudaStream_t st);
+/* mm_act.cu; mm_act_kind: KACT_* of a matrix's activation layout */
+int mm_act_kind(const KArgs &a);
 void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st);
+
+/* Weight prefetch into L2 before a kernel's griddepcontrol.wait (pdl.cuh): the rows of a matrix do
+ * not depend on the previous kernel, so their HBM reads may start while it still runs (mm_k4.cu
+ * says where). mm_pf_on: FLOE_CUDA_PF / cuda_mm_set_pf (mm_k4.cu). n bytes from p by the 32 lanes
+ * of a warp, a 128-byte line each at a time. */
+int mm_pf_on(void);
+__device__ __forceinline__ void mm_pf_l2(const uint8_t *p, size_t n, int lane) {
+  for (size_t o = (size_t)lane * 128; o < n; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
 
 /* Weight row r of expert e (bounds checked by the caller) */
 __device__ __forceinline__ const uint8_t *mm_row(const KArgs &a, int e, int64_t r) {

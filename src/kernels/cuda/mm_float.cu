@@ -665,9 +665,10 @@ __device__ __forceinline__ float plain1_row(const KArgs &a, int64_t r, const flo
 }
 
 template <int T>
-__global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict__ x, float *__restrict__ Y) {
-  PDL_ENTER();
+__global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict__ x, float *__restrict__ Y, int pf) {
   const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (pf && r < a.rows) mm_pf_l2(mm_row(a, 0, r), a.row_bytes, threadIdx.x & 31); /* the row, before the wait */
+  PDL_ENTER();
   if (r >= a.rows) return;
   const float y = plain1_row<T>(a, r, x);
   if ((threadIdx.x & 31) == 0) Y[r] = y;
@@ -741,9 +742,10 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
   if (a.type == FLOE_TYPE_F32 || a.type == FLOE_TYPE_F16 || a.type == FLOE_TYPE_BF16) {
     if (mode == MM_PLAIN && nb == 1 && plain1_on()) {
       const dim3 g((unsigned)((a.rows + 3) / 4));
-      if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain1<FLOE_TYPE_F32>, g, dim3(128), (size_t)0, st, a, X, Y);
-      else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain1<FLOE_TYPE_F16>, g, dim3(128), (size_t)0, st, a, X, Y);
-      else pdl_launch(k_plain1<FLOE_TYPE_BF16>, g, dim3(128), (size_t)0, st, a, X, Y);
+      const int pf = mm_pf_on();
+      if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain1<FLOE_TYPE_F32>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
+      else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain1<FLOE_TYPE_F16>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
+      else pdl_launch(k_plain1<FLOE_TYPE_BF16>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
       return;
     }
     pdl_launch(k_plain, dim3(dim3((unsigned)((a.rows + PL_WARPS - 1) / PL_WARPS), gy)), dim3(32 * PL_WARPS), (size_t)(0), st, a, a2, mode, nb, K, ids, X, ldx, Y, ldy);

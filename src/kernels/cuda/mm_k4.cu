@@ -16,6 +16,7 @@
  * qh[q % 32], bits 2 (q / 32) and 2 (q / 32) + 1. */
 #include <stdlib.h>
 
+#include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -238,32 +239,98 @@ __device__ __forceinline__ void k4w_dot(const KArgs &a, const uint8_t *__restric
   if constexpr (TWO) *y2 = k4w_red(acc2);
 }
 
-template <int T, int MODE>
+/* Weight prefetch into L2 before griddepcontrol.wait (pf, from k4w_pf): a decode step is a chain
+ * of small kernels, and with programmatic dependent launch this kernel's blocks are resident while
+ * the previous kernel (often one latency-bound block: a norm, the routing) still runs. Weights do
+ * not depend on it, so their HBM reads can start then; after the wait the rows come from L2.
+ *   PF_ROWS: every row this warp will compute (the matrix fits in L2: PF_ALL_MAX), else its first.
+ *   PF_IDS: the MoE modes may read their expert id before the wait; only where the caller knows
+ *   the ids were written two or more launches earlier (then that launch has completed: this grid
+ *   starts only after every block of the previous one has passed its own wait). Read through L2
+ *   (ld.global.cg), which is coherent; L1 may hold an earlier step's ids.
+ * Prefetching changes no arithmetic: every output is the same bits either way. */
+enum { PF_ROWS = 1, PF_IDS = 2, PF_ALL = 4 };
+#define PF_ALL_MAX ((size_t)24 << 20) /* bytes of a matrix prefetched whole (H100/H200 L2: 50 MB) */
+
+/* Rows r0, r0 + step, ... of one weight matrix (expert e) and, for the GLU, of a2's. */
+template <int MODE>
+__device__ __forceinline__ void k4w_prefetch(const KArgs &a, const KArgs &a2, int e, int64_t r0, int64_t step,
+                                             int pf, int lane) {
+  for (int64_t r = r0; r < a.rows; r += step) {
+    mm_pf_l2(mm_row(a, e, r), a.row_bytes, lane);
+    if constexpr (MODE == MM_GLU) mm_pf_l2(mm_row(a2, e, r), a2.row_bytes, lane);
+    if (!(pf & PF_ALL)) break;
+  }
+}
+
+/* The GLU's epilogue (cuda_mm_moe_gate_up_act): the down projection's input quantized by the last
+ * block of each slot to finish (a counter per slot, back to 0 after it), with act_row_warp on the
+ * slot's H row read back through L2: the bytes k_act would write, one launch fewer. */
+struct K4Act {
+  KArgs qa;       /* the down matrix's activation layout */
+  uint8_t *xq;    /* slot s's quantized row at xq + s * xs */
+  size_t xs;
+  unsigned *ctr;  /* a zeroed counter per slot */
+  int kind;       /* KACT_A256 / KACT_A32 */
+};
+
+/* A warp per weight row; the grid may be smaller than one block per 4 rows (k4w_grid: no more
+ * blocks than fit at once, so all of them prefetch), the warps then take rows r, r + 4 gridDim.x,
+ * ... Each row is computed by one warp exactly as before. ACT (MM_GLU only): the epilogue above. */
+template <int T, int MODE, bool ACT = false>
 __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int32_t *ids, const uint8_t *xq, size_t xs,
-                                             float *Y, int64_t ldy) {
+                                             float *Y, int64_t ldy, int pf, K4Act act) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5), step = (int64_t)gridDim.x * 4;
+  const int64_t slot = MODE == MM_PLAIN ? 0 : blockIdx.y;
+  if (pf) {
+    int e = 0;
+    bool ok = true;
+    if (MODE != MM_PLAIN && ids) {
+      ok = (pf & PF_IDS) != 0;
+      if (ok) {
+        e = __ldcg(ids + slot);
+        ok = e >= 0 && e < a.n_expert;
+      }
+    }
+    if (ok) k4w_prefetch<MODE>(a, a2, e, r0, step, pf, lane);
+  }
   PDL_ENTER();
-  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (r >= a.rows) return; /* a whole warp */
-  const bool l0 = (threadIdx.x & 31) == 0;
+  const bool l0 = lane == 0;
   if constexpr (MODE == MM_PLAIN) {
-    float y;
-    k4w_dot<T, false>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
-    if (l0) Y[r] = y;
+    for (int64_t r = r0; r < a.rows; r += step) { /* warp-uniform */
+      float y;
+      k4w_dot<T, false>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
+      if (l0) Y[r] = y;
+    }
   } else {
-    const int64_t slot = blockIdx.y;
     const int e = ids ? ids[slot] : 0;
     if (e < 0 || e >= a.n_expert) {
-      if (l0) Y[slot * ldy + r] = __int_as_float(0x7fc00000);
-      return;
-    }
-    const uint8_t *x = xq + (size_t)(MODE == MM_GLU ? slot / K : slot) * xs;
-    float g, up;
-    if constexpr (MODE == MM_GLU) {
-      k4w_dot<T, true>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
-      if (l0) Y[slot * ldy + r] = floe_siluf(g) * up;
+      if (l0)
+        for (int64_t r = r0; r < a.rows; r += step) Y[slot * ldy + r] = __int_as_float(0x7fc00000);
     } else {
-      k4w_dot<T, false>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
-      if (l0) Y[slot * ldy + r] = g;
+      const uint8_t *x = xq + (size_t)(MODE == MM_GLU ? slot / K : slot) * xs;
+      for (int64_t r = r0; r < a.rows; r += step) {
+        float g, up;
+        if constexpr (MODE == MM_GLU) {
+          k4w_dot<T, true>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
+          if (l0) Y[slot * ldy + r] = floe_siluf(g) * up;
+        } else {
+          k4w_dot<T, false>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
+          if (l0) Y[slot * ldy + r] = g;
+        }
+      }
+    }
+    if constexpr (ACT) { /* the last block of the slot quantizes its row (NaN rows too, as k_act would) */
+      __shared__ bool s_last;
+      __threadfence(); /* this block's rows are visible before it counts itself done */
+      __syncthreads();
+      if (threadIdx.x == 0) s_last = atomicAdd(act.ctr + slot, 1u) == gridDim.x - 1;
+      __syncthreads();
+      if (!s_last) return;
+      __threadfence();
+      act_row_warp<true>(act.qa, act.kind, Y + slot * ldy, act.xq + (size_t)slot * act.xs);
+      if (threadIdx.x == 0) act.ctr[slot] = 0; /* for the next launch (a graph replays this one) */
     }
   }
 }
@@ -284,16 +351,75 @@ static int k4w_on(void) {
 
 void cuda_mm_set_k4w(int on) { g_k4w = on ? 1 : 0; }
 
+/* k_k4w's prefetch (the default; FLOE_CUDA_PF=0 or cuda_mm_set_pf(0, 0) turns it off, the same
+ * bits) and the test hook that caps its grid so the row loop runs more than once. */
+static int g_pf = -1, g_pf_cap = 0;
+
+void cuda_mm_set_pf(int on, int max_blocks) {
+  g_pf = on ? 1 : 0;
+  g_pf_cap = max_blocks;
+}
+
+int mm_pf_on(void) {
+  if (g_pf < 0) {
+    const char *e = getenv("FLOE_CUDA_PF");
+    g_pf = !(e && e[0] == '0');
+  }
+  return g_pf;
+}
+
+namespace {
+
+/* k_k4w's x blocks for g4 needed (a block per 4 rows) and gy slots: without prefetch, g4; with it,
+ * at most what is resident at once over all slots (so every block prefetches before the wait). */
+template <int T, int MODE, bool ACT = false>
+unsigned k4w_grid(int64_t g4, unsigned gy) {
+  static int cap = 0; /* blocks resident at once, per instantiation */
+  if (!cap) {
+    int dev = 0, nsm = 0, per = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_k4w<T, MODE, ACT>, 128, 0) == cudaSuccess && nsm > 0 && per > 0)
+      cap = nsm * per;
+    else
+      cap = -1;
+  }
+  int64_t lim = g_pf_cap > 0 ? g_pf_cap : cap;
+  if (!mm_pf_on() || lim <= 0) return (unsigned)g4;
+  lim = lim / (int64_t)gy;
+  if (lim < 1) lim = 1;
+  return (unsigned)(g4 < lim ? g4 : lim);
+}
+
+/* the pf argument: rows always; the whole matrix when it fits in L2; the expert ids of MM_DOWN
+ * (cuda_mm_moe_down launches its quantized k_k4w right after the GLU or the activation
+ * quantization, both launched after the ids were written, so their writer is two or more
+ * launches back) */
+int k4w_pf(const KArgs &a, int mode, unsigned gy) {
+  if (!mm_pf_on()) return 0;
+  const size_t bytes = (size_t)a.rows * a.row_bytes * (mode == MM_GLU ? 2 : 1) * gy;
+  return PF_ROWS | (bytes <= PF_ALL_MAX ? PF_ALL : 0) | (mode == MM_DOWN ? PF_IDS : 0);
+}
+
+} // namespace
+
 namespace {
 
 template <int T>
 void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
   if (k4w_on() && (mode != MM_PLAIN || nb == 1)) { /* one activation row: a warp per weight row */
-    const unsigned g4 = (unsigned)((a.rows + 3) / 4), gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
-    if (mode == MM_GLU) pdl_launch(k_k4w<T, MM_GLU>, dim3(g4, gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy);
-    else if (mode == MM_DOWN) pdl_launch(k_k4w<T, MM_DOWN>, dim3(g4, gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy);
-    else pdl_launch(k_k4w<T, MM_PLAIN>, dim3(g4, gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy);
+    const int64_t g4 = (a.rows + 3) / 4;
+    const unsigned gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
+    const int pf = k4w_pf(a, mode, gy);
+    if (mode == MM_GLU)
+      pdl_launch(k_k4w<T, MM_GLU>, dim3(k4w_grid<T, MM_GLU>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq,
+                 xs, Y, ldy, pf, K4Act{});
+    else if (mode == MM_DOWN)
+      pdl_launch(k_k4w<T, MM_DOWN>, dim3(k4w_grid<T, MM_DOWN>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids,
+                 xq, xs, Y, ldy, pf, K4Act{});
+    else
+      pdl_launch(k_k4w<T, MM_PLAIN>, dim3(k4w_grid<T, MM_PLAIN>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids,
+                 xq, xs, Y, ldy, pf, K4Act{});
     return;
   }
   const unsigned gx = (unsigned)((a.rows + RPB - 1) / RPB);
@@ -311,6 +437,28 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
 }
 
 } // namespace
+
+bool mm_k4_glu_act_launch(const KArgs &a, const KArgs &a2, int64_t slots, int K, const int32_t *ids, const uint8_t *xq,
+                          size_t xs, float *Y, int64_t ldy, const KArgs &qa, uint8_t *xqd, size_t xsd, unsigned *ctr,
+                          cudaStream_t st) {
+  const int kind = mm_act_kind(qa);
+  if (!k4w_on() || a.type != a2.type || kind == KACT_MLX || slots <= 0 || slots > 65535) return false;
+  const K4Act act = {qa, xqd, xsd, ctr, kind};
+  const int64_t g4 = (a.rows + 3) / 4;
+  const unsigned gy = (unsigned)slots;
+  const int pf = k4w_pf(a, MM_GLU, gy);
+  switch (a.type) {
+    case FLOE_TYPE_Q4_K:
+      pdl_launch(k_k4w<FLOE_TYPE_Q4_K, MM_GLU, true>, dim3(k4w_grid<FLOE_TYPE_Q4_K, MM_GLU, true>(g4, gy), gy), dim3(128),
+                 (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy, pf, act);
+      return true;
+    case FLOE_TYPE_Q5_K:
+      pdl_launch(k_k4w<FLOE_TYPE_Q5_K, MM_GLU, true>, dim3(k4w_grid<FLOE_TYPE_Q5_K, MM_GLU, true>(g4, gy), gy), dim3(128),
+                 (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy, pf, act);
+      return true;
+    default: return false;
+  }
+}
 
 bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
