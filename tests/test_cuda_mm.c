@@ -191,13 +191,6 @@ static const int NBS[] = {1, 2, 3, 7, 16, 33};
 /* F32/F16/BF16: the GPU follows the AVX-512 float order (kern_mm_float_lanes_ref) */
 static int plain_type(uint32_t t) { return t == FLOE_TYPE_F32 || t == FLOE_TYPE_F16 || t == FLOE_TYPE_BF16; }
 
-/* k_k4w selected (cuda_mm_set_k4w): the fused GLU + quantization needs it */
-static int t_k4w = 1;
-static void set_k4w(int on) {
-  t_k4w = on;
-  cuda_mm_set_k4w(on);
-}
-
 static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64_t rows, int64_t cols) {
   tmat m = make_mat(type, bits, group, sbt, rows, cols, 1);
   const floe_mat *W = &m.W;
@@ -240,7 +233,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
     cuda_mm_set_q16_impl(nimpl == 1 || kq ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
-    set_k4w(kq && impl == 1);
+    cuda_mm_set_k4w(kq && impl == 1);
     cuda_mm_set_pf(1, kq && impl == 1 ? 3 : 0); /* k_k4w: 3 blocks, its warps loop over rows */
     for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
       if (impl == 1 && path == 1) break; /* the float path has one implementation */
@@ -299,7 +292,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
     }
   }
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
-  set_k4w(0);
+  cuda_mm_set_k4w(0);
   cuda_mm_set_pf(1, 0);
   /* a changed scale must change the result: the comparisons above can fail */
   if (floe_type_info(type) && floe_type_info(type)->quantized) {
@@ -515,48 +508,6 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
   CHECK(ok_y, "moe %s E=%lld I=%lld T=%d K=%d%s%s: down == CPU bit for bit", nm, (long long)E, (long long)I, T, K,
         shared ? " (shared)" : "", grouped ? " (grouped by expert)" : "");
   if (bad_slot >= 0) CHECK(nan_ok, "moe %s: an expert id out of range gives NaN rows", nm);
-  /* one launch fewer (cuda_mm_moe_gate_up_act): the GLU's last block per slot quantizes the down
-   * input; H, those bytes and the down rows equal the CPU's (twice: the counters must be left 0) */
-  if (!grouped && ab && abd && S <= CUDA_MM_ACT_SLOTS) {
-    unsigned *dctr = dev_put(NULL, CUDA_MM_ACT_SLOTS * sizeof(unsigned));
-    cuda_rt_memset_async(dctr, 0, CUDA_MM_ACT_SLOTS * sizeof(unsigned), NULL);
-    uint8_t *hqa = malloc(abd * (size_t)S), *hqg = malloc(abd * (size_t)S);
-    for (int s = 0; s < S; s++) {
-      const floe_mat Wd = expert_of(&md, ids[s]);
-      kern_act_quantize(&Wd, H + (size_t)s * I, hqa + (size_t)s * abd);
-    }
-    for (int rep = 0; rep < 2; rep++) {
-      dev_poison(dH, sizeof(float) * (size_t)(S * I));
-      dev_poison(dY, sizeof(float) * (size_t)(S * E));
-      dev_poison(dxqd, abd * (size_t)S);
-      const int taken = cuda_mm_moe_gate_up_act(&gg.M, &gu.M, &gd.M, T, K, dids, dxq, ab, dH, I, dxqd, abd, dctr, NULL);
-      const int want = t_k4w && (type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K) ? 1 : 0;
-      CHECK(taken == want, "moe %s T=%d K=%d: the fused GLU + quantization %s", nm, T, K, want ? "applies" : "declines");
-      if (!taken) break;
-      cuda_mm_moe_down_pre(&gd.M, T, K, dids, dxqd, abd, dY, E, NULL);
-      CHECK(cuda_rt_check("moe act", err, sizeof err) == 0, "moe %s fused launch: %s", nm, err);
-      dev_get(Hg, dH, sizeof(float) * (size_t)(S * I));
-      dev_get(Yg, dY, sizeof(float) * (size_t)(S * E));
-      dev_get(hqg, dxqd, abd * (size_t)S);
-      int okh = 1, okq = 1, oky = 1, nan2 = 1;
-      for (int s = 0; s < S; s++) {
-        if (s == bad_slot) {
-          for (int64_t i = 0; i < E; i++) nan2 &= isnan(Yg[(size_t)s * E + i]);
-          continue;
-        }
-        okh &= first_diff(H + (size_t)s * I, Hg + (size_t)s * I, I) < 0;
-        okq &= memcmp(hqa + (size_t)s * abd, hqg + (size_t)s * abd, abd) == 0;
-        oky &= first_diff(Y + (size_t)s * E, Yg + (size_t)s * E, E) < 0;
-      }
-      CHECK(okh && okq && oky && nan2,
-            "moe %s E=%lld I=%lld T=%d K=%d%s, fused (run %d): H %s, down input bytes %s, down %s CPU, bad id NaN %s",
-            nm, (long long)E, (long long)I, T, K, shared ? " (shared)" : "", rep + 1, okh ? "==" : "!=",
-            okq ? "==" : "!=", oky ? "==" : "!=", nan2 ? "yes" : "no");
-    }
-    free(hqa);
-    free(hqg);
-    cuda_rt_free(dctr);
-  }
   free(ids);
   free(X);
   free(xq);
@@ -823,7 +774,7 @@ int main(void) {
     SECTION("moe (16-lane types: %s; Q4_K / Q5_K: %s)", im == 0 ? "warp per row" : "4 lanes per thread",
             im == 0 ? "k_k4" : im == 1 ? "k_k4w" : "k_k4w, prefetch, 2 blocks");
     cuda_mm_set_q16_impl(impls[im]);
-    set_k4w(im >= 1);
+    cuda_mm_set_k4w(im >= 1);
     cuda_mm_set_pf(im == 2, im == 2 ? 2 : 0);
     for (size_t i = 0; i < sizeof moe_types / sizeof moe_types[0]; i++) {
       if (im >= 1 && (!floe_type_info(moe_types[i])->quantized || moe_types[i] == FLOE_TYPE_Q3_K))
@@ -839,7 +790,7 @@ int main(void) {
     if (im == 0) check_moe(FLOE_TYPE_MLX, 6, 64, FLOE_TYPE_BF16, 256, 512, 2, 2, 0, 0, 5);
   }
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
-  set_k4w(0);
+  cuda_mm_set_k4w(0);
   cuda_mm_set_pf(1, 0);
 
   /* prefill: the tensor-core kernels (mm_mma.cu) against the CPU, and k_k4 (FLOE_CUDA_MMA=0) too;

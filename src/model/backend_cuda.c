@@ -109,8 +109,6 @@ typedef struct cu_sess {
   float *logits;               /* [LB][V] */
   int32_t *tok, *pos, *greedy; /* [B], [B] positions pos0 + t, [1] */
   unsigned *route_ctr;         /* cuda_mm_router_route's block counter (0 between launches) */
-  unsigned *glu_ctr;           /* cuda_mm_moe_gate_up_act's counters (CUDA_MM_ACT_SLOTS, 0 between launches) */
-  bool glu_act;                /* one-token MoE: the down input quantized in the GLU's launch (FLOE_CUDA_GLU_ACT=0: off) */
   void *grp;                   /* a prefill chunk's MoE slots grouped by expert (cuda_mm_moe_group) */
   bool route_fused;            /* one-token steps route in the router's launch (FLOE_CUDA_ROUTE_FUSED=1) */
   void *attn_scr, *amax_scr;
@@ -624,11 +622,6 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if ((rc = dalloc(c, parts[i].p, parts[i].n, err, errlen))) return rc;
-  if ((rc = dalloc(c, &c->glu_ctr, CUDA_MM_ACT_SLOTS * sizeof(unsigned), err, errlen))) return rc;
-  if (cuda_rt_memset_async(c->glu_ctr, 0, CUDA_MM_ACT_SLOTS * sizeof(unsigned), c->stream))
-    return floe_err(err, errlen, FLOE_E_IO, "cuda: cannot clear the scratch");
-  const char *ga = getenv("FLOE_CUDA_GLU_ACT");
-  c->glu_act = !(ga && ga[0] == '0');
   /* opt-in (FLOE_CUDA_ROUTE_FUSED=1): it passes test_cuda_mm on the H200 but measured no gain
    * there (248.5 vs 251.8 tok/s, 35B-A3B shape) */
   const char *rf = getenv("FLOE_CUDA_ROUTE_FUSED");
@@ -1076,15 +1069,9 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     grp = c->grp;
   }
   if (L->sh_in_stack) { /* the shared expert is slot K of K + 1 in the same launches */
-    if (!grp && qe && c->glu_act &&
-        cuda_mm_moe_gate_up_act(&L->gate.d, &L->up.d, &L->down.d, n, ks, c->sel, xq_e, xs_e, c->hr, I, c->xqd,
-                                c->xq_row, c->glu_ctr, c->stream)) {
-      cuda_mm_moe_down_pre(&L->down.d, n, ks, c->sel, c->xqd, c->xq_row, c->yr, E, c->stream);
-    } else {
-      cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, ks, c->sel, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0,
-                              c->hr, I, c->stream);
-      cuda_mm_moe_down_grp(&L->down.d, n, ks, c->sel, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
-    }
+    cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, ks, c->sel, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr,
+                            I, c->stream);
+    cuda_mm_moe_down_grp(&L->down.d, n, ks, c->sel, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
     h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, ks, NULL, NULL);
     prof(s, MODEL_PH_EXPERTS);
     return;

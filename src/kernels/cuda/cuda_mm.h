@@ -130,20 +130,6 @@ void cuda_mm_moe_gate_up(const cuda_mat *gate, const cuda_mat *up, int64_t T, in
 void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const float *H, int64_t ldh,
                       void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream);
 
-/* A decode step's MoE with one launch fewer: cuda_mm_moe_gate_up on the quantized path (xq) whose
- * kernel also writes each slot's H row quantized for `down` into xqd (rows xqd_stride apart), the
- * bytes cuda_mm_moe_down would quantize; then cuda_mm_moe_down_pre runs the down projection on
- * them. ctr: device memory of CUDA_MM_ACT_SLOTS zeroed unsigned counters (left zeroed), one
- * stream at a time. Returns 1 when taken, 0 when it does not apply (T * K > CUDA_MM_ACT_SLOTS,
- * not Q4_K / Q5_K, k_k4 selected, an MLX layout, down->cols != gate->rows): nothing is launched
- * and the caller runs cuda_mm_moe_gate_up + cuda_mm_moe_down. */
-#define CUDA_MM_ACT_SLOTS 64
-int cuda_mm_moe_gate_up_act(const cuda_mat *gate, const cuda_mat *up, const cuda_mat *down, int64_t T, int K,
-                            const int32_t *ids, const void *xq, size_t xq_stride, float *H, int64_t ldh, void *xqd,
-                            size_t xqd_stride, unsigned *ctr, void *stream);
-void cuda_mm_moe_down_pre(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const void *xq, size_t xq_stride,
-                          float *Y, int64_t ldy, void *stream);
-
 /* The MoE of a prefill chunk with its slots grouped by expert, so that each expert's weights are
  * read once per tile of up to 32 slots (tensor-core kernels, mm_mma.cu; Q4_K / Q5_K with rows of
  * at most 16 superblocks, gate+up at most 8). cuda_mm_moe_group fills grp (device memory of

@@ -172,27 +172,6 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
   }
 }
 
-int cuda_mm_moe_gate_up_act(const cuda_mat *gate, const cuda_mat *up, const cuda_mat *down, int64_t T, int K,
-                            const int32_t *ids, const void *xq, size_t xq_stride, float *H, int64_t ldh, void *xqd,
-                            size_t xqd_stride, unsigned *ctr, void *stream) {
-  if (T <= 0 || K <= 0 || gate->rows <= 0 || !xq || !xqd || !ctr || !cuda_mm_act_bytes(gate) ||
-      !cuda_mm_act_bytes(down) || down->cols != gate->rows || T * K > CUDA_MM_ACT_SLOTS)
-    return 0;
-  return mm_k4_glu_act_launch(mm_kargs(gate), mm_kargs(up), T * K, K, ids, (const uint8_t *)xq, xq_stride, H, ldh,
-                              mm_kargs(down), (uint8_t *)xqd, xqd_stride, ctr, (cudaStream_t)stream)
-             ? 1
-             : 0;
-}
-
-void cuda_mm_moe_down_pre(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const void *xq, size_t xq_stride,
-                          float *Y, int64_t ldy, void *stream) {
-  if (T <= 0 || K <= 0 || down->rows <= 0) return;
-  const KArgs a = mm_kargs(down);
-  const int64_t slots = T * K; /* <= CUDA_MM_ACT_SLOTS: one launch */
-  /* a down matrix with an activation layout has a quantized kernel (cuda_mm_moe_gate_up_act checked) */
-  q_launch(a, a, MM_DOWN, slots, 1, ids, (const uint8_t *)xq, xq_stride, Y, ldy, (cudaStream_t)stream);
-}
-
 void cuda_mm_moe_gate_up_grp(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
                              const void *grp, const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H,
                              int64_t ldh, void *stream) {

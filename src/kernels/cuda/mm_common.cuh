@@ -142,14 +142,7 @@ bool mm_mma_moe_launch(const KArgs &a, const KArgs &a2, int mode, int64_t slots,
 void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                      const float *X, int64_t ldx, float *Y, int64_t ldy, cudaStream_t st);
 void mm_dequant_launch(const KArgs &a, const int32_t *rows, int64_t n, float *out, int64_t ldo, cudaStream_t st);
-/* mm_k4.cu: MM_GLU of Q4_K / Q5_K gate a / up a2 whose last block per slot also quantizes the
- * slot's Y row for the layout qa into xqd (xsd apart; ctr: a zeroed counter per slot, left zeroed);
- * false: not taken (another type, k_k4 selected, an MLX layout), nothing launched */
-bool mm_k4_glu_act_launch(const KArgs &a, const KArgs &a2, int64_t slots, int K, const int32_t *ids, const uint8_t *xq,
-                          size_t xs, float *Y, int64_t ldy, const KArgs &qa, uint8_t *xqd, size_t xsd, unsigned *ctr,
-                          cudaStream_t st);
-/* mm_act.cu; mm_act_kind: KACT_* of a matrix's activation layout */
-int mm_act_kind(const KArgs &a);
+/* mm_act.cu */
 void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st);
 
 /* Weight prefetch into L2 before a kernel's griddepcontrol.wait (pdl.cuh): the rows of a matrix do

@@ -16,7 +16,6 @@
  * qh[q % 32], bits 2 (q / 32) and 2 (q / 32) + 1. */
 #include <stdlib.h>
 
-#include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -263,23 +262,12 @@ __device__ __forceinline__ void k4w_prefetch(const KArgs &a, const KArgs &a2, in
   }
 }
 
-/* The GLU's epilogue (cuda_mm_moe_gate_up_act): the down projection's input quantized by the last
- * block of each slot to finish (a counter per slot, back to 0 after it), with act_row_warp on the
- * slot's H row read back through L2: the bytes k_act would write, one launch fewer. */
-struct K4Act {
-  KArgs qa;       /* the down matrix's activation layout */
-  uint8_t *xq;    /* slot s's quantized row at xq + s * xs */
-  size_t xs;
-  unsigned *ctr;  /* a zeroed counter per slot */
-  int kind;       /* KACT_A256 / KACT_A32 */
-};
-
 /* A warp per weight row; the grid may be smaller than one block per 4 rows (k4w_grid: no more
  * blocks than fit at once, so all of them prefetch), the warps then take rows r, r + 4 gridDim.x,
- * ... Each row is computed by one warp exactly as before. ACT (MM_GLU only): the epilogue above. */
-template <int T, int MODE, bool ACT = false>
+ * ... Each row is computed by one warp exactly as before. */
+template <int T, int MODE>
 __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int32_t *ids, const uint8_t *xq, size_t xs,
-                                             float *Y, int64_t ldy, int pf, K4Act act) {
+                                             float *Y, int64_t ldy, int pf) {
   const int lane = threadIdx.x & 31;
   const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5), step = (int64_t)gridDim.x * 4;
   const int64_t slot = MODE == MM_PLAIN ? 0 : blockIdx.y;
@@ -321,17 +309,6 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
         }
       }
     }
-    if constexpr (ACT) { /* the last block of the slot quantizes its row (NaN rows too, as k_act would) */
-      __shared__ bool s_last;
-      __threadfence(); /* this block's rows are visible before it counts itself done */
-      __syncthreads();
-      if (threadIdx.x == 0) s_last = atomicAdd(act.ctr + slot, 1u) == gridDim.x - 1;
-      __syncthreads();
-      if (!s_last) return;
-      __threadfence();
-      act_row_warp<true>(act.qa, act.kind, Y + slot * ldy, act.xq + (size_t)slot * act.xs);
-      if (threadIdx.x == 0) act.ctr[slot] = 0; /* for the next launch (a graph replays this one) */
-    }
   }
 }
 
@@ -372,13 +349,13 @@ namespace {
 
 /* k_k4w's x blocks for g4 needed (a block per 4 rows) and gy slots: without prefetch, g4; with it,
  * at most what is resident at once over all slots (so every block prefetches before the wait). */
-template <int T, int MODE, bool ACT = false>
+template <int T, int MODE>
 unsigned k4w_grid(int64_t g4, unsigned gy) {
   static int cap = 0; /* blocks resident at once, per instantiation */
   if (!cap) {
     int dev = 0, nsm = 0, per = 0;
     if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_k4w<T, MODE, ACT>, 128, 0) == cudaSuccess && nsm > 0 && per > 0)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_k4w<T, MODE>, 128, 0) == cudaSuccess && nsm > 0 && per > 0)
       cap = nsm * per;
     else
       cap = -1;
@@ -391,9 +368,8 @@ unsigned k4w_grid(int64_t g4, unsigned gy) {
 }
 
 /* the pf argument: rows always; the whole matrix when it fits in L2; the expert ids of MM_DOWN
- * (cuda_mm_moe_down launches its quantized k_k4w right after the GLU or the activation
- * quantization, both launched after the ids were written, so their writer is two or more
- * launches back) */
+ * (cuda_mm_moe_down launches its quantized k_k4w right after the activation quantization, which
+ * is launched after the ids were written, so their writer is two or more launches back) */
 int k4w_pf(const KArgs &a, int mode, unsigned gy) {
   if (!mm_pf_on()) return 0;
   const size_t bytes = (size_t)a.rows * a.row_bytes * (mode == MM_GLU ? 2 : 1) * gy;
@@ -413,13 +389,13 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
     const int pf = k4w_pf(a, mode, gy);
     if (mode == MM_GLU)
       pdl_launch(k_k4w<T, MM_GLU>, dim3(k4w_grid<T, MM_GLU>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq,
-                 xs, Y, ldy, pf, K4Act{});
+                 xs, Y, ldy, pf);
     else if (mode == MM_DOWN)
       pdl_launch(k_k4w<T, MM_DOWN>, dim3(k4w_grid<T, MM_DOWN>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids,
-                 xq, xs, Y, ldy, pf, K4Act{});
+                 xq, xs, Y, ldy, pf);
     else
       pdl_launch(k_k4w<T, MM_PLAIN>, dim3(k4w_grid<T, MM_PLAIN>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids,
-                 xq, xs, Y, ldy, pf, K4Act{});
+                 xq, xs, Y, ldy, pf);
     return;
   }
   const unsigned gx = (unsigned)((a.rows + RPB - 1) / RPB);
@@ -437,28 +413,6 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
 }
 
 } // namespace
-
-bool mm_k4_glu_act_launch(const KArgs &a, const KArgs &a2, int64_t slots, int K, const int32_t *ids, const uint8_t *xq,
-                          size_t xs, float *Y, int64_t ldy, const KArgs &qa, uint8_t *xqd, size_t xsd, unsigned *ctr,
-                          cudaStream_t st) {
-  const int kind = mm_act_kind(qa);
-  if (!k4w_on() || a.type != a2.type || kind == KACT_MLX || slots <= 0 || slots > 65535) return false;
-  const K4Act act = {qa, xqd, xsd, ctr, kind};
-  const int64_t g4 = (a.rows + 3) / 4;
-  const unsigned gy = (unsigned)slots;
-  const int pf = k4w_pf(a, MM_GLU, gy);
-  switch (a.type) {
-    case FLOE_TYPE_Q4_K:
-      pdl_launch(k_k4w<FLOE_TYPE_Q4_K, MM_GLU, true>, dim3(k4w_grid<FLOE_TYPE_Q4_K, MM_GLU, true>(g4, gy), gy), dim3(128),
-                 (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy, pf, act);
-      return true;
-    case FLOE_TYPE_Q5_K:
-      pdl_launch(k_k4w<FLOE_TYPE_Q5_K, MM_GLU, true>, dim3(k4w_grid<FLOE_TYPE_Q5_K, MM_GLU, true>(g4, gy), gy), dim3(128),
-                 (size_t)0, st, a, a2, K, ids, xq, xs, Y, ldy, pf, act);
-      return true;
-    default: return false;
-  }
-}
 
 bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
