@@ -228,15 +228,18 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   /* the 16-lane types have two implementations (cuda_mm_set_q16_impl), Q4_K / Q5_K two for one
    * activation row (cuda_mm_set_k4w): check both */
   const int kq = type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K;
-  const int nimpl = ab ? 2 : 1;
+  /* F32 / F16 / BF16: k_plain and k_plain_tile for several activation rows (cuda_mm_set_plain_tile) */
+  const int pt = plain_type(type);
+  const int nimpl = ab || pt ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
-    cuda_mm_set_q16_impl(nimpl == 1 || kq ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
+    cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
+    cuda_mm_set_plain_tile(!pt || impl == 1);
     cuda_mm_set_k4w(kq && impl == 1);
     cuda_mm_set_pf(1, kq && impl == 1 ? 3 : 0); /* k_k4w: 3 blocks, its warps loop over rows */
     for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
-      if (impl == 1 && path == 1) break; /* the float path has one implementation */
+      if (impl == 1 && path == 1 && !pt) break; /* the float path has one implementation */
       const uint8_t *q = path == 0 ? xq : NULL;
       memset(Yc, 0, sizeof(float) * (size_t)(ldy * nb));
       memset(Ys, 0, sizeof(float) * (size_t)(ldy * nb));
@@ -280,7 +283,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
       }
       CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU %s bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
             nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized",
-            nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : " (k_k4w)") : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
+            nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : " (k_k4w)") : pt ? (impl == 0 ? " (k_plain)" : " (k_plain_tile)")
+            : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
             bad_s >= 0 ? Yg[bad_s] : 0.0, bad_s >= 0 ? Ys[bad_s] : 0.0);
       if (path == 0)
@@ -294,6 +298,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
   cuda_mm_set_k4w(0);
   cuda_mm_set_pf(1, 0);
+  cuda_mm_set_plain_tile(1);
   /* a changed scale must change the result: the comparisons above can fail */
   if (floe_type_info(type) && floe_type_info(type)->quantized) {
     uint8_t *row0 = malloc(W->row_bytes);
@@ -721,6 +726,9 @@ int main(void) {
         check_matrix(t, 0, 0, 0, rows_of[ri], cols_of[ci]);
       }
   }
+  SECTION("float matrices of the router's shape (k_plain_tile: whole chunks, rows past the last tile)");
+  check_matrix(FLOE_TYPE_F32, 0, 0, 0, 257, 2048);
+  check_matrix(FLOE_TYPE_BF16, 0, 0, 0, 1, 2048 + 64);
   SECTION("router with the routing fused");
   check_router_route(FLOE_TYPE_F32, 256, 8, 1, 1, 2048);
   check_router_route(FLOE_TYPE_F32, 256, 8, 1, 0, 2048);

@@ -159,6 +159,10 @@ void cuda_mm_set_q16_impl(int impl);
  * (k_k4w, the default), 0 = 8 threads per row (k_k4). Both give the same bits (test_cuda_mm runs
  * both); FLOE_CUDA_K4W=0 sets 0 at the first launch. */
 void cuda_mm_set_k4w(int on);
+/* F32 / F16 / BF16 matmuls of several activation rows: 1 = k_plain_tile (activation chunks staged
+ * in shared memory for 16 weight rows, the default), 0 = k_plain. The same bits (test_cuda_mm runs
+ * both); FLOE_CUDA_PLAIN_TILE=0 sets 0 at the first launch. */
+void cuda_mm_set_plain_tile(int on);
 /* k_k4w's weight prefetch into L2 before it waits for the previous kernel (the default, on = 1;
  * FLOE_CUDA_PF=0 sets 0 at the first launch; the same bits either way) and, for tests, the most
  * blocks one of its launches may have (0: as many as fit on the GPU at once), so that its warps

@@ -701,6 +701,106 @@ __global__ void __launch_bounds__(RT_MAXE) k_router(KArgs a, const float *__rest
   if (threadIdx.x == 0) *ctr = 0;
 }
 
+/* Several activation rows (prefill: the router and the shared-expert gate of a chunk): k_plain
+ * reads every activation value from L2 once per weight row (~1 GB a layer for a 512-token
+ * chunk of the 35B-A3B router), which holds it to ~300 us. Here a block of PT_WARPS warps takes
+ * PT_ROWS weight rows a warp and PT_NB activation rows, and stages PT_CH-value chunks of the
+ * activation rows in shared memory, read by all its warps; the weight values of a chunk are
+ * loaded into registers together. Every output is the same chains as lanes_pass (lane 2t / 2t+1
+ * of thread t, fmaf in element order, then the tail in 16-value steps and lanes_sum): the same
+ * bits as k_plain and the CPU's AVX-512 order. */
+#define PT_WARPS 8
+#define PT_ROWS 2
+#define PT_NB 16
+#define PT_CH 512 /* values a chunk: 8 steps of 64 */
+
+template <int T>
+__global__ void __launch_bounds__(32 * PT_WARPS) k_plain_tile(KArgs a, int64_t nb, const float *__restrict__ X,
+                                                              int64_t ldx, float *__restrict__ Y, int64_t ldy) {
+  __shared__ float xs[PT_NB][PT_CH];
+  PDL_ENTER();
+  const int t = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  const int64_t r0 = ((int64_t)blockIdx.x * PT_WARPS + wp) * PT_ROWS;
+  const int64_t b0 = (int64_t)blockIdx.y * PT_NB;
+  const int nbt = (int)(nb - b0 < PT_NB ? nb - b0 : PT_NB);
+  const int64_t n = a.cols, m64 = n & ~(int64_t)63;
+  const uint8_t *row[PT_ROWS];
+  bool al[PT_ROWS];
+#pragma unroll
+  for (int q = 0; q < PT_ROWS; q++) {
+    row[q] = mm_row(a, 0, r0 + q < a.rows ? r0 + q : a.rows - 1); /* past the end: computed, not written */
+    al[q] = ((uintptr_t)row[q] & (T == FLOE_TYPE_F32 ? 7 : 3)) == 0;
+  }
+  float acc0[PT_ROWS][PT_NB], acc1[PT_ROWS][PT_NB];
+#pragma unroll
+  for (int q = 0; q < PT_ROWS; q++)
+#pragma unroll
+    for (int b = 0; b < PT_NB; b++) acc0[q][b] = acc1[q][b] = 0.0f;
+  for (int64_t j0 = 0; j0 < m64; j0 += PT_CH) {
+    const int ch = (int)(m64 - j0 < PT_CH ? m64 - j0 : PT_CH); /* a multiple of 64 */
+    __syncthreads(); /* the previous chunk is consumed */
+    for (int i = threadIdx.x; i < PT_NB * ch; i += blockDim.x) {
+      const int b = i / ch, c = i - b * ch;
+      xs[b][c] = b < nbt ? X[(b0 + b) * ldx + j0 + c] : 0.0f;
+    }
+    __syncthreads();
+    float2 w[PT_ROWS][PT_CH / 64];
+#pragma unroll
+    for (int u = 0; u < PT_CH / 64; u++)
+#pragma unroll
+      for (int q = 0; q < PT_ROWS; q++)
+        if (64 * u < ch) plain2(T, row[q], j0 + 64 * u + 2 * t, al[q], w[q][u].x, w[q][u].y);
+#pragma unroll
+    for (int u = 0; u < PT_CH / 64; u++) {
+      if (64 * u >= ch) break;
+#pragma unroll
+      for (int b = 0; b < PT_NB; b++) {
+        const float2 xv = *(const float2 *)&xs[b][64 * u + 2 * t];
+#pragma unroll
+        for (int q = 0; q < PT_ROWS; q++) {
+          acc0[q][b] = __fmaf_rn(w[q][u].x, xv.x, acc0[q][b]);
+          acc1[q][b] = __fmaf_rn(w[q][u].y, xv.y, acc1[q][b]);
+        }
+      }
+    }
+  }
+  for (int64_t j = m64; j < n; j += 16) { /* lanes 0..15: threads 0..7, as lanes_pass */
+    if (t >= 8) continue;
+    const int64_t e = j + 2 * t;
+#pragma unroll
+    for (int q = 0; q < PT_ROWS; q++) {
+      const float w0 = e < n ? plain_at(T, row[q], e) : 0.0f, w1 = e + 1 < n ? plain_at(T, row[q], e + 1) : 0.0f;
+#pragma unroll
+      for (int b = 0; b < PT_NB; b++) {
+        if (b >= nbt) break;
+        const float *xb = X + (b0 + b) * ldx;
+        acc0[q][b] = e < n ? __fmaf_rn(w0, xb[e], acc0[q][b]) : acc0[q][b] + 0.0f;
+        acc1[q][b] = e + 1 < n ? __fmaf_rn(w1, xb[e + 1], acc1[q][b]) : acc1[q][b] + 0.0f;
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < PT_ROWS; q++)
+#pragma unroll
+    for (int b = 0; b < PT_NB; b++) {
+      const float y = lanes_sum(acc0[q][b], acc1[q][b]); /* every thread takes part in the shuffles */
+      if (t == 0 && b < nbt && r0 + q < a.rows) Y[(b0 + b) * ldy + r0 + q] = y;
+    }
+}
+
+/* k_plain_tile for activation rows >= PT_MIN_NB (FLOE_CUDA_PLAIN_TILE=0 / cuda_mm_set_plain_tile(0):
+ * k_plain, the same bits) */
+#define PT_MIN_NB 2
+static int g_plain_tile = -1;
+
+static int plain_tile_on(void) {
+  if (g_plain_tile < 0) {
+    const char *e = getenv("FLOE_CUDA_PLAIN_TILE");
+    g_plain_tile = !(e && e[0] == '0');
+  }
+  return g_plain_tile;
+}
+
 static int plain1_on(void) {
   static int on = -1;
   if (on < 0) {
@@ -717,6 +817,8 @@ void type_block(int type, int *blck, int *bbytes) {
 }
 
 } // namespace
+
+void cuda_mm_set_plain_tile(int on) { g_plain_tile = on ? 1 : 0; }
 
 int router_route_launch(const KArgs &a, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
                         int32_t *sel, float *w, unsigned *ctr, cudaStream_t st) {
@@ -746,6 +848,13 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
       if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain1<FLOE_TYPE_F32>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
       else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain1<FLOE_TYPE_F16>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
       else pdl_launch(k_plain1<FLOE_TYPE_BF16>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
+      return;
+    }
+    if (mode == MM_PLAIN && nb >= PT_MIN_NB && plain_tile_on()) {
+      const dim3 g((unsigned)((a.rows + PT_WARPS * PT_ROWS - 1) / (PT_WARPS * PT_ROWS)), (unsigned)((nb + PT_NB - 1) / PT_NB));
+      if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain_tile<FLOE_TYPE_F32>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy);
+      else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain_tile<FLOE_TYPE_F16>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy);
+      else pdl_launch(k_plain_tile<FLOE_TYPE_BF16>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy);
       return;
     }
     pdl_launch(k_plain, dim3(dim3((unsigned)((a.rows + PL_WARPS - 1) / PL_WARPS), gy)), dim3(32 * PL_WARPS), (size_t)(0), st, a, a2, mode, nb, K, ids, X, ldx, Y, ldy);
