@@ -299,6 +299,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_k4w(0);
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_plain_tile(1);
+  cuda_mm_set_k4s(1);
   /* a changed scale must change the result: the comparisons above can fail */
   if (floe_type_info(type) && floe_type_info(type)->quantized) {
     uint8_t *row0 = malloc(W->row_bytes);
@@ -726,6 +727,9 @@ int main(void) {
         check_matrix(t, 0, 0, 0, rows_of[ri], cols_of[ci]);
       }
   }
+  SECTION("Q4_K / Q5_K rows of two superblocks (k_k4s: 2 rows a warp; one superblock: 4, above)");
+  check_matrix(FLOE_TYPE_Q4_K, 0, 0, 0, 67, 512);
+  check_matrix(FLOE_TYPE_Q5_K, 0, 0, 0, 2048 + 3, 512);
   SECTION("float matrices of the router's shape (k_plain_tile: whole chunks, rows past the last tile)");
   check_matrix(FLOE_TYPE_F32, 0, 0, 0, 257, 2048);
   check_matrix(FLOE_TYPE_BF16, 0, 0, 0, 1, 2048 + 64);
@@ -780,10 +784,11 @@ int main(void) {
   for (int im = 0; im < 3; im++) { /* both implementations of the 16-lane types; k_k4w without and
                                       with the prefetch (and a 2-block grid: its warps loop) */
     SECTION("moe (16-lane types: %s; Q4_K / Q5_K: %s)", im == 0 ? "warp per row" : "4 lanes per thread",
-            im == 0 ? "k_k4" : im == 1 ? "k_k4w" : "k_k4w, prefetch, 2 blocks");
+            im == 0 ? "k_k4" : im == 1 ? "k_k4w" : "k_k4w / k_k4s for short rows, prefetch, 2 blocks");
     cuda_mm_set_q16_impl(impls[im]);
     cuda_mm_set_k4w(im >= 1);
     cuda_mm_set_pf(im == 2, im == 2 ? 2 : 0);
+    cuda_mm_set_k4s(im == 2); /* rows of 1-2 superblocks: k_k4w (im 1) and k_k4s (im 2) */
     for (size_t i = 0; i < sizeof moe_types / sizeof moe_types[0]; i++) {
       if (im >= 1 && (!floe_type_info(moe_types[i])->quantized || moe_types[i] == FLOE_TYPE_Q3_K))
         continue; /* one implementation */
@@ -800,6 +805,7 @@ int main(void) {
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
   cuda_mm_set_k4w(0);
   cuda_mm_set_pf(1, 0);
+  cuda_mm_set_k4s(1);
 
   /* prefill: the tensor-core kernels (mm_mma.cu) against the CPU, and k_k4 (FLOE_CUDA_MMA=0) too;
    * rows not multiples of 16 / 64, activation rows not multiples of 32, 1..16 superblocks, and

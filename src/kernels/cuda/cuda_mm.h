@@ -159,6 +159,10 @@ void cuda_mm_set_q16_impl(int impl);
  * (k_k4w, the default), 0 = 8 threads per row (k_k4). Both give the same bits (test_cuda_mm runs
  * both); FLOE_CUDA_K4W=0 sets 0 at the first launch. */
 void cuda_mm_set_k4w(int on);
+/* With k_k4w: rows of one or two superblocks with 2 or 4 rows a warp (k_k4s, the default), 0 =
+ * k_k4w for them too. The same bits (test_cuda_mm runs both); FLOE_CUDA_K4S=0 sets 0 at the
+ * first launch. */
+void cuda_mm_set_k4s(int on);
 /* F32 / F16 / BF16 matmuls of several activation rows: 1 = k_plain_tile (activation chunks staged
  * in shared memory for 16 weight rows, the default), 0 = k_plain. The same bits (test_cuda_mm runs
  * both); FLOE_CUDA_PLAIN_TILE=0 sets 0 at the first launch. */

@@ -312,6 +312,82 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
   }
 }
 
+/* Short rows (one or two superblocks: the MoE down projection of the 35B-A3B and 80B-A3B shapes,
+ * 512 columns): k_k4w would leave the groups past the last superblock idle, half or three quarters
+ * of the warp, and need twice or four times the warps. Here a warp takes R = 4 / G rows with G
+ * groups of 8 threads each (G = 1 or 2 >= nsb): group s of a row computes superblock k = s (one
+ * round) with k4w_term, the same operations. kred16 then runs as in k_k4w, where the groups that
+ * had no superblock held zeros: the group's b = ((0 + t) + 0) + (0 + 0), c[s] = b + b[s + 2] with
+ * b[s + 2] = +0, and the row's c[0] + c[1] (c[1] = +0 when G = 1) - the same adds of the same
+ * values, so every output is k_k4w's bit for bit. */
+template <int T, int MODE, int G>
+__global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int32_t *ids, const uint8_t *xq, size_t xs,
+                                             float *Y, int64_t ldy, int pf) {
+  constexpr int R = 4 / G; /* rows a warp */
+  const int lane = threadIdx.x & 31, gi = lane >> 3, w = lane & 7, ri = gi / G, s = gi % G;
+  const int64_t wr0 = ((int64_t)blockIdx.x * 4 + (threadIdx.x >> 5)) * R, step = (int64_t)gridDim.x * 4 * R;
+  const int64_t slot = MODE == MM_PLAIN ? 0 : blockIdx.y;
+  if (pf) { /* as k_k4w: the warp's first rows (all of them when PF_ALL) */
+    int e = 0;
+    bool ok = true;
+    if (MODE != MM_PLAIN && ids) {
+      ok = (pf & PF_IDS) != 0;
+      if (ok) {
+        e = __ldcg(ids + slot);
+        ok = e >= 0 && e < a.n_expert;
+      }
+    }
+    if (ok)
+      for (int64_t r = wr0; r < a.rows; r += step) {
+        const int64_t n = a.rows - r < R ? a.rows - r : R; /* R consecutive rows */
+        mm_pf_l2(mm_row(a, e, r), (size_t)n * a.row_bytes, lane);
+        if constexpr (MODE == MM_GLU) mm_pf_l2(mm_row(a2, e, r), (size_t)n * a2.row_bytes, lane);
+        if (!(pf & PF_ALL)) break;
+      }
+  }
+  PDL_ENTER();
+  int e = 0;
+  if constexpr (MODE != MM_PLAIN) {
+    e = ids ? ids[slot] : 0;
+    if (e < 0 || e >= a.n_expert) {
+      for (int64_t r0 = wr0; r0 < a.rows; r0 += step) {
+        const int64_t r = r0 + ri;
+        if (s == 0 && w == 0 && r < a.rows) Y[slot * ldy + r] = __int_as_float(0x7fc00000);
+      }
+      return;
+    }
+  }
+  const uint8_t *x = MODE == MM_PLAIN ? xq : xq + (size_t)(MODE == MM_GLU ? slot / K : slot) * xs;
+  const int nsb = (int)(a.cols / 256);
+  const bool ok = s < nsb;
+  for (int64_t r0 = wr0; r0 < a.rows; r0 += step) { /* warp-uniform */
+    const int64_t r = r0 + ri, rc = r < a.rows ? r : a.rows - 1; /* past the end: computed, not written */
+    const float t = k4w_term<T>(a, mm_row(a, e, rc), x, ok ? s : 0, w);
+    float t2 = 0.0f;
+    if constexpr (MODE == MM_GLU) t2 = k4w_term<T>(a2, mm_row(a2, e, rc), x, ok ? s : 0, w);
+    float y, y2 = 0.0f;
+    {
+      const float acc0 = ok ? 0.0f + t : 0.0f;
+      const float b = (acc0 + 0.0f) + (0.0f + 0.0f);
+      const float c = b + 0.0f;
+      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, 8) : 0.0f + 0.0f;
+      y = c + c1;
+    }
+    if constexpr (MODE == MM_GLU) {
+      const float acc0 = ok ? 0.0f + t2 : 0.0f;
+      const float b = (acc0 + 0.0f) + (0.0f + 0.0f);
+      const float c = b + 0.0f;
+      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, 8) : 0.0f + 0.0f;
+      y2 = c + c1;
+    }
+    if (s == 0 && w == 0 && r < a.rows) {
+      if constexpr (MODE == MM_GLU) Y[slot * ldy + r] = floe_siluf(y) * y2;
+      else if constexpr (MODE == MM_DOWN) Y[slot * ldy + r] = y;
+      else Y[r] = y;
+    }
+  }
+}
+
 /* k_k4w is the default for one activation row (H200: decode 252 -> 293 tok/s on the 35B-A3B
  * shape); FLOE_CUDA_K4W=0 (or cuda_mm_set_k4w(0)) selects k_k4, the same bits. */
 static int g_k4w = -1;
@@ -327,6 +403,20 @@ static int k4w_on(void) {
 } // namespace
 
 void cuda_mm_set_k4w(int on) { g_k4w = on ? 1 : 0; }
+
+/* k_k4s for rows of one or two superblocks (the default with k_k4w; FLOE_CUDA_K4S=0 or
+ * cuda_mm_set_k4s(0): k_k4w, the same bits) */
+static int g_k4s = -1;
+
+void cuda_mm_set_k4s(int on) { g_k4s = on ? 1 : 0; }
+
+static int k4s_on(void) {
+  if (g_k4s < 0) {
+    const char *e = getenv("FLOE_CUDA_K4S");
+    g_k4s = !(e && e[0] == '0');
+  }
+  return g_k4s;
+}
 
 /* k_k4w's prefetch (the default; FLOE_CUDA_PF=0 or cuda_mm_set_pf(0, 0) turns it off, the same
  * bits) and the test hook that caps its grid so the row loop runs more than once. */
@@ -347,6 +437,16 @@ int mm_pf_on(void) {
 
 namespace {
 
+/* x blocks for g4 needed and gy slots with at most cap blocks resident at once (the test hook's
+ * cap instead when set) */
+unsigned grid_capped(int64_t g4, unsigned gy, int cap) {
+  int64_t lim = g_pf_cap > 0 ? g_pf_cap : cap;
+  if (!mm_pf_on() || lim <= 0) return (unsigned)g4;
+  lim = lim / (int64_t)gy;
+  if (lim < 1) lim = 1;
+  return (unsigned)(g4 < lim ? g4 : lim);
+}
+
 /* k_k4w's x blocks for g4 needed (a block per 4 rows) and gy slots: without prefetch, g4; with it,
  * at most what is resident at once over all slots (so every block prefetches before the wait). */
 template <int T, int MODE>
@@ -360,11 +460,22 @@ unsigned k4w_grid(int64_t g4, unsigned gy) {
     else
       cap = -1;
   }
-  int64_t lim = g_pf_cap > 0 ? g_pf_cap : cap;
-  if (!mm_pf_on() || lim <= 0) return (unsigned)g4;
-  lim = lim / (int64_t)gy;
-  if (lim < 1) lim = 1;
-  return (unsigned)(g4 < lim ? g4 : lim);
+  return grid_capped(g4, gy, cap);
+}
+
+/* k4w_grid for k_k4s */
+template <int T, int MODE, int G>
+unsigned k4s_grid(int64_t g4, unsigned gy) {
+  static int cap = 0;
+  if (!cap) {
+    int dev = 0, nsm = 0, per = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_k4s<T, MODE, G>, 128, 0) == cudaSuccess && nsm > 0 && per > 0)
+      cap = nsm * per;
+    else
+      cap = -1;
+  }
+  return grid_capped(g4, gy, cap);
 }
 
 /* the pf argument: rows always; the whole matrix when it fits in L2; the expert ids of MM_DOWN
@@ -383,6 +494,28 @@ namespace {
 template <int T>
 void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
+  const int nsb = (int)(a.cols / 256);
+  if (k4w_on() && k4s_on() && nsb <= 2 && (mode != MM_PLAIN || nb == 1)) { /* short rows: R rows a warp */
+    const int R = nsb == 1 ? 4 : 2;
+    const int64_t g4 = (a.rows + 4 * R - 1) / (4 * R);
+    const unsigned gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
+    const int pf = k4w_pf(a, mode, gy);
+#define K4S_LAUNCH(M, G)                                                                                            \
+  pdl_launch(k_k4s<T, M, G>, dim3(k4s_grid<T, M, G>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, \
+             ldy, pf)
+    if (mode == MM_GLU) {
+      if (nsb == 1) K4S_LAUNCH(MM_GLU, 1);
+      else K4S_LAUNCH(MM_GLU, 2);
+    } else if (mode == MM_DOWN) {
+      if (nsb == 1) K4S_LAUNCH(MM_DOWN, 1);
+      else K4S_LAUNCH(MM_DOWN, 2);
+    } else {
+      if (nsb == 1) K4S_LAUNCH(MM_PLAIN, 1);
+      else K4S_LAUNCH(MM_PLAIN, 2);
+    }
+#undef K4S_LAUNCH
+    return;
+  }
   if (k4w_on() && (mode != MM_PLAIN || nb == 1)) { /* one activation row: a warp per weight row */
     const int64_t g4 = (a.rows + 3) / 4;
     const unsigned gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
