@@ -1064,7 +1064,8 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
    * (decode keeps the per-slot kernels: one token has one slot per expert) */
   const int ks = L->sh_in_stack ? (int)K + 1 : (int)K;
   void *grp = NULL;
-  if (n > 1 && qe && L->gate.d.n_expert <= CUDA_MM_GROUP_MAX_EXPERT) {
+  if (n > 1 && qe && L->gate.d.n_expert <= CUDA_MM_GROUP_MAX_EXPERT &&
+      cuda_mm_moe_group_useful(&L->gate.d, &L->up.d, &L->down.d)) {
     cuda_mm_moe_group(c->sel, n * ks, L->gate.d.n_expert, c->grp, c->stream);
     grp = c->grp;
   }

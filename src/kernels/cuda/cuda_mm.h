@@ -140,6 +140,10 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
  * and fall back to those calls where the kernels do not apply (grp NULL, another type). */
 #define CUDA_MM_GROUP_MAX_EXPERT 1023 /* experts of a stack that can be grouped (+1 run of bad ids) */
 size_t cuda_mm_moe_group_bytes(int64_t slots, int n_expert);
+/* 1 when a grouping would be used by cuda_mm_moe_gate_up_grp or cuda_mm_moe_down_grp for these
+ * matrices (their types and shapes take the tensor-core kernels), 0 when both would fall back
+ * (then cuda_mm_moe_group need not run) */
+int cuda_mm_moe_group_useful(const cuda_mat *gate, const cuda_mat *up, const cuda_mat *down);
 void cuda_mm_moe_group(const int32_t *ids, int64_t slots, int n_expert, void *grp, void *stream);
 void cuda_mm_moe_gate_up_grp(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
                              const void *grp, const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H,

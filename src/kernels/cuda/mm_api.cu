@@ -172,6 +172,11 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
   }
 }
 
+int cuda_mm_moe_group_useful(const cuda_mat *gate, const cuda_mat *up, const cuda_mat *down) {
+  const KArgs g = mm_kargs(gate), u = mm_kargs(up), d = mm_kargs(down);
+  return (mm_mma_fits(g, MM_GLU) && u.type == g.type) || mm_mma_fits(d, MM_DOWN) ? 1 : 0;
+}
+
 void cuda_mm_moe_gate_up_grp(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
                              const void *grp, const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H,
                              int64_t ldh, void *stream) {

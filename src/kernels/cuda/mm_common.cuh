@@ -145,6 +145,18 @@ void mm_dequant_launch(const KArgs &a, const int32_t *rows, int64_t n, float *ou
 /* mm_act.cu */
 void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st);
 
+/* Q4_K / Q5_K: get_scale_min_k4 of sub-block j from a superblock's first 16 bytes h (d, dmin in
+ * h.x; the 12 scale bytes in h.y (0-3), h.z (4-7), h.w (8-11)); no indexed array, which would
+ * live in local memory */
+__device__ __forceinline__ int k4_scale(const uint4 &h, int j) {
+  const int b = 8 * (j & 3), y = (int)((h.y >> b) & 0xFF);
+  return j < 4 ? y & 63 : (int)((h.w >> b) & 0xF) | ((y >> 6) << 4);
+}
+__device__ __forceinline__ int k4_min(const uint4 &h, int j) {
+  const int b = 8 * (j & 3), z = (int)((h.z >> b) & 0xFF);
+  return j < 4 ? z & 63 : (int)((h.w >> b) >> 4 & 0xF) | ((z >> 6) << 4);
+}
+
 /* Weight prefetch into L2 before a kernel's griddepcontrol.wait (pdl.cuh): the rows of a matrix do
  * not depend on the previous kernel, so their HBM reads may start while it still runs (mm_k4.cu
  * says where). mm_pf_on: FLOE_CUDA_PF / cuda_mm_set_pf (mm_k4.cu). n bytes from p by the 32 lanes

@@ -178,21 +178,12 @@ __device__ __forceinline__ float k4w_term(const KArgs &a, const uint8_t *__restr
   const uint32_t bw = ((const uint32_t *)(x + a.off_s + 32 * (size_t)k))[w];
   const float dx = ((const float *)(x + a.off_d))[k];
   /* get_scale_min_k4: the two scales of this thread's sub-blocks 2 (w / 2), 2 (w / 2) + 1 and min w */
-  /* scale bytes 0-3 in h.y, 4-7 in h.z, 8-11 in h.w (no indexed array: it would live in local memory) */
-  auto scale = [&](int j) -> int {
-    const int b = 8 * (j & 3), y = (int)((h.y >> b) & 0xFF);
-    return j < 4 ? y & 63 : (int)((h.w >> b) & 0xF) | ((y >> 6) << 4);
-  };
-  auto minv = [&](int j) -> int {
-    const int b = 8 * (j & 3), z = (int)((h.z >> b) & 0xFF);
-    return j < 4 ? z & 63 : (int)((h.w >> b) >> 4 & 0xF) | ((z >> 6) << 4);
-  };
   uint32_t lo[4], hi[4];
   k4_unpack<T>(q, qh, w, lo, hi);
   const int sl = dp4(lo[3], xl.w, dp4(lo[2], xl.z, dp4(lo[1], xl.y, dp4(lo[0], xl.x, 0))));
   const int shv = dp4(hi[3], xh.w, dp4(hi[2], xh.z, dp4(hi[1], xh.y, dp4(hi[0], xh.x, 0))));
-  int S1 = scale(2 * (w >> 1)) * sl + scale(2 * (w >> 1) + 1) * shv;
-  int S2 = minv(w) * ((int)(int16_t)(bw & 0xFFFF) + (int)(int16_t)(bw >> 16));
+  int S1 = k4_scale(h, 2 * (w >> 1)) * sl + k4_scale(h, 2 * (w >> 1) + 1) * shv;
+  int S2 = k4_min(h, w) * ((int)(int16_t)(bw & 0xFFFF) + (int)(int16_t)(bw >> 16));
 #pragma unroll
   for (int o = 4; o >= 1; o >>= 1) { /* the group's 8 partials: exact integer sums */
     S1 += __shfl_xor_sync(MM_FULL, S1, o);

@@ -125,16 +125,6 @@ __device__ __forceinline__ void mma_s8(int c[4], uint32_t a0, uint32_t a1, uint3
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* get_scale_min_k4 of sub-block j from the 12 scale bytes in h.y (0-3), h.z (4-7), h.w (8-11) */
-__device__ __forceinline__ int k4_scale(const uint4 &h, int j) {
-  const int b = 8 * (j & 3), y = (int)((h.y >> b) & 0xFF);
-  return j < 4 ? y & 63 : (int)((h.w >> b) & 0xF) | ((y >> 6) << 4);
-}
-__device__ __forceinline__ int k4_min(const uint4 &h, int j) {
-  const int b = 8 * (j & 3), z = (int)((h.z >> b) & 0xFF);
-  return j < 4 ? z & 63 : (int)((h.w >> b) >> 4 & 0xF) | ((z >> 6) << 4);
-}
-
 /* One weight row's data for a superblock, in this thread's fragment order: the header (d, dmin,
  * scales), code words (bytes 32c + 4 tq .. + 3 in lo[c], 32c + 16 + 4 tq .. in hi[c]) and, for
  * Q5_K, the qh words of those bytes (qh[q % 32]). */
