@@ -57,14 +57,16 @@ typedef struct mm_task {
 } mm_task;
 
 /* A few activation rows (the decode rows of several requests, continuous batching) on quantized
- * weights: the kernel's paths for 3..8 rows are slower per row than its 1-2 row paths
- * (bench_matvec q4_K 248320x2048, 2 threads: nb 1 5.9 ms, 2 9.6 ms, 4 29 ms, 8 33 ms), so such a
- * batch runs as pairs of rows over blocks of SMALL_BLOCK weight rows, the block staying in cache
- * for the next pair. Exact: every row's value does not depend on nb (kern_matmul_batch). */
+ * weights: where the kernel decodes a weight row once for all of them (kern_rows_together: Q4_K /
+ * Q5_K on AVX-512) they go in one call; elsewhere its paths for 3..8 rows are slower per row than
+ * its 1-2 row paths (bench_matvec q4_K 248320x2048, 2 threads, before the decode-once kernel:
+ * nb 1 5.9 ms, 2 9.6 ms, 4 29 ms, 8 33 ms), so such a batch runs as pairs of rows over blocks of
+ * SMALL_BLOCK weight rows, the block staying in cache for the next pair. Exact: every row's value
+ * does not depend on nb (kern_matmul_batch). */
 #define SMALL_NB_MAX 8
 #define SMALL_BLOCK 64
 static void task_rows(const mm_task *t, int64_t r0, int64_t r1) {
-  if (t->xq && t->nb >= 3 && t->nb <= SMALL_NB_MAX) {
+  if (t->xq && t->nb >= 3 && t->nb <= SMALL_NB_MAX && !kern_rows_together(t->W, t->nb)) {
     for (int64_t a = r0; a < r1; a += SMALL_BLOCK) {
       const int64_t b1 = a + SMALL_BLOCK < r1 ? a + SMALL_BLOCK : r1;
       for (int64_t b = 0; b < t->nb; b += 2)
