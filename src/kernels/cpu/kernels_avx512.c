@@ -968,6 +968,82 @@ static inline __attribute__((always_inline)) void k4_two(const int T, const floe
 
 /* Row pairs [r0, r1) (r1 - r0 even) for nb >= 2 activation rows, each pair decoded once (see
  * k4_dec); nblk <= K4_DEC_MAX. */
+/* Two activation rows a, b over the decoded superblocks g .. g+NI-1: k4_grp_int of each (the same
+ * vectors and operations), the decoded weights and scale words loaded once for both. */
+static inline __attribute__((always_inline)) void k4_grp_dec2(const int NI, const kact_layout *L, const k4_dec *dec,
+                                                              const uint8_t *xa, const uint8_t *xb, int64_t g,
+                                                              __m512i *Zo, __m512 *scvo) {
+  const uint8_t *xr[2] = { xa, xb };
+  __m512i Lr[2][4], M[2][4];
+  __m256i raw[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    const int64_t k = g + i;
+    if (i < NI) {
+      const k4_dec *d = &dec[k];
+      raw[i] = d->raw;
+      __m512i La = _mm512_setzero_si512(), Lb = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; s++) {
+        const __m512i w0 = d->w[s][0], w1 = d->w[s][1], z = d->z[s];
+        const __m512i xsa = _mm512_loadu_si512(xa + 256 * k + 64 * s), xsb = _mm512_loadu_si512(xb + 256 * k + 64 * s);
+        La = _mm512_dpwssd_epi32(La, _mm512_packs_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, xsa),
+                                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, xsa)), z);
+        Lb = _mm512_dpwssd_epi32(Lb, _mm512_packs_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, xsb),
+                                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, xsb)), z);
+      }
+      Lr[0][i] = La;
+      Lr[1][i] = Lb;
+#pragma GCC unroll 2
+      for (int a = 0; a < 2; a++)
+        M[a][i] = _mm512_madd_epi16(d->aux2, _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                                 (const __m256i *)((const int16_t *)(xr[a] + L->off_s) + 16 * k))));
+    } else {
+      raw[i] = _mm256_setzero_si256();
+      Lr[0][i] = M[0][i] = Lr[1][i] = M[1][i] = _mm512_setzero_si512();
+    }
+  }
+#pragma GCC unroll 2
+  for (int a = 0; a < 2; a++) {
+    const float *dxv = (const float *)(xr[a] + L->off_d);
+    Zo[a] = k4_tree(Lr[a], M[a]);
+    scvo[a] = k4_scv4(raw, NI == 4 ? _mm_loadu_ps(dxv + g) : _mm_maskz_loadu_ps((__mmask8)((1u << NI) - 1), dxv + g));
+  }
+}
+
+/* k4_rows (RR = 2) of activation rows a and b over a decoded row pair: each row's adds into its
+ * acc4 in k4_rows' order, so the same bits. */
+static inline __attribute__((always_inline)) void k4_rows_dec2(const kact_layout *L, const k4_dec *dec, const uint8_t *xa,
+                                                               const uint8_t *xb, float *ya, float *yb) {
+  const int64_t nsb = L->nblk;
+  __m256 acc4[2][4];
+  for (int a = 0; a < 2; a++)
+    for (int j = 0; j < 4; j++) acc4[a][j] = _mm256_setzero_ps();
+  __m512i Z[2];
+  __m512 sc[2];
+  int64_t g = 0;
+  for (; g + 4 <= nsb; g += 4) {
+    k4_grp_dec2(4, L, dec, xa, xb, g, Z, sc);
+    for (int a = 0; a < 2; a++) acc4[a][(g >> 2) & 3] = _mm256_add_ps(acc4[a][(g >> 2) & 3], k4_t(Z[a], sc[a]));
+  }
+  switch (nsb - g) {
+    case 1: k4_grp_dec2(1, L, dec, xa, xb, g, Z, sc); break;
+    case 2: k4_grp_dec2(2, L, dec, xa, xb, g, Z, sc); break;
+    case 3: k4_grp_dec2(3, L, dec, xa, xb, g, Z, sc); break;
+    default: break;
+  }
+  if (nsb - g)
+    for (int a = 0; a < 2; a++) acc4[a][(g >> 2) & 3] = _mm256_add_ps(acc4[a][(g >> 2) & 3], k4_t(Z[a], sc[a]));
+  float *y[2] = { ya, yb };
+  for (int a = 0; a < 2; a++) { /* k4_rows' reduce16 of both weight rows */
+    const __m256 b = _mm256_add_ps(_mm256_add_ps(acc4[a][0], acc4[a][2]), _mm256_add_ps(acc4[a][1], acc4[a][3]));
+    const __m256 c = _mm256_add_ps(b, _mm256_permute_ps(b, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 e = _mm256_add_ps(c, _mm256_permute_ps(c, _MM_SHUFFLE(1, 1, 1, 1)));
+    y[a][0] = _mm256_cvtss_f32(e);
+    y[a][1] = _mm_cvtss_f32(_mm256_extractf128_ps(e, 1));
+  }
+}
+
 static inline __attribute__((always_inline)) void k4_multi(const int T, const floe_mat *W, const kact_layout *L, int nb,
                                                            const uint8_t *xq, size_t xs, float *Y, int64_t ldy,
                                                            int64_t r0, int64_t r1) {
@@ -979,11 +1055,10 @@ static inline __attribute__((always_inline)) void k4_multi(const int T, const fl
     for (int64_t k = 0; k < nsb; k++) /* k4_grp_int's prefetch lines: 2, 2, 2, 3 (Q4_K), 3 (Q5_K) */
       k4_dec_sb(T, 2, W, rowA + k * bytes, rowB + k * bytes, rowA, k * bytes,
                 T == FLOE_TYPE_Q4_K && (k & 3) < 3 ? 2 : 3, &dec[k]);
-    for (int b = 0; b < nb; b++) {
-      const uint8_t *x = xq + (size_t)b * xs;
-      float *y = &Y[b * ldy + r0];
-      k4_rows(T, 2, W, L, r0, dec, x, y, y + 1);
-    }
+    int b = 0;
+    for (; b + 1 < nb; b += 2)
+      k4_rows_dec2(L, dec, xq + (size_t)b * xs, xq + (size_t)(b + 1) * xs, &Y[b * ldy + r0], &Y[(b + 1) * ldy + r0]);
+    if (b < nb) k4_rows(T, 2, W, L, r0, dec, xq + (size_t)b * xs, &Y[b * ldy + r0], &Y[b * ldy + r0 + 1]);
   }
 }
 
