@@ -10,7 +10,7 @@
  *   - a backend without multi_begin (the generic fallback: one session after another);
  * and the sessions sharing one thread pool (model_session_share_pool). Then the same on a Q4_K
  * model made by `floe synth` (tiny-qwen35moe, n_embd 1280: rows of 5 superblocks), whose
- * decode rows of several sessions go through the Q4_K kernel's decode-once form for 2..8
+ * decode rows of several sessions go through the Q4_K kernel's decode-once form for 3..8
  * activation rows (kern_rows_together); skipped without FLOE_BIN. */
 #include <math.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
  *    alone lose more than 1e-2) |y - ref(xhat)| <= 1e-4 * S with xhat the quantized activation;
  *    and the AVX2 / AVX-512 results equal the scalar result bit for bit;
  *  - row-exactness: row b of a call with nb in {2,3,4,7,8,16} is bit-identical to the nb = 1 call,
- *    for every ISA and path (nb 2..8 of Q4_K/Q5_K rows up to 16 superblocks: the decode-once form);
+ *    for every ISA and path (nb 3..8 of Q4_K/Q5_K rows up to 16 superblocks: the decode-once form);
  *  - attention rows: kern_dot16_rows / kern_wsum_rows on every ISA bit-identical to the scalar
  *    references, F32 and BF16 cache rows, awkward row counts, strides and lengths; the reference
  *    itself against a plain double-checked formula of its documented order;

@@ -71,7 +71,7 @@ void kern_matmul_batch(const floe_mat *W, int64_t nb, const float *X, int64_t ld
 
 /* Whether kern_matmul_batch runs nb quantized activation rows (a few decode rows of several
  * requests) faster in one call than in calls of 1-2 rows: the kernel then decodes each weight row
- * once for all of them (AVX-512 Q4_K/Q5_K, nb <= 8, rows of at most 4096 columns). The values are
+ * once for all of them (AVX-512 Q4_K/Q5_K, nb 3..8, rows of at most 4096 columns). The values are
  * the same either way. */
 int kern_rows_together(const floe_mat *W, int64_t nb);
 

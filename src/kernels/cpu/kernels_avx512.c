@@ -744,7 +744,7 @@ static inline __attribute__((always_inline)) void k4_sb(const int T, const int R
 }
 
 /* ---- several activation rows: the weight decode once per row pair ----
- * With nb >= 2 activation rows (the decode rows of several requests, continuous batching) k4_sb
+ * With nb >= 3 activation rows (the decode rows of several requests, continuous batching) k4_sb
  * would decode each superblock again for every activation row: nibbles, the Q5_K fifth bit, the
  * scale words and the mins' words are about half of its vector uops. k4_multi (below) decodes a
  * row pair's superblocks once into a k4_dec buffer (L1: 896 B a superblock, K4_DEC_MAX of them)
@@ -966,8 +966,6 @@ static inline __attribute__((always_inline)) void k4_two(const int T, const floe
   y[3] = _mm_cvtss_f32(_mm_movehl_ps(hi, hi));
 }
 
-/* Row pairs [r0, r1) (r1 - r0 even) for nb >= 2 activation rows, each pair decoded once (see
- * k4_dec); nblk <= K4_DEC_MAX. */
 /* Two activation rows a, b over the decoded superblocks g .. g+NI-1: k4_grp_int of each (the same
  * vectors and operations), the decoded weights and scale words loaded once for both. */
 static inline __attribute__((always_inline)) void k4_grp_dec2(const int NI, const kact_layout *L, const k4_dec *dec,
@@ -1044,6 +1042,8 @@ static inline __attribute__((always_inline)) void k4_rows_dec2(const kact_layout
   }
 }
 
+/* Row pairs [r0, r1) (r1 - r0 even) for nb >= 3 activation rows, each pair decoded once (see
+ * k4_dec); nblk <= K4_DEC_MAX. */
 static inline __attribute__((always_inline)) void k4_multi(const int T, const floe_mat *W, const kact_layout *L, int nb,
                                                            const uint8_t *xq, size_t xs, float *Y, int64_t ldy,
                                                            int64_t r0, int64_t r1) {
