@@ -8,8 +8,14 @@
  *   - quantized activations (the default) and the exact float path;
  *   - the mixers' projections batched (attention_multi, gdn_multi) or run per segment;
  *   - a backend without multi_begin (the generic fallback: one session after another);
- * and the sessions sharing one thread pool (model_session_share_pool). */
+ * and the sessions sharing one thread pool (model_session_share_pool). Then the same on a Q4_K
+ * model made by `floe synth` (tiny-qwen35moe, n_embd 1280: rows of 5 superblocks), whose
+ * decode rows of several sessions go through the Q4_K kernel's decode-once form for 3..8
+ * activation rows (kern_rows_together); skipped without FLOE_BIN. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "model/model.h"
 #include "test.h"
@@ -145,5 +151,23 @@ int main(void) {
   permix.gdn_multi = NULL;
   run(m, false, &permix, "multi_begin without attention_multi / gdn_multi: the mixers per segment");
   model_free(m);
+  const char *bin = getenv("FLOE_BIN"), *tmp = getenv("FLOE_TMP");
+  if (bin) {
+    char q4[1024], cmd[3072];
+    snprintf(q4, sizeof q4, "%s/test_batch_q4k.%d.gguf", tmp ? tmp : "/tmp", (int)getpid());
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && '%s' synth --preset tiny-qwen35moe --type q4_K --set n_embd=1280 -o '%s' >/dev/null",
+             tmp ? tmp : "/tmp", bin, q4);
+    const int rc = system(cmd);
+    CHECK(rc == 0, "floe synth of a Q4_K model (%s)", cmd);
+    if (rc == 0 && model_load(q4, &m, err, sizeof err) == 0) {
+      run(m, false, &model_backend_cpu, "Q4_K (synthetic), quantized activations, one batched pass");
+      model_free(m);
+    } else if (rc == 0) {
+      CHECK(0, "load %s: %s", q4, err);
+    }
+    remove(q4);
+  } else {
+    printf("note: FLOE_BIN not set: the Q4_K model part is skipped\n");
+  }
   return TEST_DONE();
 }

@@ -7,8 +7,8 @@
  *    README's guidance for 8-bit activations); on every x (incl. outliers, where 8-bit blocks
  *    alone lose more than 1e-2) |y - ref(xhat)| <= 1e-4 * S with xhat the quantized activation;
  *    and the AVX2 / AVX-512 results equal the scalar result bit for bit;
- *  - row-exactness: row b of a call with nb in {2,3,7,16} is bit-identical to the nb = 1 call, for
- *    every ISA and path;
+ *  - row-exactness: row b of a call with nb in {2,3,4,7,8,16} is bit-identical to the nb = 1 call,
+ *    for every ISA and path (nb 3..8 of Q4_K/Q5_K rows up to 16 superblocks: the decode-once form);
  *  - attention rows: kern_dot16_rows / kern_wsum_rows on every ISA bit-identical to the scalar
  *    references, F32 and BF16 cache rows, awkward row counts, strides and lengths; the reference
  *    itself against a plain double-checked formula of its documented order;
@@ -169,7 +169,7 @@ static void check_mat(const char *name, const floe_mat *W, floe_pool *pool, tsta
   if (xq) kern_act_quantize_rows(W, NBMAX, X, cols, xq, ab);
   float *Y1 = malloc(sizeof(float) * (size_t)(NBMAX * rows)), *Yn = malloc(sizeof(float) * (size_t)(NBMAX * rows));
   float *Yscalar_q = malloc(sizeof(float) * (size_t)(NBMAX * rows));
-  static const int nbs[] = {2, 3, 7, 16};
+  static const int nbs[] = {2, 3, 4, 7, 8, 16};
   for (int path = 0; path < (xq ? 2 : 1); path++) {
     const void *xqp = path ? xq : NULL;
     const double tol = path ? 1e-2 : 1e-5;

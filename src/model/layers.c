@@ -57,14 +57,16 @@ typedef struct mm_task {
 } mm_task;
 
 /* A few activation rows (the decode rows of several requests, continuous batching) on quantized
- * weights: the kernel's paths for 3..8 rows are slower per row than its 1-2 row paths
- * (bench_matvec q4_K 248320x2048, 2 threads: nb 1 5.9 ms, 2 9.6 ms, 4 29 ms, 8 33 ms), so such a
- * batch runs as pairs of rows over blocks of SMALL_BLOCK weight rows, the block staying in cache
- * for the next pair. Exact: every row's value does not depend on nb (kern_matmul_batch). */
+ * weights: where the kernel decodes a weight row once for all of them (kern_rows_together: Q4_K /
+ * Q5_K on AVX-512) they go in one call; elsewhere its paths for 3..8 rows are slower per row than
+ * its 1-2 row paths (bench_matvec q4_K 248320x2048, 2 threads, before the decode-once kernel:
+ * nb 1 5.9 ms, 2 9.6 ms, 4 29 ms, 8 33 ms), so such a batch runs as pairs of rows over blocks of
+ * SMALL_BLOCK weight rows, the block staying in cache for the next pair. Exact: every row's value
+ * does not depend on nb (kern_matmul_batch). */
 #define SMALL_NB_MAX 8
 #define SMALL_BLOCK 64
 static void task_rows(const mm_task *t, int64_t r0, int64_t r1) {
-  if (t->xq && t->nb >= 3 && t->nb <= SMALL_NB_MAX) {
+  if (t->xq && t->nb >= 3 && t->nb <= SMALL_NB_MAX && !kern_rows_together(t->W, t->nb)) {
     for (int64_t a = r0; a < r1; a += SMALL_BLOCK) {
       const int64_t b1 = a + SMALL_BLOCK < r1 ? a + SMALL_BLOCK : r1;
       for (int64_t b = 0; b < t->nb; b += 2)
@@ -411,11 +413,12 @@ static void attn_in(model_session *s, const model_layer *L, const float *x, int6
   mm_run(s, tk, 3);
 }
 
-/* The per-session part of attention for n rows at positions pos0..: q / k norms and RoPE, the
- * rows' k / v into s's cache, attention over it. q, k, v, att: the rows' buffers (s's own, or
- * rows of a multi-session pass); s gives the cache, the pool and the per-thread scratch. */
-static void attn_core(model_session *s, const model_layer *L, int64_t l, int64_t n, int64_t pos0, bool gated, float *qb,
-                      float *kb, const float *vb, float *att) {
+/* The per-session part of attention for n rows at positions pos0..: q / k norms and RoPE and the
+ * rows' k / v into s's cache (attn_prep, serial), then attention over it (attn_core: the job's
+ * units on s's pool). q, k, v, att: the rows' buffers (s's own, or rows of a multi-session pass);
+ * s gives the cache, the pool and the per-thread scratch. */
+static attn_job attn_prep(model_session *s, const model_layer *L, int64_t l, int64_t n, int64_t pos0, bool gated,
+                          float *qb, float *kb, const float *vb, float *att) {
   const floe_hparams *hp = &s->m->hp;
   const int64_t nh = hp->n_head, nkv = hp->n_head_kv, hd = hp->head_dim;
   const int64_t qdim = nh * hd * (gated ? 2 : 1), kvd = nkv * hd;
@@ -437,12 +440,29 @@ static void attn_core(model_session *s, const model_layer *L, int64_t l, int64_t
   }
 
   /* fewer (token, kv head) pairs than threads (decode with few kv heads): split the query heads */
-  const int nth = s->pool ? floe_pool_size(s->pool) : 1;
+  const int nth = s->pool ? floe_pool_size(s->pool) : 1; /* the pool that will run the units */
   int64_t hsplit = 1;
   while (n * nkv * hsplit < nth && hsplit < nh / nkv) hsplit++;
-  attn_job aj = { s, l, n, pos0, qdim, kvd, nh / nkv, hd, nkv, hsplit, gated, scale, qb, att };
-  if (nth > 1 && n * nkv * hsplit > 1) layer_run(s, attn_worker, &aj);
+  return (attn_job){ s, l, n, pos0, qdim, kvd, nh / nkv, hd, nkv, hsplit, gated, scale, qb, att };
+}
+
+static void attn_core(model_session *s, const model_layer *L, int64_t l, int64_t n, int64_t pos0, bool gated, float *qb,
+                      float *kb, const float *vb, float *att) {
+  attn_job aj = attn_prep(s, L, l, n, pos0, gated, qb, kb, vb, att);
+  const int nth = s->pool ? floe_pool_size(s->pool) : 1;
+  if (nth > 1 && n * aj.nkv * aj.hsplit > 1) layer_run(s, attn_worker, &aj);
   else attn_worker(&aj, 0, 1);
+}
+
+/* The attention of several sessions in one pool run: each thread takes, in every session, the
+ * units it would take in that session's own run (attn_worker), so every value is attn_core's. */
+typedef struct attn_jobs {
+  const attn_job *j;
+  int k;
+} attn_jobs;
+static void attn_multi_worker(void *ctx, int ith, int nth) {
+  const attn_jobs *J = ctx;
+  for (int i = 0; i < J->k; i++) attn_worker((void *)&J->j[i], ith, nth);
 }
 
 void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
@@ -468,9 +488,20 @@ void layer_attention_multi(model_session *lead, const model_rows *r, int k, int6
   const int64_t E = hp->n_embd, nh = hp->n_head, hd = hp->head_dim;
   const int64_t qdim = nh * hd * (gated ? 2 : 1), kvd = hp->n_head_kv * hd;
   attn_in(lead, L, x, N, qdim, kvd);
-  for (int i = 0; i < k; i++)
-    attn_core(r[i].s, L, l, r[i].n, r[i].s->kv.n_past, gated, lead->q + r[i].off * qdim, lead->k + r[i].off * kvd,
-              lead->v + r[i].off * kvd, lead->att + r[i].off * nh * hd);
+  bool one_pool = lead->pool && floe_pool_size(lead->pool) > 1; /* as in layer_gdn_multi */
+  for (int i = 0; i < k; i++) one_pool = one_pool && r[i].s->pool == lead->pool;
+  if (one_pool) {
+    attn_job aj[k];
+    for (int i = 0; i < k; i++)
+      aj[i] = attn_prep(r[i].s, L, l, r[i].n, r[i].s->kv.n_past, gated, lead->q + r[i].off * qdim,
+                        lead->k + r[i].off * kvd, lead->v + r[i].off * kvd, lead->att + r[i].off * nh * hd);
+    attn_jobs J = { aj, k };
+    layer_run(lead, attn_multi_worker, &J);
+  } else {
+    for (int i = 0; i < k; i++)
+      attn_core(r[i].s, L, l, r[i].n, r[i].s->kv.n_past, gated, lead->q + r[i].off * qdim, lead->k + r[i].off * kvd,
+                lead->v + r[i].off * kvd, lead->att + r[i].off * nh * hd);
+  }
   layer_matmul(lead, &L->wo, N, lead->att, nh * hd, lead->out, E);
   vadd(x, lead->out, N * E);
   lead->ph[MODEL_PH_ATTN] += floe_time_s() - t0;
@@ -681,13 +712,34 @@ static void gdn_in(model_session *s, const model_layer *L, const float *x, int64
 
 /* The recurrent part for n rows of session s (its conv window and state, advanced row by row),
  * reading and writing the rows' buffers (see gdn_job). */
-static void gdn_core(model_session *s, const model_layer *L, int64_t l, int64_t n, const float *mix, const float *b,
-                     const float *a, const float *z, float *raw, float *o) {
+static gdn_job gdn_job_of(model_session *s, const model_layer *L, int64_t l, int64_t n, const float *mix, const float *b,
+                          const float *a, const float *z, float *raw, float *o) {
   const floe_hparams *hp = &s->m->hp;
   const int64_t Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state;
   const int64_t dv = hp->ssm_d_inner / Nv, r = Nv / Nk, K = hp->ssm_conv_kernel;
   const int64_t C = 2 * Nk * dk + Nv * dv;
-  gdn_job j = { s, L, l, n, C, K, Nk, Nv, dk, dv, r, mix, b, a, z, raw, o };
+  return (gdn_job){ s, L, l, n, C, K, Nk, Nv, dk, dv, r, mix, b, a, z, raw, o };
+}
+
+/* The recurrent parts of several sessions in one pool run per stage (conv, then heads): each
+ * thread takes, in every session, the channels / heads it would take in that session's own run,
+ * so every value is the one gdn_core gives; 2 regions per layer instead of 2 per session. */
+typedef struct gdn_jobs {
+  const gdn_job *j;
+  int k;
+} gdn_jobs;
+static void gdn_conv_multi_worker(void *ctx, int ith, int nth) {
+  const gdn_jobs *J = ctx;
+  for (int i = 0; i < J->k; i++) gdn_conv_worker((void *)&J->j[i], ith, nth);
+}
+static void gdn_heads_multi_worker(void *ctx, int ith, int nth) {
+  const gdn_jobs *J = ctx;
+  for (int i = 0; i < J->k; i++) gdn_heads_worker((void *)&J->j[i], ith, nth);
+}
+
+static void gdn_core(model_session *s, const model_layer *L, int64_t l, int64_t n, const float *mix, const float *b,
+                     const float *a, const float *z, float *raw, float *o) {
+  gdn_job j = gdn_job_of(s, L, l, n, mix, b, a, z, raw, o);
   const bool mt = s->pool && floe_pool_size(s->pool) > 1;
   if (mt) layer_run(s, gdn_conv_worker, &j);
   else gdn_conv_worker(&j, 0, 1);
@@ -716,10 +768,25 @@ void layer_gdn_multi(model_session *lead, const model_rows *r, int k, int64_t l,
   const int64_t E = hp->n_embd, Nv = hp->ssm_dt_rank, vd = hp->ssm_d_inner;
   const int64_t C = 2 * hp->ssm_n_group * hp->ssm_d_state + vd;
   gdn_in(lead, L, x, N);
+  gdn_job jb[k];
   for (int i = 0; i < k; i++) {
     const int64_t o = r[i].off;
-    gdn_core(r[i].s, L, l, r[i].n, lead->mix + o * C, lead->b + o * Nv, lead->a + o * Nv, lead->z + o * vd,
-             lead->raw + o * C, lead->o + o * vd);
+    jb[i] = gdn_job_of(r[i].s, L, l, r[i].n, lead->mix + o * C, lead->b + o * Nv, lead->a + o * Nv, lead->z + o * vd,
+                       lead->raw + o * C, lead->o + o * vd);
+  }
+  /* every session runs on lead's pool (model_session_share_pool), or each on its own */
+  bool one_pool = lead->pool && floe_pool_size(lead->pool) > 1;
+  for (int i = 0; i < k; i++) one_pool = one_pool && r[i].s->pool == lead->pool;
+  if (one_pool) {
+    gdn_jobs J = { jb, k };
+    layer_run(lead, gdn_conv_multi_worker, &J);
+    layer_run(lead, gdn_heads_multi_worker, &J);
+  } else {
+    for (int i = 0; i < k; i++) {
+      const int64_t o = r[i].off;
+      gdn_core(r[i].s, L, l, r[i].n, lead->mix + o * C, lead->b + o * Nv, lead->a + o * Nv, lead->z + o * vd,
+               lead->raw + o * C, lead->o + o * vd);
+    }
   }
   layer_matmul(lead, &L->ssm_out, N, lead->o, vd, lead->out, E);
   vadd(x, lead->out, N * E);

@@ -792,6 +792,7 @@ void model_session_free(model_session *s) {
   for (int i = 0; i < s->max_ckpt; i++) s->be->ckpt_free(s, &s->ckpt[i].c);
   free(s->ckpt);
   s->be->session_free(s);
+  free(s->lg_multi);
   free(s);
 }
 
@@ -1078,11 +1079,16 @@ static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, cha
     }
   }
   FLOE_ASSERT(first == N || N - first == nl); /* the wanted rows are the tail */
-  float *lg = nl ? malloc((size_t)(nl * V) * sizeof(float)) : NULL;
-  if (nl && !lg) {
-    free(tok);
-    return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  if (nl > lead->lg_multi_rows) {
+    float *p = realloc(lead->lg_multi, (size_t)(nl * V) * sizeof(float));
+    if (!p) {
+      free(tok);
+      return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+    }
+    lead->lg_multi = p;
+    lead->lg_multi_rows = nl;
   }
+  float *lg = lead->lg_multi;
   if (m->xs) xs_lock(m->xs);
   lead->xs_err = 0;
   float *x = be->multi_begin(lead, N);
@@ -1106,10 +1112,7 @@ static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, cha
   }
   if (m->xs) xs_unlock(m->xs);
   free(tok);
-  if (rc) {
-    free(lg);
-    return rc;
-  }
+  if (rc) return rc;
   for (int i = 0, r = 0; i < k; i++) {
     const model_seg *g = &seg[ord[i]];
     if (g->logits) memcpy(g->logits, lg + (size_t)(r++) * (size_t)V, (size_t)V * sizeof(float));
@@ -1117,7 +1120,6 @@ static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, cha
     g->s->greedy = -1;
     g->s->n_eval_tok += g->n;
   }
-  free(lg);
   return 0;
 }
 

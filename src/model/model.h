@@ -214,6 +214,10 @@ struct model_session {
   double ph[8];              /* seconds per enum model_phase, accumulated */
   int64_t n_eval_tok;        /* tokens evaluated since the last stats reset */
   int64_t greedy;            /* kern_argmax of the last evaluated position's logits; -1: not known */
+  float *lg_multi;           /* a multi-session pass led by this session: its rows' logits (model_eval_multi),
+                              * kept between passes (a fresh 1 MB a row each step was mapped, faulted in
+                              * and unmapped again) */
+  int64_t lg_multi_rows;     /* rows lg_multi holds */
   size_t bytes;              /* everything this session allocated (KV, state, scratch) */
   /* streaming (layers.c): the experts of one wave, their cache slots and readiness; an I/O error
    * met inside a layer (layers return void) is kept here and returned by model_eval */

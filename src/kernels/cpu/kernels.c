@@ -515,7 +515,7 @@ void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const v
   if (r1 <= r0) return;
   switch (kern_isa_get()) {
     case FLOE_ISA_AVX512:
-      if (xq && nb >= KGEMM_MIN_NB && kern_gemm_avx512_supports(W)) kern_gemm_q_avx512(W, nb, xq, xq_stride, Y, ldy, r0, r1);
+      if (xq && kgemm_wants(W, nb)) kern_gemm_q_avx512(W, nb, xq, xq_stride, Y, ldy, r0, r1);
       else if (xq) kern_mm_q_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
       else kern_mm_float_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
       return;
@@ -529,13 +529,15 @@ void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const v
   }
 }
 
+int kern_rows_together(const floe_mat *W, int64_t nb) { return kern_isa_get() == FLOE_ISA_AVX512 && k4_dec_fits(W, nb); }
+
 #define KB_RBLK 64 /* rows per block when nb > 16: the block stays in L2 while each 16-row group passes */
 
 void kern_matmul_batch(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                        float *Y, int64_t ldy, int64_t r0, int64_t r1) {
   FLOE_ASSERT(nb >= 1);
   if (r1 <= r0) return;
-  if (kern_isa_get() == FLOE_ISA_AVX512 && xq && nb >= KGEMM_MIN_NB && kern_gemm_avx512_supports(W)) {
+  if (kern_isa_get() == FLOE_ISA_AVX512 && xq && kgemm_wants(W, nb)) {
     kern_gemm_q_avx512(W, nb, xq, xq_stride, Y, ldy, r0, r1);
     return;
   }

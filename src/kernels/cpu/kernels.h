@@ -69,6 +69,12 @@ void kern_mm_float_lanes_ref(const floe_mat *W, int nb, const float *X, int64_t 
 void kern_matmul_batch(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                        float *Y, int64_t ldy, int64_t r0, int64_t r1);
 
+/* Whether kern_matmul_batch runs nb quantized activation rows (a few decode rows of several
+ * requests) faster in one call than in calls of 1-2 rows: the kernel then decodes each weight row
+ * once for all of them (AVX-512 Q4_K/Q5_K, nb 3..8, rows of at most 4096 columns). The values are
+ * the same either way. */
+int kern_rows_together(const floe_mat *W, int64_t nb);
+
 /* kern_matmul over all W->rows rows, split across the pool's threads (rows aligned to 16).
  * Bit-identical to the single-threaded call. pool may be NULL (one thread). */
 void kern_matmul_mt(floe_pool *pool, const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq,

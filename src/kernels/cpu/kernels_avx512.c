@@ -743,6 +743,72 @@ static inline __attribute__((always_inline)) void k4_sb(const int T, const int R
   *Mo = _mm512_madd_epi16(AUX2, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)bs)));
 }
 
+/* ---- several activation rows: the weight decode once per row pair ----
+ * With nb >= 3 activation rows (the decode rows of several requests, continuous batching) k4_sb
+ * would decode each superblock again for every activation row: nibbles, the Q5_K fifth bit, the
+ * scale words and the mins' words are about half of its vector uops. k4_multi (below) decodes a
+ * row pair's superblocks once into a k4_dec buffer (L1: 896 B a superblock, K4_DEC_MAX of them)
+ * and runs each activation row over it (k4_sb_use: only the vpdpbusd / vpackssdw / vpdpwssd chain
+ * and the mins' vpmaddwd per row). The vectors are those k4_sb builds and the operations on them
+ * the same, in the same order, so every output is bit-identical to k4_rows with one row. */
+typedef struct k4_dec {
+  __m512i w[4][2]; /* code bytes of step s for rows A, B (the fifth bit added for Q5_K) */
+  __m512i z[4];    /* scale words of step s (kidx_k4z) */
+  __m512i aux2;    /* mins' words (kidx_min2) */
+  __m256i raw;     /* bytes 0-15 of both superblocks (d, dmin: k4_scv4) */
+  __m256i pad;
+} k4_dec;
+
+static inline __attribute__((always_inline)) void k4_dec_sb(const int T, const int RR, const floe_mat *W,
+                                                            const uint8_t *bA, const uint8_t *bB, const uint8_t *rowA,
+                                                            int64_t yoff, int pl, k4_dec *o) {
+  const __m512i m4 = _mm512_set1_epi8(15);
+  const __m256i raw = _mm256_loadu2_m128i((const __m128i *)bB, (const __m128i *)bA);
+  o->raw = raw;
+  const __m512i scz = _mm512_castsi256_si512(kq4_scm2(raw));
+#pragma GCC unroll 2
+  for (int rr = 0; rr < RR; rr++) {
+    const uint8_t *bk = rr ? bB : bA;
+    pf_row(rowA + rr * W->row_bytes, yoff, W->row_bytes, RR, pl, 1);
+    const uint8_t *qs = bk + (T == FLOE_TYPE_Q4_K ? 16 : 48);
+    const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+    __m512i qh = _mm512_setzero_si512();
+    if (T == FLOE_TYPE_Q5_K) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bk + 16)));
+#pragma GCC unroll 4
+    for (int st = 0; st < 4; st++) {
+      const __m512i q = st / 2 ? q1 : q0;
+      __m512i w = st & 1 ? hi_nib(q) : _mm512_and_si512(q, m4);
+      if (T == FLOE_TYPE_Q5_K) {
+        const int lo = 4 * (st / 2) + st % 2, hi = lo + 2;
+        const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << hi)), 1);
+        w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(qh, bits), w, _mm512_set1_epi8(16));
+      }
+      o->w[st][rr] = w;
+    }
+  }
+#pragma GCC unroll 4
+  for (int st = 0; st < 4; st++)
+    o->z[st] = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_k4z[st]), scz);
+  o->aux2 = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kidx_min2), scz);
+}
+
+/* k4_sb of one activation row on a decoded superblock (RR: as decoded). */
+static inline __attribute__((always_inline)) void k4_sb_use(const int RR, const k4_dec *d, const int8_t *x,
+                                                            const int16_t *bs, __m256i *rawo, __m512i *Lro,
+                                                            __m512i *Mo) {
+  *rawo = d->raw;
+  __m512i Lr = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; s++) {
+    const __m512i xs = _mm512_loadu_si512(x + 64 * s);
+    const __m512i D0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), d->w[s][0], xs);
+    const __m512i D1 = RR == 2 ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), d->w[s][1], xs) : _mm512_setzero_si512();
+    Lr = _mm512_dpwssd_epi32(Lr, _mm512_packs_epi32(D0, D1), d->z[s]);
+  }
+  *Lro = Lr;
+  *Mo = _mm512_madd_epi16(d->aux2, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)bs)));
+}
+
 /* Lr_i, M_i of 4 superblocks (k4_sb) to the exact [S1 A, S1 B, S2 A, S2 B] quarters, lane i =
  * superblock i:
  *   X01 = chunks [Lr0 c0+c2, Lr0 c1+c3, Lr1 c0+c2, Lr1 c1+c3] (each [A A B B]), X23 likewise;
@@ -795,7 +861,8 @@ static inline __attribute__((always_inline)) __m256 k4_t(__m512i Z, __m512 scv) 
  * each had prefetched 3 of the 9 twice), Q5_K 3 (704 B = 11 lines). */
 static inline __attribute__((always_inline)) void k4_grp_int(const int T, const int RR, const int NI, const floe_mat *W,
                                                              const kact_layout *L, const uint8_t *xb, const uint8_t *rowA,
-                                                             const uint8_t *rowB, int64_t g, __m512i *Zo, __m512 *scvo) {
+                                                             const uint8_t *rowB, const k4_dec *dec, int64_t g,
+                                                             __m512i *Zo, __m512 *scvo) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
   const int8_t *xq = (const int8_t *)xb;
   const float *dxv = (const float *)(xb + L->off_d);
@@ -805,7 +872,9 @@ static inline __attribute__((always_inline)) void k4_grp_int(const int T, const 
 #pragma GCC unroll 4
   for (int i = 0; i < 4; i++) {
     const int64_t k = g + i;
-    if (i < NI) {
+    if (i < NI && dec) { /* decoded by k4_multi (dec: a compile-time NULL or not in every caller) */
+      k4_sb_use(RR, &dec[k], xq + 256 * k, bsv + 16 * k, &raw[i], &Lr[i], &M[i]);
+    } else if (i < NI) {
       k4_sb(T, RR, W, rowA + k * bytes, rowB + k * bytes, xq + 256 * k, bsv + 16 * k, rowA, k * bytes,
             T == FLOE_TYPE_Q4_K && i < 3 ? 2 : 3, &raw[i], &Lr[i], &M[i]);
     } else {
@@ -819,10 +888,10 @@ static inline __attribute__((always_inline)) void k4_grp_int(const int T, const 
 
 static inline __attribute__((always_inline)) void k4_grp(const int T, const int RR, const int NI, const floe_mat *W,
                                                          const kact_layout *L, const uint8_t *xb, const uint8_t *rowA,
-                                                         const uint8_t *rowB, int64_t g, __m256 *acc4) {
+                                                         const uint8_t *rowB, const k4_dec *dec, int64_t g, __m256 *acc4) {
   __m512i Z;
   __m512 scv;
-  k4_grp_int(T, RR, NI, W, L, xb, rowA, rowB, g, &Z, &scv);
+  k4_grp_int(T, RR, NI, W, L, xb, rowA, rowB, dec, g, &Z, &scv);
   acc4[(g >> 2) & 3] = _mm256_add_ps(acc4[(g >> 2) & 3], k4_t(Z, scv));
 }
 
@@ -835,7 +904,8 @@ static inline __attribute__((always_inline)) void k4_grp(const int T, const int 
  * (per-token A/B in the decode of the 35B-A3B shape, 2 runs): -1.1 / -1.4 % a token, the output
  * matrix -1.6 %. */
 static inline __attribute__((always_inline)) void k4_rows(const int T, const int RR, const floe_mat *W, const kact_layout *L,
-                                                          int64_t r, const uint8_t *xb, float *y0, float *y1) {
+                                                          int64_t r, const k4_dec *dec, const uint8_t *xb, float *y0,
+                                                          float *y1) {
   const int64_t nsb = L->nblk;
   const uint8_t *rowA = kw_row(W, r), *rowB = kw_row(W, r + RR - 1);
   __m256 acc4[4];
@@ -844,9 +914,9 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
   if (nsb >= 4) { /* with one whole group this is k4_grp: its integer work, then its tail */
     __m512i Zp, Zn;
     __m512 sp, sn;
-    k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, 0, &Zp, &sp);
+    k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, dec, 0, &Zp, &sp);
     for (g = 4; g + 4 <= nsb; g += 4) {
-      k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, g, &Zn, &sn);
+      k4_grp_int(T, RR, 4, W, L, xb, rowA, rowB, dec, g, &Zn, &sn);
       acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(Zp, sp));
       Zp = Zn;
       sp = sn;
@@ -854,9 +924,9 @@ static inline __attribute__((always_inline)) void k4_rows(const int T, const int
     acc4[((g - 4) >> 2) & 3] = _mm256_add_ps(acc4[((g - 4) >> 2) & 3], k4_t(Zp, sp));
   }
   switch (nsb - g) {
-    case 1: k4_grp(T, RR, 1, W, L, xb, rowA, rowB, g, acc4); break;
-    case 2: k4_grp(T, RR, 2, W, L, xb, rowA, rowB, g, acc4); break;
-    case 3: k4_grp(T, RR, 3, W, L, xb, rowA, rowB, g, acc4); break;
+    case 1: k4_grp(T, RR, 1, W, L, xb, rowA, rowB, dec, g, acc4); break;
+    case 2: k4_grp(T, RR, 2, W, L, xb, rowA, rowB, dec, g, acc4); break;
+    case 3: k4_grp(T, RR, 3, W, L, xb, rowA, rowB, dec, g, acc4); break;
     default: break;
   }
   /* reduce16 of both rows: a = slots 0-7 + 8-15, b = a[0-3] + a[4-7], c[i] = b[i] + b[i+2], c0 + c1 */
@@ -896,15 +966,116 @@ static inline __attribute__((always_inline)) void k4_two(const int T, const floe
   y[3] = _mm_cvtss_f32(_mm_movehl_ps(hi, hi));
 }
 
+/* Two activation rows a, b over the decoded superblocks g .. g+NI-1: k4_grp_int of each (the same
+ * vectors and operations), the decoded weights and scale words loaded once for both. */
+static inline __attribute__((always_inline)) void k4_grp_dec2(const int NI, const kact_layout *L, const k4_dec *dec,
+                                                              const uint8_t *xa, const uint8_t *xb, int64_t g,
+                                                              __m512i *Zo, __m512 *scvo) {
+  const uint8_t *xr[2] = { xa, xb };
+  __m512i Lr[2][4], M[2][4];
+  __m256i raw[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    const int64_t k = g + i;
+    if (i < NI) {
+      const k4_dec *d = &dec[k];
+      raw[i] = d->raw;
+      __m512i La = _mm512_setzero_si512(), Lb = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; s++) {
+        const __m512i w0 = d->w[s][0], w1 = d->w[s][1], z = d->z[s];
+        const __m512i xsa = _mm512_loadu_si512(xa + 256 * k + 64 * s), xsb = _mm512_loadu_si512(xb + 256 * k + 64 * s);
+        La = _mm512_dpwssd_epi32(La, _mm512_packs_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, xsa),
+                                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, xsa)), z);
+        Lb = _mm512_dpwssd_epi32(Lb, _mm512_packs_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, xsb),
+                                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, xsb)), z);
+      }
+      Lr[0][i] = La;
+      Lr[1][i] = Lb;
+#pragma GCC unroll 2
+      for (int a = 0; a < 2; a++)
+        M[a][i] = _mm512_madd_epi16(d->aux2, _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                                 (const __m256i *)((const int16_t *)(xr[a] + L->off_s) + 16 * k))));
+    } else {
+      raw[i] = _mm256_setzero_si256();
+      Lr[0][i] = M[0][i] = Lr[1][i] = M[1][i] = _mm512_setzero_si512();
+    }
+  }
+#pragma GCC unroll 2
+  for (int a = 0; a < 2; a++) {
+    const float *dxv = (const float *)(xr[a] + L->off_d);
+    Zo[a] = k4_tree(Lr[a], M[a]);
+    scvo[a] = k4_scv4(raw, NI == 4 ? _mm_loadu_ps(dxv + g) : _mm_maskz_loadu_ps((__mmask8)((1u << NI) - 1), dxv + g));
+  }
+}
+
+/* k4_rows (RR = 2) of activation rows a and b over a decoded row pair: each row's adds into its
+ * acc4 in k4_rows' order, so the same bits. */
+static inline __attribute__((always_inline)) void k4_rows_dec2(const kact_layout *L, const k4_dec *dec, const uint8_t *xa,
+                                                               const uint8_t *xb, float *ya, float *yb) {
+  const int64_t nsb = L->nblk;
+  __m256 acc4[2][4];
+  for (int a = 0; a < 2; a++)
+    for (int j = 0; j < 4; j++) acc4[a][j] = _mm256_setzero_ps();
+  __m512i Z[2];
+  __m512 sc[2];
+  int64_t g = 0;
+  for (; g + 4 <= nsb; g += 4) {
+    k4_grp_dec2(4, L, dec, xa, xb, g, Z, sc);
+    for (int a = 0; a < 2; a++) acc4[a][(g >> 2) & 3] = _mm256_add_ps(acc4[a][(g >> 2) & 3], k4_t(Z[a], sc[a]));
+  }
+  switch (nsb - g) {
+    case 1: k4_grp_dec2(1, L, dec, xa, xb, g, Z, sc); break;
+    case 2: k4_grp_dec2(2, L, dec, xa, xb, g, Z, sc); break;
+    case 3: k4_grp_dec2(3, L, dec, xa, xb, g, Z, sc); break;
+    default: break;
+  }
+  if (nsb - g)
+    for (int a = 0; a < 2; a++) acc4[a][(g >> 2) & 3] = _mm256_add_ps(acc4[a][(g >> 2) & 3], k4_t(Z[a], sc[a]));
+  float *y[2] = { ya, yb };
+  for (int a = 0; a < 2; a++) { /* k4_rows' reduce16 of both weight rows */
+    const __m256 b = _mm256_add_ps(_mm256_add_ps(acc4[a][0], acc4[a][2]), _mm256_add_ps(acc4[a][1], acc4[a][3]));
+    const __m256 c = _mm256_add_ps(b, _mm256_permute_ps(b, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 e = _mm256_add_ps(c, _mm256_permute_ps(c, _MM_SHUFFLE(1, 1, 1, 1)));
+    y[a][0] = _mm256_cvtss_f32(e);
+    y[a][1] = _mm_cvtss_f32(_mm256_extractf128_ps(e, 1));
+  }
+}
+
+/* Row pairs [r0, r1) (r1 - r0 even) for nb >= 3 activation rows, each pair decoded once (see
+ * k4_dec); nblk <= K4_DEC_MAX. */
+static inline __attribute__((always_inline)) void k4_multi(const int T, const floe_mat *W, const kact_layout *L, int nb,
+                                                           const uint8_t *xq, size_t xs, float *Y, int64_t ldy,
+                                                           int64_t r0, int64_t r1) {
+  const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
+  const int64_t nsb = L->nblk;
+  k4_dec dec[K4_DEC_MAX];
+  for (; r0 + 1 < r1; r0 += 2) {
+    const uint8_t *rowA = kw_row(W, r0), *rowB = kw_row(W, r0 + 1);
+    for (int64_t k = 0; k < nsb; k++) /* k4_grp_int's prefetch lines: 2, 2, 2, 3 (Q4_K), 3 (Q5_K) */
+      k4_dec_sb(T, 2, W, rowA + k * bytes, rowB + k * bytes, rowA, k * bytes,
+                T == FLOE_TYPE_Q4_K && (k & 3) < 3 ? 2 : 3, &dec[k]);
+    int b = 0;
+    for (; b + 1 < nb; b += 2)
+      k4_rows_dec2(L, dec, xq + (size_t)b * xs, xq + (size_t)(b + 1) * xs, &Y[b * ldy + r0], &Y[(b + 1) * ldy + r0]);
+    if (b < nb) k4_rows(T, 2, W, L, r0, dec, xq + (size_t)b * xs, &Y[b * ldy + r0], &Y[b * ldy + r0 + 1]);
+  }
+}
+
 #define DEF_RUN_K4(name, T)                                                                        \
   static void name(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, \
                    float *Y, int64_t ldy, int64_t r0, int64_t r1) {                                 \
     if (nb == 1 && L->nblk == 2)                                                                   \
       for (; r0 + 3 < r1; r0 += 4) k4_two(T, W, L, r0, xq, &Y[r0]);                               \
+    if (k4_dec_fits(W, nb)) {                                                                      \
+      const int64_t re = r0 + ((r1 - r0) & ~(int64_t)1);                                         \
+      k4_multi(T, W, L, nb, xq, xs, Y, ldy, r0, re);                                               \
+      r0 = re;                                                                                     \
+    }                                                                                              \
     for (; r0 + 1 < r1; r0 += 2)                                                                   \
-      for (int b = 0; b < nb; b++) k4_rows(T, 2, W, L, r0, xq + (size_t)b * xs, &Y[b * ldy + r0], &Y[b * ldy + r0 + 1]); \
+      for (int b = 0; b < nb; b++) k4_rows(T, 2, W, L, r0, NULL, xq + (size_t)b * xs, &Y[b * ldy + r0], &Y[b * ldy + r0 + 1]); \
     if (r0 < r1)                                                                                   \
-      for (int b = 0; b < nb; b++) k4_rows(T, 1, W, L, r0, xq + (size_t)b * xs, &Y[b * ldy + r0], NULL); \
+      for (int b = 0; b < nb; b++) k4_rows(T, 1, W, L, r0, NULL, xq + (size_t)b * xs, &Y[b * ldy + r0], NULL); \
   }
 
 

@@ -297,6 +297,23 @@ void kern_mm_q_avx512(const floe_mat *W, int nb, const float *X, int64_t ldx, co
  * kern_gemm_avx512_supports(W) says whether W's type/shape is handled (and FLOE_GEMM=0 is not set). */
 #define KGEMM_MIN_NB 3 /* bench_gemm: the batched kernel wins from 3 rows (2 is a tie) */
 int kern_gemm_avx512_supports(const floe_mat *W);
+/* Q4_K/Q5_K rows of at most K4_DEC_MAX superblocks with 3..K4_DEC_NB_MAX activation rows run the
+ * one-row kernel's decode-once form (kernels_avx512.c k4_multi) instead of the batched kernel:
+ * out of cache it is faster at every such nb (bench_matvec q4_K 8192x2048, 2 threads, loaded
+ * machine: nb 4 2.4 vs 4.2-4.4 ms, nb 8 3.6-3.7 vs 4.6-6.1 ms; in cache nb 8 is 100 vs 86 us, but
+ * a few decode rows of several requests stream their weights from memory). Two rows stay with the
+ * one-row kernel run per row: in the decode of the 35B-A3B shape on a quiet machine the output
+ * matrix took 10.2 ms that way and 14.0 decoded once (bench_multi, 2 sessions). */
+#define K4_DEC_MAX 16
+#define K4_DEC_NB_MAX 8
+static inline int k4_dec_fits(const floe_mat *W, int64_t nb) {
+  return (W->type == FLOE_TYPE_Q4_K || W->type == FLOE_TYPE_Q5_K) && nb >= 3 && nb <= K4_DEC_NB_MAX &&
+         W->cols % 256 == 0 && W->cols / 256 <= K4_DEC_MAX;
+}
+/* kern_matmul / kern_matmul_batch take the batched kernel (with xq, AVX-512) */
+static inline int kgemm_wants(const floe_mat *W, int64_t nb) {
+  return nb >= KGEMM_MIN_NB && !k4_dec_fits(W, nb) && kern_gemm_avx512_supports(W);
+}
 void kern_gemm_q_avx512(const floe_mat *W, int64_t nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy, int64_t r0,
                         int64_t r1);
 
