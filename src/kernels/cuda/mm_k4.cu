@@ -242,6 +242,17 @@ __device__ __forceinline__ void k4w_dot(const KArgs &a, const uint8_t *__restric
 enum { PF_ROWS = 1, PF_IDS = 2, PF_ALL = 4 };
 #define PF_ALL_MAX ((size_t)24 << 20) /* bytes of a matrix prefetched whole (H100/H200 L2: 50 MB) */
 
+/* The expert whose rows a MoE-mode block may prefetch before the wait (MM_PLAIN: 0): false when
+ * its id may not be read yet (no PF_IDS) or is out of range. */
+template <int MODE>
+__device__ __forceinline__ bool pf_expert(const KArgs &a, const int32_t *ids, int64_t slot, int pf, int *e) {
+  *e = 0;
+  if (MODE == MM_PLAIN || !ids) return true;
+  if (!(pf & PF_IDS)) return false;
+  *e = __ldcg(ids + slot);
+  return *e >= 0 && *e < a.n_expert;
+}
+
 /* Rows r0, r0 + step, ... of one weight matrix (expert e) and, for the GLU, of a2's. */
 template <int MODE>
 __device__ __forceinline__ void k4w_prefetch(const KArgs &a, const KArgs &a2, int e, int64_t r0, int64_t step,
@@ -264,14 +275,7 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
   const int64_t slot = MODE == MM_PLAIN ? 0 : blockIdx.y;
   if (pf) {
     int e = 0;
-    bool ok = true;
-    if (MODE != MM_PLAIN && ids) {
-      ok = (pf & PF_IDS) != 0;
-      if (ok) {
-        e = __ldcg(ids + slot);
-        ok = e >= 0 && e < a.n_expert;
-      }
-    }
+    const bool ok = pf_expert<MODE>(a, ids, slot, pf, &e);
     if (ok) k4w_prefetch<MODE>(a, a2, e, r0, step, pf, lane);
   }
   PDL_ENTER();
@@ -320,14 +324,7 @@ __global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int
   const int64_t slot = MODE == MM_PLAIN ? 0 : blockIdx.y;
   if (pf) { /* as k_k4w: the warp's first rows (all of them when PF_ALL) */
     int e = 0;
-    bool ok = true;
-    if (MODE != MM_PLAIN && ids) {
-      ok = (pf & PF_IDS) != 0;
-      if (ok) {
-        e = __ldcg(ids + slot);
-        ok = e >= 0 && e < a.n_expert;
-      }
-    }
+    const bool ok = pf_expert<MODE>(a, ids, slot, pf, &e);
     if (ok)
       for (int64_t r = wr0; r < a.rows; r += step) {
         const int64_t n = a.rows - r < R ? a.rows - r : R; /* R consecutive rows */
@@ -440,17 +437,20 @@ unsigned grid_capped(int64_t g4, unsigned gy, int cap) {
 
 /* k_k4w's x blocks for g4 needed (a block per 4 rows) and gy slots: without prefetch, g4; with it,
  * at most what is resident at once over all slots (so every block prefetches before the wait). */
+/* blocks of kernel k (128 threads) resident at once on this GPU; -1 when it cannot be asked */
+template <typename F>
+int resident_blocks(F k) {
+  int dev = 0, nsm = 0, per = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 128, 0) == cudaSuccess && nsm > 0 && per > 0)
+    return nsm * per;
+  return -1;
+}
+
 template <int T, int MODE>
 unsigned k4w_grid(int64_t g4, unsigned gy) {
-  static int cap = 0; /* blocks resident at once, per instantiation */
-  if (!cap) {
-    int dev = 0, nsm = 0, per = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_k4w<T, MODE>, 128, 0) == cudaSuccess && nsm > 0 && per > 0)
-      cap = nsm * per;
-    else
-      cap = -1;
-  }
+  static int cap = 0; /* per instantiation */
+  if (!cap) cap = resident_blocks(k_k4w<T, MODE>);
   return grid_capped(g4, gy, cap);
 }
 
@@ -458,14 +458,7 @@ unsigned k4w_grid(int64_t g4, unsigned gy) {
 template <int T, int MODE, int G>
 unsigned k4s_grid(int64_t g4, unsigned gy) {
   static int cap = 0;
-  if (!cap) {
-    int dev = 0, nsm = 0, per = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_k4s<T, MODE, G>, 128, 0) == cudaSuccess && nsm > 0 && per > 0)
-      cap = nsm * per;
-    else
-      cap = -1;
-  }
+  if (!cap) cap = resident_blocks(k_k4s<T, MODE, G>);
   return grid_capped(g4, gy, cap);
 }
 
