@@ -450,7 +450,7 @@ static __device__ __forceinline__ void gdn_cluster_wait() {
 }
 
 #define G1_CLUSTER_MAX 8 /* the portable cluster size: r above it takes the two launches */
-#define G1_SLOTS 2       /* conv channels a thread loads at once (2 dk + dv <= 2 * 256) */
+#define G1_SLOTS 2       /* conv channels a thread loads at once (dv 128: 384 channels, 256 threads, one pass) */
 
 static __global__ void __launch_bounds__(256)
     k_gdn_step1(const float *mix, const float *wt, float *conv_g, float *const *conv_p, float *const *conv_keep,
@@ -580,6 +580,7 @@ static __global__ void __launch_bounds__(256)
   }
   __syncthreads();
   if (col && half == 1) o[(int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
+  __syncwarp(); /* the .aligned barrier wants each warp converged */
   if (r > 1) gdn_cluster_wait(); /* every block of this key head has read its windows */
   if (rank == 0)
     for (int u = threadIdx.x; u < 2 * dk; u += blockDim.x) {
