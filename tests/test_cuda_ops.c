@@ -367,8 +367,8 @@ static void test_gdn_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int 
   cuda_gdn_recur(&g.sh, draw, dz, db, da, ddtb, dA, dnw, dS, dout, n_pre, NULL);
   for (int64_t t = 0; t < n_dec; t++) {
     const int64_t r = n_pre + t;
-    cuda_gdn_conv(&g.sh, dmix + r * C, dwt, dconv, draw + r * C, 1, NULL);
-    cuda_gdn_recur(&g.sh, draw + r * C, dz + r * vd, db + r * Nv, da + r * Nv, ddtb, dA, dnw, dS, dout + r * vd, 1, NULL);
+    cuda_gdn_step(&g.sh, dmix + r * C, dwt, dconv, draw + r * C, dz + r * vd, db + r * Nv, da + r * Nv, ddtb, dA, dnw,
+                  dS, dout + r * vd, 1, NULL);
   }
   CHECK(sync_ok(), "gdn ran");
   float *graw = malloc(n * C * 4), *go = malloc(n * vd * 4), *gS = malloc(Sn * 4), *gconv = malloc((K - 1) * C * 4);
@@ -444,8 +444,7 @@ static void test_gdn_keep_case(int Nk, int Nv, int dk, int dv, int K, int tiled,
   float **cS = dup_dev(&kS, sizeof kS), **cC = dup_dev(&kconv, sizeof kconv);
   float **tS = dup_dev(rowS, n * sizeof *rowS), **tC = dup_dev(rowC, n * sizeof *rowC);
   poison(draw, n * C * 4), poison(dout, n * vd * 4);
-  cuda_gdn_conv_p(&sh, dmix, dwt, cC, tC, draw, n, NULL);
-  cuda_gdn_recur_p(&sh, draw, dz, db, da, ddtb, dA, dnw, cS, tS, dout, n, NULL);
+  cuda_gdn_step_p(&sh, dmix, dwt, cC, tC, draw, dz, db, da, ddtb, dA, dnw, cS, tS, dout, n, NULL);
   CHECK(sync_ok(), "kept chunk ran");
   float *gS = malloc(Sn * 4), *gC = malloc(Cn * 4), *graw = malloc(n * C * 4), *go = malloc(n * vd * 4);
   get(graw, draw, n * C * 4), get(go, dout, n * vd * 4);
@@ -463,8 +462,7 @@ static void test_gdn_keep_case(int Nk, int Nv, int dk, int dv, int K, int tiled,
   CHECK(n_diff_bits(gS, S, Sn) == 0 && n_diff_bits(gC, conv, Cn) == 0, "the chunk's starting state untouched");
   /* in place through the cells: n rows at once == the plain launchers' rows and final state */
   poison(draw, n * C * 4), poison(dout, n * vd * 4);
-  cuda_gdn_conv_p(&sh, dmix, dwt, cC, NULL, draw, n, NULL);
-  cuda_gdn_recur_p(&sh, draw, dz, db, da, ddtb, dA, dnw, cS, NULL, dout, n, NULL);
+  cuda_gdn_step_p(&sh, dmix, dwt, cC, NULL, draw, dz, db, da, ddtb, dA, dnw, cS, NULL, dout, n, NULL);
   CHECK(sync_ok(), "in place through the cells ran");
   get(go, dout, n * vd * 4), get(gS, kS, Sn * 4), get(gC, kconv, Cn * 4);
   CHECK(n_diff_bits(go, ro, n * vd) == 0 && n_diff_bits(gS, rS + (n - 1) * Sn, Sn) == 0 &&
@@ -748,19 +746,40 @@ int main(void) {
   /* the 35B-A3B shape at a short context (n_split 1, 2): prefill and decode get a block per head */
   test_attn_case(16, 2, 256, 64, 1, 1, 600, 3, 1);
   test_attn_case(16, 2, 256, 64, 1, 0, 130, 2, 2);
-  /* dk 128: one thread per column with the token-by-token conv, then two (k_gdn_recur2) with the
-   * conv a block per token (k_gdn_conv_par, the default; the cases below use it too) */
-  for (int impl = 0; impl < 2; impl++) {
-    cuda_gdn_set_impl(impl);
-    cuda_gdn_set_conv_par(impl);
+  /* dk 128, four settings: one thread per column with the token-by-token conv; the defaults (two
+   * threads per column, the conv a block per token, one token fused into one launch k_gdn_step1,
+   * prefill's S columns over several blocks with consecutive tokens overlapped k_gdn_recur_cols2 +
+   * k_gdn_gnorm); k_gdn_recur2 for every chunk with two launches a token (the previous defaults);
+   * the fused step with k_gdn_recur_cols (no overlap). Decode steps go through cuda_gdn_step,
+   * compared with the CPU and with the prefill rows, whose token-by-token rerun takes the two
+   * launches. */
+  for (int impl = 0; impl < 4; impl++) {
+    printf("-- gdn: %s\n", impl == 0   ? "one thread per column, serial conv"
+                          : impl == 1 ? "the defaults: fused decode step, prefill S columns split, tokens overlapped"
+                          : impl == 2 ? "k_gdn_recur2 everywhere, decode as two launches"
+                                      : "fused decode step, prefill S columns split, tokens not overlapped");
+    cuda_gdn_set_impl(impl > 0);
+    cuda_gdn_set_conv_par(impl > 0);
+    cuda_gdn_set_fused(impl != 2);
+    cuda_gdn_set_cols(impl == 1 ? 2 : impl == 3 ? 1 : 0);
     test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
     test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
     test_gdn_case(2, 2, 128, 100, 8, 1, 3, 2);
     test_gdn_case(1, 3, 128, 8, 4, 0, 4, 2); /* dv 8: one warp, half its columns past dv */
+    test_gdn_case(1, 10, 128, 8, 3, 1, 3, 2); /* 10 value heads a key head: past the cluster limit */
+    test_gdn_case(2, 4, 128, 72, 4, 1, 300, 2); /* past a beta / decay batch; a part column group */
+    test_gdn_case(1, 2, 128, 16, 4, 0, 257, 1); /* a batch of one token after the first */
+    test_gdn_case(4, 8, 128, 40, 4, 0, 2, 1);   /* the shortest chunk */
     test_gdn_keep_case(16, 32, 128, 128, 4, 1, 5); /* the 35B-A3B shape, 1 + 4 drafts */
+    test_gdn_keep_case(16, 32, 128, 128, 4, 1, 1); /* one kept row: the fused step */
     test_gdn_keep_case(2, 6, 128, 100, 8, 0, 8);
+    test_gdn_keep_case(2, 6, 128, 100, 8, 0, 1);
     test_gdn_keep_case(1, 3, 128, 8, 4, 1, 2);
+    test_gdn_keep_case(1, 3, 128, 8, 2, 1, 1);
+    test_gdn_keep_case(4, 4, 128, 40, 5, 1, 1); /* one value head a key head: no cluster */
   }
+  cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(2);
+  test_gdn_case(16, 32, 128, 128, 4, 1, 260, 3); /* the 35B-A3B shape, a long chunk (the defaults) */
   cuda_gdn_set_impl(0);
   test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);
   /* the fixtures' and the default model's shapes: dk 16, dv 24 (not a multiple of 32), Nk 2 Nv 4 */

@@ -1002,10 +1002,9 @@ static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   /* the states through the table's cells (a recorded step follows keep_accept's swaps); a kept
    * chunk writes row t's states into their own buffers (keep_begin) */
   const bool kp = c->keep_n > 0;
-  cuda_gdn_conv_p(&c->gsh, mix, L->conv_wt, tab_at(s, true, l, 0), kp ? tab_at(s, true, l, 1) : NULL, c->raw, n,
-                  c->stream);
-  cuda_gdn_recur_p(&c->gsh, c->raw, z, b, a, L->dt_bias, L->ssm_a, L->ssm_norm, tab_at(s, false, l, 0),
-                   kp ? tab_at(s, false, l, 1) : NULL, c->o, n, c->stream);
+  cuda_gdn_step_p(&c->gsh, mix, L->conv_wt, tab_at(s, true, l, 0), kp ? tab_at(s, true, l, 1) : NULL, c->raw, z, b,
+                  a, L->dt_bias, L->ssm_a, L->ssm_norm, tab_at(s, false, l, 0), kp ? tab_at(s, false, l, 1) : NULL,
+                  c->o, n, c->stream);
   mm_own(s, &L->ssm_out, n, c->o, vd, c->out, E);
   residual(s, l, x, n);
   prof(s, MODEL_PH_GDN);

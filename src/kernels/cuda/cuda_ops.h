@@ -120,6 +120,24 @@ void cuda_gdn_recur_p(const cuda_gdn_shape *sh, const float *raw, const float *z
 /* Tests and benchmarks: 1 = the two-threads-per-column recurrence for dk 128 (k_gdn_recur2, the
  * default), 0 = one thread per column (the same bits; FLOE_CUDA_GDN2=0 sets 0 at the first call). */
 void cuda_gdn_set_impl(int two);
+/* The conv and the recurrence together (cuda_gdn_conv then cuda_gdn_recur, the same arguments and
+ * results; raw is written too). One token with the two-threads-per-column recurrence (dk 128, dv
+ * <= 128, Nv / Nk <= 8, and a device with thread block clusters where Nv > Nk) runs as one launch,
+ * kept (keep != NULL, one row) or in place; anything else as the two launches. */
+void cuda_gdn_step(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state, float *raw,
+                   const float *z, const float *b, const float *a, const float *dt_bias, const float *ssm_a,
+                   const float *norm_w, float *S, float *o, int64_t n_tok, void *stream);
+void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *const *conv_state,
+                     float *const *conv_keep, float *raw, const float *z, const float *b, const float *a,
+                     const float *dt_bias, const float *ssm_a, const float *norm_w, float *const *S,
+                     float *const *S_keep, float *o, int64_t n_tok, void *stream);
+/* Tests and benchmarks, the same bits either way: cuda_gdn_set_fused(0) runs cuda_gdn_step's one
+ * token as the two launches (FLOE_CUDA_GDN_FUSED=0 at the first call). Prefill chunks (not kept,
+ * dk 128): cuda_gdn_set_cols(2) runs the recurrence with S's columns split over several blocks,
+ * consecutive tokens overlapped, and the gated norm after it (the default); 1 the same without the
+ * overlap; 0 k_gdn_recur2, a block per value head (FLOE_CUDA_GDN_COLS=0 / 1). */
+void cuda_gdn_set_fused(int on);
+void cuda_gdn_set_cols(int mode);
 
 /* ---- MoE (ops_moe.cu) ---- */
 /* logits [n_tok][n_expert] -> softmax -> the K largest (descending, ties to the lower index) ->

@@ -1,5 +1,9 @@
-/* GatedDeltaNet step on the GPU (cuda_ops.h): two launches per layer, each over all n tokens in
- * order (token-by-token recurrence, as the CPU: prefill rows equal decode rows).
+/* GatedDeltaNet step on the GPU (cuda_ops.h): the conv then the recurrence, each over all n tokens
+ * in order (token-by-token recurrence, as the CPU: prefill rows equal decode rows). One decode
+ * token takes a single launch (k_gdn_step1: both in one block per value head); prefill chunks
+ * take the parallel conv (k_gdn_conv_par) and the recurrence with S's columns over several blocks
+ * (k_gdn_recur_cols) followed by the gated norm (k_gdn_gnorm). Every kernel choice gives the same
+ * bits: each output takes the float operations below, in the same order.
  *   k_gdn_conv: block per dk channels (one key head of q or k, or dk channels of v), a thread
  *     per channel: the causal conv over [window, mix_t] oldest first, SiLU, the window shift
  *     (kept in registers across tokens), and for q / k heads the L2 norm (sumsq16 order, eps
@@ -27,6 +31,15 @@ extern "C" {
 #define GDN_KMAX 8
 #define GDN_SR128 64 /* rows of S in registers at dk 128 */
 
+static int g_cluster_ok = -1; /* the device launches thread block clusters (sm_90+), for k_gdn_step1 */
+
+static void gdn_cluster_query(void) {
+  if (g_cluster_ok >= 0) return;
+  int dev = 0, v = 0;
+  g_cluster_ok = cudaGetDevice(&dev) == cudaSuccess &&
+                 cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev) == cudaSuccess && v;
+}
+
 extern "C" int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen) {
   if (sh->dk < 1 || sh->dk > 128)
     return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: dk %d (1..128 supported)", sh->dk);
@@ -36,6 +49,7 @@ extern "C" int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen
     return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: %d value heads over %d key heads", sh->Nv, sh->Nk);
   if (sh->conv_k < 2 || sh->conv_k > GDN_KMAX)
     return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "cuda gdn: conv kernel %d (2..%d)", sh->conv_k, GDN_KMAX);
+  gdn_cluster_query(); /* here, at setup, rather than at a first launch inside a graph capture */
   return 0;
 }
 
@@ -410,9 +424,436 @@ static __global__ void __launch_bounds__(256)
     for (int i = 0; i < G2_HALF; i++) S[(int64_t)(i0 + i) * dv] = s[i];
 }
 
+/* ---- decode: the conv and the recurrence of one token in one launch (k_gdn_step1) ----
+ * A block per value head hv in k_gdn_recur2's layout (dk 128, two threads per column). The block
+ * first does k_gdn_conv's work for the channels it needs: q and k of its key head kh (2 * dk
+ * channels: the conv, SiLU, the L2 norms, q times dk^-0.5) and its own dv channels of v, with
+ * k_gdn_conv's operations in its order; then k_gdn_recur2's token with beta / decay from shared
+ * memory. The q / k conv of a key head is thus done by each of its r = Nv / Nk value heads (the
+ * same bits); its window rows are written by one of them (rank 0), each block writes its own v
+ * rows. In place, the writer must not overwrite a window another block has still to read: the r
+ * blocks of a key head form a thread block cluster (sm_90), every thread arrives at the cluster
+ * barrier once its window reads are done and rank 0 waits on it just before writing (at the end,
+ * so the wait is normally free). Blocks are numbered so that a cluster is one key head:
+ * blockIdx.x = kh * r + rank, hv = v_tiled ? kh + rank * Nk : kh * r + rank. keep != NULL (one
+ * kept row): the windows and S after the token go to keep[0] instead, the state read is left as it
+ * was. raw is written as k_gdn_conv writes it (q / k by rank 0). */
+static __device__ __forceinline__ void gdn_cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void gdn_cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+#define G1_CLUSTER_MAX 8 /* the portable cluster size: r above it takes the two launches */
+#define G1_SLOTS 2       /* conv channels a thread loads at once (dv 128: 384 channels, 256 threads, one pass) */
+
+static __global__ void __launch_bounds__(256)
+    k_gdn_step1(const float *mix, const float *wt, float *conv_g, float *const *conv_p, float *const *conv_keep,
+                float *raw, const float *z, const float *b, const float *a, const float *dt_bias, const float *ssm_a,
+                const float *norm_w, float *Sg, float *const *Sp, float *const *S_keep, float *o, int Nk, int Nv,
+                int dv, int K, int v_tiled, float eps, float qscale) {
+  PDL_ENTER();
+  if (conv_p) conv_g = *conv_p;
+  if (Sp) Sg = *Sp;
+  float *conv_d = conv_keep ? conv_keep[0] : conv_g; /* where the windows after the token go */
+  float *Sd = S_keep ? S_keep[0] : Sg;
+  constexpr int dk = 128;
+  __shared__ float qk[2 * dk];
+  __shared__ float vs[128];
+  __shared__ float os[128];
+  __shared__ float wq[(GDN_KMAX - 1) * 2 * dk]; /* rank 0: the q / k windows after the token */
+  __shared__ float s_rr, s_beta, s_decay, s_rn[2];
+  const int r = Nv / Nk, kh = blockIdx.x / r, rank = blockIdx.x % r;
+  const int hv = v_tiled ? kh + rank * Nk : kh * r + rank;
+  const int lane = threadIdx.x & 31, half = lane >> 4, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  const int jj = warp * 16 + (lane & 15);
+  const bool col = jj < dv;
+  const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  const int i0 = half * G2_HALF;
+  /* S's column first: its loads are in flight while the conv runs */
+  const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
+  float s[G2_HALF], p[G2_HALF];
+#pragma unroll
+  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  /* recur2's beta and decay by the last thread (its loads now, its math while the conv's loads
+   * are in flight) */
+  const bool bd = threadIdx.x == blockDim.x - 1;
+  const float b_in = bd ? b[hv] : 0.0f, a_in = bd ? a[hv] : 0.0f, A_in = bd ? ssm_a[hv] : 0.0f;
+  const float dtb_in = bd ? dt_bias[hv] : 0.0f;
+  /* the conv of channels u < 2 dk (q | k of kh) and 2 dk + j (v of hv), as k_gdn_conv; G1_SLOTS
+   * channels a thread at a time, all their loads issued before any use (one latency, not two) */
+  const int nch = 2 * dk + dv;
+  for (int u0 = threadIdx.x; u0 < nch; u0 += G1_SLOTS * blockDim.x) {
+    float win[G1_SLOTS][GDN_KMAX - 1], w[G1_SLOTS][GDN_KMAX - 1], wl[G1_SLOTS], m[G1_SLOTS];
+    int64_t chs[G1_SLOTS];
+#pragma unroll
+    for (int sl = 0; sl < G1_SLOTS; sl++) {
+      const int u = u0 + sl * blockDim.x;
+      const int64_t ch = u < dk ? (int64_t)kh * dk + u
+                         : u < 2 * dk ? kd + (int64_t)kh * dk + (u - dk)
+                                      : 2 * kd + (int64_t)hv * dv + (u - 2 * dk);
+      const bool ok = u < nch;
+      chs[sl] = ch;
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++) {
+        win[sl][q] = ok && q < K - 1 ? conv_g[(int64_t)q * C + ch] : 0.0f;
+        w[sl][q] = ok && q < K - 1 ? wt[(int64_t)q * C + ch] : 0.0f;
+      }
+      wl[sl] = ok ? wt[(int64_t)(K - 1) * C + ch] : 0.0f;
+      m[sl] = ok ? mix[ch] : 0.0f;
+    }
+    if (bd && u0 == threadIdx.x) {
+      s_beta = floe_sigmoidf(b_in);
+      s_decay = gdn_expf(__fmul_rn(A_in, gdn_softplus(__fadd_rn(a_in, dtb_in))));
+    }
+#pragma unroll
+    for (int sl = 0; sl < G1_SLOTS; sl++) {
+      const int u = u0 + sl * blockDim.x;
+      if (u >= nch) break;
+      const int64_t ch = chs[sl];
+      float c = 0.0f;
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++)
+        if (q < K - 1) c = __fadd_rn(c, __fmul_rn(w[sl][q], win[sl][q]));
+      c = floe_siluf(__fadd_rn(c, __fmul_rn(wl[sl], m[sl])));
+      if (u < 2 * dk) {
+        qk[u] = c;
+        if (rank == 0)
+#pragma unroll
+          for (int q = 0; q < GDN_KMAX - 1; q++)
+            if (q < K - 1) wq[q * 2 * dk + u] = q < K - 2 ? win[sl][q + 1] : m[sl];
+      } else {
+        vs[u - 2 * dk] = c;
+        raw[ch] = c;
+#pragma unroll
+        for (int q = 0; q < GDN_KMAX - 1; q++)
+          if (q < K - 1) conv_d[(int64_t)q * C + ch] = q < K - 2 ? win[sl][q + 1] : m[sl];
+      }
+    }
+  }
+  __syncthreads();
+  if (r > 1) gdn_cluster_arrive(); /* this block's window reads are done (block-uniform) */
+  for (int h = warp; h < 2; h += nwarp) { /* the L2 norms of q (h 0) and k (h 1) */
+    const float ss = ops_sumsq16_warp(qk + h * dk, dk);
+    if (lane == 0) s_rn[h] = 1.0f / sqrtf(__fadd_rn(ss, 1e-6f));
+  }
+  __syncthreads();
+  for (int u = threadIdx.x; u < 2 * dk; u += blockDim.x) {
+    const float c = qk[u];
+    const float y = u < dk ? __fmul_rn(__fmul_rn(c, s_rn[0]), qscale) : __fmul_rn(c, s_rn[1]);
+    qk[u] = y;
+    if (rank == 0) raw[u < dk ? (int64_t)kh * dk + u : kd + (int64_t)kh * dk + (u - dk)] = y;
+  }
+  const float vv = col ? vs[jj] : 0.0f;
+  const float zz = col ? z[(int64_t)hv * dv + jj] : 0.0f;
+  const float wn = col ? norm_w[jj] : 0.0f;
+  __syncthreads();
+  const float beta = s_beta, decay = s_decay;
+  /* k_gdn_recur2's token */
+#pragma unroll
+  for (int i = 0; i < G2_HALF; i++) {
+    s[i] = __fmul_rn(s[i], decay);
+    p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
+  }
+  const float kv = g2_chain(p, lane, half);
+  const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
+  const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+#pragma unroll
+  for (int i = 0; i < G2_HALF; i++) {
+    s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
+    p[i] = __fmul_rn(s[i], qk[i0 + i]);
+  }
+  const float oo = g2_chain(p, lane, half);
+  if (half == 1 && col) os[jj] = oo;
+  if (col)
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) Sd[so + (int64_t)(i0 + i) * dv] = s[i];
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const float ss = ops_sumsq16_warp(os, dv);
+    if (threadIdx.x == 0) s_rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
+  }
+  __syncthreads();
+  if (col && half == 1) o[(int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
+  __syncwarp(); /* the .aligned barrier wants each warp converged */
+  if (r > 1) gdn_cluster_wait(); /* every block of this key head has read its windows */
+  if (rank == 0)
+    for (int u = threadIdx.x; u < 2 * dk; u += blockDim.x) {
+      const int64_t ch = u < dk ? (int64_t)kh * dk + u : kd + (int64_t)kh * dk + (u - dk);
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++)
+        if (q < K - 1) conv_d[(int64_t)q * C + ch] = wq[q * 2 * dk + u];
+    }
+}
+
+/* ---- prefill: k_gdn_recur2's columns split over several blocks (k_gdn_recur_cols) ----
+ * The columns of S are independent in the recurrence: only the gated RMSNorm of the output mixes
+ * them. k_gdn_recur2 runs a block per value head (32 blocks for the 35B-A3B shape, 32 of the
+ * H200's 132 SMs, 8 warps each walking one long chain per token with a third of their issue slots
+ * spent on a barrier-bound tail); here a block of two warps takes G2_COLS columns of one head
+ * (grid Nv x ceil(dv / G2_COLS)), writes each token's o before the norm, and k_gdn_gnorm applies
+ * the norm afterwards. Every float operation of each column and of the norm is k_gdn_recur2's, in
+ * its order. Each token's inputs are loaded ahead: q / k of token t+2 into registers at the start
+ * of token t, stored into the shared buffer of token t+2 at the start of token t+1 (two buffers,
+ * one barrier a token); v of token t+1 into a register; beta / decay of G2_BD tokens at a time
+ * into shared memory (the double-precision exp / log1p, off the token loop). So a token's chain
+ * is the recurrence itself and one two-warp barrier, where k_gdn_recur2's was a dependent global
+ * load (~600-800 cycles, an L2 hit), three eight-warp barriers and a one-warp norm around the same
+ * recurrence, with two warps a scheduler. Not for kept chunks (k_gdn_recur2<true>). */
+#define G2_COLS 32
+#define G2_BD 256
+
+static __global__ void __launch_bounds__(64)
+    k_gdn_recur_cols(const float *__restrict__ raw, const float *__restrict__ b, const float *__restrict__ a,
+                     const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, float *Sg, float *const *Sp,
+                     float *__restrict__ o, int Nk, int Nv, int dv, int v_tiled, int n_tok) {
+  PDL_ENTER();
+  if (Sp) Sg = *Sp;
+  constexpr int dk = 128, NT = 64, PF = 2 * dk / NT;
+  __shared__ float qk[2][2 * dk];
+  __shared__ float s_beta[G2_BD], s_decay[G2_BD];
+  const int hv = blockIdx.x, lane = threadIdx.x & 31, half = lane >> 4, r = Nv / Nk;
+  const int jj = blockIdx.y * G2_COLS + (threadIdx.x >> 5) * 16 + (lane & 15);
+  const bool col = jj < dv;
+  const int kh = v_tiled ? hv % Nk : hv / r;
+  const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  const int i0 = half * G2_HALF;
+  const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
+  float s[G2_HALF], p[G2_HALF];
+#pragma unroll
+  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  /* element u = threadIdx.x + e * NT of a token's q | k */
+  const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk - dk;
+  float pf[PF];
+#pragma unroll
+  for (int e = 0; e < PF; e++) {
+    const int u = threadIdx.x + e * NT;
+    qk[0][u] = raw[(u < dk ? qo : ko) + u];
+  }
+  if (n_tok > 1)
+#pragma unroll
+    for (int e = 0; e < PF; e++) {
+      const int u = threadIdx.x + e * NT;
+      pf[e] = raw[C + (u < dk ? qo : ko) + u];
+    }
+  const int64_t vo = 2 * kd + (int64_t)hv * dv + (col ? jj : 0);
+  float vv = col ? raw[vo] : 0.0f;
+  for (int t = 0; t < n_tok; t++) {
+    if (t % G2_BD == 0) { /* beta / decay of the next G2_BD tokens, as k_gdn_recur2's prologue */
+      __syncthreads();
+      const float A = ssm_a[hv], dtb = dt_bias[hv];
+      for (int u = threadIdx.x; u < G2_BD && t + u < n_tok; u += NT) {
+        s_beta[u] = floe_sigmoidf(b[(int64_t)(t + u) * Nv + hv]);
+        s_decay[u] = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)(t + u) * Nv + hv], dtb))));
+      }
+      __syncthreads();
+    }
+    /* token t+1's q | k into the other buffer (last read by token t-1, before the barrier that
+     * ended it); then token t+2's loads and token t+1's v, in flight while token t computes */
+    if (t + 1 < n_tok)
+#pragma unroll
+      for (int e = 0; e < PF; e++) qk[(t + 1) & 1][threadIdx.x + e * NT] = pf[e];
+    if (t + 2 < n_tok)
+#pragma unroll
+      for (int e = 0; e < PF; e++) {
+        const int u = threadIdx.x + e * NT;
+        pf[e] = raw[(int64_t)(t + 2) * C + (u < dk ? qo : ko) + u];
+      }
+    const float vn = col && t + 1 < n_tok ? raw[(int64_t)(t + 1) * C + vo] : 0.0f;
+    const float *q = qk[t & 1];
+    const float beta = s_beta[t % G2_BD], decay = s_decay[t % G2_BD];
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) {
+      s[i] = __fmul_rn(s[i], decay);
+      p[i] = __fmul_rn(s[i], q[dk + i0 + i]);
+    }
+    const float kv = g2_chain(p, lane, half);
+    const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
+    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(q[dk + i0 + i], delta));
+      p[i] = __fmul_rn(s[i], q[i0 + i]);
+    }
+    const float oo = g2_chain(p, lane, half);
+    if (col && half == 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
+    vv = vn;
+    __syncthreads(); /* token t+1's q | k stored; everyone is done with buffer t&1 */
+  }
+  if (col)
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)(i0 + i) * dv] = s[i];
+}
+
+/* The ordered sums of two columns' products at once (g2_chain twice, interleaved: two independent
+ * add chains share each step's latency). Valid in the upper half. */
+static __device__ __forceinline__ void g2_chain2(const float pa[G2_HALF], const float pb[G2_HALF], int lane,
+                                                 int half, float &ra, float &rb) {
+  float x = 0.0f, y = 0.0f;
+  if (half == 0)
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) {
+      x = __fadd_rn(x, pa[i]);
+      y = __fadd_rn(y, pb[i]);
+    }
+  const float lx = __shfl_sync(0xffffffffu, x, lane & 15), ly = __shfl_sync(0xffffffffu, y, lane & 15);
+  if (half == 1) {
+    x = lx;
+    y = ly;
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) {
+      x = __fadd_rn(x, pa[i]);
+      y = __fadd_rn(y, pb[i]);
+    }
+  }
+  ra = x;
+  rb = y;
+}
+
+/* k_gdn_recur_cols with consecutive tokens overlapped: token t's output sum S^T q needs S after
+ * token t's update, and so does token t+1's S^T k (after its decay); neither depends on the other,
+ * so one pass over the rows forms both products and runs the two ordered add chains side by side.
+ * Per token the chain is then one ordered sum (S^T k, then the delta) instead of two. The
+ * operations of every output and of S are k_gdn_recur2's, in its order: s = s + k_t delta_t,
+ * oo_t += s q_t in row order; then s = s * decay_{t+1}, kv_{t+1} += s k_{t+1} in row order. The
+ * token loop reads q / k of tokens t and t+1, so three shared buffers: token t+2's is stored at the
+ * start of token t (the buffer token t-1 read, before the barrier that ended it). Beta / decay as
+ * in k_gdn_recur_cols, refilled one token ahead (token t+1's decay is read at token t). */
+static __global__ void __launch_bounds__(64)
+    k_gdn_recur_cols2(const float *__restrict__ raw, const float *__restrict__ b, const float *__restrict__ a,
+                      const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, float *Sg, float *const *Sp,
+                      float *__restrict__ o, int Nk, int Nv, int dv, int v_tiled, int n_tok) {
+  PDL_ENTER();
+  if (Sp) Sg = *Sp;
+  constexpr int dk = 128, NT = 64, PF = 2 * dk / NT;
+  __shared__ float qk[3][2 * dk];
+  __shared__ float s_beta[G2_BD], s_decay[G2_BD];
+  const int hv = blockIdx.x, lane = threadIdx.x & 31, half = lane >> 4, r = Nv / Nk;
+  const int jj = blockIdx.y * G2_COLS + (threadIdx.x >> 5) * 16 + (lane & 15);
+  const bool col = jj < dv;
+  const int kh = v_tiled ? hv % Nk : hv / r;
+  const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  const int i0 = half * G2_HALF;
+  const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
+  const float A = ssm_a[hv], dtb = dt_bias[hv];
+  float s[G2_HALF], po[G2_HALF], pk[G2_HALF];
+#pragma unroll
+  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk - dk;
+  float pf[PF];
+  for (int t = 0; t < 2 && t < n_tok; t++) /* tokens 0 and 1 straight into their buffers */
+#pragma unroll
+    for (int e = 0; e < PF; e++) {
+      const int u = threadIdx.x + e * NT;
+      qk[t][u] = raw[(int64_t)t * C + (u < dk ? qo : ko) + u];
+    }
+  if (n_tok > 2)
+#pragma unroll
+    for (int e = 0; e < PF; e++) {
+      const int u = threadIdx.x + e * NT;
+      pf[e] = raw[2 * C + (u < dk ? qo : ko) + u];
+    }
+  const int64_t vo = 2 * kd + (int64_t)hv * dv + (col ? jj : 0);
+  float vv = col ? raw[vo] : 0.0f;
+  float vn = col && n_tok > 1 ? raw[C + vo] : 0.0f;
+  for (int u = threadIdx.x; u < G2_BD && u < n_tok; u += NT) {
+    s_beta[u] = floe_sigmoidf(b[(int64_t)u * Nv + hv]);
+    s_decay[u] = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)u * Nv + hv], dtb))));
+  }
+  __syncthreads();
+  /* token 0's decay and S^T k */
+  {
+    const float decay = s_decay[0];
+    const float *k0 = qk[0] + dk;
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) {
+      s[i] = __fmul_rn(s[i], decay);
+      pk[i] = __fmul_rn(s[i], k0[i0 + i]);
+    }
+  }
+  float kv = g2_chain(pk, lane, half);
+  for (int t = 0; t < n_tok; t++) {
+    const float beta = s_beta[t % G2_BD];
+    if ((t + 1) % G2_BD == 0 && t + 1 < n_tok) { /* the next G2_BD tokens' beta / decay */
+      __syncthreads();
+      for (int u = threadIdx.x; u < G2_BD && t + 1 + u < n_tok; u += NT) {
+        s_beta[u] = floe_sigmoidf(b[(int64_t)(t + 1 + u) * Nv + hv]);
+        s_decay[u] = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)(t + 1 + u) * Nv + hv], dtb))));
+      }
+      __syncthreads();
+    }
+    if (t + 2 < n_tok)
+#pragma unroll
+      for (int e = 0; e < PF; e++) qk[(t + 2) % 3][threadIdx.x + e * NT] = pf[e];
+    if (t + 3 < n_tok)
+#pragma unroll
+      for (int e = 0; e < PF; e++) {
+        const int u = threadIdx.x + e * NT;
+        pf[e] = raw[(int64_t)(t + 3) * C + (u < dk ? qo : ko) + u];
+      }
+    const float *q = qk[t % 3], *k = q + dk;
+    const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
+    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+    float oo;
+    if (t + 1 < n_tok) { /* block-uniform */
+      const float decay = s_decay[(t + 1) % G2_BD];
+      const float *kn = qk[(t + 1) % 3] + dk;
+#pragma unroll
+      for (int i = 0; i < G2_HALF; i++) {
+        s[i] = __fadd_rn(s[i], __fmul_rn(k[i0 + i], delta));
+        po[i] = __fmul_rn(s[i], q[i0 + i]);
+        s[i] = __fmul_rn(s[i], decay);
+        pk[i] = __fmul_rn(s[i], kn[i0 + i]);
+      }
+      g2_chain2(po, pk, lane, half, oo, kv);
+    } else {
+#pragma unroll
+      for (int i = 0; i < G2_HALF; i++) {
+        s[i] = __fadd_rn(s[i], __fmul_rn(k[i0 + i], delta));
+        po[i] = __fmul_rn(s[i], q[i0 + i]);
+      }
+      oo = g2_chain(po, lane, half);
+    }
+    if (col && half == 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
+    vv = vn;
+    if (t + 2 < n_tok) vn = col ? raw[(int64_t)(t + 2) * C + vo] : 0.0f;
+    __syncthreads(); /* token t+2's q | k stored; everyone is done with buffer t % 3 */
+  }
+  if (col)
+#pragma unroll
+    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)(i0 + i) * dv] = s[i];
+}
+
+/* The gated RMSNorm of k_gdn_recur2's token tail, in place over o (the recurrence's outputs): a
+ * warp per (token, value head), k_gdn_recur2's operations in its order. */
+static __global__ void __launch_bounds__(128)
+    k_gdn_gnorm(float *o, const float *__restrict__ z, const float *__restrict__ norm_w, int Nv, int dv, float eps) {
+  PDL_ENTER();
+  const int hv = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (hv >= Nv) return; /* warp-uniform */
+  const int64_t off = (int64_t)blockIdx.y * Nv * dv + (int64_t)hv * dv;
+  float *x = o + off;
+  const float ss = ops_sumsq16_warp(x, dv);
+  const float rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
+  for (int j = lane; j < dv; j += 32)
+    x[j] = __fmul_rn(__fmul_rn(norm_w[j], __fmul_rn(x[j], rr)), floe_siluf(z[off + j]));
+}
+
 static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur; -1: from FLOE_CUDA_GDN2 (default 1) */
 
 extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
+
+/* Prefill chunks (not kept) where k_gdn_recur2 applies: 2 = k_gdn_recur_cols2 + k_gdn_gnorm (the
+ * default), 1 = k_gdn_recur_cols + k_gdn_gnorm, 0 = k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (0 or
+ * 1 select those, anything else 2) */
+static int g_gdn_cols = -1;
+
+extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 2 ? 2 : mode; }
 
 static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
                              const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w, float *S,
@@ -421,6 +862,18 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
   if (g_gdn_impl < 0) {
     const char *e = getenv("FLOE_CUDA_GDN2");
     g_gdn_impl = !(e && e[0] == '0');
+  }
+  if (g_gdn_cols < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_COLS");
+    g_gdn_cols = e && (e[0] == '0' || e[0] == '1') && !e[1] ? e[0] - '0' : 2;
+  }
+  if (g_gdn_impl == 1 && g_gdn_cols > 0 && !keep && n_tok > 1 && n_tok <= 65535 && sh->dk == 128 && sh->dv <= 128) {
+    pdl_launch(g_gdn_cols == 2 ? k_gdn_recur_cols2 : k_gdn_recur_cols, dim3(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS), dim3(64), (size_t)0,
+               OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled,
+               (int)n_tok);
+    pdl_launch(k_gdn_gnorm, dim3((sh->Nv + 3) / 4, (unsigned)n_tok), dim3(128), (size_t)0, OPS_STREAM(stream), o, z,
+               norm_w, sh->Nv, sh->dv, sh->eps);
+    return;
   }
   if (g_gdn_impl == 1 && sh->dk == 128 && sh->dv <= 128) {
     const dim3 grid(sh->Nv), block((sh->dv + 15) / 16 * 32);
@@ -464,4 +917,80 @@ extern "C" void cuda_gdn_recur_p(const cuda_gdn_shape *sh, const float *raw, con
                                  const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w,
                                  float *const *S, float *const *keep, float *o, int64_t n_tok, void *stream) {
   gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, NULL, S, keep, o, n_tok, stream);
+}
+
+/* 1: one-token steps through k_gdn_step1 where it applies (the default); 0: k_gdn_conv then the
+ * recurrence; -1: from FLOE_CUDA_GDN_FUSED (=0 selects the two launches) */
+static int g_gdn_fused = -1;
+
+extern "C" void cuda_gdn_set_fused(int on) { g_gdn_fused = on ? 1 : 0; }
+
+static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok) {
+  if (g_gdn_fused < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_FUSED");
+    g_gdn_fused = !(e && e[0] == '0');
+  }
+  if (g_gdn_impl < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN2");
+    g_gdn_impl = !(e && e[0] == '0');
+  }
+  const int r = sh->Nv / sh->Nk;
+  if (n_tok != 1 || g_gdn_fused != 1 || g_gdn_impl != 1 || sh->dk != 128 || sh->dv > 128 || r > G1_CLUSTER_MAX)
+    return false;
+  if (r > 1) gdn_cluster_query();
+  return r == 1 || g_cluster_ok == 1;
+}
+
+static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
+                            float *const *conv_p, float *const *conv_keep, float *raw, const float *z,
+                            const float *b, const float *a, const float *dt_bias, const float *ssm_a,
+                            const float *norm_w, float *S, float *const *Sp, float *const *S_keep, float *o,
+                            int64_t n_tok, void *stream) {
+  if (n_tok <= 0) return;
+  if (!gdn_fused_fits(sh, n_tok)) {
+    gdn_conv_launch(sh, mix, conv_wt, conv_state, conv_p, conv_keep, raw, n_tok, stream);
+    gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, S, Sp, S_keep, o, n_tok, stream);
+    return;
+  }
+  const int r = sh->Nv / sh->Nk;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(sh->Nv);
+  cfg.blockDim = dim3((sh->dv + 15) / 16 * 32);
+  cfg.stream = OPS_STREAM(stream);
+  cudaLaunchAttribute at[2];
+  int na = 0;
+  if (r > 1) { /* the value heads of a key head in one cluster (k_gdn_step1) */
+    at[na].id = cudaLaunchAttributeClusterDimension;
+    at[na].val.clusterDim.x = (unsigned)r;
+    at[na].val.clusterDim.y = 1;
+    at[na].val.clusterDim.z = 1;
+    na++;
+  }
+  if (cuda_rt_pdl()) {
+    at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[na].val.programmaticStreamSerializationAllowed = 1;
+    na++;
+  }
+  cfg.attrs = at;
+  cfg.numAttrs = (unsigned)na;
+  cudaLaunchKernelEx(&cfg, k_gdn_step1, mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
+                     norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
+                     (float)(1.0 / sqrt((double)sh->dk)));
+}
+
+extern "C" void cuda_gdn_step(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
+                              float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
+                              const float *ssm_a, const float *norm_w, float *S, float *o, int64_t n_tok,
+                              void *stream) {
+  gdn_step_launch(sh, mix, conv_wt, conv_state, NULL, NULL, raw, z, b, a, dt_bias, ssm_a, norm_w, S, NULL, NULL, o,
+                  n_tok, stream);
+}
+
+extern "C" void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt,
+                                float *const *conv_state, float *const *conv_keep, float *raw, const float *z,
+                                const float *b, const float *a, const float *dt_bias, const float *ssm_a,
+                                const float *norm_w, float *const *S, float *const *S_keep, float *o, int64_t n_tok,
+                                void *stream) {
+  gdn_step_launch(sh, mix, conv_wt, NULL, conv_state, conv_keep, raw, z, b, a, dt_bias, ssm_a, norm_w, NULL, S,
+                  S_keep, o, n_tok, stream);
 }
