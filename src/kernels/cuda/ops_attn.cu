@@ -504,7 +504,14 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
  *     d0..d0+DPT-1) for each of the QR rows in registers: o *= alpha, then fmaf in position order
  *     over the row's positions pg, pg + NPG, ...; the group sums and the part's (o, m, l) as k_attn;
  *   - the last block of a (row group, kv head batch) combines each row's parts as k_attn does.
- * Parts go to the scratch at ((t * n_head + head) * n_split + c) * (HD + 4) floats. */
+ * Parts go to the scratch at ((t * n_head + head) * n_split + c) * (HD + 4) floats.
+ * Floors of a 512-row chunk at depth D, Qwen3.5-35B-A3B shape (16 q / 2 kv heads, head_dim 256,
+ * bf16 cache): 512 D + 131328 (row, position) pairs, 16 x (256 + 256) fmaf each: D = 0 1.08 G fmaf
+ * (32 us at the FP32 rate, 33.5 T fmaf/s), 32K 138 G (4.1 ms), 128K 551 G (16.4 ms). K/V bytes
+ * (2 KiB a position): k_attn reads them once per row, 34.6 GB at 32K (8.0 ms at 4.3 TB/s) and
+ * 138 GB at 128K (32 ms); here once per block of 2 rows, and blocks of one part run together
+ * (row groups vary fastest in the grid), so most of those reads hit L2. The fmaf chains cannot
+ * use the tensor cores (their order is decode's), so the FP32 rate is the floor at every depth. */
 #define ATR_QR 16 /* query rows (row, head) per block: their V sums are 4 * QR registers a thread */
 #define ATR_QB 2  /* query rows per score pass of a thread (16 accumulators each) */
 
