@@ -513,7 +513,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
  * (row groups vary fastest in the grid), so most of those reads hit L2. The fmaf chains cannot
  * use the tensor cores (their order is decode's), so the FP32 rate is the floor at every depth. */
 #define ATR_QR 16 /* query rows (row, head) per block: their V sums are 4 * QR registers a thread */
-#define ATR_QB 2  /* query rows per score pass of a thread (16 accumulators each) */
+#define ATR_QB 4  /* query rows per score pass of a thread (16 accumulators each) */
 
 static __host__ __device__ constexpr int atr_rb(int hd, int es) { return hd * es + 16; } /* 16 B pad: conflict-free rows */
 static __host__ __device__ constexpr size_t atr_max(size_t a, size_t b) { return a > b ? a : b; }
@@ -564,8 +564,9 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   __shared__ int s_last;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = nh / nkv, nhb = G / HBH;
-  /* row groups vary fastest in launch order: the blocks running at once read the same part's K/V */
-  const int grp = blockIdx.x, y = blockIdx.y, c = blockIdx.z;
+  /* row groups vary fastest in launch order: the blocks running at once read the same part's K/V;
+   * the last rows (the longest) first, so that the short ones fill the tail */
+  const int grp = gridDim.x - 1 - blockIdx.x, y = blockIdx.y, c = blockIdx.z;
   const int kh = y / nhb, head0 = kh * G + (y % nhb) * HBH;
   const int t0 = grp * R, nr = n_tok - t0 < R ? n_tok - t0 : R, nq = nr * HBH; /* query row i = r * HBH + h */
   const int64_t base = *pos0;
