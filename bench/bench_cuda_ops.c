@@ -1,8 +1,8 @@
 /* Times each CUDA op of cuda_ops.h at the Qwen3.5-35B-A3B shapes (n_embd 2048, 16 q / 2 kv heads,
  * head_dim 256, n_rot 64, gated; GDN Nk 16, Nv 32, dk = dv 128, K 4; 256 experts top-8; vocab
  * 248320) with CUDA events around REPS back-to-back launches; prints microseconds per launch,
- * one line per op. Attention decode at KV lengths 1, 8K, 32K, 128K (bf16 cache), and one prefill
- * figure. Inputs are zeros or small constants (the timing does not depend on the values). */
+ * one line per op. Attention decode at KV lengths 1, 8K, 32K, 128K (bf16 cache), and a 512-row
+ * prefill chunk at depth 0, 32K, 128K with both prefill kernels. Inputs are zeros or small constants (the timing does not depend on the values). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,11 +112,41 @@ int main(void) {
   {
     const int32_t p = 32768 - 128;
     h2d(pos, &p, 4);
+    cuda_attn_set_rows(0);
     TIME("attn prefill 128 rows at kv 32K bf16 split 64", 5, cuda_attn(&sh, q, kc, vc, pos, 128, ao, scr, NULL));
     const int32_t p0 = 0;
     h2d(pos, &p0, 4);
-    TIME("attn prefill 512 rows at kv 0..512 split 64", 5, cuda_attn(&sh, q, kc, vc, pos, 512, ao, scr, NULL));
     TIME("attn_prep prefill 512 rows", 20, cuda_attn_prep(&sh, q, kk, vv, qn, kn, cs, kc, vc, pos, 512, NULL));
+  }
+  /* one 512-row prefill chunk at depth D (row t sees D + t + 1 positions), with a session's split
+   * count (n_ctx / 512, 8..128): the row-group kernel in one launch, then k_attn in 32 launches of
+   * 16 rows (the backend's loop before it). Floors: 16 heads x (256 + 256) fmaf per (row, position)
+   * at the FP32 rate (33.5 T fmaf/s), and the K/V bytes (2 KiB a position) read once per row
+   * (k_attn) or once per block of 2 rows (k_attn_rows, 8 heads x 2 rows a block) at 4.3 TB/s. */
+  {
+    int32_t pv[512];
+    int32_t *dpv = zdev(512 * 4);
+    const int64_t depths[3] = { 0, 32768, 131072 - 512 };
+    const int nsp[3] = { 8, 64, 128 };
+    for (int di = 0; di < 3; di++) {
+      for (int t = 0; t < 512; t++) pv[t] = (int32_t)(depths[di] + t);
+      h2d(dpv, pv, sizeof pv);
+      sh.n_split = nsp[di];
+      const double pairs = 512.0 * (double)depths[di] + 512.0 * 513.0 / 2.0;
+      printf("chunk at depth %lld: %.3g G fmaf -> %.0f us at the FP32 rate; K/V bytes per row %.0f us, per 2 rows %.0f us\n",
+             (long long)depths[di], pairs * 8192.0 / 1e9, pairs * 8192.0 / 33.5e6, pairs * 2048.0 / 4.3e6,
+             pairs * 1024.0 / 4.3e6);
+      char lab[96];
+      const int reps = di ? 2 : 10;
+      cuda_attn_set_rows(1);
+      snprintf(lab, sizeof lab, "attn chunk 512 rows depth %lld rows kernel", (long long)depths[di]);
+      TIME(lab, reps, cuda_attn(&sh, q, kc, vc, dpv, 512, ao, scr, NULL));
+      cuda_attn_set_rows(0);
+      snprintf(lab, sizeof lab, "attn chunk 512 rows depth %lld k_attn x32", (long long)depths[di]);
+      TIME(lab, reps, for (int t0 = 0; t0 < 512; t0 += 16) cuda_attn(&sh, q + t0 * 16 * 512, kc, vc, dpv + t0, 16,
+                                                                     ao + t0 * 16 * 256, scr, NULL));
+    }
+    sh.n_split = 64;
   }
 
   /* GDN */

@@ -11,7 +11,11 @@
 #   bench-mm  bench_cuda_mm (copy bandwidth, then GB/s and us per launch of each mm kernel)
 #   synth35   floe synth: the Qwen3.5-35B-A3B shape, Q4_K, all 40 layers, at $SYNTH (~18 GiB)
 #   test-synth  test_cuda_model with FLOE_TEST_SYNTH=$SYNTH (decode vs prefill greedy tokens)
-#   depth35   35B decode at DEPTHS_LONG (default 32768)
+#   depth35   35B decode at DEPTHS_LONG (default 32768), with each run's wall time (the depth is
+#             prefilled first: wall - load_s - n_gen / decode_tok_s ~ the prefill)
+#   attn35    prefill attention: bench_cuda_ops' attention lines (a 512-row chunk at depth 0 / 32K /
+#             128K with the row-group kernel and with k_attn), the 35B prefill at 512 with each
+#             (FLOE_CUDA_ATTN_ROWS=0 / default), decode at depth 0
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
@@ -57,7 +61,7 @@ sec_synth35() {
 # test-synth: the 35B synth's decode vs prefill, and tiny synth models of the three architectures
 # in Q4_K / Q5_K (rows of one superblock, the shared expert as a routed slot) GPU vs CPU, with the
 # default kernels and with the other choices (FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 ... FLOE_CUDA_CONV_PAR=0
-# FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0
+# FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_ATTN_ROWS=0
 # FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0; the last two are moot beside FLOE_CUDA_GDN2=0, which takes the
 # one-thread recurrence anyway: test_cuda_ops runs them)
 sec_test-synth() {
@@ -71,10 +75,11 @@ sec_test-synth() {
   done
   FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
     "$BUILD/bin/test_cuda_model" || rc=1
-  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0"
+  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0"
   FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 \
     FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 \
-    FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
+    FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0 \
+    FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
     FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model" || rc=1
   return $rc
 }
@@ -142,10 +147,23 @@ sec_bench80() {
 # depth35: decode of the 35B shape at long contexts (DEPTHS_LONG, default 32768; the context is
 # prefilled first, so 128K costs minutes at today's prefill rate)
 sec_depth35() {
-  local d rc=0
+  local d rc=0 a
   for d in ${DEPTHS_LONG:-32768}; do
+    a=$(date +%s)
     timeout 500 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -d "$d" -r 1 --json || rc=1
+    echo "depth $d: wall $(($(date +%s) - a)) s"
   done
+  return $rc
+}
+sec_attn35() {
+  local v rc=0
+  timeout 120 "$BUILD/bin/bench_cuda_ops" | grep -E "^device|attn|chunk" || rc=1
+  for v in FLOE_CUDA_ATTN_ROWS=8 FLOE_CUDA_ATTN_ROWS=0; do
+    echo "== prefill 512, $v"
+    env "$v" timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 0 -r 3 --json || rc=1
+  done
+  echo "== decode at depth 0"
+  timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 1 --json || rc=1
   return $rc
 }
 sec_bench-mm-warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
@@ -177,6 +195,9 @@ for s in "${sections[@]}"; do
 done
 [ -f "$LOG/bench-mm.log" ] && { echo "=== bench-mm"; cat "$LOG/bench-mm.log"; }
 [ -f "$LOG/bench35.log" ] && { echo "=== bench35"; grep -E '^\{' "$LOG/bench35.log" | cut -c1-600; }
+for b in attn35 depth35; do
+  [ -f "$LOG/$b.log" ] && { echo "=== $b"; grep -E '^\{|attn|chunk|wall|==' "$LOG/$b.log" | cut -c1-420; }
+done
 if [ -f "$LOG/test.log" ]; then
   echo "=== test checks"
   grep -E "^FAIL|passed, [0-9]+ failed|tests passed|tests failed|\*\*\*" "$LOG/test.log" | tail -n 30

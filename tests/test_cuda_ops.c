@@ -171,7 +171,10 @@ static void attn_ref(const cuda_attn_shape *sh, const float *q, const void *K, c
 }
 
 /* Fills the cache with n0 random positions, then prefills n_tok rows at pos0 = n0 (prep + attn)
- * and checks q, the written cache rows, the outputs, and the decode of each row alone. */
+ * and checks q, the written cache rows, the outputs, and the decode of each row alone. The prefill
+ * runs with the row-group kernel (cuda_attn_set_rows(1)), then again in launches of fewer rows,
+ * then with k_attn (a block per row): all bit-identical to the decode of each row alone (k_attn,
+ * one row a launch). */
 static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf16, int64_t n0, int n_tok, int n_split) {
   SECTION("attention: %d/%d heads, hd %d, rot %d, %s, %s cache, %lld cached + %d rows, %d parts", nh, nkv, hd, n_rot,
           gated ? "gated" : "plain", bf16 ? "bf16" : "f32", (long long)n0, n_tok, n_split);
@@ -216,8 +219,9 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
   float *dout = dup_dev(NULL, n_tok * (int64_t)nh * hd * 4);
   poison(dout, n_tok * (int64_t)nh * hd * 4);
   cuda_attn_prep(&sh, dq, dk, dv, dqn, dkn, dcs, dK, dV, dpos, n_tok, NULL);
+  cuda_attn_set_rows(1);
   cuda_attn(&sh, dq, dK, dV, dpos, n_tok, dout, dscr, NULL);
-  CHECK(sync_ok(), "prep + attention ran");
+  CHECK(sync_ok(), "prep + attention (row-group kernel) ran");
   /* CPU: norms, rope, cache rows */
   for (int64_t t = 0; t < n_tok; t++) {
     float *qt = q + t * qdim, *kt = k + t * kvd;
@@ -264,7 +268,29 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
   CHECK(worst <= bound, "output vs CPU: max |diff| %.3g <= %.3g", worst, bound);
   /* decode of each row alone: the same bits as the prefill row, with the heads batched per block
    * and (where the grid is small enough) a block per head (cuda_attn_set_spread) */
-  float *g1 = malloc(od * 4);
+  float *g1 = malloc(od * 4), *g2 = malloc(n_tok * od * 4);
+  /* the same rows in launches of fewer rows (other row groups, pos0 past the chunk's start), then
+   * every row in its own blocks (k_attn, as the old prefill) */
+  int32_t *pv = malloc(n_tok * 4);
+  for (int64_t t = 0; t < n_tok; t++) pv[t] = (int32_t)(n0 + t);
+  int32_t *dposv = dup_dev(pv, n_tok * 4);
+  for (int way = 0; way < 2; way++) {
+    const int64_t step = way ? n_tok : 1 + n_tok / 3;
+    cuda_attn_set_rows(way ? 0 : 1);
+    poison(dout, n_tok * od * 4);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += step)
+      cuda_attn(&sh, dq + t0 * qdim, dK, dV, dposv + t0, n_tok - t0 < step ? n_tok - t0 : step, dout + t0 * od, dscr,
+                NULL);
+    if (!sync_ok()) {
+      CHECK(0, "attention ran");
+      break;
+    }
+    get(g2, dout, n_tok * od * 4);
+    CHECK(n_diff_bits(g2, go, n_tok * od) == 0, "%s == the row-group prefill, bit for bit (%zu differ)",
+          way ? "k_attn, all rows in one launch" : "the row-group kernel, launches of fewer rows",
+          n_diff_bits(g2, go, n_tok * od));
+  }
+  cuda_attn_set_rows(0); /* decode: k_attn */
   for (int spread = 0; spread < 2; spread++) {
     cuda_attn_set_spread(spread);
     size_t ndiff = 0;
@@ -280,11 +306,22 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
     CHECK(ndiff == 0, "decode of each row (%s) == its prefill row, bit for bit (%zu differ)",
           spread ? "a block per head where it fits" : "heads batched", ndiff);
   }
+  /* the row-group prefill again after the decodes (whose parts lie after the counters) */
+  cuda_attn_set_rows(1);
+  poison(dout, n_tok * od * 4);
+  cuda_attn(&sh, dq, dK, dV, dposv, n_tok, dout, dscr, NULL);
+  if (sync_ok()) {
+    get(g2, dout, n_tok * od * 4);
+    CHECK(n_diff_bits(g2, go, n_tok * od) == 0, "row-group prefill after the decodes: the same bits (%zu differ)",
+          n_diff_bits(g2, go, n_tok * od));
+  } else
+    CHECK(0, "row-group prefill after the decodes ran");
   printf("   max |diff| vs CPU %.3g (max|V| %.3g)\n", worst, vmax);
   cuda_rt_free(dq), cuda_rt_free(dk), cuda_rt_free(dv), cuda_rt_free(dqn), cuda_rt_free(dkn), cuda_rt_free(dcs);
   cuda_rt_free(dK), cuda_rt_free(dV), cuda_rt_free(dpos), cuda_rt_free(dscr), cuda_rt_free(dout);
   free(Kc), free(Vc), free(q), free(k), free(v), free(qn), free(kn), free(cs), free(gq), free(gK), free(gV);
-  free(go), free(ro), free(scr), free(g1);
+  free(go), free(ro), free(scr), free(g1), free(g2), free(pv);
+  cuda_rt_free(dposv);
 }
 
 /* ---- GatedDeltaNet ---- */
@@ -746,6 +783,21 @@ int main(void) {
   /* the 35B-A3B shape at a short context (n_split 1, 2): prefill and decode get a block per head */
   test_attn_case(16, 2, 256, 64, 1, 1, 600, 3, 1);
   test_attn_case(16, 2, 256, 64, 1, 0, 130, 2, 2);
+  /* the row-group kernel (16 query rows a block) on awkward chunks: rows 1..130, depths crossing
+   * tiles, parts and a change of part size inside a block's rows, GQA 1 / 4 / 8, 3 (15 query rows) */
+  test_attn_case(16, 2, 256, 64, 1, 1, 0, 130, 3);     /* 35B-A3B shape from position 0 */
+  test_attn_case(16, 2, 256, 64, 1, 1, 32740, 40, 64); /* 35B-A3B at 32K: 64 parts a row, size 512 -> 640 at row 28 */
+  test_attn_case(16, 2, 256, 64, 0, 0, 1000, 41, 4);   /* f32 cache (16-position tiles) */
+  test_attn_case(8, 8, 64, 64, 0, 1, 1000, 130, 4);    /* GQA 1 (16 rows a block), part size 256 -> 384 at row 24 */
+  test_attn_case(8, 8, 128, 32, 1, 0, 2040, 33, 8);    /* part size 256 -> 384 at row 8 */
+  test_attn_case(16, 4, 64, 64, 1, 1, 3000, 33, 5);    /* GQA 4 */
+  test_attn_case(32, 4, 128, 128, 0, 1, 1000, 77, 7);  /* GQA 8, head_dim 128 */
+  test_attn_case(12, 4, 128, 64, 1, 1, 100, 20, 2);    /* GQA 3: 5 rows a block */
+  test_attn_case(4, 4, 16, 16, 0, 0, 5, 130, 2);       /* head_dim 16 (128-position tiles) */
+  test_attn_case(8, 2, 32, 32, 1, 1, 300, 19, 3);      /* head_dim 32 */
+  test_attn_case(8, 2, 80, 32, 1, 0, 250, 17, 2);      /* head_dim 80, zero-padded to 128 */
+  test_attn_case(16, 2, 256, 64, 1, 1, 7, 1, 2);       /* one row */
+  test_attn_case(32, 1, 64, 64, 0, 1, 130, 9, 3);      /* GQA 32: a block of 16 heads of one row */
   /* dk 128, four settings: one thread per column with the token-by-token conv; the defaults (two
    * threads per column, the conv a block per token, one token fused into one launch k_gdn_step1,
    * prefill's S columns over several blocks with consecutive tokens overlapped k_gdn_recur_cols2 +

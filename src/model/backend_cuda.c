@@ -80,7 +80,8 @@ typedef struct cu_model {
   char name[128];
 } cu_model;
 
-#define AB 16 /* attention rows per launch in prefill (its split-K scratch grows with the rows) */
+#define AB 16 /* attention rows per launch in prefill with k_attn (its split-K scratch grows with the rows) */
+#define ATT_SCR_MAX ((size_t)256 << 20) /* the row-group kernel's rows per launch: as many as this scratch holds */
 #define LB 16 /* logits rows per launch (the [LB][n_vocab] device buffer) */
 /* recorded steps: one token (without logits, with, with logits and its hidden state: a plain step
  * that feeds the MTP), kept verify chunks and MTP evaluations of
@@ -112,6 +113,7 @@ typedef struct cu_sess {
   void *grp;                   /* a prefill chunk's MoE slots grouped by expert (cuda_mm_moe_group) */
   bool route_fused;            /* one-token steps route in the router's launch (FLOE_CUDA_ROUTE_FUSED=1) */
   void *attn_scr, *amax_scr;
+  int64_t arows; /* attention rows per launch (attn_scr holds their split-K parts): AB, or more with the row-group kernel */
   float *rope;                 /* [n_ctx][n_rot] */
   void **kc, **vc;             /* [n_layer] caches (attention layers) */
   float **S, **conv;           /* [n_layer] recurrent state, conv window (GDN layers) */
@@ -606,6 +608,13 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if (act_bytes_of(&cm->output) > xr) xr = act_bytes_of(&cm->output);
   if (act_bytes_of(&cm->mtp_fc) > xr) xr = act_bytes_of(&cm->mtp_fc);
   c->xq_row = (xr + 255) / 256 * 256;
+  /* prefill attention: the row-group kernel covers a whole chunk in one launch where its scratch
+   * fits ATT_SCR_MAX (at long contexts, with many split parts a row, several launches of fewer rows) */
+  c->arows = AB;
+  if (has_attn && cuda_attn_rows_used(B)) {
+    c->arows = B;
+    while (c->arows > AB && cuda_attn_scratch_bytes(&c->ash, c->arows) > ATT_SCR_MAX) c->arows -= AB;
+  }
   const int64_t ffm = I > Is ? I : Is;
   struct { void *p; size_t n; } parts[] = {
     { &c->x, B * E * 4 }, { &c->h, B * E * 4 }, { &c->out, B * E * 4 }, { &c->q, (B * qdim + 2 * kvd) * 4 },
@@ -617,7 +626,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * (K + 1)) * c->xq_row }, { &c->logits, LB * V * 4 },
     { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 }, { &c->route_ctr, 16 },
     { &c->grp, NE > 0 ? cuda_mm_moe_group_bytes(B * (K + 1), (int)NE + 1) : 16 },
-    { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16 },
+    { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16 },
     { &c->amax_scr, cuda_argmax_scratch_bytes(V) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
   };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
@@ -627,7 +636,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   const char *rf = getenv("FLOE_CUDA_ROUTE_FUSED");
   c->route_fused = rf && rf[0] == '1';
   if ((rc = cuda_rt_memset_async(c->route_ctr, 0, 16, c->stream)) ||
-      (rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, AB) : 16, c->stream)) ||
+      (rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->amax_scr, 0, cuda_argmax_scratch_bytes(V), c->stream)))
     return floe_err(err, errlen, FLOE_E_IO, "cuda: cannot clear the scratch");
   if (has_attn) { /* the CPU's rope table bits, one row per position */
@@ -958,13 +967,23 @@ static void cu_attention(model_session *s, int64_t l, float *x, int64_t n, int64
   }
   cuda_attn_shape sh = c->ash;
   sh.gated = gated ? 1 : 0;
-  for (int64_t t0 = 0; t0 < n; t0 += AB) {
-    const int64_t nb = n - t0 < AB ? n - t0 : AB;
-    cuda_attn_prep(&sh, q + t0 * qdim, k + t0 * kvd, v + t0 * kvd, L->q_norm, L->k_norm, c->rope, c->kc[l],
-                   c->vc[l], c->pos + t0, nb, c->stream);
-    cuda_attn(&sh, q + t0 * qdim, c->kc[l], c->vc[l], c->pos + t0, nb, c->att + t0 * nh * hd, c->attn_scr,
-              c->stream);
-  }
+  if (c->arows > AB || cuda_attn_rows_used(n)) {
+    /* the row-group kernel: every row's K/V into the cache first (a row reads only positions up
+     * to its own), then the attention of up to arows rows a launch */
+    cuda_attn_prep(&sh, q, k, v, L->q_norm, L->k_norm, c->rope, c->kc[l], c->vc[l], c->pos, n, c->stream);
+    for (int64_t t0 = 0; t0 < n; t0 += c->arows) {
+      const int64_t nb = n - t0 < c->arows ? n - t0 : c->arows;
+      cuda_attn(&sh, q + t0 * qdim, c->kc[l], c->vc[l], c->pos + t0, nb, c->att + t0 * nh * hd, c->attn_scr,
+                c->stream);
+    }
+  } else
+    for (int64_t t0 = 0; t0 < n; t0 += AB) {
+      const int64_t nb = n - t0 < AB ? n - t0 : AB;
+      cuda_attn_prep(&sh, q + t0 * qdim, k + t0 * kvd, v + t0 * kvd, L->q_norm, L->k_norm, c->rope, c->kc[l],
+                     c->vc[l], c->pos + t0, nb, c->stream);
+      cuda_attn(&sh, q + t0 * qdim, c->kc[l], c->vc[l], c->pos + t0, nb, c->att + t0 * nh * hd, c->attn_scr,
+                c->stream);
+    }
   mm_own(s, &L->wo, n, c->att, nh * hd, c->out, E);
   residual(s, l, x, n);
   prof(s, MODEL_PH_ATTN);

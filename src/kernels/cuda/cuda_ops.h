@@ -65,7 +65,15 @@ int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm);
  * (the default), 0 = always the head batches that read each K/V row once for several heads. The
  * same bits; FLOE_CUDA_ATTN_SPREAD=0 sets 0 at the first call. */
 void cuda_attn_set_spread(int on);
-/* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once. */
+/* Prefill attention: launches of >= min_rows rows run the row-group kernel, which streams each
+ * K/V tile once for a block of rows (16 query rows (row, head) of one kv head) with each row's
+ * arithmetic that of its decode (the same bits); 0 = every row its own blocks (flash-decoding, as
+ * decode). Default 8; FLOE_CUDA_ATTN_ROWS=N sets N at setup (cuda_attn_check). */
+void cuda_attn_set_rows(int min_rows);
+/* 1 when a launch of n_tok rows runs the row-group kernel (its scratch is the same size) */
+int cuda_attn_rows_used(int64_t n_tok);
+/* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once.
+ * Launches of any rows up to max(n_tok, 512) may share it in any order. */
 size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_tok);
 /* Rows t < n_tok at positions pos = *pos0 + t (pos0: device int32):
  *   q [n_tok][n_head * hd * (gated ? 2 : 1)]: each head's q part RMS-normed with q_norm and

@@ -1,6 +1,9 @@
 /* Full attention on the GPU (cuda_ops.h): the per-head q/k RMSNorm + NeoX RoPE + KV-cache write
  * (cuda_attn_prep), and split-K flash-decoding attention over the cache with the combine and the
- * sigmoid output gate in the same launch (cuda_attn).
+ * sigmoid output gate in the same launch (cuda_attn). Two kernels give the same bits per row:
+ * k_attn (below; decode, and prefill with FLOE_CUDA_ATTN_ROWS=0) runs each row in its own blocks;
+ * k_attn_rows (prefill launches of >= 8 rows) runs a block per group of rows and streams each K/V
+ * tile once for all of them (its own comment, further down, says why the bits are k_attn's).
  *
  * cuda_attn: block (part c, kv head kh / head batch, row t), 256 threads, HB query heads of the
  * group at once so each K/V row is read once for them (HB = 1 where a block per head fits in one
@@ -25,6 +28,8 @@
  * fmaf chain, so there the scores differ from the CPU's by rounding. */
 #include <stdio.h>
 #include <stdlib.h>
+
+#include <type_traits>
 
 extern "C" {
 #include "base/base.h"
@@ -117,12 +122,21 @@ extern "C" int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm) {
 /* a part: o[HD], m, l, 2 floats of padding (16-byte aligned rows for the combine's float4 loads) */
 static size_t part_floats(const cuda_attn_shape *sh) { return (size_t)attn_hd(sh->head_dim) + 4; }
 
+/* The completion counters come first, one per (row, head) for ATT_CNT_ROWS rows whatever the
+ * launch's rows: then no launch of up to ATT_CNT_ROWS rows writes its parts where another launch
+ * keeps counters (a prefill chunk after a decode step finds its counters at zero, not over the
+ * decode's parts). A launch uses at most one per (row, head): k_attn one per (row, block of heads),
+ * k_attn_rows one per (group of rows, block of heads). */
+#define ATT_CNT_ROWS 512
+static size_t attn_cnt_bytes(const cuda_attn_shape *sh, int64_t n_tok) {
+  const int64_t n = n_tok > ATT_CNT_ROWS ? n_tok : ATT_CNT_ROWS;
+  return ((size_t)n * (size_t)sh->n_head * sizeof(int) + 255) / 256 * 256;
+}
+
 extern "C" size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_tok) {
-  /* parts: one per (row, head, split) whatever the heads per block; counters: one per (row, block
-   * of heads), at most one per head (attn_hb_for may give a launch a block per head) */
+  /* parts: one per (row, head, split) whatever the heads per block */
   const size_t parts = (size_t)n_tok * (size_t)sh->n_head * (size_t)sh->n_split * part_floats(sh) * sizeof(float);
-  const size_t cnt = (size_t)n_tok * (size_t)sh->n_head * sizeof(int);
-  return (cnt + 255) / 256 * 256 + parts;
+  return attn_cnt_bytes(sh, n_tok) + parts;
 }
 
 /* ---- prep: q/k norm + RoPE, K/V into the cache ---- */
@@ -472,6 +486,425 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   if (tid == 0) *ctr = 0; /* ready for the next launch (graph replay) */
 }
 
+/* ---- prefill: a block per (part c, kv head / head batch, group of R rows) ----
+ * k_attn_rows computes what k_attn computes for each of its rows, with the same operations in the
+ * same order, but streams each K/V tile once for the block's QR = R x HBH query rows (row, head)
+ * instead of once per row. Why the bits are those of decode:
+ *   - a row's parts depend only on its np (CH = roundup128(ceil(np / n_split)), part c starts at
+ *     c * CH), and tiles start at part starts, TP dividing 128: every row of every block sees the
+ *     one tile grid of TP positions aligned in absolute positions. The block's rows with the same
+ *     CH (consecutive rows; CH grows with np) share p0 = c * CH and differ only in where their part
+ *     ends (p0 + CH or np), so a tile is, for a row, whole, cut at np, or past its part; rows of
+ *     another CH (a group straddling a CH step) run afterwards as a second subgroup.
+ *   - scores: one thread per (position, query row) runs the 16 lane chains of k_attn's half-warp
+ *     (chain l: fmaf over j of q[l + 16 j] k[l + 16 j]) one after another and folds them with
+ *     ops_fold16's tree (8, 4, 2, 1), then times the scale;
+ *   - softmax: a warp per query row, k_attn's code, over the row's positions of the tile;
+ *   - V sums: thread (dg, pg) keeps k_attn's accumulators o[DPT] (position group pg, dims
+ *     d0..d0+DPT-1) for each of the QR rows in registers: o *= alpha, then fmaf in position order
+ *     over the row's positions pg, pg + NPG, ...; the group sums and the part's (o, m, l) as k_attn;
+ *   - the last block of a (row group, kv head batch) combines each row's parts as k_attn does.
+ * Parts go to the scratch at ((t * n_head + head) * n_split + c) * (HD + 4) floats.
+ * Floors of a 512-row chunk at depth D, Qwen3.5-35B-A3B shape (16 q / 2 kv heads, head_dim 256,
+ * bf16 cache): 512 D + 131328 (row, position) pairs, 16 x (256 + 256) fmaf each: D = 0 1.08 G fmaf
+ * (32 us at the FP32 rate, 33.5 T fmaf/s), 32K 138 G (4.1 ms), 128K 551 G (16.4 ms). K/V bytes
+ * (2 KiB a position): k_attn reads them once per row, 34.6 GB at 32K (8.0 ms at 4.3 TB/s) and
+ * 138 GB at 128K (32 ms); here once per block of 2 rows, and blocks of one part run together
+ * (row groups vary fastest in the grid), so most of those reads hit L2. The fmaf chains cannot
+ * use the tensor cores (their order is decode's), so the FP32 rate is the floor at every depth. */
+#define ATR_QR 16 /* query rows (row, head) per block: their V sums are 4 * QR registers a thread */
+#define ATR_QB 4  /* query rows per score pass of a thread (16 accumulators each) */
+
+static __host__ __device__ constexpr int atr_rb(int hd, int es) { return hd * es + 16; } /* 16 B pad: conflict-free rows */
+static __host__ __device__ constexpr size_t atr_max(size_t a, size_t b) { return a > b ? a : b; }
+/* the pipeline stages, reused for the group sums and the combine's factors */
+static __host__ __device__ constexpr size_t atr_union(int hd, int es) {
+  return atr_max(atr_max((size_t)ATT_STAGES * 2 * att_tp(hd, es) * atr_rb(hd, es),
+                         (size_t)(ATT_THREADS / (hd / (hd >= 64 ? 4 : 2)) - 1) * ATR_QR * hd * 4),
+                 (size_t)2 * ATR_QR * ATT_MAX_SPLIT * 4);
+}
+/* + q [QR][HD] + scores [QR][TP] */
+static __host__ __device__ constexpr size_t atr_smem(int hd, int es) {
+  return atr_union(hd, es) + (size_t)ATR_QR * hd * 4 + (size_t)ATR_QR * att_tp(hd, es) * 4;
+}
+
+/* heads per block of the rows kernel: the largest divisor of the group <= QR; rows = QR / that */
+static int atr_hbh(const cuda_attn_shape *sh) {
+  const int G = sh->n_head / sh->n_head_kv;
+  int h = G < ATR_QR ? G : ATR_QR;
+  while (G % h) h--;
+  return h;
+}
+
+template <int HD, bool BF>
+static __global__ void __launch_bounds__(ATT_THREADS, 1)
+    k_attn_rows(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part,
+                int *cnt, int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale, int n_tok,
+                int R, int HBH) {
+  PDL_ENTER();
+  constexpr int QR = ATR_QR, QB = ATR_QB;
+  constexpr int ES = BF ? 2 : 4;
+  constexpr int TP = att_tp(HD, ES);
+  constexpr int RB = atr_rb(HD, ES);
+  constexpr int TB = TP * RB;
+  constexpr int LPT = HD / 16;
+  constexpr int DPT = HD >= 64 ? 4 : 2;
+  constexpr int ND = HD / DPT, NPG = ATT_THREADS / ND;
+  constexpr int NG = ATT_THREADS / TP, QPT = QR / NG; /* score groups of threads; query rows a thread scores */
+  constexpr int NPP = TP / NPG; /* positions of a tile per V-sum thread */
+  static_assert(NPP % 4 == 0, "a V-sum thread's exps load as float4");
+  static_assert(QR % NG == 0 && QPT >= 1, "query rows split evenly over the score groups");
+  static_assert((size_t)(NPG - 1) * QR * HD * 4 <= atr_union(HD, ES), "group sums fit the stages");
+  extern __shared__ __align__(16) unsigned char att_sm[];
+  float *qs = (float *)(att_sm + atr_union(HD, ES)); /* [QR][HD], zero past hd and past the block's rows */
+  float *sc = qs + QR * HD; /* [QR][TP]: scores, then exps, position p at PERM(p): a V-sum thread's contiguous */
+#define PERM(p) (((p) % NPG) * NPP + (p) / NPG)
+  __shared__ float s_alpha[QR], s_m[QR], s_l[QR], s_inv[QR];
+  __shared__ int s_np[QR]; /* the query row's positions in the current tile (0: none) */
+  __shared__ int s_last;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int G = nh / nkv, nhb = G / HBH;
+  /* row groups vary fastest in launch order: the blocks running at once read the same part's K/V;
+   * the last rows (the longest) first, so that the short ones fill the tail */
+  const int grp = gridDim.x - 1 - blockIdx.x, y = blockIdx.y, c = blockIdx.z;
+  const int kh = y / nhb, head0 = kh * G + (y % nhb) * HBH;
+  const int t0 = grp * R, nr = n_tok - t0 < R ? n_tok - t0 : R, nq = nr * HBH; /* query row i = r * HBH + h */
+  const int64_t base = *pos0;
+  const int qs_row = hd * (gated ? 2 : 1);
+  const size_t PF = (size_t)HD + 4;
+  const bool exact = hd == HD;
+  const unsigned char *K = (const unsigned char *)kc + (size_t)kh * n_ctx * hd * ES;
+  const unsigned char *V = (const unsigned char *)vc + (size_t)kh * n_ctx * hd * ES;
+  auto ch_of = [&](int r) -> int64_t { /* k_attn's part size for row r */
+    const int64_t np = base + t0 + r + 1, per = (np + n_split - 1) / n_split;
+    return (per + ATT_CH - 1) / ATT_CH * ATT_CH;
+  };
+  for (int e = tid; e < QR * HD; e += ATT_THREADS) {
+    const int i = e / HD, d = e % HD;
+    float v = 0.0f;
+    if (i < nq && d < hd) v = q[((int64_t)(t0 + i / HBH) * nh + head0 + i % HBH) * qs_row + d];
+    qs[e] = v;
+  }
+  const int dg = tid % ND, pg = tid / ND, d0 = DPT * dg;
+  for (int r0 = 0; r0 < nr;) { /* subgroups of rows with one part size */
+    const int64_t CH = ch_of(r0);
+    int r1 = r0 + 1;
+    while (r1 < nr && ch_of(r1) == CH) r1++;
+    const int64_t p0 = (int64_t)c * CH, npmax = base + t0 + r1; /* np of the subgroup's last row */
+    const int i0 = r0 * HBH, i1 = r1 * HBH;                      /* its query rows */
+    if (p0 >= npmax) { /* no row of the subgroup has part c */
+      r0 = r1;
+      continue;
+    }
+    const int64_t pend = p0 + CH < npmax ? p0 + CH : npmax;
+    const int ntiles = (int)((pend - p0 + TP - 1) / TP);
+    auto issue = [&](int it, int st) { /* k_attn's tile load, up to pend */
+      const int64_t tp0 = p0 + (int64_t)it * TP;
+      const int npos = (int)(pend - tp0 < TP ? pend - tp0 : TP);
+      unsigned char *ks = att_sm + (size_t)st * 2 * TB, *vs = ks + TB;
+      if (exact) {
+        constexpr int CPR = HD * ES / 16;
+        for (int e = tid; e < npos * CPR; e += ATT_THREADS) {
+          const int p = e / CPR, ch = e % CPR;
+          const size_t g = (size_t)(tp0 + p) * HD * ES + (size_t)ch * 16;
+          att_cp16(ks + p * RB + ch * 16, K + g);
+          att_cp16(vs + p * RB + ch * 16, V + g);
+        }
+      } else {
+        for (int e = tid; e < npos * HD; e += ATT_THREADS) {
+          const int p = e / HD, d = e % HD;
+          const size_t g = (size_t)(tp0 + p) * hd + d;
+          if (BF) {
+            ((uint16_t *)(ks + p * RB))[d] = d < hd ? ((const uint16_t *)K)[g] : (uint16_t)0;
+            ((uint16_t *)(vs + p * RB))[d] = d < hd ? ((const uint16_t *)V)[g] : (uint16_t)0;
+          } else {
+            ((float *)(ks + p * RB))[d] = d < hd ? ((const float *)K)[g] : 0.0f;
+            ((float *)(vs + p * RB))[d] = d < hd ? ((const float *)V)[g] : 0.0f;
+          }
+        }
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < ATT_STAGES - 1; s++) {
+      if (s < ntiles) issue(s, s);
+      att_commit();
+    }
+    float o[QR][DPT];
+#pragma unroll
+    for (int i = 0; i < QR; i++)
+#pragma unroll
+      for (int u = 0; u < DPT; u++) o[i][u] = 0.0f;
+    if (tid < QR) {
+      s_m[tid] = -INFINITY;
+      s_l[tid] = 0.0f;
+    }
+    for (int it = 0; it < ntiles; it++) {
+      att_wait<ATT_STAGES - 2>();
+      __syncthreads(); /* tile it landed; everyone is done with tile it - 1 (and s_np) */
+      if (it + ATT_STAGES - 1 < ntiles) issue(it + ATT_STAGES - 1, (it + ATT_STAGES - 1) % ATT_STAGES);
+      att_commit();
+      const int64_t tp0 = p0 + (int64_t)it * TP;
+      const int ntp = (int)(pend - tp0 < TP ? pend - tp0 : TP);
+      const unsigned char *ks = att_sm + (size_t)(it % ATT_STAGES) * 2 * TB, *vs = ks + TB;
+      if (tid < QR) { /* the row's part ends at min(p0 + CH, np) */
+        int n = 0;
+        if (tid >= i0 && tid < i1) {
+          const int64_t np = base + t0 + tid / HBH + 1, e = p0 + CH < np ? p0 + CH : np;
+          n = e - tp0 <= 0 ? 0 : (int)(e - tp0 < TP ? e - tp0 : TP);
+        }
+        s_np[tid] = n;
+      }
+      /* scores: thread (position p, group g) scores query rows g, g + NG, ... QB at a time */
+      {
+        const int p = tid % TP, g = tid / TP;
+        const unsigned char *kr = ks + p * RB;
+#pragma unroll
+        for (int kb = 0; kb < QPT; kb += QB) {
+          { /* a pass with none of the subgroup's rows is skipped (whole warps: g is uniform in a warp for TP >= 32) */
+            const int ia = g + NG * kb, ib = g + NG * (kb + QB - 1 < QPT - 1 ? kb + QB - 1 : QPT - 1);
+            if (ib < i0 || ia >= i1) continue;
+          }
+          float acc[QB][16];
+#pragma unroll
+          for (int b = 0; b < QB; b++)
+#pragma unroll
+            for (int l = 0; l < 16; l++) acc[b][l] = 0.0f;
+#pragma unroll
+          for (int j = 0; j < LPT; j++) {
+            float kv[16];
+            if (BF) {
+              const uint4 a = *(const uint4 *)(kr + j * 32), b2 = *(const uint4 *)(kr + j * 32 + 16);
+              const uint32_t w[8] = { a.x, a.y, a.z, a.w, b2.x, b2.y, b2.z, b2.w };
+#pragma unroll
+              for (int m = 0; m < 8; m++) {
+                kv[2 * m] = __uint_as_float(w[m] << 16);
+                kv[2 * m + 1] = __uint_as_float(w[m] & 0xffff0000u);
+              }
+            } else {
+#pragma unroll
+              for (int m = 0; m < 4; m++) {
+                const float4 f = *(const float4 *)(kr + j * 64 + m * 16);
+                kv[4 * m] = f.x, kv[4 * m + 1] = f.y, kv[4 * m + 2] = f.z, kv[4 * m + 3] = f.w;
+              }
+            }
+#pragma unroll
+            for (int b = 0; b < QB; b++) {
+              if (kb + b >= QPT) break;
+              const float *qq = qs + (g + NG * (kb + b)) * HD + 16 * j;
+#pragma unroll
+              for (int m = 0; m < 4; m++) {
+                const float4 f = *(const float4 *)(qq + 4 * m);
+                acc[b][4 * m] = fmaf(f.x, kv[4 * m], acc[b][4 * m]);
+                acc[b][4 * m + 1] = fmaf(f.y, kv[4 * m + 1], acc[b][4 * m + 1]);
+                acc[b][4 * m + 2] = fmaf(f.z, kv[4 * m + 2], acc[b][4 * m + 2]);
+                acc[b][4 * m + 3] = fmaf(f.w, kv[4 * m + 3], acc[b][4 * m + 3]);
+              }
+            }
+          }
+#pragma unroll
+          for (int b = 0; b < QB; b++) {
+            if (kb + b >= QPT) break;
+            float f8[8], f4[4];
+#pragma unroll
+            for (int l = 0; l < 8; l++) f8[l] = __fadd_rn(acc[b][l], acc[b][l + 8]);
+#pragma unroll
+            for (int l = 0; l < 4; l++) f4[l] = __fadd_rn(f8[l], f8[l + 4]);
+            const float f2a = __fadd_rn(f4[0], f4[2]), f2b = __fadd_rn(f4[1], f4[3]);
+            sc[(g + NG * (kb + b)) * TP + PERM(p)] = __fmul_rn(__fadd_rn(f2a, f2b), scale);
+          }
+        }
+      }
+      __syncthreads();
+      /* online softmax per query row (k_attn's code over the row's positions of the tile) */
+      for (int i = warp; i < QR; i += ATT_THREADS / 32) {
+        const int npos = s_np[i];
+        if (npos <= 0) continue;
+        float *si = sc + i * TP;
+        float mt = -INFINITY;
+        for (int p = lane; p < npos; p += 32) mt = fmaxf(mt, si[PERM(p)]);
+#pragma unroll
+        for (int s = 16; s >= 1; s >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, s));
+        const float mo = s_m[i], mn = fmaxf(mo, mt);
+        float lt = 0.0f;
+        for (int p = lane; p < npos; p += 32) {
+          const float e = floe_vexpf(__fsub_rn(si[PERM(p)], mn));
+          si[PERM(p)] = e;
+          lt = __fadd_rn(lt, e);
+        }
+#pragma unroll
+        for (int s = 16; s >= 1; s >>= 1) lt = __fadd_rn(lt, __shfl_xor_sync(0xffffffffu, lt, s));
+        __syncwarp();
+        if (lane == 0) {
+          const float al = floe_vexpf(__fsub_rn(mo, mn));
+          s_alpha[i] = al;
+          s_m[i] = mn;
+          s_l[i] = __fadd_rn(__fmul_rn(s_l[i], al), lt);
+        }
+      }
+      __syncthreads();
+      /* V sums: every active row's o *= alpha, then fmaf over its positions pg, pg + NPG, ... */
+      unsigned act = 0;
+      bool full = true;
+#pragma unroll
+      for (int i = 0; i < QR; i++) {
+        const int n = s_np[i];
+        if (n > 0) {
+          act |= 1u << i;
+          full &= n == ntp;
+          const float al = s_alpha[i];
+#pragma unroll
+          for (int u = 0; u < DPT; u++) o[i][u] = __fmul_rn(o[i][u], al);
+        }
+      }
+      auto vload = [&](int p, float *vv) { /* k_attn's V row load: DPT dims from d0 */
+        const unsigned char *vr = vs + p * RB;
+        if (BF) {
+          if (DPT == 4) {
+            const uint2 u = *(const uint2 *)(vr + d0 * 2);
+            vv[0] = __uint_as_float(u.x << 16), vv[1] = __uint_as_float(u.x & 0xffff0000u);
+            vv[DPT > 2 ? 2 : 0] = __uint_as_float(u.y << 16), vv[DPT > 3 ? 3 : 0] = __uint_as_float(u.y & 0xffff0000u);
+          } else {
+            const uint32_t u = *(const uint32_t *)(vr + d0 * 2);
+            vv[0] = __uint_as_float(u << 16), vv[1] = __uint_as_float(u & 0xffff0000u);
+          }
+        } else {
+          if (DPT == 4) {
+            const float4 f = *(const float4 *)(vr + d0 * 4);
+            vv[0] = f.x, vv[1] = f.y, vv[DPT > 2 ? 2 : 0] = f.z, vv[DPT > 3 ? 3 : 0] = f.w;
+          } else {
+            const float2 f = *(const float2 *)(vr + d0 * 4);
+            vv[0] = f.x, vv[1] = f.y;
+          }
+        }
+      };
+      if (full && ntp == TP && act == (QR >= 32 ? 0xffffffffu : (1u << QR) - 1u)) {
+        /* every row over the whole tile: 4 positions at a time, their exps one float4 load */
+#pragma unroll 1
+        for (int k4 = 0; k4 < NPP; k4 += 4) {
+          float vv[4][DPT];
+#pragma unroll
+          for (int m = 0; m < 4; m++) vload(pg + NPG * (k4 + m), vv[m]);
+#pragma unroll
+          for (int i = 0; i < QR; i++) {
+            const float4 e = *(const float4 *)(sc + i * TP + pg * NPP + k4);
+            const float ee[4] = { e.x, e.y, e.z, e.w };
+#pragma unroll
+            for (int m = 0; m < 4; m++)
+#pragma unroll
+              for (int u = 0; u < DPT; u++) o[i][u] = fmaf(ee[m], vv[m][u], o[i][u]);
+          }
+        }
+      } else {
+        for (int p = pg; p < ntp; p += NPG) {
+          float vv[DPT];
+          vload(p, vv);
+#pragma unroll
+          for (int i = 0; i < QR; i++) {
+            if (!((act >> i) & 1u) || p >= s_np[i]) continue;
+            const float e = sc[i * TP + PERM(p)];
+#pragma unroll
+            for (int u = 0; u < DPT; u++) o[i][u] = fmaf(e, vv[u], o[i][u]);
+          }
+        }
+      }
+    }
+    att_wait<0>();
+    __syncthreads(); /* every tile consumed: the stages are free for the group sums */
+    float *red = (float *)att_sm; /* [NPG - 1][QR][HD] */
+    auto has_part = [&](int i) { return i >= i0 && i < i1 && p0 < base + t0 + i / HBH + 1; };
+    if (NPG > 1) {
+      if (pg > 0)
+#pragma unroll
+        for (int i = 0; i < QR; i++)
+#pragma unroll
+          for (int u = 0; u < DPT; u++) red[((size_t)(pg - 1) * QR + i) * HD + d0 + u] = o[i][u];
+      __syncthreads();
+      if (pg == 0)
+        for (int g = 1; g < NPG; g++)
+#pragma unroll
+          for (int i = 0; i < QR; i++)
+#pragma unroll
+            for (int u = 0; u < DPT; u++) o[i][u] = __fadd_rn(o[i][u], red[((size_t)(g - 1) * QR + i) * HD + d0 + u]);
+    }
+#pragma unroll
+    for (int i = 0; i < QR; i++) {
+      if (!has_part(i)) continue;
+      float *mp = part + (((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split + c) * PF;
+      if (pg == 0)
+#pragma unroll
+        for (int u = 0; u < DPT; u++) mp[d0 + u] = o[i][u];
+      if (tid == 0) {
+        mp[HD] = s_m[i];
+        mp[HD + 1] = s_l[i];
+      }
+    }
+    __syncthreads(); /* the stages, s_m and s_l are the next subgroup's */
+    r0 = r1;
+  }
+  /* completion count; the last block of the (row group, kv head batch) combines */
+  __threadfence();
+  __syncthreads();
+  int *ctr = cnt + (size_t)grp * gridDim.y + y;
+  if (tid == 0) s_last = atomicAdd(ctr, 1) == n_split - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  float *fq = (float *)att_sm, *flq = fq + QR * ATT_MAX_SPLIT; /* [QR][ATT_MAX_SPLIT] each */
+  auto nparts_of = [&](int i) {
+    const int64_t np = base + t0 + i / HBH + 1, ch = ch_of(i / HBH);
+    return (int)((np + ch - 1) / ch);
+  };
+  auto parts_of = [&](int i) {
+    return part + ((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split * PF;
+  };
+  for (int i = warp; i < nq; i += ATT_THREADS / 32) { /* k_attn's combine, per query row */
+    const int nparts = nparts_of(i);
+    const float *P = parts_of(i);
+    float *f = fq + i * ATT_MAX_SPLIT, *fl = flq + i * ATT_MAX_SPLIT;
+    float M = -INFINITY;
+    for (int cc = lane; cc < nparts; cc += 32) M = fmaxf(M, __ldcg(P + (size_t)cc * PF + HD));
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, s));
+    for (int cc = lane; cc < nparts; cc += 32) {
+      const float fc = floe_vexpf(__fsub_rn(__ldcg(P + (size_t)cc * PF + HD), M));
+      f[cc] = fc;
+      fl[cc] = __fmul_rn(fc, __ldcg(P + (size_t)cc * PF + HD + 1));
+    }
+    __syncwarp();
+    if (lane == 0) {
+      float L = 0.0f;
+      for (int cc = 0; cc < nparts; cc++) L = __fadd_rn(L, fl[cc]);
+      s_inv[i] = L;
+    }
+  }
+  __syncthreads();
+  for (int e = 4 * tid; e < nq * HD; e += 4 * ATT_THREADS) {
+    const int i = e / HD, d = e % HD, nparts = nparts_of(i);
+    const float *P = parts_of(i), *f = fq + i * ATT_MAX_SPLIT;
+    float O[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll 8
+    for (int cc = 0; cc < nparts; cc++) {
+      const float4 pv = __ldcg((const float4 *)(P + (size_t)cc * PF + d));
+      const float fc = f[cc];
+      O[0] = __fadd_rn(O[0], __fmul_rn(fc, pv.x));
+      O[1] = __fadd_rn(O[1], __fmul_rn(fc, pv.y));
+      O[2] = __fadd_rn(O[2], __fmul_rn(fc, pv.z));
+      O[3] = __fadd_rn(O[3], __fmul_rn(fc, pv.w));
+    }
+    const int64_t t = t0 + i / HBH;
+    const int head = head0 + i % HBH;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (d + u >= hd) continue;
+      float r = O[u] / s_inv[i];
+      if (gated) r = __fmul_rn(r, floe_sigmoidf(q[(t * nh + head) * qs_row + hd + d + u]));
+      out[(t * nh + head) * hd + d + u] = r;
+    }
+  }
+  if (tid == 0) *ctr = 0; /* ready for the next launch (graph replay) */
+#undef PERM
+}
+
 /* one entry per (HB, HD, BF): its shared-memory opt-in done once */
 template <int HB, int HD, bool BF>
 static int attn_smem_once() {
@@ -522,13 +955,67 @@ static int attn_dispatch(int hb, const cuda_attn_shape *sh, const float *q, cons
   }
 }
 
-static int attn_set_smem(const cuda_attn_shape *sh) { /* both head batchings attn_hb_for picks from */
+/* ---- the rows kernel's launch ---- */
+template <int HD, bool BF>
+static int launch_attn_rows(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+                            const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+  static int done = 0;
+  const size_t sm = atr_smem(HD, BF ? 2 : 4);
+  if (!done) {
+    if (cudaFuncSetAttribute(k_attn_rows<HD, BF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    done = 1;
+  }
+  if (!q) return 0; /* the check's call: attribute only */
+  const int hbh = atr_hbh(sh), R = ATR_QR / hbh, G = sh->n_head / sh->n_head_kv;
+  dim3 grid((unsigned)((n_tok + R - 1) / R), (unsigned)(sh->n_head_kv * (G / hbh)), (unsigned)sh->n_split);
+  const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
+  pdl_launch(k_attn_rows<HD, BF>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part,
+             cnt, sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split, scale, (int)n_tok, R,
+             hbh);
+  return 0;
+}
+template <bool BF>
+static int attn_rows_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+                              const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+  switch (attn_hd(sh->head_dim)) {
+  case 16: return launch_attn_rows<16, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 32: return launch_attn_rows<32, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 64: return launch_attn_rows<64, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 128: return launch_attn_rows<128, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  default: return launch_attn_rows<256, BF>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  }
+}
+
+/* launches of at least this many rows use k_attn_rows (0: never). Default 8: the MTP verify
+ * launches (a few rows) keep k_attn's block per row. FLOE_CUDA_ATTN_ROWS=0 / =N at the first call. */
+static int g_attn_rows = -1;
+static int attn_rows_min(void) {
+  if (g_attn_rows < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_ROWS");
+    g_attn_rows = e && e[0] ? atoi(e) : 8;
+    if (g_attn_rows < 0) g_attn_rows = 0;
+  }
+  return g_attn_rows;
+}
+extern "C" void cuda_attn_set_rows(int min_rows) { g_attn_rows = min_rows < 0 ? 0 : min_rows; }
+extern "C" int cuda_attn_rows_used(int64_t n_tok) {
+  const int m = attn_rows_min();
+  return m > 0 && n_tok >= m;
+}
+
+static int attn_set_smem(const cuda_attn_shape *sh) { /* both head batchings attn_hb_for picks from, and the rows kernel */
   int rc = 0;
   for (int i = 0; i < 2; i++) {
     const int hb = i ? attn_hb(sh) : 1;
     rc |= sh->kv_bf16 ? attn_dispatch<true>(hb, sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)
                       : attn_dispatch<false>(hb, sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
   }
+  rc |= sh->kv_bf16 ? attn_rows_dispatch<true>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)
+                    : attn_rows_dispatch<false>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
+  (void)attn_rows_min(); /* the environment read at setup */
   return rc;
 }
 
@@ -536,11 +1023,12 @@ extern "C" void cuda_attn(const cuda_attn_shape *sh, const float *q, const void 
                           const int32_t *pos0, int64_t n_tok, float *out, void *scratch, void *stream) {
   if (n_tok <= 0) return;
   const int hb = attn_hb_for(sh, n_tok);
-  /* the counters first: their place must not depend on n_tok (a decode launch after a prefill
-   * launch finds them at zero), the partials after them (as cuda_attn_scratch_bytes counts them) */
-  const size_t cnt_bytes = (size_t)n_tok * (size_t)sh->n_head * sizeof(int);
+  /* the counters first, the partials after them (attn_cnt_bytes) */
   int *cnt = (int *)scratch;
-  float *part = (float *)((char *)scratch + (cnt_bytes + 255) / 256 * 256);
-  if (sh->kv_bf16) attn_dispatch<true>(hb, sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
+  float *part = (float *)((char *)scratch + attn_cnt_bytes(sh, n_tok));
+  if (cuda_attn_rows_used(n_tok)) {
+    if (sh->kv_bf16) attn_rows_dispatch<true>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
+    else attn_rows_dispatch<false>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
+  } else if (sh->kv_bf16) attn_dispatch<true>(hb, sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
   else attn_dispatch<false>(hb, sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
 }
