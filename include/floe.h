@@ -77,6 +77,13 @@ typedef struct floe_engine_params {
                         * (then slots fault their pages in on first fill, on the decode's time) */
   int device;          /* FLOE_DEVICE_* (default AUTO) */
   int device_index;    /* the GPU of FLOE_DEVICE_CUDA (cuda:N; default 0) */
+  /* GPU memory for the weights (bytes; 0: every weight on the GPU). With a size, the non-expert
+   * weights go on the GPU, the routed experts stay in host memory and a VRAM pool of what is left
+   * (minus ~1.5 GiB kept for the sessions' KV and scratch) holds the ones used most recently; a
+   * selected expert that is not there is copied in, or computed by the CPU threads while the GPU
+   * does the rest (a measured cost model picks). The output is the fully resident GPU run's, bit
+   * for bit. Implies the CUDA device (AUTO uses it even when the model does not fit). */
+  uint64_t gpu_mem;
   /* Loading progress, called from floe_engine_open's thread while a model file is read into
    * memory (FLOE_LOAD_COPY, or AUTO choosing it): bytes read and the file's size, per file.
    * NULL: none. A mapped file loads on first use and reports nothing. */
@@ -231,6 +238,15 @@ typedef struct floe_session_stats {
   int mtp_k_last;
   double mtp_step_s;
   int64_t mtp_k_steps[5];
+  /* experts tiered VRAM <- host (floe_engine_params.gpu_mem; engine-wide, zero otherwise): the
+   * pool, then per selected routed expert: found in VRAM, copied in, computed by the CPU; bytes
+   * copied; host seconds waiting for each layer's routing and computing experts; the cost model's
+   * inputs (measured copy GB/s, CPU seconds per expert) */
+  bool tier_on, tier_pinned;
+  uint64_t tier_pool_bytes;
+  int64_t tier_slots;
+  uint64_t tier_lookups, tier_hits, tier_copies, tier_cpu, tier_h2d_bytes;
+  double tier_wait_s, tier_cpu_s, tier_pcie_gbps, tier_cpu_expert_s;
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
 /* Resets the session's times and the engine's streaming counters. */

@@ -17,6 +17,9 @@
 #             128K with the row-group kernel and with k_attn), the 35B prefill at 512 with each
 #             (FLOE_CUDA_ATTN_ROWS=0 / default), decode at depth 0
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
+#   tier      test_cuda_tier on tiny synth models and $SYNTH (tiered experts == resident, bit for bit)
+#   tier35    the 35B shape with --gpu-mem $TIER_MEM: decode, cost model vs copies only vs CPU only
+#   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
 #   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096,
@@ -143,6 +146,49 @@ sec_bench80() {
   rm -f "$SYNTH"
   [ -f "$SYNTH80" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --type q4_K -o "$SYNTH80" || return 1
   timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --device cuda -p 512 -n 128 -r 2 --json
+}
+# tier: test_cuda_tier (experts tiered VRAM <- host, --gpu-mem: bit for bit the resident run) on
+# the tiny synth models of test-synth and the 35B synth ($SYNTH, after synth35)
+sec_tier() {
+  local tiny="" p t f
+  for p in tiny-qwen35moe tiny-qwen3next tiny-qwen3moe; do
+    for t in q4_K q5_K; do
+      f=/tmp/floe-$p-$t.gguf
+      [ -f "$f" ] || "$BUILD/bin/floe" synth --preset "$p" --type "$t" -o "$f" >/dev/null || return 1
+      tiny="$tiny $f"
+    done
+  done
+  FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
+    "$BUILD/bin/test_cuda_tier"
+}
+# tier35: the 35B shape with --gpu-mem (TIER_MEM, default "8G 4G"): decode with the cost model's
+# choice, then misses only copied (FLOE_TIER_CPU=0) and only on the CPU where it can (=1)
+sec_tier35() {
+  local g v rc=0
+  for g in ${TIER_MEM:-8G 4G}; do
+    for v in FLOE_TIER_CPU=-1 FLOE_TIER_CPU=0 FLOE_TIER_CPU=1; do
+      echo "== --gpu-mem $g, $v"
+      env "$v" timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --gpu-mem "$g" -p 512 -n 64 -r 1 --json || rc=1
+    done
+  done
+  return $rc
+}
+# tier80: the Qwen3-Next-80B-A3B shape, Q4_K (~46 GB, the 35B file removed first) with --gpu-mem
+# (TIER80_MEM, default "16G 8G"), the cost model's choice and FLOE_TIER_CPU=0 at the first size
+sec_tier80() {
+  local g rc=0 first=1
+  rm -f "$SYNTH"
+  [ -f "$SYNTH80" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --type q4_K -o "$SYNTH80" || return 1
+  for g in ${TIER80_MEM:-16G 8G}; do
+    echo "== --gpu-mem $g"
+    timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 512 -n 64 -r 1 --json || rc=1
+    if [ $first = 1 ]; then
+      echo "== --gpu-mem $g, FLOE_TIER_CPU=0"
+      FLOE_TIER_CPU=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
+      first=0
+    fi
+  done
+  return $rc
 }
 # depth35: decode of the 35B shape at long contexts (DEPTHS_LONG, default 32768; the context is
 # prefilled first, so 128K costs minutes at today's prefill rate)

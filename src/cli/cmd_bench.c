@@ -160,6 +160,34 @@ static int bench_mtp(floe_engine *e, floe_session *s, int mtp, int64_t n_gen, in
   return 0;
 }
 
+/* Tiered experts (--gpu-mem), per decoded token: where the selected routed experts were found or
+ * computed, the bytes copied to the GPU and their rate over the decode, the host's waits, and the
+ * cost model's inputs. */
+static void tier_stats(const floe_session_stats *st, int64_t n_gen, double decode_s, bool json) {
+  if (!st->tier_on || n_gen <= 0) return;
+  const double per = 1.0 / (double)n_gen, lk = (double)st->tier_lookups;
+  if (json) {
+    printf("\"tier\":{\"pool_bytes\":%llu,\"slots\":%lld,\"host_pinned\":%s,\"lookups_per_token\":%.2f,"
+           "\"vram_hits_per_token\":%.2f,\"copied_per_token\":%.2f,\"cpu_per_token\":%.2f,\"vram_hit_rate\":%.4f,"
+           "\"h2d_mb_per_token\":%.3f,\"pcie_gb_s\":%.3f,\"wait_ms_per_token\":%.3f,\"cpu_ms_per_token\":%.3f,"
+           "\"model_pcie_gbps\":%.2f,\"model_cpu_expert_us\":%.1f},",
+           (unsigned long long)st->tier_pool_bytes, (long long)st->tier_slots, st->tier_pinned ? "true" : "false",
+           lk * per, (double)st->tier_hits * per, (double)st->tier_copies * per, (double)st->tier_cpu * per,
+           lk > 0 ? (double)st->tier_hits / lk : 0.0, (double)st->tier_h2d_bytes * per / 1e6,
+           decode_s > 0 ? (double)st->tier_h2d_bytes / decode_s / 1e9 : 0.0, st->tier_wait_s * per * 1e3,
+           st->tier_cpu_s * per * 1e3, st->tier_pcie_gbps, st->tier_cpu_expert_s * 1e6);
+  } else {
+    printf("tiered experts: pool %.2f GiB (%lld experts, host memory %s); per token %.1f lookups: %.1f in VRAM "
+           "(%.1f %%), %.1f copied (%.1f MB, %.2f GB/s), %.1f on the CPU (%.2f ms); waits %.2f ms; cost model: "
+           "%.1f GB/s PCIe, %.0f us a CPU expert\n",
+           (double)st->tier_pool_bytes / 1073741824.0, (long long)st->tier_slots, st->tier_pinned ? "pinned" : "pageable",
+           lk * per, (double)st->tier_hits * per, lk > 0 ? 100.0 * (double)st->tier_hits / lk : 0.0,
+           (double)st->tier_copies * per, (double)st->tier_h2d_bytes * per / 1e6,
+           decode_s > 0 ? (double)st->tier_h2d_bytes / decode_s / 1e9 : 0.0, (double)st->tier_cpu * per,
+           st->tier_cpu_s * per * 1e3, st->tier_wait_s * per * 1e3, st->tier_pcie_gbps, st->tier_cpu_expert_s * 1e6);
+  }
+}
+
 int cmd_bench(int argc, char **argv) {
   floe_engine_params ep;
   floe_engine_params_init(&ep);
@@ -380,6 +408,7 @@ int cmd_bench(int argc, char **argv) {
              "\"weights_roofline_frac\":%.4f,", wgbps, wbw[0], wbw[1], gbps / wgbps);
     else printf("\"weights_read_gbps\":null,\"weights_roofline_frac\":null,");
     if (n_gen > 0) cli_stream_stats(stdout, e, &dst[rmed], n_gen, dc[rmed], true);
+    if (n_gen > 0) tier_stats(&dst[rmed], n_gen, dc[rmed], true);
     if (n_gen > 0 && ep.mem_budget) {
       printf("\"prefault_wait_s\":%.3f,", t_pfw);
       const double ms = dc[rmed] * 1e3 / (double)n_gen, ser = dst[rmed].serial_s * 1e3 / (double)n_gen;
@@ -425,6 +454,7 @@ int cmd_bench(int argc, char **argv) {
       for (int i = 0; i < 6; i++) printf(" %s %.2f", names[i], p[i] * per);
       printf("\n");
     }
+    if (n_gen > 0) tier_stats(&dst[rmed], n_gen, dc[rmed], false);
     if (n_gen > 0 && ep.mem_budget) {
       cli_stream_stats(stdout, e, &dst[rmed], n_gen, dc[rmed], false);
       if (disk_bw > 0) {

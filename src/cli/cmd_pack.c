@@ -88,6 +88,14 @@ int cli_stream_option(const char *a, const char *v, floe_engine_params *p) {
     }
     return 2;
   }
+  if (!strcmp(a, "--gpu-mem")) {
+    if (!v || floe_parse_size(v, &sz) || sz == 0) {
+      fprintf(stderr, "floe: option --gpu-mem needs a size (16G, 8G, ...)\n");
+      return -1;
+    }
+    p->gpu_mem = sz;
+    return 2;
+  }
   if (strcmp(a, "--mem-budget") && strcmp(a, "--io") && strcmp(a, "--prefetch") && strcmp(a, "--cache") &&
       strcmp(a, "--io-depth") && strcmp(a, "--io-threads") && strcmp(a, "--io-chunk"))
     return 0;
@@ -141,6 +149,8 @@ const char *cli_stream_help(void) {
   return "  --device D           cpu | cuda | cuda:N | auto (default: the GPU when there is one and the model fits)\n"
          "  --mmap               map the model file (default: read it into huge-page memory when it fits)\n"
          "  --no-mmap            always read the model file into memory\n"
+         "  --gpu-mem SIZE       GPU memory for the weights (16G, ...): the routed experts beyond it stay in host\n"
+         "                       memory, copied in or computed by the CPU as needed (same output, bit for bit)\n"
          "  --mem-budget SIZE    stream routed experts from disk within SIZE bytes of memory (2G, 512M, ...)\n"
          "  --io uring|pread     expert read engine (default pread: a thread pool, measured faster than uring)\n"
          "  --direct             O_DIRECT expert reads (default buffered, no readahead)\n"

@@ -41,6 +41,7 @@ static void usage(FILE *f) {
           "  -t N                   engine threads (default: all cores)\n"
           "  --device D             cpu | cuda | cuda:N | auto (default: the GPU when there is one and the model fits)\n"
           "  --mem-budget BYTES     memory budget; routed experts are streamed from disk (suffixes K M G)\n"
+          "  --gpu-mem BYTES        GPU memory for the weights; routed experts beyond it stay in host memory\n"
           "  --direct               O_DIRECT expert reads (with --mem-budget; default buffered)\n"
           "  --kv-f32               F32 KV cache (default BF16)\n"
           "  --mmap                 map the model file (default: read it into huge-page memory when it fits)\n"
@@ -98,6 +99,14 @@ int cmd_serve(int argc, char **argv) {
         return 2;
       }
       o.mem_budget = b;
+    }
+    else if (!strcmp(a, "--gpu-mem") && v) {
+      uint64_t b;
+      if (floe_parse_size(argv[++i], &b) || b == 0) {
+        fprintf(stderr, "floe serve: --gpu-mem needs a size like 16G\n");
+        return 2;
+      }
+      o.gpu_mem = b;
     }
     else if (!strcmp(a, "--kv-f32")) o.kv_f32 = true;
     else if (!strcmp(a, "--direct")) o.io_direct = true;

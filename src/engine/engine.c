@@ -111,14 +111,20 @@ static int is_dir(const char *path) {
  * finds one it fits; AUTO falls back to the CPU with info.device_note saying why. */
 static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, size_t errlen) {
   e->info.device = "cpu";
+  if (p->gpu_mem && p->device == FLOE_DEVICE_CPU)
+    return floe_err(err, errlen, FLOE_E_INVALID, "--gpu-mem needs the CUDA device, not --device cpu");
+  if (p->gpu_mem && p->mem_budget)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED,
+                    "--gpu-mem with --mem-budget (experts streamed from disk to the GPU) is not supported yet");
   if (p->device == FLOE_DEVICE_CPU) return 0;
 #ifndef FLOE_HAVE_CUDA
-  if (p->device == FLOE_DEVICE_CUDA)
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "--device cuda: this floe was built without CUDA");
+  if (p->device == FLOE_DEVICE_CUDA || p->gpu_mem)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "%s: this floe was built without CUDA",
+                    p->gpu_mem ? "--gpu-mem" : "--device cuda");
   return 0;
 #else
-  const bool force = p->device == FLOE_DEVICE_CUDA;
-  char why[256] = "";
+  const bool force = p->device == FLOE_DEVICE_CUDA || p->gpu_mem;
+  char why[300] = "";
   const int n = model_cuda_devices();
   int rc = 0;
   if (n <= 0) {
@@ -132,13 +138,18 @@ static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, s
     snprintf(why, sizeof why, "streamed experts (--mem-budget) run on the CPU");
   } else {
     size_t fr = 0, tot = 0;
-    char e2[160];
+    char e2[240];
     if (model_cuda_mem(p->device_index, e->info.gpu_name, sizeof e->info.gpu_name, &fr, &tot, e2, sizeof e2)) {
       snprintf(why, sizeof why, "%s", e2);
     } else {
-      const uint64_t need = model_weight_bytes(e->m) + (1ull << 30); /* + KV and scratch */
+      /* + KV and scratch; with gpu_mem, what it allows (the experts beyond stay in host memory) */
+      const uint64_t need = p->gpu_mem ? p->gpu_mem : model_weight_bytes(e->m) + (1ull << 30);
       e->info.vram_bytes = tot;
-      if (!force && need > fr)
+      e->m->gpu_mem = p->gpu_mem;
+      if (p->gpu_mem && need > fr)
+        snprintf(why, sizeof why, "--gpu-mem %.1f GiB: the GPU has %.1f GiB free", (double)need / (1u << 30),
+                 (double)fr / (1u << 30));
+      else if (!force && need > fr)
         snprintf(why, sizeof why, "the model needs ~%.1f GiB, the GPU has %.1f GiB free", (double)need / (1u << 30),
                  (double)fr / (1u << 30));
       else if ((rc = model_use_backend(e->m, &model_backend_cuda, p->device_index, e2, sizeof e2)))
@@ -151,7 +162,10 @@ static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, s
   }
   e->info.gpu_name[0] = 0;
   e->info.vram_bytes = 0;
-  if (force) return floe_err(err, errlen, rc ? rc : FLOE_E_UNSUPPORTED, "--device cuda: %s", why);
+  e->m->gpu_mem = 0;
+  if (force)
+    return floe_err(err, errlen, rc ? rc : FLOE_E_UNSUPPORTED, "%s: %s", p->gpu_mem ? "--gpu-mem" : "--device cuda",
+                    why);
   snprintf(e->info.device_note, sizeof e->info.device_note, "running on the CPU: %s", why);
   return 0;
 #endif
@@ -312,6 +326,22 @@ void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
   out->n_tokens = s->ms->n_eval_tok;
   out->prefetch_precision = out->prefetch_recall = -1;
   spec_stats(s->spec, out);
+  model_tier_stats ts;
+  if (model_tier_stats_get(s->e->m, &ts) == 0) {
+    out->tier_on = true;
+    out->tier_pinned = ts.pinned;
+    out->tier_pool_bytes = ts.pool_bytes;
+    out->tier_slots = ts.slots;
+    out->tier_lookups = ts.lookups;
+    out->tier_hits = ts.hits;
+    out->tier_copies = ts.copies;
+    out->tier_cpu = ts.cpu;
+    out->tier_h2d_bytes = ts.h2d_bytes;
+    out->tier_wait_s = ts.wait_s;
+    out->tier_cpu_s = ts.cpu_s;
+    out->tier_pcie_gbps = ts.pcie_gbps;
+    out->tier_cpu_expert_s = ts.cpu_expert_s;
+  }
   const xstream *x = s->e->m->xs;
   if (!x) return;
   xs_stats st;
@@ -335,6 +365,7 @@ void floe_session_stats_reset(floe_session *s) {
   memset(s->ms->ph, 0, sizeof s->ms->ph);
   s->ms->n_eval_tok = 0;
   spec_stats_reset(s->spec);
+  model_tier_stats_reset(s->e->m);
   if (s->e->m->xs) xs_stats_reset(s->e->m->xs);
 }
 

@@ -213,6 +213,26 @@ void xs_actual_note(xstream *x, int l, const int32_t *es, int n);
 /* Previous token's selection at layer l (n_used ids, or n = 0 when none yet). */
 int xs_prev_sel(const xstream *x, int l, int32_t *es);
 
+/* ---- device slots (vslots.c) ----
+ * Which routed experts a device's expert pool holds: n_slots slots, least recently used replaced
+ * first. The backend owns the bytes (slot s at base + s * stride); this only keeps the tables.
+ * One evaluating thread at a time. */
+typedef struct xv_slots xv_slots;
+int xv_open(int64_t n_layer, int64_t n_expert, int64_t n_slots, xv_slots **out); /* 0 or FLOE_E_* */
+void xv_close(xv_slots *v);
+int64_t xv_n_slots(const xv_slots *v);
+/* The slot holding expert e of layer l, or -1. A hit becomes the most recently used and is held
+ * (never the victim of xv_take) until xv_release_all. */
+int32_t xv_find(xv_slots *v, int64_t l, int32_t e);
+/* A slot for expert e of layer l (which the caller then fills): its own slot when it has one, else
+ * a free slot, else the least recently used one not held; held afterwards. *old_l / *old_e: the
+ * expert it held before (-1: none). -1 when every slot is held. */
+int32_t xv_take(xv_slots *v, int64_t l, int32_t e, int64_t *old_l, int32_t *old_e);
+/* Ends a step: no slot is held any more. */
+void xv_release_all(xv_slots *v);
+/* Tests: 0 when the tables are consistent (map and owners agree, the list holds every slot once). */
+int xv_check(const xv_slots *v);
+
 /* ---- pack ---- */
 typedef struct xpack xpack;
 /* DIR holds experts.floepack: validates the header and index against the file. */

@@ -35,6 +35,7 @@
 #include "kernels/cuda/cuda_mm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_rt.h"
+#include "model/cuda_tier.h"
 #include "model/model.h"
 
 /* A device matrix and the host matrix it copies (the CPU's layout decisions read the host one). */
@@ -78,6 +79,7 @@ typedef struct cu_model {
   size_t n_alloc, cap_alloc;
   uint64_t bytes; /* device bytes of the weights */
   char name[128];
+  cu_tier *tier; /* model.gpu_mem: the routed experts in a VRAM pool, the rest in host memory (NULL: all on the device) */
 } cu_model;
 
 #define AB 16 /* attention rows per launch in prefill with k_attn (its split-K scratch grows with the rows) */
@@ -146,7 +148,8 @@ typedef struct cu_sess {
   int capturing;               /* -1 none, else the graph slot being captured */
   bool replay;
   bool profile;                /* FLOE_CUDA_PROFILE: no graph, a sync after every block, timed into s->ph */
-  bool use_graph;              /* record one-token steps (not FLOE_CUDA_NO_GRAPH, not profiling) */
+  bool use_graph;              /* record one-token steps (not FLOE_CUDA_NO_GRAPH, not profiling, not tiered) */
+  cu_tier_sess *tier;          /* the tiered experts' staging (cu_model tier) */
   double t_blk;
   int err;
   char msg[256];
@@ -341,11 +344,42 @@ static int up_mtp(cu_model *cm, const model *m, char *err, size_t errlen) {
 static void cu_model_fini(model *m) {
   cu_model *cm = m->dev;
   if (!cm) return;
+  cu_tier_close(cm->tier);
   for (size_t i = 0; i < cm->n_alloc; i++) cuda_rt_free(cm->allocs[i]);
   free(cm->allocs);
   free(cm->L);
   free(cm);
   m->dev = NULL;
+}
+
+/* Device memory kept out of the expert pool for the sessions (KV cache and scratch of a 512-row
+ * chunk at a few thousand positions; more context needs a smaller pool: --gpu-mem is the cap of
+ * weights + pool, the sessions' bytes are reported apart). */
+#define TIER_SESSION_RESERVE ((uint64_t)1536 << 20)
+
+/* The VRAM expert pool (cuda_tier.c) in what model.gpu_mem leaves after the other weights, and
+ * every layer's expert stacks pointed at it. */
+static int tier_open(model *m, cu_model *cm, char *err, size_t errlen) {
+  bool *sh = calloc((size_t)cm->n_l, sizeof *sh);
+  if (!sh) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  for (int64_t l = 0; l < cm->n_l; l++) sh[l] = cm->L[l].sh_in_stack;
+  const uint64_t used = cm->bytes + TIER_SESSION_RESERVE;
+  int rc;
+  if (m->gpu_mem <= used)
+    rc = floe_err(err, errlen, FLOE_E_NOMEM,
+                  "of %.2f GiB the non-expert weights take %.2f GiB and the sessions %.2f GiB, leaving nothing for "
+                  "the expert pool (it needs at least %.2f GiB)",
+                  (double)m->gpu_mem / (1u << 30), (double)cm->bytes / (1u << 30),
+                  (double)TIER_SESSION_RESERVE / (1u << 30), (double)cu_tier_min_bytes(m, cm->n_l, sh) / (1u << 30));
+  else
+    rc = cu_tier_open(m, cm->n_l, m->gpu_mem - used, sh, &cm->tier, err, errlen);
+  free(sh);
+  if (rc) return rc;
+  for (int64_t l = 0; l < cm->n_l; l++) {
+    cu_layer *L = &cm->L[l];
+    cu_tier_views(cm->tier, l, &L->gate.d, &L->up.d, &L->down.d);
+  }
+  return 0;
 }
 
 static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
@@ -463,7 +497,11 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
     L->sh_in_stack = hp->n_ff_shexp > 0 && same_layout(&H->sh_gate, &H->exp_gate[0]) &&
                      same_layout(&H->sh_up, &H->exp_up[0]) && same_layout(&H->sh_down, &H->exp_down[0]);
     const int NEx = (int)hp->n_expert;
-    if (rc ||
+    if (!rc && m->gpu_mem) { /* tiered: the pool's views are set below */
+      L->gate.h = &H->exp_gate[0];
+      L->up.h = &H->exp_up[0];
+      L->down.h = &H->exp_down[0];
+    } else if (rc ||
         (rc = up_stack(cm, H->exp_gate, NEx, L->sh_in_stack ? &H->sh_gate : NULL, NULL, 0, 0, &L->gate, "ffn_gate_exps",
                        l, err, errlen)) ||
         (rc = up_stack(cm, H->exp_up, NEx, L->sh_in_stack ? &H->sh_up : NULL, NULL, 0, 0, &L->up, "ffn_up_exps", l, err,
@@ -478,6 +516,7 @@ static int cu_model_init(model *m, int dev, char *err, size_t errlen) {
       goto fail;
   }
   if (m->mtp.on && (rc = up_mtp(cm, m, err, errlen))) goto fail;
+  if (m->gpu_mem && (rc = tier_open(m, cm, err, errlen))) goto fail;
   return 0;
 fail:
   free(perm);
@@ -493,6 +532,7 @@ static void cu_session_free(model_session *s) {
   for (int i = 0; i < G_N; i++) cuda_graph_destroy(c->graph[i]);
   cuda_rt_host_free(c->hin_h);
   cuda_rt_host_free(c->hid_h);
+  cu_tier_sess_close(c->tier);
   void *dev[] = { c->x, c->h, c->out, c->q, c->k, c->v, c->att, c->mix, c->z, c->b, c->a, c->raw, c->o,
                   c->rlog, c->selw, c->shg, c->sel, c->hr, c->hs, c->yr, c->ys, c->xq[0], c->xq[1], c->xqd,
                   c->logits, c->tok, c->pos, c->greedy, c->attn_scr, c->amax_scr, c->rope };
@@ -572,7 +612,9 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   s->dev = c;
   c->capturing = -1;
   c->profile = getenv("FLOE_CUDA_PROFILE") != NULL;
-  c->use_graph = !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL;
+  /* tiered experts: the host decides per layer where each expert is computed, so no step is a
+   * fixed graph */
+  c->use_graph = !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL && !cm->tier;
   const char *sg = getenv("FLOE_CUDA_SPEC_GRAPH");
   c->spec_graph = c->use_graph && !(sg && sg[0] == '0');
   int rc = cuda_rt_init(cm->dev, err, errlen);
@@ -616,6 +658,13 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     while (c->arows > AB && cuda_attn_scratch_bytes(&c->ash, c->arows) > ATT_SCR_MAX) c->arows -= AB;
   }
   const int64_t ffm = I > Is ? I : Is;
+  /* the stacks' expert count the MoE grouping may see (tiered: the pool's slots, grouped only up
+   * to CUDA_MM_GROUP_MAX_EXPERT) */
+  int grp_experts = (int)NE + 1;
+  if (cm->tier && cm->n_l > 0) {
+    const int32_t ns = cm->L[0].gate.d.n_expert;
+    grp_experts = ns <= CUDA_MM_GROUP_MAX_EXPERT ? ns : 1;
+  }
   struct { void *p; size_t n; } parts[] = {
     { &c->x, B * E * 4 }, { &c->h, B * E * 4 }, { &c->out, B * E * 4 }, { &c->q, (B * qdim + 2 * kvd) * 4 },
     { &c->k, B * kvd * 4 }, { &c->v, B * kvd * 4 }, { &c->att, B * nh * hd * 4 }, { &c->mix, (B * C + vd) * 4 },
@@ -625,7 +674,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->yr, B * (K + 1) * E * 4 }, { &c->ys, B * E * 4 }, { &c->xq[0], (size_t)B * c->xq_row },
     { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * (K + 1)) * c->xq_row }, { &c->logits, LB * V * 4 },
     { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 }, { &c->route_ctr, 16 },
-    { &c->grp, NE > 0 ? cuda_mm_moe_group_bytes(B * (K + 1), (int)NE + 1) : 16 },
+    { &c->grp, NE > 0 ? cuda_mm_moe_group_bytes(B * (K + 1), grp_experts) : 16 },
     { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16 },
     { &c->amax_scr, cuda_argmax_scratch_bytes(V) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
   };
@@ -680,6 +729,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
       (rc = dalloc(c, &c->tab, tab_bytes(s), err, errlen)))
     return rc;
   if ((rc = tab_upload(s))) return floe_err(err, errlen, rc, "cuda: cannot upload the state table");
+  if (cm->tier && (rc = cu_tier_sess_open(cm->tier, n_threads, B, (int)K + 1, c->xq_row, &c->tier, err, errlen)))
+    return rc;
   if ((rc = cuda_rt_stream_sync(c->stream, err, errlen))) return rc;
   s->bytes = c->bytes;
   return 0;
@@ -1081,28 +1132,43 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   /* several tokens: the slots grouped by expert, each expert's weights read once per tile of slots
    * (decode keeps the per-slot kernels: one token has one slot per expert) */
   const int ks = L->sh_in_stack ? (int)K + 1 : (int)K;
+  /* ids: the experts' places in the stacks (tiered: pool slots, cuda_tier.c) */
+  const int32_t *ids = c->sel;
+  if (c->tier && cu_tier_begin(c->tier, l, c->sel, n, ks, L->sh_in_stack, c->h, qe ? xq_e : NULL, qe ? xs_e : 0,
+                               qe && n == 1, c->stream, &ids, c->msg, sizeof c->msg)) {
+    c->err = FLOE_E_IO;
+    return;
+  }
   void *grp = NULL;
   if (n > 1 && qe && L->gate.d.n_expert <= CUDA_MM_GROUP_MAX_EXPERT &&
       cuda_mm_moe_group_useful(&L->gate.d, &L->up.d, &L->down.d)) {
-    cuda_mm_moe_group(c->sel, n * ks, L->gate.d.n_expert, c->grp, c->stream);
+    cuda_mm_moe_group(ids, n * ks, L->gate.d.n_expert, c->grp, c->stream);
     grp = c->grp;
   }
   if (L->sh_in_stack) { /* the shared expert is slot K of K + 1 in the same launches */
-    cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, ks, c->sel, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr,
+    cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, ks, ids, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr,
                             I, c->stream);
-    cuda_mm_moe_down_grp(&L->down.d, n, ks, c->sel, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+    cuda_mm_moe_down_grp(&L->down.d, n, ks, ids, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+    if (c->tier && cu_tier_end(c->tier, c->yr, c->stream, c->msg, sizeof c->msg)) {
+      c->err = FLOE_E_IO;
+      return;
+    }
     h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, ks, NULL, NULL);
     prof(s, MODEL_PH_EXPERTS);
     return;
   }
-  cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, (int)K, c->sel, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0,
+  cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, (int)K, ids, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0,
                           c->hr, I, c->stream);
   if (Is > 0) {
     const bool qs = xq_e && layer_same_act(&H->sh_gate, lay_e) && layer_same_act(&H->sh_up, lay_e);
     cuda_mm_moe_gate_up(&L->sh_gate.d, &L->sh_up.d, n, 1, NULL, c->h, E, qs ? xq_e : NULL, qs ? xs_e : 0, c->hs, Is,
                         c->stream);
   }
-  cuda_mm_moe_down_grp(&L->down.d, n, (int)K, c->sel, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+  cuda_mm_moe_down_grp(&L->down.d, n, (int)K, ids, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+  if (c->tier && cu_tier_end(c->tier, c->yr, c->stream, c->msg, sizeof c->msg)) {
+    c->err = FLOE_E_IO;
+    return;
+  }
   if (Is > 0) {
     cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
     c->hq[1] = NULL; /* xq[1] was the scratch */
@@ -1276,6 +1342,19 @@ const model_backend model_backend_cuda = {
   .mtp_begin = cu_mtp_begin,
   .mtp_end = cu_mtp_end,
 };
+
+int model_tier_stats_get(const model *m, model_tier_stats *out) {
+  memset(out, 0, sizeof *out);
+  const cu_model *cm = m->be == &model_backend_cuda ? m->dev : NULL;
+  if (!cm || !cm->tier) return FLOE_E_UNSUPPORTED;
+  cu_tier_stats(cm->tier, out);
+  return 0;
+}
+
+void model_tier_stats_reset(const model *m) {
+  const cu_model *cm = m->be == &model_backend_cuda ? m->dev : NULL;
+  if (cm && cm->tier) cu_tier_stats_reset(cm->tier);
+}
 
 int model_cuda_devices(void) {
   if (g_n_dev < 0) g_n_dev = cuda_rt_device_count();

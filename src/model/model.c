@@ -1178,3 +1178,13 @@ int model_eval_multi(const model_seg *seg, int k, int64_t *rows_out, int *segs_o
   if (segs_out) *segs_out = max_segs;
   return 0;
 }
+
+#ifndef FLOE_HAVE_CUDA
+/* without the CUDA backend nothing is tiered (backend_cuda.c has the real ones) */
+int model_tier_stats_get(const model *m, model_tier_stats *out) {
+  (void)m;
+  memset(out, 0, sizeof *out);
+  return FLOE_E_UNSUPPORTED;
+}
+void model_tier_stats_reset(const model *m) { (void)m; }
+#endif

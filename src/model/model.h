@@ -166,6 +166,10 @@ struct model {
                               * (set by model_stream_start; NULL: every expert is used in place) */
   const model_backend *be;   /* the device its sessions run on (model_use_backend; the CPU by default) */
   void *dev;                 /* the backend's per-model state (device copies of the weights) */
+  /* device memory for weights + expert pool (bytes; 0: every weight on the device). Set before
+   * model_use_backend: the CUDA backend then keeps the routed experts in a VRAM pool of what the
+   * other weights leave, the rest in host memory (cuda_tier.c). */
+  uint64_t gpu_mem;
 };
 
 /* A recurrent-state checkpoint of a session (model_session_checkpoint). TURN checkpoints (prompt
@@ -376,6 +380,26 @@ int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t
 int model_use_backend(model *m, const model_backend *be, int dev_index, char *err, size_t errlen);
 /* Bytes of every matrix of the trunk (what a device backend copies). */
 uint64_t model_weight_bytes(const model *m);
+/* Routed experts tiered between a device pool and host memory (model.gpu_mem): counters since
+ * the last reset. Each selected routed expert of each row is one lookup: found in the pool (hit),
+ * copied into it, or computed by the CPU. */
+typedef struct model_tier_stats {
+  bool on;
+  uint64_t pool_bytes;       /* the VRAM pool */
+  int64_t slots;             /* experts it holds */
+  bool pinned;               /* host expert memory page-locked (else copies are staged by the driver) */
+  int cpu_mode;              /* -1 the cost model decides, 0 never the CPU, 1 the CPU whenever it can */
+  uint64_t lookups, hits, copies, cpu;
+  uint64_t h2d_bytes;        /* expert bytes copied host -> device */
+  double wait_s;             /* host time blocked on the device (the routing of each layer) */
+  double cpu_s;              /* host time computing experts */
+  double pcie_gbps;          /* cost model: measured host -> device copy rate */
+  double cpu_expert_s;       /* cost model: CPU seconds per expert (measured, running estimate) */
+} model_tier_stats;
+/* 0 and *out filled when m's experts are tiered, else FLOE_E_UNSUPPORTED (*out zeroed). */
+int model_tier_stats_get(const model *m, model_tier_stats *out);
+void model_tier_stats_reset(const model *m);
+
 #ifdef FLOE_HAVE_CUDA
 /* backend_cuda.c: CUDA devices present (0 without a driver); name and memory of device dev. */
 int model_cuda_devices(void);

@@ -475,6 +475,7 @@ static void *loader_main(void *arg) {
   ep.model = s->o.model;
   ep.n_threads = s->o.n_threads;
   ep.mem_budget = s->o.mem_budget;
+  ep.gpu_mem = s->o.gpu_mem;
   ep.load = s->o.load;
   ep.io_direct = s->o.io_direct;
   ep.device = s->o.device;

@@ -44,6 +44,7 @@ typedef struct srv_opts {
   int queue_max;       /* pending requests beyond which new ones get 503 (default 64) */
   size_t max_body;     /* request body limit in bytes (default 8 MiB) */
   uint64_t mem_budget; /* engine memory budget (0: none; experts streamed from disk otherwise) */
+  uint64_t gpu_mem;    /* GPU memory for the weights (floe_engine_params.gpu_mem; 0: all on the GPU) */
   int load;            /* FLOE_LOAD_* (--mmap / --no-mmap) */
   bool io_direct;      /* O_DIRECT expert reads (--direct, with a memory budget) */
   int device, device_index; /* FLOE_DEVICE_* and the GPU index (--device) */

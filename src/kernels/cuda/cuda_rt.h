@@ -41,6 +41,10 @@ int cuda_rt_malloc(void **p, size_t n, char *err, size_t errlen);
 void cuda_rt_free(void *p);                 /* NULL is fine */
 int cuda_rt_host_alloc(void **p, size_t n, char *err, size_t errlen); /* pinned host memory */
 void cuda_rt_host_free(void *p);
+/* Page-locks existing host memory [p, p + n) (rounded out to pages) so that copies from it are
+ * truly asynchronous and run at full PCIe speed; unregister with the same p. */
+int cuda_rt_host_register(void *p, size_t n, char *err, size_t errlen);
+void cuda_rt_host_unregister(void *p);
 
 /* Enqueued on stream; return 0 or FLOE_E_* when the enqueue itself fails. */
 int cuda_rt_h2d_async(void *dst, const void *src, size_t n, void *stream);

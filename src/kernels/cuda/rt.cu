@@ -106,6 +106,29 @@ void cuda_rt_host_free(void *p) {
   if (p) cudaFreeHost(p);
 }
 
+int cuda_rt_host_register(void *p, size_t n, char *err, size_t errlen) {
+  /* page-lock [p, p + n) rounded out to whole pages (the range may start and end inside pages) */
+  const uintptr_t pg = 4096, a = (uintptr_t)p & ~(pg - 1), b = ((uintptr_t)p + n + pg - 1) & ~(pg - 1);
+  cudaError_t e = cudaHostRegister((void *)a, b - a, cudaHostRegisterReadOnly);
+  if (e != cudaSuccess) { /* drivers without read-only registration: plain (the memory is only read) */
+    (void)cudaGetLastError();
+    e = cudaHostRegister((void *)a, b - a, cudaHostRegisterDefault);
+  }
+  if (e != cudaSuccess) {
+    if (err && errlen) snprintf(err, errlen, "CUDA: cannot page-lock %zu bytes of host memory: %s", n, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return FLOE_E_UNSUPPORTED;
+  }
+  return 0;
+}
+
+void cuda_rt_host_unregister(void *p) {
+  if (p) {
+    cudaHostUnregister((void *)((uintptr_t)p & ~(uintptr_t)4095));
+    (void)cudaGetLastError();
+  }
+}
+
 static int rt_code(cudaError_t e) { return e == cudaSuccess ? 0 : FLOE_E_UNSUPPORTED; }
 
 int cuda_rt_h2d_async(void *dst, const void *src, size_t n, void *stream) {

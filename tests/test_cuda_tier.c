@@ -1,0 +1,149 @@
+/* Tiered experts on the GPU (model.gpu_mem, src/model/cuda_tier.c) against the fully resident GPU
+ * run of the same file: bit for bit, whatever the pool size and where the misses are computed.
+ *
+ * For each model (the default model: Q8_0 experts, its shared expert apart; FLOE_TEST_SYNTH_CPU:
+ * tiny `floe synth` models in Q4_K / Q5_K whose shared expert joins the routed launches;
+ * FLOE_TEST_SYNTH: the 35B-A3B shape):
+ *  - the resident run: a prompt + continuation evaluated as one chunk (every row's logits) and
+ *    the same tokens one at a time;
+ *  - tiered runs with pools of the minimum (one layer's experts: every step evicts) and of twice
+ *    that, with the misses copied in (FLOE_TIER_CPU=0), computed by the CPU whenever it can (=1),
+ *    and the cost model's choice: both paths' logits equal the resident ones bit for bit, and the
+ *    counters show that the misses really went where asked;
+ *  - a pool below the minimum is refused at load with a message naming it.
+ * Without a CUDA device: "skipped: no CUDA device", exit 77. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "floe.h"
+#include "model/model.h"
+#include "test.h"
+
+/* loads path onto the GPU with gpu_mem (0: resident); msg gets the error */
+static int load(const char *path, uint64_t gpu_mem, model **m, char *msg, size_t msglen) {
+  if (model_load(path, m, msg, msglen)) return -1;
+  (*m)->gpu_mem = gpu_mem;
+  if (model_use_backend(*m, &model_backend_cuda, 0, msg, msglen)) {
+    model_free(*m);
+    *m = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* n tokens in chunks of `chunk`; every position's logits into out [n][V] */
+static int run(const model *m, const int32_t *tok, int64_t n, int64_t chunk, float *out) {
+  char err[256];
+  model_session *s;
+  const int64_t V = m->hp.n_vocab;
+  if (model_session_new(m, 512, KV_BF16, 4, &s, err, sizeof err)) {
+    printf("  session: %s\n", err);
+    return -1;
+  }
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t c = n - i < chunk ? n - i : chunk;
+    if (model_eval(s, tok + i, c, out + i * V, true, err, sizeof err)) {
+      printf("  eval: %s\n", err);
+      model_session_free(s);
+      return -1;
+    }
+  }
+  model_session_free(s);
+  return 0;
+}
+
+static int64_t rows_differ(const float *a, const float *b, int64_t n, int64_t V) {
+  int64_t d = 0;
+  for (int64_t i = 0; i < n; i++) d += memcmp(a + i * V, b + i * V, (size_t)V * 4) != 0;
+  return d;
+}
+
+/* full: every pool size and CPU mode; else the minimum pool with the cost model's choice only (a
+ * large model: each load page-locks its experts) */
+static void test_model(const char *path, int64_t n, bool full) {
+  SECTION("%s", path);
+  char msg[512];
+  model *mr = NULL;
+  CHECK(load(path, 0, &mr, msg, sizeof msg) == 0, "%s: resident on the GPU", path);
+  if (!mr) {
+    printf("  %s\n", msg);
+    return;
+  }
+  const int64_t V = mr->hp.n_vocab, NE = mr->hp.n_expert, K = mr->hp.n_expert_used;
+  int64_t min_slots = (int64_t)MODEL_MAX_BATCH * K < NE ? (int64_t)MODEL_MAX_BATCH * K : NE;
+  int32_t *tok = malloc((size_t)n * 4);
+  for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)((i * 7919 + 13) % V);
+  float *ref_p = malloc((size_t)(n * V) * 4), *ref_d = malloc((size_t)(n * V) * 4);
+  float *lg = malloc((size_t)(n * V) * 4);
+  int rc = run(mr, tok, n, n, ref_p);
+  if (!rc) rc = run(mr, tok, n, 1, ref_d);
+  CHECK(rc == 0 && rows_differ(ref_p, ref_d, n, V) == 0, "resident: decode rows == prefill rows");
+  model_free(mr);
+  const uint64_t big = (uint64_t)256 << 30; /* the pool is capped by FLOE_TIER_SLOTS below */
+  const char *modes[3] = { "0", "1", "-1" };
+  for (int sz = 0; sz < (full ? 2 : 1); sz++)
+    for (int mi = full ? 0 : 2; mi < 3; mi++) {
+      char slots[32];
+      snprintf(slots, sizeof slots, "%lld", (long long)(min_slots * (sz + 1)));
+      setenv("FLOE_TIER_SLOTS", slots, 1);
+      setenv("FLOE_TIER_CPU", modes[mi], 1);
+      model *mt = NULL;
+      rc = load(path, big, &mt, msg, sizeof msg);
+      CHECK(rc == 0, "tiered load (%s slots, cpu %s)%s%s", slots, modes[mi], rc ? ": " : "", rc ? msg : "");
+      if (rc) continue;
+      model_tier_stats st;
+      for (int pass = 0; pass < 2; pass++) {
+        model_tier_stats_reset(mt);
+        rc = run(mt, tok, n, pass ? 1 : n, lg);
+        const int64_t d = rc ? -1 : rows_differ(lg, pass ? ref_d : ref_p, n, V);
+        model_tier_stats_get(mt, &st);
+        CHECK(rc == 0 && d == 0, "%s slots, cpu %s, %s: logits == the resident run's (%lld rows differ); lookups %llu, "
+              "hits %llu, copied %llu, cpu %llu", slots, modes[mi], pass ? "decode" : "one chunk", (long long)d,
+              (unsigned long long)st.lookups, (unsigned long long)st.hits, (unsigned long long)st.copies,
+              (unsigned long long)st.cpu);
+        CHECK(st.lookups == st.hits + st.copies + st.cpu && st.lookups > 0, "every lookup is counted once");
+        if (sz == 0) CHECK(st.copies + st.cpu > 0, "a minimum pool misses");
+        if (mi == 0 || pass == 0) CHECK(st.cpu == 0, "cpu %s, %s: no expert on the CPU", modes[mi],
+                                        pass ? "decode" : "a chunk");
+        if (mi == 1 && pass == 1 && sz == 0)
+          CHECK(st.cpu > 0 && st.copies == 0, "cpu 1, decode: every miss on the CPU (%llu; copied %llu)",
+                (unsigned long long)st.cpu, (unsigned long long)st.copies);
+      }
+      printf("  %s slots, cpu %s: pool %.1f MiB, %lld slots, host memory %s, PCIe %.1f GB/s, CPU expert %.1f us\n", slots,
+             modes[mi], (double)st.pool_bytes / 1048576.0, (long long)st.slots, st.pinned ? "pinned" : "pageable",
+             st.pcie_gbps, st.cpu_expert_s * 1e6);
+      model_free(mt);
+    }
+  char slots[32];
+  snprintf(slots, sizeof slots, "%lld", (long long)(min_slots - 1));
+  setenv("FLOE_TIER_SLOTS", slots, 1);
+  model *mt = NULL;
+  rc = load(path, big, &mt, msg, sizeof msg);
+  CHECK(rc != 0 && strstr(msg, "expert pool"), "a pool below one layer's experts is refused: %s", rc ? msg : "(loaded)");
+  model_free(mt);
+  unsetenv("FLOE_TIER_SLOTS");
+  unsetenv("FLOE_TIER_CPU");
+  free(tok);
+  free(ref_p);
+  free(ref_d);
+  free(lg);
+}
+
+int main(void) {
+  if (model_cuda_devices() <= 0) {
+    printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  test_model(test_fixture("../../models/default.gguf"), 40, true);
+  const char *sc = getenv("FLOE_TEST_SYNTH_CPU");
+  if (sc && *sc) {
+    char *list = strdup(sc), *save = NULL;
+    for (char *f = strtok_r(list, " ", &save); f; f = strtok_r(NULL, " ", &save)) test_model(f, 24, true);
+    free(list);
+  }
+  const char *synth = getenv("FLOE_TEST_SYNTH");
+  if (synth && *synth) test_model(synth, 16, false);
+  return TEST_DONE();
+}
