@@ -372,8 +372,9 @@ static void test_spec_fused(const model *mg) {
   char err[256];
   const int64_t V = mg->hp.n_vocab, E = mg->hp.n_embd, T = 24;
   enum { KM = 4, NSTEP = 17 };
-  int32_t prompt[24];
+  int32_t prompt[25]; /* the prompt, then x0 = prompt[0] (spec_session) */
   for (int i = 0; i < T; i++) prompt[i] = (int32_t)((i * 4099 + 7) % V);
+  prompt[T] = prompt[0];
   float *lg = malloc((size_t)V * 4), *lg1 = malloc((size_t)V * 4), *hid1 = malloc((size_t)((KM + 1) * E) * 4);
   float *vlog = malloc((size_t)((KM + 1) * V) * 4), *vhid = malloc((size_t)((KM + 1) * E) * 4);
   float *h = malloc((size_t)(KV_KEEP_MAX * E) * 4), *hout = malloc((size_t)(KV_KEEP_MAX * E) * 4);
@@ -383,9 +384,21 @@ static void test_spec_fused(const model *mg) {
   int32_t x = (int32_t)kern_argmax(lg, V);
   uint64_t rng = 0x9e3779b97f4a7c15ull;
   int64_t bad_d = 0, bad_a = 0, bad_acc = 0, bad_h = 0, bad_l = 0, bad_g = 0, steps = 0, accepted = 0;
-  for (int i = 0; i < NSTEP && s1 && s2; i++) {
-    const int k = 1 + i % KM;
-    const int64_t n = i == NSTEP - 1 ? KV_KEEP_MAX : 1 + ((i / KM) % 2) * 3, P = model_session_pos(s1);
+  /* the MTP's attention rows below P-1 first, the same in both sessions (a row never written would
+   * be whatever the allocation held: attention reads every row up to its own); mw: the first MTP
+   * position no catch-up row has written since (a step's rows start there or earlier) */
+  int64_t mw = s1 && s2 ? model_session_pos(s1) - 1 : 0;
+  float *h0 = malloc((size_t)(mw > 0 ? mw * E : 1) * 4);
+  for (int64_t j = 0; j < mw * E; j++) h0[j] = (float)((j * 37) % 101 - 50) / 50.0f;
+  if (mw > 0 && (model_mtp_eval(s1, prompt + 1, h0, mw, 0, mw, NULL, NULL, err, sizeof err) ||
+                 model_mtp_eval(s2, prompt + 1, h0, mw, 0, mw, NULL, NULL, err, sizeof err)))
+    printf("  MTP rows: %s\n", err), bad_d++;
+  free(h0);
+  FLOE_ASSERT(mw <= T); /* prompt + 1 .. holds the tokens after positions 0..mw-1 */
+  for (int i = 0; i < NSTEP && s1 && s2 && !bad_d; i++) {
+    const int k = 1 + i % KM, P = (int)model_session_pos(s1);
+    int64_t n = i == NSTEP - 1 ? KV_KEEP_MAX : 1 + ((i / KM) % 2) * 3;
+    if (n < P - mw) n = P - mw;
     int32_t tok[KV_KEEP_MAX], d1[KM], a1[KM + 1], d2[KM + 1], a2[KM + 1];
     for (int64_t t = 0; t < n; t++) tok[t] = t == n - 1 ? x : (int32_t)((P + t * 31 + i) % V);
     for (int64_t j = 0; j < n * E; j++) { /* any rows will do: both paths get the same ones */
@@ -431,6 +444,7 @@ static void test_spec_fused(const model *mg) {
     const int64_t a = acc >= 0 && acc <= k ? acc : 0;
     model_verify_accept(s1, a + 1);
     model_verify_accept(s2, a + 1);
+    mw = P;
     x = a2[a];
     steps++;
     accepted += a;
