@@ -20,7 +20,9 @@
  * block calls of the driver do nothing. Speculative decoding records two more kinds per row count
  * n <= KV_KEEP_MAX (FLOE_CUDA_SPEC_GRAPH=0: not recorded): the kept verify chunk (all logits and
  * the hidden states) and the MTP block's evaluation (the last row's logits and every row's normed
- * output); their host inputs and outputs go through pinned staging buffers, like the token.
+ * output); their host inputs and outputs go through pinned staging buffers, like the token. A
+ * greedy speculative step is also recorded whole, one graph per (MTP rows, drafts) (cu_spec_greedy,
+ * FLOE_CUDA_MTP_FUSED=0: not used).
  *
  * Memory: the model's device copies (weights, expert stacks with a fixed stride per expert) belong
  * to cu_model (model->dev); a session's (KV cache, recurrent state, scratch for MODEL_MAX_BATCH

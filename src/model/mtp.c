@@ -24,7 +24,9 @@
  * holds the trunk's experts only, uses the MTP block's in place through the source's mapping (not
  * counted in the budget). The forward runs the backend's attention / moe blocks; the fc and the
  * norms run on the host for the CPU backend (layers.c), on the device for a backend that has
- * mtp_begin / mtp_end (CUDA: the same operations, backend_cuda.c). */
+ * mtp_begin / mtp_end (CUDA: the same operations, backend_cuda.c). model_spec_greedy hands a whole
+ * greedy speculative step (MTP rows, chained drafts, verify, accept count) to a backend that runs
+ * it as one device pass (backend.h spec_greedy) and keeps model_verify's bookkeeping. */
 #include <stdio.h>
 #include <string.h>
 
