@@ -1,20 +1,24 @@
 /* bench_verify: the cost of a speculative-decoding step against a plain decode step.
  *
  * bench_verify -m MODEL [-t THREADS] [-r ROUNDS] [-d DEPTH] [--kmax K] [--cache-mb MB]
- *              [--alpha a1,a2,a3,a4] [--layers-total N]
+ *              [--alpha a1,a2,a3,a4] [--layers-total N] [--device cpu|cuda]
  *
- * On one session (CPU backend, 8-bit activations as floe decodes, BF16 KV), filled to DEPTH
+ * On one session (CPU backend unless --device cuda, 8-bit activations as floe decodes, BF16 KV),
+ * filled to DEPTH
  * pseudo-random tokens, each round times, in an order rotated every round:
  *   plain   model_eval of 1 token with its logits (a decode step);
  *   v<n>    model_verify of n = 2..K+1 rows (logits and hidden of every row, the per-row recurrent
  *           states kept) + model_verify_accept(1) (so every measurement advances the context by one
  *           token, like the plain step);
- *   draft   model_mtp_eval of 1 row with its logits (one chained draft: the MTP block + lm_head).
+ *   draft   model_mtp_eval of 1 row with its logits (one chained draft: the MTP block + lm_head);
+ *   f<k>    where the backend has the one-pass greedy step (model_spec_fused: CUDA), a whole step
+ *           with k = 1..K drafts and one MTP input row (model_spec_greedy + model_verify_accept(1)):
+ *           what a greedy step costs there, host round trip included.
  * Medians over rounds; the phase split (lm_head vs the rest) of each kind from the session's phase
  * timers. Then the predicted speedup of k drafts at per-position acceptance alpha (the measured
  * conditional rates of a real model, e.g. the default model's):
  *   tokens(k) = 1 + sum_i prod_{j<=i} alpha_j,  cost(k) = v<k+1> + k * draft,
- *   speedup(k) = tokens(k) / (cost(k) / plain).
+ *   speedup(k) = tokens(k) / (cost(k) / plain), and with the one-pass step tokens(k) / (f<k> / plain).
  * --layers-total N: the model is a cut of an N-layer one (floe synth --layers): also the costs
  * with the layers part scaled by N / n_layer (lm_head and the MTP block are not repeated).
  * --cache-mb MB: stream the routed experts (the MTP block's too) through an expert cache of MB
@@ -31,7 +35,7 @@
 #include "model/model.h"
 
 #define KMAX 4
-#define NKIND (KMAX + 2) /* plain, v2..v(KMAX+1), draft */
+#define NKIND (2 * KMAX + 2) /* plain, v2..v(KMAX+1), draft, f1..fKMAX */
 
 static int cmp_d(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
@@ -46,6 +50,7 @@ static double median(double *v, int n) {
 int main(int argc, char **argv) {
   const char *path = NULL;
   int threads = 2, rounds = 20, kmax = KMAX, layers_total = 0;
+  bool cuda = false;
   int64_t depth = 64;
   double cache_mb = 0, alpha[KMAX] = { 0.923, 0.838, 0.831, 0.824 };
   for (int i = 1; i < argc; i++) {
@@ -57,6 +62,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kmax") && v) kmax = atoi(argv[++i]);
     else if (!strcmp(a, "--cache-mb") && v) cache_mb = atof(argv[++i]);
     else if (!strcmp(a, "--layers-total") && v) layers_total = atoi(argv[++i]);
+    else if (!strcmp(a, "--device") && v) cuda = !strcmp(argv[++i], "cuda");
     else if (!strcmp(a, "--alpha") && v) {
       if (sscanf(argv[++i], "%lf,%lf,%lf,%lf", &alpha[0], &alpha[1], &alpha[2], &alpha[3]) != 4) {
         fprintf(stderr, "bench_verify: --alpha takes 4 comma-separated rates\n");
@@ -64,7 +70,7 @@ int main(int argc, char **argv) {
       }
     } else {
       fprintf(stderr, "usage: bench_verify -m MODEL [-t N] [-r ROUNDS] [-d DEPTH] [--kmax K] [--cache-mb MB] "
-                      "[--alpha a1,a2,a3,a4] [--layers-total N]\n");
+                      "[--alpha a1,a2,a3,a4] [--layers-total N] [--device cpu|cuda]\n");
       return 2;
     }
   }
@@ -84,6 +90,19 @@ int main(int argc, char **argv) {
     model_free(m);
     return 1;
   }
+#ifdef FLOE_HAVE_CUDA
+  if (cuda && (rc = model_use_backend(m, &model_backend_cuda, 0, err, sizeof err))) {
+    fprintf(stderr, "bench_verify: %s\n", err);
+    model_free(m);
+    return 1;
+  }
+#else
+  if (cuda) {
+    fprintf(stderr, "bench_verify: built without CUDA\n");
+    model_free(m);
+    return 1;
+  }
+#endif
   if (cache_mb > 0) {
     xs_params xp = { 0 };
     xp.cache_bytes = (uint64_t)(cache_mb * 1048576.0);
@@ -121,7 +140,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   model_final_norm(m, hid, 1, g);
-  const int nk = kmax + 2; /* plain, v2..v(kmax+1), draft */
+  const bool fused = model_spec_fused(s);
+  const int nk = kmax + 2 + (fused ? kmax : 0); /* plain, v2..v(kmax+1), draft, f1..f(kmax) */
   double *t = calloc((size_t)(nk * rounds), sizeof *t), *th = calloc((size_t)(nk * rounds), sizeof *th);
   for (int rd = 0; rd < rounds && !rc; rd++)
     for (int o = 0; o < nk && !rc; o++) {
@@ -135,9 +155,15 @@ int main(int argc, char **argv) {
       } else if (kind <= kmax) {
         rc = model_verify(s, in, kind + 1, lg, hid, err, sizeof err);
         if (!rc) model_verify_accept(s, 1);
-      } else {
+      } else if (kind == kmax + 1) {
         const int64_t pos = model_session_pos(s) - 1;
         rc = model_mtp_eval(s, in, g, 1, pos, 0, lg, g, err, sizeof err);
+      } else { /* the one-pass step with kind - kmax - 1 drafts, one row kept */
+        const int k = kind - kmax - 1;
+        int32_t d[KMAX], am[KMAX + 1];
+        int64_t a = 0;
+        rc = model_spec_greedy(s, in, g, 1, model_session_pos(s) - 1, k, d, am, &a, hid, lg, err, sizeof err);
+        if (!rc) model_verify_accept(s, 1);
       }
       t[kind * rounds + rd] = floe_time_s() - t0;
       th[kind * rounds + rd] = s->ph[MODEL_PH_LMHEAD];
@@ -146,7 +172,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_verify: %s\n", err);
     return 1;
   }
-  double med[KMAX + 2], medh[KMAX + 2];
+  double med[NKIND], medh[NKIND];
   for (int kind = 0; kind < nk; kind++) {
     med[kind] = median(t + kind * rounds, rounds);
     medh[kind] = median(th + kind * rounds, rounds);
@@ -159,7 +185,19 @@ int main(int argc, char **argv) {
          path, threads, rounds, (long long)depth, (long long)NL, cache_mb, 1e3 * plain, 1e3 * medh[0], 1e3 * draft);
   for (int k = 1; k <= kmax; k++)
     printf(",\"verify%d_ms\":%.3f,\"verify%d_ratio\":%.3f", k + 1, 1e3 * med[k], k + 1, med[k] / plain);
+  printf(",\"device\":\"%s\"", cuda ? "cuda" : "cpu");
+  for (int k = 1; k <= kmax && fused; k++)
+    printf(",\"fused%d_ms\":%.3f,\"fused%d_ratio\":%.3f", k, 1e3 * med[kmax + 1 + k], k, med[kmax + 1 + k] / plain);
   printf(",\"alpha\":[%.3f,%.3f,%.3f,%.3f]", alpha[0], alpha[1], alpha[2], alpha[3]);
+  if (fused) {
+    printf(",\"fused_predicted_speedup\":[1.000");
+    for (int k = 1; k <= kmax; k++) {
+      double tok = 1, run = 1;
+      for (int j = 0; j < k; j++) tok += (run *= alpha[j]);
+      printf(",%.3f", tok / (med[kmax + 1 + k] / plain));
+    }
+    printf("]");
+  }
   double best = 1;
   int bestk = 0;
   printf(",\"predicted_speedup\":[1.000");

@@ -19,8 +19,12 @@
  *  5. the MTP block on the GPU against the CPU's (same inputs): logits within 2e-2 of the largest
  *     logit (the trunk's bound below: the quantized matmuls are bit-identical, attention rounds
  *     differently), normed outputs likewise; its rows one at a time bit-identical to one batch;
- *  6. floe_generate with --mtp 1..4 on the GPU: the same greedy ids as --mtp 0 on the GPU and as
- *     the CPU's --mtp 0.
+ *  6. the one-pass greedy step (model_spec_greedy) against the same step composed of MTP
+ *     evaluations, host argmaxes and model_verify: drafts, argmaxes, accept counts, hidden rows
+ *     and the accepted row's logits bit for bit, recorded steps replayed at later positions;
+ *  7. floe_generate with --mtp 1..4 on the GPU: the same greedy ids as --mtp 0 on the GPU and as
+ *     the CPU's --mtp 0, with the one-pass step and with the composed one (FLOE_CUDA_MTP_FUSED=0),
+ *     which take the same drafts (the same tokens per step).
  * FLOE_TEST_SYNTH=FILE (a `floe synth` model, e.g. the 35B-A3B shape): its first 64 greedy tokens
  * are the same through the decode path (one token at a time) and the prefill path (the prompt
  * plus the 64 tokens evaluated at once, argmax of every position). These two paths can share a
@@ -358,6 +362,105 @@ static void test_mtp_block(const model *mg, const model *mc) {
   free(hid), free(lc), free(lgpu), free(l1), free(hc), free(hg), free(h1);
 }
 
+/* The one-pass greedy step (model_spec_greedy) against the same step composed of model_mtp_eval,
+ * host argmaxes and model_verify on a second session with the same history: the drafts, every
+ * verify row's argmax, the accept count, the verify rows' hidden states and the accepted row's
+ * logits bit for bit, at steps of (MTP rows n, drafts k) that each come back at a later position
+ * (a recorded step replayed there), then n = KV_KEEP_MAX. */
+static void test_spec_fused(const model *mg) {
+  SECTION("the one-pass greedy speculative step vs the composed step (MTP evaluations, argmaxes, verify)");
+  char err[256];
+  const int64_t V = mg->hp.n_vocab, E = mg->hp.n_embd, T = 24;
+  enum { KM = 4, NSTEP = 17 };
+  int32_t prompt[25]; /* the prompt, then x0 = prompt[0] (spec_session) */
+  for (int i = 0; i < T; i++) prompt[i] = (int32_t)((i * 4099 + 7) % V);
+  prompt[T] = prompt[0];
+  float *lg = malloc((size_t)V * 4), *lg1 = malloc((size_t)V * 4), *hid1 = malloc((size_t)((KM + 1) * E) * 4);
+  float *vlog = malloc((size_t)((KM + 1) * V) * 4), *vhid = malloc((size_t)((KM + 1) * E) * 4);
+  float *h = malloc((size_t)(KV_KEEP_MAX * E) * 4), *hout = malloc((size_t)(KV_KEEP_MAX * E) * 4);
+  float *g = malloc((size_t)E * 4), *dlog = malloc((size_t)V * 4);
+  model_session *s1 = spec_session(mg, prompt, T, prompt[0], lg), *s2 = spec_session(mg, prompt, T, prompt[0], lg);
+  CHECK(s1 && s2 && model_spec_fused(s1), "two GPU sessions, the one-pass step available");
+  int32_t x = (int32_t)kern_argmax(lg, V);
+  uint64_t rng = 0x9e3779b97f4a7c15ull;
+  int64_t bad_d = 0, bad_a = 0, bad_acc = 0, bad_h = 0, bad_l = 0, bad_g = 0, steps = 0, accepted = 0;
+  /* the MTP's attention rows below P-1 first, the same in both sessions (a row never written would
+   * be whatever the allocation held: attention reads every row up to its own); mw: the first MTP
+   * position no catch-up row has written since (a step's rows start there or earlier) */
+  int64_t mw = s1 && s2 ? model_session_pos(s1) - 1 : 0;
+  float *h0 = malloc((size_t)(mw > 0 ? mw * E : 1) * 4);
+  for (int64_t j = 0; j < mw * E; j++) h0[j] = (float)((j * 37) % 101 - 50) / 50.0f;
+  if (mw > 0 && (model_mtp_eval(s1, prompt + 1, h0, mw, 0, mw, NULL, NULL, err, sizeof err) ||
+                 model_mtp_eval(s2, prompt + 1, h0, mw, 0, mw, NULL, NULL, err, sizeof err)))
+    printf("  MTP rows: %s\n", err), bad_d++;
+  free(h0);
+  FLOE_ASSERT(mw <= T); /* prompt + 1 .. holds the tokens after positions 0..mw-1 */
+  for (int i = 0; i < NSTEP && s1 && s2 && !bad_d; i++) {
+    const int k = 1 + i % KM, P = (int)model_session_pos(s1);
+    int64_t n = i == NSTEP - 1 ? KV_KEEP_MAX : 1 + ((i / KM) % 2) * 3;
+    if (n < P - mw) n = P - mw;
+    int32_t tok[KV_KEEP_MAX], d1[KM], a1[KM + 1], d2[KM + 1], a2[KM + 1];
+    for (int64_t t = 0; t < n; t++) tok[t] = t == n - 1 ? x : (int32_t)((P + t * 31 + i) % V);
+    for (int64_t j = 0; j < n * E; j++) { /* any rows will do: both paths get the same ones */
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      h[j] = (float)((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23);
+    }
+    for (int64_t j = 0; j < V; j++) lg1[j] = NAN;
+    for (int64_t j = 0; j < (k + 1) * E; j++) hid1[j] = NAN;
+    int64_t acc = -1;
+    int rc = model_spec_greedy(s1, tok, h, n, P - n, k, d1, a1, &acc, hid1, lg1, err, sizeof err);
+    if (rc) {
+      printf("  one-pass step (n %lld, k %d): %s\n", (long long)n, k, err);
+      bad_d++;
+      break;
+    }
+    /* composed: draft 1 from the last MTP row, then the chain, then the verify */
+    rc = model_mtp_eval(s2, tok, h, n, P - n, n - 1, dlog, hout, err, sizeof err);
+    d2[0] = x;
+    if (!rc) d2[1] = (int32_t)kern_argmax(dlog, V);
+    if (!rc) memcpy(g, hout + (n - 1) * E, (size_t)E * 4);
+    for (int j = 2; j <= k && !rc; j++) {
+      rc = model_mtp_eval(s2, &d2[j - 1], g, 1, P + j - 2, 0, dlog, g, err, sizeof err);
+      d2[j] = (int32_t)kern_argmax(dlog, V);
+    }
+    if (!rc) rc = model_verify(s2, d2, k + 1, vlog, vhid, err, sizeof err);
+    if (rc) {
+      printf("  composed step: %s\n", err);
+      bad_d++;
+      model_verify_accept(s1, 0);
+      break;
+    }
+    int64_t acc2 = 0;
+    for (int r = 0; r <= k; r++) a2[r] = (int32_t)kern_argmax(vlog + r * V, V);
+    while (acc2 < k && d2[acc2 + 1] == a2[acc2]) acc2++;
+    for (int j = 0; j < k; j++) bad_d += d1[j] != d2[j + 1];
+    for (int r = 0; r <= k; r++) bad_a += a1[r] != a2[r];
+    bad_acc += acc != acc2;
+    bad_h += memcmp(hid1, vhid, (size_t)((k + 1) * E) * 4) != 0;
+    if (acc >= 0 && acc <= k) {
+      bad_l += memcmp(lg1, vlog + acc * V, (size_t)V * 4) != 0;
+      bad_g += s1->greedy != a1[acc];
+    }
+    const int64_t a = acc >= 0 && acc <= k ? acc : 0;
+    model_verify_accept(s1, a + 1);
+    model_verify_accept(s2, a + 1);
+    mw = P;
+    x = a2[a];
+    steps++;
+    accepted += a;
+  }
+  printf("  %lld steps, %lld drafts accepted\n", (long long)steps, (long long)accepted);
+  CHECK(steps == NSTEP && bad_d == 0 && bad_a == 0 && bad_acc == 0,
+        "drafts, verify argmaxes and accept counts equal the composed step's (%lld / %lld / %lld differ)",
+        (long long)bad_d, (long long)bad_a, (long long)bad_acc);
+  CHECK(steps == NSTEP && bad_h == 0 && bad_l == 0 && bad_g == 0,
+        "verify hidden rows, the accepted row's logits and the greedy pick bit-identical (%lld / %lld / %lld steps differ)",
+        (long long)bad_h, (long long)bad_l, (long long)bad_g);
+  if (s1) model_session_free(s1);
+  if (s2) model_session_free(s2);
+  free(lg), free(lg1), free(hid1), free(vlog), free(vhid), free(h), free(hout), free(g), free(dlog);
+}
+
 typedef struct ids_out { int32_t *v; int n, cap; } ids_out;
 static int on_tok(void *user, const floe_token_event *ev) {
   ids_out *o = user;
@@ -407,24 +510,34 @@ static int gen_ids(const char *path, int dev, int k, int32_t *out, int n_gen, in
 }
 
 static void test_mtp_generate(const char *path) {
-  SECTION("floe_generate greedy on the GPU: --mtp 1..4 == --mtp 0 == the CPU's --mtp 0");
+  SECTION("floe_generate greedy on the GPU: --mtp 1..4 == --mtp 0 == the CPU's --mtp 0, one-pass steps and composed");
   enum { NG = 48, NP = 3 };
   int32_t *cpu = malloc(NG * NP * 4), *base = malloc(NG * NP * 4), *got = malloc(NG * NP * 4);
-  double tps = 0;
+  double tps = 0, tps_fused[5] = { 0 };
   int rc = gen_ids(path, FLOE_DEVICE_CPU, 0, cpu, NG, NP, &tps);
   int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, base, NG, NP, &tps);
   int64_t same = 0;
   while (rc == 0 && rc2 == 0 && same < NG * NP && cpu[same] == base[same]) same++;
   CHECK(rc == 0 && rc2 == 0 && same == NG * NP, "GPU --mtp 0 ids equal the CPU's (%lld of %d)", (long long)same,
         NG * NP);
-  for (int k = 1; k <= 4 && rc2 == 0; k++) {
-    rc = gen_ids(path, FLOE_DEVICE_CUDA, k, got, NG, NP, &tps);
-    int64_t eq = 0;
-    while (rc == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
-    printf("  --mtp %d: %.2f tokens per speculative step\n", k, tps);
-    CHECK(rc == 0 && eq == NG * NP, "GPU --mtp %d ids equal --mtp 0 (%lld of %d)", k, (long long)eq, NG * NP);
-    CHECK(tps > 1.0, "GPU --mtp %d took speculative steps that accepted drafts (%.2f tokens a step)", k, tps);
+  /* FLOE_CUDA_MTP_FUSED (read by each new session): 1 the one-pass greedy step, 0 the composed one */
+  for (int fused = 1; fused >= 0; fused--) {
+    setenv("FLOE_CUDA_MTP_FUSED", fused ? "1" : "0", 1);
+    for (int k = 1; k <= 4 && rc2 == 0; k++) {
+      rc = gen_ids(path, FLOE_DEVICE_CUDA, k, got, NG, NP, &tps);
+      int64_t eq = 0;
+      while (rc == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
+      printf("  --mtp %d (%s): %.2f tokens per speculative step\n", k, fused ? "one pass" : "composed", tps);
+      CHECK(rc == 0 && eq == NG * NP, "GPU --mtp %d (%s) ids equal --mtp 0 (%lld of %d)", k,
+            fused ? "one pass" : "composed", (long long)eq, NG * NP);
+      CHECK(tps > 1.0, "GPU --mtp %d took speculative steps that accepted drafts (%.2f tokens a step)", k, tps);
+      if (fused) tps_fused[k] = tps;
+      else
+        CHECK(tps == tps_fused[k], "GPU --mtp %d: the same acceptance one-pass and composed (%.4f vs %.4f tokens a step)",
+              k, tps_fused[k], tps);
+    }
   }
+  unsetenv("FLOE_CUDA_MTP_FUSED");
   free(cpu), free(base), free(got);
 }
 
@@ -437,6 +550,7 @@ static void test_spec(const char *path, bool graphs) {
     CHECK(model_has_mtp(mg) && model_mtp_runs(mg), "the GPU runs the MTP block and the verify");
     test_keep(mg);
     test_mtp_block(mg, mc);
+    test_spec_fused(mg);
   }
   model_free(mg);
   model_free(mc);

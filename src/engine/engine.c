@@ -911,7 +911,8 @@ static void gen_spec_step(floe_gen *g, int32_t id) {
   floe_session *s = g->s;
   char err[384];
   const int k = spec_choose_k(s->spec, g->mtp_k, s->n_ctx - s->n_hist - 1);
-  int rc = spec_step(s->spec, s->ms, g->smp, id, k, s->last_logits, g->acc, &g->n_acc, &g->acc_lg, &g->forced, err,
+  const bool row_logits = g->p.logprobs || g->p.n_top_logprobs;
+  int rc = spec_step(s->spec, s->ms, g->smp, id, k, s->last_logits, g->acc, &g->n_acc, &g->acc_lg, &g->forced, row_logits, err,
                      sizeof err);
   if (rc) {
     floe_session_reset(s); /* state is undefined after a failed step */

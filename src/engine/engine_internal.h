@@ -42,7 +42,9 @@ void spec_test_pin_costs(const double *cost);
  * accepted rows. Out: the accepted drafts acc[0..*n_acc) (the session then holds id + them),
  * their logits rows (*acc_logits: row i predicted acc[i]), last_logits = the logits after the last
  * kept row, *forced = the next token when the sampling rule resampled (else -1: sample
- * last_logits as usual). smp: the request's sampler (greedy or not). */
+ * last_logits as usual). smp: the request's sampler (greedy or not). row_logits: the caller reads
+ * *acc_logits (log-probabilities); otherwise a greedy step may run as one device pass
+ * (model_spec_greedy), which brings back the last kept row's logits only. */
 int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, float *last_logits, int32_t *acc,
-              int *n_acc, const float **acc_logits, int32_t *forced, char *err, size_t errlen);
+              int *n_acc, const float **acc_logits, int32_t *forced, bool row_logits, char *err, size_t errlen);
 #endif

@@ -12,6 +12,11 @@
  *   next    the trunk's row a gives the next token (greedy: its argmax, exactly what decode
  *           without MTP would pick; sampling: a draw from it, or the rule's resampled token).
  * So greedy output is the output of decode without MTP, token for token.
+ * On a backend with a one-pass step (model_spec_fused: CUDA), a greedy step whose caller does not
+ * read the drafts' logits (no log-probabilities) runs draft, verify and accept as ONE device pass
+ * with one host round trip (step_fused; the same arithmetic, so the same drafts and output); a
+ * sampled step keeps the composed path, since the speculative-sampling rule needs every draft's
+ * and every verify row's full distribution on the host.
  *
  * The MTP's attention cache must hold, for every position t, the row computed from (x_{t+1},
  * h_t) with the trunk's h_t: drafted rows (computed from g) are overwritten by these "catch-up"
@@ -278,8 +283,56 @@ static void note_cost(spec *sp, int k, double dt) {
   sp->cost[k] = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* The end of a drafted step that kept x_P and a drafts (toks[0..a]): counters, the accepted ids,
+ * the catch-up rows of the kept rows (hid: their raw hidden states) and the step's cost. */
+static int step_done(spec *sp, model_session *ms, int64_t P, const int32_t *toks, int k, int a, float *hid,
+                     int32_t *acc, int *n_acc, double t0, int64_t rec0, char *err, size_t errlen) {
+  for (int j = 0; j < k && j <= a; j++) {
+    sp->drafted[j]++;
+    sp->a_tried[j]++;
+    if (j < a) sp->accepted[j]++, sp->a_acc[j]++;
+  }
+  for (int i = 0; i < a; i++) acc[i] = toks[i + 1];
+  *n_acc = a;
+  /* the trunk's hidden states of the kept rows feed the MTP's catch-up rows */
+  int rc = feed(sp, ms, P, toks, a + 1, hid, err, errlen);
+  if (rc) return rc;
+  const double dt = floe_time_s() - t0;
+  /* a step that recorded a replayable step (a GPU graph, once per kind and row count) is not a
+   * measure of what the next ones cost: steady costs decide k */
+  if (model_session_recorded(ms) == rec0) note_cost(sp, k, dt);
+  sp->steps++;
+  sp->k_steps[k]++;
+  sp->tokens += a + 1;
+  sp->k_last = k;
+  sp->step_s += dt;
+  return 0;
+}
+
+/* A greedy step as one device pass (model_spec_greedy): the pending catch-up rows and the row at
+ * P-1 (at most KV_KEEP_MAX: a longer backlog, left by a prompt, is run first on its own), the k
+ * chained drafts, the verify and the accept count, one host round trip. The same arithmetic as
+ * the composed step below, so the same drafts, acceptance and output. */
+static int step_fused(spec *sp, model_session *ms, int32_t id, int k, float *last_logits, int32_t *acc, int *n_acc,
+                      double t0, int64_t rec0, char *err, size_t errlen) {
+  const int64_t P = model_session_pos(ms);
+  int rc;
+  if (sp->pn >= KV_KEEP_MAX && (rc = flush(sp, ms, err, errlen))) return rc;
+  if ((rc = push(sp, ms, P - 1, id, sp->hlast, err, errlen))) return rc;
+  sp->hpos = -1; /* the row at P-1 is run now: feed() must not queue it again */
+  int32_t toks[SPEC_KMAX + 1], amax[SPEC_KMAX + 1];
+  int64_t a = 0;
+  toks[0] = id;
+  rc = model_spec_greedy(ms, sp->ptok, sp->ph, sp->pn, sp->ppos, k, toks + 1, amax, &a, sp->vhid, last_logits, err,
+                         errlen);
+  sp->pn = 0;
+  if (rc) return rc;
+  model_verify_accept(ms, a + 1);
+  return step_done(sp, ms, P, toks, k, (int)a, sp->vhid, acc, n_acc, t0, rec0, err, errlen);
+}
+
 int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, float *last_logits, int32_t *acc,
-              int *n_acc, const float **acc_logits, int32_t *forced, char *err, size_t errlen) {
+              int *n_acc, const float **acc_logits, int32_t *forced, bool row_logits, char *err, size_t errlen) {
   const int64_t P = model_session_pos(ms), V = sp->V, E = sp->E, rec0 = model_session_recorded(ms);
   const double t0 = floe_time_s();
   int rc;
@@ -301,6 +354,8 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
   }
   if (k > SPEC_KMAX) k = SPEC_KMAX;
   const bool greedy = sampler_greedy(smp);
+  if (greedy && !row_logits && model_spec_fused(ms))
+    return step_fused(sp, ms, id, k, last_logits, acc, n_acc, t0, rec0, err, errlen);
   int32_t toks[SPEC_KMAX + 1];
   toks[0] = id;
   /* draft 1: the pending catch-up rows and the row at P-1 in one MTP pass */
@@ -336,24 +391,6 @@ int spec_step(spec *sp, model_session *ms, sampler *smp, int32_t id, int k, floa
     }
   }
   model_verify_accept(ms, a + 1);
-  for (int j = 0; j < k && j <= a; j++) {
-    sp->drafted[j]++;
-    sp->a_tried[j]++;
-    if (j < a) sp->accepted[j]++, sp->a_acc[j]++;
-  }
-  for (int i = 0; i < a; i++) acc[i] = toks[i + 1];
-  *n_acc = a;
   memcpy(last_logits, sp->vlog + a * V, (size_t)V * sizeof(float));
-  /* the trunk's hidden states of the kept rows feed the MTP's catch-up rows */
-  if ((rc = feed(sp, ms, P, toks, a + 1, sp->vhid, err, errlen))) return rc;
-  const double dt = floe_time_s() - t0;
-  /* a step that recorded a replayable step (a GPU graph, once per kind and row count) is not a
-   * measure of what the next ones cost: steady costs decide k */
-  if (model_session_recorded(ms) == rec0) note_cost(sp, k, dt);
-  sp->steps++;
-  sp->k_steps[k]++;
-  sp->tokens += a + 1;
-  sp->k_last = k;
-  sp->step_s += dt;
-  return 0;
+  return step_done(sp, ms, P, toks, k, a, sp->vhid, acc, n_acc, t0, rec0, err, errlen);
 }

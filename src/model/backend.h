@@ -85,6 +85,17 @@ typedef struct model_backend {
                       int flags);
   int (*mtp_end)(model_session *s, float *x, int64_t n, int64_t first, float *logits, float *h_out, char *err,
                  size_t errlen);
+  /* A greedy speculative step in one device pass (mtp.c model_spec_greedy has the contract; NULL:
+   * the engine composes mtp_begin / mtp_end, model_verify and host argmaxes, one host round trip
+   * each). Only used where session_init set s->spec_fused. The MTP rows tok/h (host, n rows at
+   * pos0..) give draft 1 from their last row, drafts 2..k chain on the device (each draft's
+   * argmax is the next row's token, its normed output the next row's h), then the trunk verifies
+   * [tok[n-1], d_1..d_k] as a kept chunk (keep_begin) at n_past..; the argmax of each verify row,
+   * the accept count, the rows' hidden states and the accepted row's logits come back in one
+   * synchronization. On error no chunk is left kept. 0 or FLOE_E_*. */
+  int (*spec_greedy)(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0, int k,
+                     int32_t *draft, int32_t *amax, int64_t *acc, float *hidden, float *logits, char *err,
+                     size_t errlen);
   /* The final hidden states (the residual stream after the last layer, before the output norm)
    * of rows [first, n) into host memory (n_embd floats a row). */
   void (*hidden)(model_session *s, const float *x, int64_t first, int64_t n, float *dst);

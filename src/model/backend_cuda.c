@@ -20,7 +20,9 @@
  * block calls of the driver do nothing. Speculative decoding records two more kinds per row count
  * n <= KV_KEEP_MAX (FLOE_CUDA_SPEC_GRAPH=0: not recorded): the kept verify chunk (all logits and
  * the hidden states) and the MTP block's evaluation (the last row's logits and every row's normed
- * output); their host inputs and outputs go through pinned staging buffers, like the token.
+ * output); their host inputs and outputs go through pinned staging buffers, like the token. A
+ * greedy speculative step is also recorded whole, one graph per (MTP rows, drafts) (cu_spec_greedy,
+ * FLOE_CUDA_MTP_FUSED=0: not used).
  *
  * Memory: the model's device copies (weights, expert stacks with a fixed stride per expert) belong
  * to cu_model (model->dev); a session's (KV cache, recurrent state, scratch for MODEL_MAX_BATCH
@@ -35,6 +37,7 @@
 #include "kernels/cuda/cuda_mm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_rt.h"
+#include "kernels/cuda/cuda_spec.h"
 #include "model/cuda_tier.h"
 #include "model/model.h"
 
@@ -145,6 +148,12 @@ typedef struct cu_sess {
   float *hin_h, *hid_h;        /* pinned [B][E]: the MTP's input rows; hidden / h_out rows staged */
   float *hid_dst;              /* where eval_end copies the hid_rows rows staged in hid_h */
   int64_t hid_rows;
+  /* the greedy speculative step in one pass (cu_spec_greedy): a recorded step per (MTP rows n,
+   * drafts k); sg_d [SG_INTS] device ints (the verify rows' argmaxes, the accept count), sg_h their
+   * pinned copy (with the drafts), sg_row [V] the accepted row's logits */
+  void *sgraph[KV_KEEP_MAX][KV_KEEP_MAX];
+  int32_t *sg_d, *sg_h;
+  float *sg_row;
   int capturing;               /* -1 none, else the graph slot being captured */
   bool replay;
   bool profile;                /* FLOE_CUDA_PROFILE: no graph, a sync after every block, timed into s->ph */
@@ -530,6 +539,11 @@ static void cu_session_free(model_session *s) {
   if (!c) return;
   if (c->stream) cuda_rt_stream_sync(c->stream, NULL, 0);
   for (int i = 0; i < G_N; i++) cuda_graph_destroy(c->graph[i]);
+  for (int i = 0; i < KV_KEEP_MAX; i++)
+    for (int j = 0; j < KV_KEEP_MAX; j++) cuda_graph_destroy(c->sgraph[i][j]);
+  cuda_rt_free(c->sg_d);
+  cuda_rt_free(c->sg_row);
+  cuda_rt_host_free(c->sg_h);
   cuda_rt_host_free(c->hin_h);
   cuda_rt_host_free(c->hid_h);
   cu_tier_sess_close(c->tier);
@@ -617,6 +631,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   c->use_graph = !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL && !cm->tier;
   const char *sg = getenv("FLOE_CUDA_SPEC_GRAPH");
   c->spec_graph = c->use_graph && !(sg && sg[0] == '0');
+  const char *mf = getenv("FLOE_CUDA_MTP_FUSED"); /* 0: greedy steps composed of the block steps (A/B) */
+  s->spec_fused = !(mf && mf[0] == '0');
   int rc = cuda_rt_init(cm->dev, err, errlen);
   if (rc || (rc = cuda_rt_stream_create(&c->stream, err, errlen))) return rc;
   const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
@@ -1294,6 +1310,152 @@ static int cu_mtp_end(model_session *s, float *x, int64_t n, int64_t first, floa
   return cu_eval_end(s, n, err, errlen);
 }
 
+/* ---- the greedy speculative step in one pass (backend.h spec_greedy) ----
+ * Why: composed of the steps above, a step with k drafts is k + 1 recorded steps, each followed by
+ * a host round trip (a draft's logits come back for the host's argmax, which is the next MTP row's
+ * token; the verify's logits for the accept count). Here the whole step is ONE recorded step per
+ * (MTP rows n, drafts k), with the same launches in the same order, so every output has the bits
+ * of the composed step: the MTP rows (mtp_begin / mtp_end's operations), each draft's argmax
+ * written straight into the next row's token slot, the next row's h read from the normed output
+ * where mtp_end left it, then the verify chunk (eval_begin .. logits: embed, the arch's layers on
+ * the kept states, every row's logits), the argmax of each verify row, the accept count and the
+ * accepted row's logits (cuda_spec_accept), and the copies to pinned memory. The host stages the
+ * tokens, positions and MTP input rows in pinned memory (the graph's first nodes copy them), so
+ * the step replays at every position.
+ * The step's device ints (c->tok, c->pos, staged from tok_h / pos_h):
+ *   tok[0..n)  the MTP rows' tokens (tok[n-1] = x_P)  pos[0..n)        their positions pos0..
+ *   tok[n]     x_P, verify row 0                       pos[n..n+k-1)    drafts 2..k's MTP rows, P..
+ *   tok[n+j]   d_j (its argmax writes it)              pos[n+k-1..n+2k] the verify rows, P..P+k
+ * sg_d: amax of verify row i at i, the accept count at SG_ACC; sg_h: the drafts at 0.., then
+ * sg_d's copy at SG_AMAX. */
+enum { SG_ACC = KV_KEEP_MAX, SG_AMAX = 16, SG_INTS = 32 };
+
+/* The MTP block on n rows (tokens tokd, positions posd: device; h rows hd: device) as mtp_begin /
+ * mtp_end compute them, then the last row's logits and their argmax into *draft (device). */
+static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *hd, int64_t n, int32_t *draft) {
+  cu_sess *c = s->dev;
+  const model *m = s->m;
+  const cu_model *cm = m->dev;
+  const int64_t E = m->hp.n_embd, V = m->hp.n_vocab, l = m->hp.n_layer;
+  const float eps = m->hp.rms_eps;
+  int32_t *tok0 = c->tok, *pos0 = c->pos;
+  c->tok = tokd;
+  c->pos = posd;
+  float *x = c->x, *emb = c->ys, *cat = c->yr;
+  const cuda_mat *T = &cm->tok_embd.d;
+  if (cuda_embed_check(T->type, E, NULL, 0) == 0)
+    cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
+  else
+    cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
+  for (int64_t t = 0; t < n; t++) {
+    cuda_rmsnorm(emb + t * E, cm->mtp_enorm, cat + t * 2 * E, 1, E, eps, c->stream);
+    cuda_rmsnorm(hd + t * E, cm->mtp_hnorm, cat + t * 2 * E + E, 1, E, eps, c->stream);
+  }
+  c->hq[0] = c->hq[1] = NULL;
+  mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
+  cuda_rmsnorm(x, cm->L[l].attn_norm, c->h, n, E, eps, c->stream);
+  c->hq[0] = c->hq[1] = NULL;
+  cu_attention(s, l, x, n, 0, true);
+  cu_moe(s, l, x, n);
+  cuda_rmsnorm(x, cm->mtp_norm, c->h, n, E, eps, c->stream);
+  c->hq[0] = c->hq[1] = NULL;
+  mm_own(s, &cm->output, 1, c->h + (n - 1) * E, E, c->logits, V);
+  cuda_argmax(c->logits, V, draft, c->amax_scr, c->stream);
+  c->tok = tok0;
+  c->pos = pos0;
+}
+
+/* Every launch and copy of one step (recorded, or issued directly without graphs). */
+static void sg_issue(model_session *s, int64_t n, int k) {
+  cu_sess *c = s->dev;
+  const model *m = s->m;
+  const cu_model *cm = m->dev;
+  const int64_t E = m->hp.n_embd, V = m->hp.n_vocab, P = s->kv.n_past, nv = k + 1;
+  int32_t *T = c->tok, *Pd = c->pos;
+  cuda_rt_h2d_async(T, c->tok_h, (size_t)(n + 1) * 4, c->stream);
+  cuda_rt_h2d_async(Pd, c->pos_h, (size_t)(n + 2 * k) * 4, c->stream);
+  cuda_rt_h2d_async(c->out, c->hin_h, (size_t)(n * E) * 4, c->stream);
+  sg_mtp(s, T, Pd, c->out, n, T + n + 1); /* draft 1 from the last row */
+  for (int j = 2; j <= k; j++) /* draft j: (d_{j-1}, g_{j-1}) at P + j - 2; g is row 0 of h now (row n-1 at j = 2) */
+    sg_mtp(s, T + n + j - 1, Pd + n + j - 2, c->h + (j == 2 ? n - 1 : 0) * E, 1, T + n + j);
+  /* the verify chunk: model_verify's eval of [x_P, d_1..d_k], every row's logits */
+  int32_t *tok0 = c->tok, *pos0 = c->pos;
+  c->tok = T + n;
+  c->pos = Pd + n + k - 1;
+  cu_embed(s, NULL, nv, c->x);
+  for (int64_t l = 0; l < m->hp.n_layer; l++) {
+    m->arch->mixer(s, l, c->x, nv, P);
+    m->arch->ffn(s, l, c->x, nv);
+  }
+  mm_own(s, &cm->output, nv, c->h, E, c->logits, V);
+  for (int64_t i = 0; i < nv; i++) cuda_argmax(c->logits + i * V, V, c->sg_d + i, c->amax_scr, c->stream);
+  cuda_spec_accept(T + n + 1, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream);
+  cuda_rt_d2h_async(c->sg_h, T + n + 1, (size_t)k * 4, c->stream);
+  cuda_rt_d2h_async(c->sg_h + SG_AMAX, c->sg_d, (size_t)(SG_INTS - SG_AMAX) * 4, c->stream);
+  cuda_rt_d2h_async(c->hid_h, c->x, (size_t)(nv * E) * 4, c->stream);
+  cuda_rt_d2h_async(c->logits_h, c->sg_row, (size_t)V * 4, c->stream);
+  c->tok = tok0;
+  c->pos = pos0;
+}
+
+static int cu_spec_greedy(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0, int k,
+                          int32_t *draft, int32_t *amax, int64_t *acc, float *hidden, float *logits, char *err,
+                          size_t errlen) {
+  cu_sess *c = s->dev;
+  const model *m = s->m;
+  const int64_t E = m->hp.n_embd, V = m->hp.n_vocab, P = s->kv.n_past;
+  if (k < 1 || k + 1 > KV_KEEP_MAX || k + 1 > LB || n < 1 || n > KV_KEEP_MAX || pos0 + n != P)
+    return floe_err(err, errlen, FLOE_E_INVALID, "cuda speculative step: %d drafts after %lld rows", k, (long long)n);
+  int rc;
+  if (!c->sg_d && ((rc = dalloc(c, &c->sg_d, SG_INTS * 4, err, errlen)) ||
+                   (rc = dalloc(c, &c->sg_row, (size_t)V * 4, err, errlen)) ||
+                   (rc = cuda_rt_host_alloc((void **)&c->sg_h, SG_INTS * 4, err, errlen))))
+    return rc; /* freed by session_free */
+  s->bytes = c->bytes;
+  if ((rc = cu_keep_begin(s, k + 1))) return floe_err(err, errlen, rc, "cuda speculative step: no kept states");
+  c->replay = false;
+  c->capturing = -1;
+  c->err = 0;
+  c->staged = false;
+  c->dst = NULL;
+  c->hid_dst = NULL;
+  c->want_greedy = false;
+  memcpy(c->tok_h, tok, (size_t)n * sizeof *tok);
+  c->tok_h[n] = tok[n - 1];
+  for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
+  for (int j = 0; j < k - 1; j++) c->pos_h[n + j] = (int32_t)(P + j);
+  for (int i = 0; i <= k; i++) c->pos_h[n + k - 1 + i] = (int32_t)(P + i);
+  memcpy(c->hin_h, h, (size_t)(n * E) * sizeof(float));
+  void **g = &c->sgraph[n - 1][k];
+  if (*g) {
+    rc = cuda_graph_launch(*g, c->stream, err, errlen);
+  } else if (c->spec_graph && cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) {
+    sg_issue(s, n, k);
+    rc = cuda_graph_end(c->stream, g, err, errlen);
+    if (!rc) {
+      s->n_recorded++;
+      rc = cuda_graph_launch(*g, c->stream, err, errlen);
+    }
+  } else {
+    sg_issue(s, n, k);
+  }
+  if (!rc && cuda_rt_stream_sync(c->stream, err, errlen)) rc = FLOE_E_IO;
+  if (!rc && (rc = cuda_rt_check("speculative step", err, errlen))) rc = FLOE_E_IO;
+  if (!rc && c->err) rc = floe_err(err, errlen, c->err, "cuda: %s", c->msg);
+  const int32_t a = c->sg_h[SG_AMAX + SG_ACC];
+  if (!rc && (a < 0 || a > k)) rc = floe_err(err, errlen, FLOE_E_IO, "cuda speculative step: accept count %d", a);
+  if (rc) {
+    cu_keep_accept(s, 0);
+    return rc;
+  }
+  for (int j = 0; j < k; j++) draft[j] = c->sg_h[j];
+  for (int i = 0; i <= k; i++) amax[i] = c->sg_h[SG_AMAX + i];
+  *acc = a;
+  if (hidden) memcpy(hidden, c->hid_h, (size_t)((k + 1) * E) * sizeof(float));
+  if (logits) memcpy(logits, c->logits_h, (size_t)V * sizeof(float));
+  return 0;
+}
+
 static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   (void)n;
   cu_sess *c = s->dev;
@@ -1341,6 +1503,7 @@ const model_backend model_backend_cuda = {
   .keep_accept = cu_keep_accept,
   .mtp_begin = cu_mtp_begin,
   .mtp_end = cu_mtp_end,
+  .spec_greedy = cu_spec_greedy,
 };
 
 int model_tier_stats_get(const model *m, model_tier_stats *out) {

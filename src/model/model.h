@@ -234,6 +234,7 @@ struct model_session {
    * a prefix of the tokens now in the session (positions <= kv.n_past) */
   int64_t verify_pos0, verify_n; /* the kept chunk of model_verify awaiting model_verify_accept (n 0: none) */
   int64_t n_recorded; /* steps the backend recorded (CUDA graphs): model_session_recorded */
+  bool spec_fused;    /* the backend's spec_greedy serves greedy speculative steps (its session_init decides) */
   model_ckpt *ckpt;          /* [max_ckpt] */
   int max_ckpt;
   uint64_t ckpt_seq;
@@ -373,6 +374,23 @@ void model_final_norm(const model *m, const float *x, int64_t n, float *y);
  * FLOE_E_UNSUPPORTED on a backend that cannot run it (model_mtp_runs). */
 int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0, int64_t first,
                    float *logits, float *h_out, char *err, size_t errlen);
+/* Whether model_spec_greedy runs on this session: its backend drafts, verifies and counts the
+ * accepted drafts in one device pass (backend.h spec_greedy; CUDA unless FLOE_CUDA_MTP_FUSED=0).
+ * Otherwise the caller composes model_mtp_eval, model_verify and its own argmaxes. */
+bool model_spec_fused(const model_session *s);
+/* A greedy speculative step with k (1..KV_KEEP_MAX-1) drafts, the same arithmetic as composing
+ * model_mtp_eval (the n <= KV_KEEP_MAX rows tok/h at pos0.., pos0 + n == n_past, the last row's
+ * logits giving d_1 = argmax; then for j = 2..k one row at n_past + j - 2 of (d_{j-1}, the
+ * previous row's h_out) giving d_j) and model_verify([tok[n-1], d_1..d_k]); the argmaxes are the
+ * device's (kern_argmax's index, like the host's). Returns draft[k], amax[k+1] (the argmax of
+ * each verify row), *acc (the largest a <= k with draft[i] == amax[i] for i < a), hidden[k+1]
+ * [n_embd] (the verify rows' final hidden states, model_verify's hidden; may be NULL) and logits
+ * [n_vocab] (verify row *acc's logits; may be NULL); the session's greedy pick is amax[*acc]. The
+ * verify chunk is left kept: model_verify_accept(s, *acc + 1) must follow, as after
+ * model_verify. FLOE_E_UNSUPPORTED where !model_spec_fused(s). */
+int model_spec_greedy(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0, int k,
+                      int32_t *draft, int32_t *amax, int64_t *acc, float *hidden, float *logits, char *err,
+                      size_t errlen);
 
 /* Moves the model onto backend be (device dev_index for a GPU): uploads what the backend needs.
  * Call after loading (and model_stream_start, which only the CPU backend supports), before any

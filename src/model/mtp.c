@@ -24,11 +24,15 @@
  * holds the trunk's experts only, uses the MTP block's in place through the source's mapping (not
  * counted in the budget). The forward runs the backend's attention / moe blocks; the fc and the
  * norms run on the host for the CPU backend (layers.c), on the device for a backend that has
- * mtp_begin / mtp_end (CUDA: the same operations, backend_cuda.c). */
+ * mtp_begin / mtp_end (CUDA: the same operations, backend_cuda.c). model_spec_greedy hands a whole
+ * greedy speculative step (MTP rows, chained drafts, verify, accept count) to a backend that runs
+ * it as one device pass (backend.h spec_greedy) and keeps model_verify's bookkeeping. */
 #include <stdio.h>
 #include <string.h>
 
 #include "experts/experts.h"
+#include "format/gguf.h"
+#include "format/safetensors.h"
 #include "model/model.h"
 
 bool model_has_mtp(const model *m) { return m->mtp.on; }
@@ -128,6 +132,44 @@ int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t
   float *g = h_out ? h_out : s->y;
   for (int64_t t = 0; t < n; t++) layer_rmsnorm(x + t * E, m->mtp.norm, E, hp->rms_eps, g + t * E);
   if (logits && n - first > 0) layer_matmul(s, &m->output, n - first, g + first * E, E, logits, V);
+  s->ph[MODEL_PH_OTHER] += floe_time_s() - t0;
+  return 0;
+}
+
+bool model_spec_fused(const model_session *s) {
+  return s->m->mtp.on && s->be->spec_greedy && s->be->keep_accept && s->spec_fused;
+}
+
+int model_spec_greedy(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0, int k,
+                      int32_t *draft, int32_t *amax, int64_t *acc, float *hidden, float *logits, char *err,
+                      size_t errlen) {
+  const model *m = s->m;
+  const int64_t V = m->hp.n_vocab, P = s->kv.n_past;
+  if (!model_spec_fused(s))
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "speculative step: the %s backend has no one-pass step", s->be->name);
+  if (k < 1 || k + 1 > KV_KEEP_MAX || n < 1 || n > KV_KEEP_MAX || pos0 < 0 || pos0 + n != P || P + k + 1 > s->kv.n_ctx)
+    return floe_err(err, errlen, FLOE_E_INVALID,
+                    "speculative step: %d drafts after %lld MTP rows at %lld (session at %lld of %lld)", k,
+                    (long long)n, (long long)pos0, (long long)P, (long long)s->kv.n_ctx);
+  for (int64_t t = 0; t < n; t++)
+    if (tok[t] < 0 || tok[t] >= V) return floe_err(err, errlen, FLOE_E_INVALID, "MTP: token %d out of range", tok[t]);
+  if (m->gguf && gguf_check_unchanged(m->gguf, err, errlen)) return FLOE_E_IO; /* as model_eval_h */
+  if (m->st && st_model_check_unchanged(m->st, err, errlen)) return FLOE_E_IO;
+  const double t0 = floe_time_s();
+  if (m->xs) xs_lock(m->xs);
+  s->xs_err = 0;
+  s->greedy = -1;
+  int rc = s->be->spec_greedy(s, tok, h, n, pos0, k, draft, amax, acc, hidden, logits, err, errlen);
+  if (m->xs) xs_unlock(m->xs);
+  if (!rc && s->xs_err) {
+    s->be->keep_accept(s, 0);
+    rc = floe_err(err, errlen, s->xs_err, "%s", s->xs_msg);
+  }
+  if (rc) return rc;
+  s->verify_pos0 = P; /* pending until model_verify_accept, as model_verify leaves it */
+  s->verify_n = k + 1;
+  s->greedy = amax[*acc];
+  s->n_eval_tok += k + 1;
   s->ph[MODEL_PH_OTHER] += floe_time_s() - t0;
   return 0;
 }
