@@ -158,8 +158,13 @@ sec_tier() {
       tiny="$tiny $f"
     done
   done
-  FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
-    "$BUILD/bin/test_cuda_tier"
+  local rc=0
+  for f in $tiny; do # one process a model: a hang shows which
+    FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures timeout ${TIER_TIMEOUT:-120} \
+      "$BUILD/bin/test_cuda_tier" || rc=1
+  done
+  [ -f "$SYNTH" ] && { FLOE_TEST_SYNTH=$SYNTH FLOE_FIXTURES=$ROOT/tests/fixtures timeout 300 "$BUILD/bin/test_cuda_tier" || rc=1; }
+  return $rc
 }
 # tier35: the 35B shape with --gpu-mem (TIER_MEM, default "8G 4G"): decode with the cost model's
 # choice, then misses only copied (FLOE_TIER_CPU=0) and only on the CPU where it can (=1)

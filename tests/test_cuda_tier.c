@@ -90,12 +90,14 @@ static void test_model(const char *path, int64_t n, bool full) {
       setenv("FLOE_TIER_SLOTS", slots, 1);
       setenv("FLOE_TIER_CPU", modes[mi], 1);
       model *mt = NULL;
+      printf("  %s slots, cpu %s: loading\n", slots, modes[mi]);
       rc = load(path, big, &mt, msg, sizeof msg);
       CHECK(rc == 0, "tiered load (%s slots, cpu %s)%s%s", slots, modes[mi], rc ? ": " : "", rc ? msg : "");
       if (rc) continue;
       model_tier_stats st;
       for (int pass = 0; pass < 2; pass++) {
         model_tier_stats_reset(mt);
+        printf("  %s slots, cpu %s: %s\n", slots, modes[mi], pass ? "decode" : "one chunk");
         rc = run(mt, tok, n, pass ? 1 : n, lg);
         const int64_t d = rc ? -1 : rows_differ(lg, pass ? ref_d : ref_p, n, V);
         model_tier_stats_get(mt, &st);
@@ -132,6 +134,7 @@ static void test_model(const char *path, int64_t n, bool full) {
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines reach a log even when the test is killed */
   if (model_cuda_devices() <= 0) {
     printf("skipped: no CUDA device\n");
     return 77;

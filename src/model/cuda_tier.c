@@ -515,6 +515,15 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
     ts->sid_h[i] = (int32_t)(t->n_res + r);
     t->st.copies++;
   }
+  static int dbg = -1; /* FLOE_TIER_DEBUG=N: the first N steps' decisions on stderr */
+  if (dbg < 0) dbg = getenv("FLOE_TIER_DEBUG") ? atoi(getenv("FLOE_TIER_DEBUG")) : 0;
+  if (dbg > 0) {
+    dbg--;
+    fprintf(stderr, "tier: layer %lld, %lld rows x %d: %lld misses, %d on the CPU; sid", (long long)l, (long long)n,
+            ks, (long long)n_miss, ts->n_job);
+    for (int64_t i = 0; i < ns && i < 12; i++) fprintf(stderr, " %d", ts->sid_h[i]);
+    fprintf(stderr, "\n");
+  }
   xv_release_all(t->xv); /* later copies are ordered after this step's kernels on the stream */
   if (cuda_rt_h2d_async(ts->sid_d, ts->sid_h, (size_t)ns * sizeof(int32_t), stream)) return FLOE_E_IO;
   *sid = ts->sid_d;
