@@ -147,6 +147,24 @@ sec_bench80() {
   [ -f "$SYNTH80" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --type q4_K -o "$SYNTH80" || return 1
   timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --device cuda -p 512 -n 128 -r 2 --json
 }
+# run_traced T CMD...: CMD with a limit of T seconds; past it, the stacks of its threads (cuda-gdb
+# when present, else the kernel's wait channels) before it is killed, so a hang says where it is
+run_traced() {
+  local t=$1 pid i
+  shift
+  "$@" &
+  pid=$!
+  for ((i = 0; i < t; i++)); do
+    kill -0 $pid 2>/dev/null || { wait $pid; return $?; }
+    sleep 1
+  done
+  echo "== still running after $t s: thread states and stacks"
+  for d in /proc/$pid/task/*; do echo "$(basename $d) $(cat $d/stat | cut -d' ' -f3) $(cat $d/wchan 2>/dev/null)"; done
+  timeout 60 /usr/local/cuda/bin/cuda-gdb -p $pid -batch -ex "thread apply all bt 12" 2>&1 | grep -E "^#|^Thread" | head -120
+  kill -9 $pid
+  wait $pid
+  return 124
+}
 # tier: test_cuda_tier (experts tiered VRAM <- host, --gpu-mem: bit for bit the resident run) on
 # the tiny synth models of test-synth and the 35B synth ($SYNTH, after synth35)
 sec_tier() {
@@ -159,8 +177,8 @@ sec_tier() {
     done
   done
   local rc=0
-  for f in $tiny; do # one process a model: a hang shows which
-    FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures timeout ${TIER_TIMEOUT:-120} \
+  for f in ${TIER_TINY:-$tiny}; do # one process a model: a hang shows which
+    FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures run_traced ${TIER_TIMEOUT:-120} \
       "$BUILD/bin/test_cuda_tier" || rc=1
   done
   [ -f "$SYNTH" ] && { FLOE_TEST_SYNTH=$SYNTH FLOE_FIXTURES=$ROOT/tests/fixtures timeout 300 "$BUILD/bin/test_cuda_tier" || rc=1; }
