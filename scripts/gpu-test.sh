@@ -67,15 +67,20 @@ sec_synth35() {
 # FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_ATTN_ROWS=0
 # FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0; the last two are moot beside FLOE_CUDA_GDN2=0, which takes the
 # one-thread recurrence anyway: test_cuda_ops runs them)
-sec_test-synth() {
-  local tiny="" p t f rc=0
+# tiny_models: writes the tiny synth models (three architectures x Q4_K / Q5_K) once, prints their paths
+tiny_models() {
+  local p t f
   for p in tiny-qwen35moe tiny-qwen3next tiny-qwen3moe; do
     for t in q4_K q5_K; do
       f=/tmp/floe-$p-$t.gguf
       [ -f "$f" ] || "$BUILD/bin/floe" synth --preset "$p" --type "$t" -o "$f" >/dev/null || return 1
-      tiny="$tiny $f"
+      echo "$f"
     done
   done
+}
+sec_test-synth() {
+  local tiny rc=0
+  tiny=$(tiny_models | tr '\n' ' ') || return 1
   FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
     "$BUILD/bin/test_cuda_model" || rc=1
   echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0"
@@ -168,14 +173,8 @@ run_traced() {
 # tier: test_cuda_tier (experts tiered VRAM <- host, --gpu-mem: bit for bit the resident run) on
 # the tiny synth models of test-synth and the 35B synth ($SYNTH, after synth35)
 sec_tier() {
-  local tiny="" p t f
-  for p in tiny-qwen35moe tiny-qwen3next tiny-qwen3moe; do
-    for t in q4_K q5_K; do
-      f=/tmp/floe-$p-$t.gguf
-      [ -f "$f" ] || "$BUILD/bin/floe" synth --preset "$p" --type "$t" -o "$f" >/dev/null || return 1
-      tiny="$tiny $f"
-    done
-  done
+  local tiny f v
+  tiny=$(tiny_models | tr '\n' ' ') || return 1
   local rc=0
   for f in ${TIER_TINY:-$tiny}; do # one process a model: a hang shows which
     FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures run_traced ${TIER_TIMEOUT:-120} \

@@ -1255,6 +1255,25 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen);
  * driver calls them), then the block's final norm and the output head (cu_logits). A draft's
  * evaluation (n <= KV_KEEP_MAX rows, the last row's logits, every row's output) is a recorded
  * step per n: h is staged in pinned hin_h, the outputs in hid_h / logits_h. */
+/* The MTP block's input rows: the embedding rows of c->tok (into emb) and h rows hd, each normed
+ * into its half of the [n][2E] concat rows cat (one norm launch per half row: the norm kernel
+ * writes contiguous rows). */
+static void mtp_concat(model_session *s, const float *hd, int64_t n, float *emb, float *cat) {
+  cu_sess *c = s->dev;
+  const cu_model *cm = s->m->dev;
+  const int64_t E = s->m->hp.n_embd;
+  const float eps = s->m->hp.rms_eps;
+  const cuda_mat *T = &cm->tok_embd.d;
+  if (cuda_embed_check(T->type, E, NULL, 0) == 0)
+    cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
+  else
+    cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
+  for (int64_t t = 0; t < n; t++) {
+    cuda_rmsnorm(emb + t * E, cm->mtp_enorm, cat + t * 2 * E, 1, E, eps, c->stream);
+    cuda_rmsnorm(hd + t * E, cm->mtp_hnorm, cat + t * 2 * E + E, 1, E, eps, c->stream);
+  }
+}
+
 static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0,
                            int64_t first, int flags) {
   const model *m = s->m;
@@ -1272,15 +1291,7 @@ static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h,
    * at least [B][2E]: model_mtp_eval checks 2n <= B*K) */
   float *emb = c->ys, *hd = c->out, *cat = c->yr;
   cuda_rt_h2d_async(hd, c->hin_h, (size_t)(n * E) * sizeof(float), c->stream);
-  const cuda_mat *T = &cm->tok_embd.d;
-  if (cuda_embed_check(T->type, E, NULL, 0) == 0)
-    cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
-  else
-    cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
-  for (int64_t t = 0; t < n; t++) {
-    cuda_rmsnorm(emb + t * E, cm->mtp_enorm, cat + t * 2 * E, 1, E, eps, c->stream);
-    cuda_rmsnorm(hd + t * E, cm->mtp_hnorm, cat + t * 2 * E + E, 1, E, eps, c->stream);
-  }
+  mtp_concat(s, hd, n, emb, cat);
   c->hq[0] = c->hq[1] = NULL; /* h is about to change: no quantized copy of it is valid */
   mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
   /* the block's attention input (cu_attention reads h; it quantizes h itself, hq being empty) */
@@ -1342,15 +1353,7 @@ static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *
   c->tok = tokd;
   c->pos = posd;
   float *x = c->x, *emb = c->ys, *cat = c->yr;
-  const cuda_mat *T = &cm->tok_embd.d;
-  if (cuda_embed_check(T->type, E, NULL, 0) == 0)
-    cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
-  else
-    cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
-  for (int64_t t = 0; t < n; t++) {
-    cuda_rmsnorm(emb + t * E, cm->mtp_enorm, cat + t * 2 * E, 1, E, eps, c->stream);
-    cuda_rmsnorm(hd + t * E, cm->mtp_hnorm, cat + t * 2 * E + E, 1, E, eps, c->stream);
-  }
+  mtp_concat(s, hd, n, emb, cat);
   c->hq[0] = c->hq[1] = NULL;
   mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
   cuda_rmsnorm(x, cm->L[l].attn_norm, c->h, n, E, eps, c->stream);
