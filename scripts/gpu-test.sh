@@ -165,7 +165,9 @@ run_traced() {
   done
   echo "== still running after $t s: thread states and stacks"
   for d in /proc/$pid/task/*; do echo "$(basename $d) $(cat $d/stat | cut -d' ' -f3) $(cat $d/wchan 2>/dev/null)"; done
-  timeout 30 /usr/local/cuda/bin/cuda-gdb -p $pid -batch -ex "thread apply all bt 12" 2>&1 | grep -E "^#|^Thread" | head -120
+  # (cuda-gdb outlived a plain timeout once: KILL)
+  timeout -s KILL 20 /usr/local/cuda/bin/cuda-gdb -p $pid -batch -ex "thread apply all bt 12" 2>&1 |
+    grep -E "^#|^Thread" | head -120
   kill -9 $pid
   wait $pid
   return 124
@@ -177,18 +179,18 @@ sec_tier() {
   tiny=$(tiny_models | tr '\n' ' ') || return 1
   local rc=0
   for f in ${TIER_TINY:-$tiny}; do # one process a model: a hang shows which
-    FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures run_traced ${TIER_TIMEOUT:-120} \
-      "$BUILD/bin/test_cuda_tier" && continue
+    (export FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures
+     run_traced ${TIER_TIMEOUT:-120} "$BUILD/bin/test_cuda_tier") && continue
     [ $rc = 1 ] && continue # the first failure only
     rc=1
-    for v in FLOE_TIER_NO_PIN=1 FLOE_CUDA_MMA=0 FLOE_CUDA_NO_PDL=1; do # which part fails
+    for v in FLOE_TIER_PIN=1 FLOE_CUDA_MMA=0 FLOE_CUDA_NO_PDL=1; do # which part fails
       echo "== again with $v"
-      env "$v" FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures run_traced ${TIER_TIMEOUT:-120} \
-        "$BUILD/bin/test_cuda_tier"
+      (export "$v" FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures
+       run_traced ${TIER_TIMEOUT:-120} "$BUILD/bin/test_cuda_tier")
     done
   done
-  [ -f "$SYNTH" ] && { FLOE_TEST_SYNTH=$SYNTH FLOE_FIXTURES=$ROOT/tests/fixtures run_traced ${TIER_TIMEOUT35:-300} \
-    "$BUILD/bin/test_cuda_tier" || rc=1; }
+  [ -f "$SYNTH" ] && { (export FLOE_TEST_SYNTH=$SYNTH FLOE_FIXTURES=$ROOT/tests/fixtures
+    run_traced ${TIER_TIMEOUT35:-300} "$BUILD/bin/test_cuda_tier") || rc=1; }
   return $rc
 }
 # tier35: the 35B shape with --gpu-mem (TIER_MEM, default "8G 4G"): decode with the cost model's
@@ -198,7 +200,8 @@ sec_tier35() {
   for g in ${TIER_MEM:-8G 4G}; do
     for v in FLOE_TIER_CPU=-1 FLOE_TIER_CPU=0 FLOE_TIER_CPU=1; do
       echo "== --gpu-mem $g, $v"
-      env "$v" run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --gpu-mem "$g" -p 512 -n 64 -r 1 --json || rc=1
+      (export "$v"; run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --gpu-mem "$g" -p 512 \
+        -n 64 -r 1 --json) || rc=1
     done
   done
   return $rc
