@@ -17,6 +17,7 @@
 #             128K with the row-group kernel and with k_attn), the 35B prefill at 512 with each
 #             (FLOE_CUDA_ATTN_ROWS=0 / default), decode at depth 0
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
+#   verify35  bench_verify --device cuda on $SYNTH, the MoE grouped from 2 rows vs from 16
 #   tier      test_cuda_tier on tiny synth models and $SYNTH (tiered experts == resident, bit for bit)
 #   tier35    the 35B shape with --gpu-mem $TIER_MEM: decode, cost model vs copies only vs CPU only
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
@@ -220,6 +221,17 @@ sec_tier80() {
       FLOE_TIER_CPU=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
       first=0
     fi
+  done
+  return $rc
+}
+# verify35: the cost of a speculative verify of 2..5 rows against a decode step on the 35B shape
+# (bench_verify --device cuda), with the MoE's slots grouped by expert from 2 rows (the default)
+# and only from 16 (FLOE_CUDA_MOE_GROUP_MIN=16: the per-slot decode kernels below; the same bits)
+sec_verify35() {
+  local v rc=0
+  for v in FLOE_CUDA_MOE_GROUP_MIN=2 FLOE_CUDA_MOE_GROUP_MIN=16; do
+    echo "== $v"
+    env "$v" timeout 120 "$BUILD/bin/bench_verify" -m "$SYNTH" --device cuda -r 9 || rc=1
   done
   return $rc
 }

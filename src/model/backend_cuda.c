@@ -159,6 +159,10 @@ typedef struct cu_sess {
   bool profile;                /* FLOE_CUDA_PROFILE: no graph, a sync after every block, timed into s->ph */
   bool use_graph;              /* record one-token steps (not FLOE_CUDA_NO_GRAPH, not profiling, not tiered) */
   cu_tier_sess *tier;          /* the tiered experts' staging (cu_model tier) */
+  /* rows from which a chunk's MoE groups its slots by expert (FLOE_CUDA_MOE_GROUP_MIN, default 2:
+   * every chunk); below, the per-slot decode kernels (the same bits): an A/B knob for the few rows
+   * of a speculative verify */
+  int64_t moe_group_min;
   double t_blk;
   int err;
   char msg[256];
@@ -629,6 +633,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   /* tiered experts: the host decides per layer where each expert is computed, so no step is a
    * fixed graph */
   c->use_graph = !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL && !cm->tier;
+  const char *gm = getenv("FLOE_CUDA_MOE_GROUP_MIN");
+  c->moe_group_min = gm && atoll(gm) > 1 ? atoll(gm) : 2;
   const char *sg = getenv("FLOE_CUDA_SPEC_GRAPH");
   c->spec_graph = c->use_graph && !(sg && sg[0] == '0');
   const char *mf = getenv("FLOE_CUDA_MTP_FUSED"); /* 0: greedy steps composed of the block steps (A/B) */
@@ -1156,7 +1162,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     return;
   }
   void *grp = NULL;
-  if (n > 1 && qe && L->gate.d.n_expert <= CUDA_MM_GROUP_MAX_EXPERT &&
+  if (n > 1 && n >= c->moe_group_min && qe && L->gate.d.n_expert <= CUDA_MM_GROUP_MAX_EXPERT &&
       cuda_mm_moe_group_useful(&L->gate.d, &L->up.d, &L->down.d)) {
     cuda_mm_moe_group(ids, n * ks, L->gate.d.n_expert, c->grp, c->stream);
     grp = c->grp;
