@@ -4,6 +4,12 @@
 #define FLOE_KERNELS_AVX512_UTIL_H
 #include <immintrin.h>
 
+/* The weight prefetch distances of kernels_avx512.c (bytes ahead into L2 / L1; 0 = off; set from
+ * FLOE_KPF / FLOE_KPF_NEAR at start), shared with the float path (kernels_act_avx512.c). */
+extern int kern_kpf, kern_kpf_near;
+#define KPF kern_kpf
+#define KPF_NEAR kern_kpf_near
+
 /* bytes >> 4 (the high nibbles): the GF(2) affine map whose matrix moves bits 4-7 to 0-3 */
 static inline __m512i hi_nib(__m512i q) { return _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408000000000ll), 0); }
 
