@@ -19,7 +19,7 @@
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
-#   mma35     the tensor-core prefill kernels' A/B (FLOE_CUDA_MMA2 in $MMA2, default "1 0 2 1"):
+#   mma35     the tensor-core prefill kernels' A/B (FLOE_CUDA_MMA2 in $MMA2, default "2 0 1"):
 #             35B prefill 4096 and 512 with each, then ncu's time of each k_k4mma* launch of one
 #             512-token chunk of the 4-layer cut with each
 #   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096,
@@ -114,16 +114,16 @@ sec_ncu35() {
 }
 sec_mma35() {
   local v rc=0 small=/tmp/floe-q35-4l.gguf
-  for v in ${MMA2:-1 0 2 1}; do
+  for v in ${MMA2:-2 0 1}; do
     echo "== prefill 4096, FLOE_CUDA_MMA2=$v"
     FLOE_CUDA_MMA2=$v timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 4096 -n 0 -r 2 --json || rc=1
   done
-  for v in ${MMA2:-1 0 2 1}; do
+  for v in ${MMA2:-2 0 1}; do
     echo "== prefill 512, FLOE_CUDA_MMA2=$v"
     FLOE_CUDA_MMA2=$v timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 0 -r 3 --json || rc=1
   done
   [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
-  for v in $(echo ${MMA2:-1 0 2 1} | tr ' ' '\n' | sort -u); do
+  for v in $(echo ${MMA2:-2 0 1} | tr ' ' '\n' | sort -u); do
     echo "== ncu k_k4mma*, FLOE_CUDA_MMA2=$v"
     FLOE_CUDA_MMA2=$v timeout 120 ncu --clock-control none -k regex:k_k4mma --metrics gpu__time_duration.sum \
       --print-summary per-kernel "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024 2>&1 |

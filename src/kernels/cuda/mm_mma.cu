@@ -391,8 +391,8 @@ __global__ void __launch_bounds__(128) k_k4mma(KArgs a, KArgs a2, int K, const i
  *    0, 8, 1, 9, ... (k and k + 8 first form a[k] = v[k] + v[k+8]), and a[0..7] go into
  *    b[i] = a[i] + a[i+4], c[i] = b[i] + b[i+2], c0 + c1 as soon as their operands exist, so at
  *    most 4 partial values an output are live (the same additions, in the same tree);
- *  - the next superblock's weight words are loaded into registers while this one is computed
- *    (and the one after it prefetched into L2), so a warp rarely waits on memory;
+ *  - the weight words of the superblock after next are prefetched into L2 (and, in the DB form,
+ *    the next one's loaded into registers) while this one is computed;
  *  - S2 = sum_j m[j] s[j] (s[j] = bsum[2j] + bsum[2j+1], |s| < 2^13) comes from two small
  *    mma: s = 128 h + l with l = s & 127, h = s >> 7 both int8 (staged once per slot and
  *    superblock), S2 = sum m l + 128 sum m h, exact in int32 as before;
@@ -400,8 +400,10 @@ __global__ void __launch_bounds__(128) k_k4mma(KArgs a, KArgs a2, int K, const i
  *    so that a B fragment (words tq and tq + 4) is one 8-byte load, rows padded by 32 bytes so
  *    that a half-warp's loads fall in distinct banks. */
 /* DB (FLOE_CUDA_MMA2=1): the next superblock's words held in registers, 4 warps a block and 3
- * blocks an SM (<= 168 registers); without (FLOE_CUDA_MMA2=2): loaded at their use after an L2
- * prefetch two superblocks ahead, 8 warps a block and 2 blocks an SM (<= 128 registers) */
+ * blocks an SM (<= 168 registers); without (FLOE_CUDA_MMA2=2, the default): loaded at their use
+ * after an L2 prefetch two superblocks ahead, 8 warps a block and 2 blocks an SM (<= 128
+ * registers). On the H200 the second is faster everywhere (MoE gate+up 506 vs 543 us a layer,
+ * down 161 vs 187, k_k4mma 722 / 286): more warps hide more than a register double buffer. */
 #define M2_NW(DB) ((DB) ? 4 : 8)       /* warps a block */
 #define M2_MINB(DB) ((DB) ? 3 : 2)     /* blocks an SM */
 #define M2_MT(DB) (16 * M2_NW(DB))     /* weight rows a block */
@@ -719,14 +721,15 @@ static int mma_on(void) {
   return g_mma;
 }
 
-/* which tensor-core kernel (the same bits): 1 = k_k4mma2 with the weights a superblock ahead in
- * registers (default), 2 = k_k4mma2 with L2 prefetch only, 0 = k_k4mma (FLOE_CUDA_MMA2=0/1/2) */
+/* which tensor-core kernel (the same bits): 2 = k_k4mma2 with the L2 prefetch, 8-warp blocks (the
+ * default: the fastest on the H200, bench/results.tsv), 1 = k_k4mma2 with the weights a
+ * superblock ahead in registers, 0 = k_k4mma (FLOE_CUDA_MMA2=0/1/2) */
 static int g_mma2 = -1;
 
 static int mma2_on(void) {
   if (g_mma2 < 0) {
     const char *e = getenv("FLOE_CUDA_MMA2");
-    g_mma2 = e && (e[0] == '0' || e[0] == '2') ? e[0] - '0' : 1;
+    g_mma2 = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
   }
   return g_mma2;
 }
@@ -777,7 +780,7 @@ bool mm_mma_fits(const KArgs &a, int mode) {
 
 void cuda_mm_set_mma(int on) { g_mma = on ? 1 : 0; }
 
-void cuda_mm_set_mma2(int impl) { g_mma2 = impl >= 0 && impl <= 2 ? impl : 1; }
+void cuda_mm_set_mma2(int impl) { g_mma2 = impl >= 0 && impl <= 2 ? impl : 2; }
 
 /* mm_api.cu: prefill's matmuls (nb >= MMA_MIN_NB activation rows) */
 bool mm_mma_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
