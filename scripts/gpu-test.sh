@@ -19,6 +19,9 @@
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
+#   ncu35p    ncu --set full (speed of light, occupancy, warp stalls) on one launch of each prefill
+#             kernel in NCU_KP (regexes of MANGLED names; default: the MoE gate+up and down of
+#             k_k4mma2, Q4_K) in a 512-token chunk of the 4-layer shape
 #   mma35     the tensor-core prefill kernels' A/B (FLOE_CUDA_MMA2 in $MMA2, default "2 0 1"):
 #             35B prefill 4096 and 512 with each, then ncu's time of each k_k4mma* launch of one
 #             512-token chunk of the 4-layer cut with each
@@ -100,6 +103,14 @@ sec_kernels35p() {
   [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
   timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024
+}
+sec_ncu35p() {
+  local small=/tmp/floe-q35-4l.gguf k
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  for k in ${NCU_KP:-k_k4mma2ILi12ELi1 k_k4mma2ILi12ELi2}; do
+    timeout 200 ncu --set full --kernel-name-base mangled -k "regex:$k" -c 1 \
+      "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024 2>&1 | grep -v "^==PROF==" || return 1
+  done
 }
 # ncu35: ncu's full report (speed of light, memory, occupancy, warp stalls) for one launch of each
 # hot decode kernel of the 35B-A3B shape cut to 4 layers (NCU_KERNELS: a regex of kernel names)
