@@ -836,9 +836,10 @@ int main(void) {
   cuda_mm_set_mma(1);
   for (int v = 0; v < 3; v++) {
     cuda_mm_set_mma2(impl_of[v]);
-    SECTION("moe grouped by expert (prefill), tensor-core kernel %s", impl_of[v] == 0 ? "k_k4mma"
-                                                                      : impl_of[v] == 1 ? "k_k4mma2 (registers ahead)"
-                                                                                        : "k_k4mma2 (L2 prefetch, default)");
+    SECTION("moe grouped by expert (prefill), tensor-core kernel %s",
+            impl_of[v] == 0   ? "k_k4mma"
+            : impl_of[v] == 1 ? "k_k4mma2 (registers ahead)"
+                              : "k_k4mma2 (L2 prefetch, default)");
     for (int ti = 0; ti < 2; ti++) {
       const uint32_t t = ti ? FLOE_TYPE_Q5_K : FLOE_TYPE_Q4_K;
       check_moe(t, 0, 0, 0, 512, 256, 100, 4, 0, 1, 6);  /* ~67 slots an expert: several tiles each */

@@ -29,7 +29,10 @@
  * Each run is cut into tiles of at most 32 slots; a launch has a block row per possible tile and
  * the blocks past the real count return at once, so nothing is read back to the host. Slots with
  * an id outside [0, n_expert) form one more run whose rows are written as NaN (the documented
- * result of the per-slot kernels). */
+ * result of the per-slot kernels).
+ *
+ * k_k4mma2 (below, the default; FLOE_CUDA_MMA2=0 selects k_k4mma) takes the same tiles and gives
+ * the same bits with a warp per 16 rows x 16 slots; its comment says what it changes and why. */
 #include <stdlib.h>
 
 #include "kernels/cuda/mm_common.cuh"
@@ -552,8 +555,8 @@ __device__ __forceinline__ void m2_pf(const uint8_t *base, size_t rb, int nr, in
  * they hold superblock 0 of the rows f0 / f1 (the next matrix this thread computes; NULL: none). */
 template <int T, bool PAIRS, bool DB>
 __device__ __forceinline__ void m2_dot(const KArgs &a, const uint8_t *row0, const uint8_t *row1, const uint8_t *pf,
-                                       int npf, K4Row &n0, K4Row &n1, const uint8_t *f0, const uint8_t *f1, const uint8_t *fpf, const uint8_t *sm,
-                                       int nj, float y[8]) {
+                                       int npf, K4Row &n0, K4Row &n1, const uint8_t *f0, const uint8_t *f1,
+                                       const uint8_t *fpf, const uint8_t *sm, int nj, float y[8]) {
   const int nsb = (int)(a.cols / 256), tq = threadIdx.x & 3;
   float A0[8], A1[8], A2[8], A3[8];
   int ui = 0; /* units done */
@@ -622,9 +625,9 @@ __device__ __forceinline__ void m2_dot(const KArgs &a, const uint8_t *row0, cons
 }
 
 template <int T, int MODE, bool DB>
-__global__ void __launch_bounds__(32 * M2_NW(DB), M2_MINB(DB)) k_k4mma2(KArgs a, KArgs a2, int K, const int32_t *__restrict__ grp,
-                                                          GrpLayout L, const uint8_t *__restrict__ xq, size_t xs,
-                                                          float *__restrict__ Y, int64_t ldy, int64_t nb) {
+__global__ void __launch_bounds__(32 * M2_NW(DB), M2_MINB(DB))
+    k_k4mma2(KArgs a, KArgs a2, int K, const int32_t *__restrict__ grp, GrpLayout L, const uint8_t *__restrict__ xq,
+             size_t xs, float *__restrict__ Y, int64_t ldy, int64_t nb) {
   PDL_ENTER();
   extern __shared__ __align__(16) uint8_t s_mma[];
   __shared__ const uint8_t *s_xrow[MMA_NT];
