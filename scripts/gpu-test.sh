@@ -23,6 +23,12 @@
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
+#   ncu35p    ncu --set full (speed of light, occupancy, warp stalls) on one launch of each prefill
+#             kernel in NCU_KP (regexes of MANGLED names; default: the MoE gate+up and down of
+#             k_k4mma2, Q4_K) in a 512-token chunk of the 4-layer shape
+#   mma35     the tensor-core prefill kernels' A/B (FLOE_CUDA_MMA2 in $MMA2, default "2 0 1"):
+#             35B prefill 4096 and 512 with each, then ncu's time of each k_k4mma* launch of one
+#             512-token chunk of the 4-layer cut with each
 #   bench35   floe bench --device cuda on $SYNTH: decode at depth 0 and $DEPTHS, prefill 512 / 4096,
 #             A/B lines for decode (AB) and prefill (ABP), the per-phase profile
 #   bench-mm-warp, bench-mm-lanes   bench_cuda_mm with one implementation of the 16-lane
@@ -107,6 +113,14 @@ sec_kernels35p() {
   timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024
 }
+sec_ncu35p() {
+  local small=/tmp/floe-q35-4l.gguf k
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  for k in ${NCU_KP:-k_k4mma2ILi12ELi1 k_k4mma2ILi12ELi2}; do
+    timeout 200 ncu --set full --kernel-name-base mangled -k "regex:$k" -c 1 \
+      "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024 2>&1 | grep -v "^==PROF==" || return 1
+  done
+}
 # ncu35: ncu's full report (speed of light, memory, occupancy, warp stalls) for one launch of each
 # hot decode kernel of the 35B-A3B shape cut to 4 layers (NCU_KERNELS: a regex of kernel names)
 sec_ncu35() {
@@ -117,6 +131,25 @@ sec_ncu35() {
     FLOE_CUDA_NO_GRAPH=1 timeout 120 ncu --set full -k "regex:^$k\b|::$k" --launch-skip 8 -c 2 \
       "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" || return 1
   done
+}
+sec_mma35() {
+  local v rc=0 small=/tmp/floe-q35-4l.gguf
+  for v in ${MMA2:-2 0 1}; do
+    echo "== prefill 4096, FLOE_CUDA_MMA2=$v"
+    FLOE_CUDA_MMA2=$v timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 4096 -n 0 -r 2 --json || rc=1
+  done
+  for v in ${MMA2:-2 0 1}; do
+    echo "== prefill 512, FLOE_CUDA_MMA2=$v"
+    FLOE_CUDA_MMA2=$v timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 0 -r 3 --json || rc=1
+  done
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  for v in $(echo ${MMA2:-2 0 1} | tr ' ' '\n' | sort -u); do
+    echo "== ncu k_k4mma*, FLOE_CUDA_MMA2=$v"
+    FLOE_CUDA_MMA2=$v timeout 120 ncu --clock-control none -k regex:k_k4mma --metrics gpu__time_duration.sum \
+      --print-summary per-kernel "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024 2>&1 |
+      grep -E "k_k4mma|gpu__time_duration|^==" || rc=1
+  done
+  return $rc
 }
 # bench35: the 35B-A3B decode / prefill figures (DEPTHS: extra decode depths, default 8192)
 sec_bench35() {
@@ -286,6 +319,7 @@ for s in "${sections[@]}"; do
 done
 [ -f "$LOG/bench-mm.log" ] && { echo "=== bench-mm"; cat "$LOG/bench-mm.log"; }
 [ -f "$LOG/bench35.log" ] && { echo "=== bench35"; grep -E '^\{' "$LOG/bench35.log" | cut -c1-600; }
+[ -f "$LOG/mma35.log" ] && { echo "=== mma35"; grep -E '^\{|^==|k_k4mma|Average|gpu__time' "$LOG/mma35.log" | cut -c1-300; }
 for b in attn35 depth35; do
   [ -f "$LOG/$b.log" ] && { echo "=== $b"; grep -E '^\{|attn|chunk|wall|==' "$LOG/$b.log" | cut -c1-420; }
 done

@@ -18,6 +18,10 @@
  *  - the norms with the quantization fused (cuda_mm_norm_act, cuda_mm_combine_act) equal the plain
  *    norm + cuda_mm_act_quantize, and the CPU's kern_act_quantize_rows; both implementations of the
  *    quantization and the combine (cuda_mm_set_act2), also alone on awkward sizes (check_act);
+ *  - the tensor-core kernels (k_k4mma2 in both forms, k_k4mma) equal the CPU on activation row
+ *    counts that leave partial passes, rows < 16 and not multiples of 64, 1..16 superblocks, and
+ *    in the grouped MoE on skewed ids (an expert with more than a 32-slot tile, one with a single
+ *    slot, one with none, an out-of-range id);
  *  - outputs are poisoned (NaN bytes) before each launch, so an unwritten element fails;
  *  - sensitivity: every block's f16 scales vary (test_vary_f16), and changing one scale of the
  *    device copy must change the GPU result (a comparison that cannot fail would pass it). */
@@ -415,6 +419,8 @@ static void check_mma(uint32_t type, int64_t rows, int64_t cols, int nb, int on)
 
 /* grouped: the prefill form (cuda_mm_moe_group, then the _grp calls: the tensor-core kernels for
  * Q4_K / Q5_K), which must give the same bits */
+static int g_skew; /* check_moe's ids: 0 random; 1 skewed (expert 0 in every token: runs past one 32-slot tile;
+                      expert 1 one slot; expert NE-1 none; the rest random), for the grouped kernels' edges */
 static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t E, int64_t I, int T, int K, int shared,
                       int grouped, int n_exp) {
   const int NE = shared ? 1 : n_exp;
@@ -430,6 +436,7 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
       int e;
       do { /* K distinct experts per token, as a top-k gives */
         e = shared ? 0 : (int)(floe_rng_u64(&rng) % NE);
+        if (g_skew && !shared) e = j == 0 ? 0 : t == 0 && j == 1 ? 1 : 2 + (int)(floe_rng_u64(&rng) % (NE - 3));
         int dup = 0;
         for (int u = 0; u < j; u++) dup |= ids[t * K + u] == e;
         if (!dup) break;
@@ -462,7 +469,9 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
   float *Y = malloc(sizeof(float) * (size_t)(S * E));
   uint8_t *hq = abd ? malloc(abd) : NULL;
   const int best = kern_isa_get();
-  kern_isa_set(FLOE_ISA_SCALAR); /* the float path's reference (the quantized path is the same on every ISA) */
+  /* the float path's reference; the quantized path gives the same bits on every ISA (test_kernels),
+   * so it keeps the fastest (the grouped checks' references are the bulk of this test's time) */
+  if (!ab) kern_isa_set(FLOE_ISA_SCALAR);
   for (int s = 0; s < S; s++) {
     const int t = s / K, e = ids[s];
     const floe_mat Wg = expert_of(&mg, e), Wu = expert_of(&mu, e), Wd = expert_of(&md, e);
@@ -509,10 +518,10 @@ static void check_moe(uint32_t type, int bits, int group, uint32_t sbt, int64_t 
     ok_h &= first_diff(H + (size_t)s * I, Hg + (size_t)s * I, I) < 0;
     ok_y &= first_diff(Y + (size_t)s * E, Yg + (size_t)s * E, E) < 0;
   }
-  CHECK(ok_h, "moe %s E=%lld I=%lld T=%d K=%d%s%s: gate+up+GLU == CPU bit for bit", nm, (long long)E, (long long)I, T,
-        K, shared ? " (shared)" : "", grouped ? " (grouped by expert)" : "");
-  CHECK(ok_y, "moe %s E=%lld I=%lld T=%d K=%d%s%s: down == CPU bit for bit", nm, (long long)E, (long long)I, T, K,
-        shared ? " (shared)" : "", grouped ? " (grouped by expert)" : "");
+  CHECK(ok_h, "moe %s E=%lld I=%lld T=%d K=%d%s%s%s: gate+up+GLU == CPU bit for bit", nm, (long long)E, (long long)I,
+        T, K, shared ? " (shared)" : "", grouped ? " (grouped by expert)" : "", g_skew ? " (skewed ids)" : "");
+  CHECK(ok_y, "moe %s E=%lld I=%lld T=%d K=%d%s%s%s: down == CPU bit for bit", nm, (long long)E, (long long)I, T, K,
+        shared ? " (shared)" : "", grouped ? " (grouped by expert)" : "", g_skew ? " (skewed ids)" : "");
   if (bad_slot >= 0) CHECK(nan_ok, "moe %s: an expert id out of range gives NaN rows", nm);
   free(ids);
   free(X);
@@ -810,21 +819,39 @@ int main(void) {
   /* prefill: the tensor-core kernels (mm_mma.cu) against the CPU, and k_k4 (FLOE_CUDA_MMA=0) too;
    * rows not multiples of 16 / 64, activation rows not multiples of 32, 1..16 superblocks, and
    * past 16 (not taken: k_k4 runs them) */
-  SECTION("tensor-core matmuls (Q4_K / Q5_K, 16+ activation rows)");
-  static const int64_t mshape[][3] = {{67, 2048, 33}, {130, 4096, 45}, {19, 512, 16}, {200, 256 * 3, 97},
-                                      {64, 256, 32}, {70, 256 * 18, 20}, {257, 1024, 130}};
+  /* k_k4mma2 (cuda_mm_set_mma2 1 and 2) and k_k4mma (0): passes of 16 with 1 or 2 live n-tiles
+   * (20, 41: a last pass of 4 / 9 rows; 17: one row), rows < 16 (a warp's partial prefetch),
+   * superblocks 9..16 taken in pairs (9, 11, 16) */
+  SECTION("tensor-core matmuls (Q4_K / Q5_K, 16+ activation rows; k_k4mma2 both forms, k_k4mma, k_k4)");
+  static const int64_t mshape[][3] = {{67, 2048, 33},    {130, 4096, 45},   {19, 512, 16},  {200, 256 * 3, 97},
+                                      {64, 256, 32},     {70, 256 * 18, 20}, {257, 1024, 130}, {5, 512, 24},
+                                      {150, 256 * 11, 41}, {33, 256 * 9, 17}, {129, 256 * 16, 20}};
+  static const int impl_of[] = {2, 1, 0, -1}; /* cuda_mm_set_mma2; -1: no tensor cores (k_k4) */
   for (int ti = 0; ti < 2; ti++)
     for (size_t i = 0; i < sizeof mshape / sizeof mshape[0]; i++)
-      for (int on = 1; on >= 0; on--)
-        check_mma(ti ? FLOE_TYPE_Q5_K : FLOE_TYPE_Q4_K, mshape[i][0], mshape[i][1], (int)mshape[i][2], on);
+      for (int v = 0; v < 4; v++) {
+        cuda_mm_set_mma2(impl_of[v] < 0 ? 2 : impl_of[v]);
+        check_mma(ti ? FLOE_TYPE_Q5_K : FLOE_TYPE_Q4_K, mshape[i][0], mshape[i][1], (int)mshape[i][2], impl_of[v] >= 0);
+      }
   cuda_mm_set_mma(1);
-  SECTION("moe grouped by expert (prefill)");
-  for (int ti = 0; ti < 2; ti++) {
-    const uint32_t t = ti ? FLOE_TYPE_Q5_K : FLOE_TYPE_Q4_K;
-    check_moe(t, 0, 0, 0, 512, 256, 100, 4, 0, 1, 6);  /* ~67 slots an expert: several tiles each */
-    check_moe(t, 0, 0, 0, 2048, 512, 37, 8, 0, 1, 20); /* the 35B-A3B row lengths */
-    check_moe(t, 0, 0, 0, 256 * 3, 256 * 3, 5, 3, 0, 1, 9);
+  for (int v = 0; v < 3; v++) {
+    cuda_mm_set_mma2(impl_of[v]);
+    SECTION("moe grouped by expert (prefill), tensor-core kernel %s",
+            impl_of[v] == 0   ? "k_k4mma"
+            : impl_of[v] == 1 ? "k_k4mma2 (registers ahead)"
+                              : "k_k4mma2 (L2 prefetch, default)");
+    for (int ti = 0; ti < 2; ti++) {
+      const uint32_t t = ti ? FLOE_TYPE_Q5_K : FLOE_TYPE_Q4_K;
+      check_moe(t, 0, 0, 0, 512, 256, 100, 4, 0, 1, 6);  /* ~67 slots an expert: several tiles each */
+      check_moe(t, 0, 0, 0, 2048, 512, 37, 8, 0, 1, 20); /* the 35B-A3B row lengths */
+      check_moe(t, 0, 0, 0, 256 * 3, 256 * 3, 5, 3, 0, 1, 9);
+      g_skew = 1; /* expert 0: 37 / 45 slots (a 32-slot tile and a 5 / 13-slot one), expert 1: one, the last: none */
+      check_moe(t, 0, 0, 0, 2048, 512, 37, 8, 0, 1, 24);
+      check_moe(t, 0, 0, 0, 512, 256 * 10, 45, 3, 0, 1, 7); /* down of 10 superblocks: in pairs */
+      g_skew = 0;
+    }
   }
+  cuda_mm_set_mma2(2);
   check_moe(FLOE_TYPE_Q6_K, 0, 0, 0, 512, 256, 40, 4, 0, 1, 6); /* no tensor-core kernel: the per-slot ones */
   check_moe(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 9, 256, 20, 2, 0, 1, 4); /* gate+up past 8 superblocks: per slot */
   return TEST_DONE();

@@ -153,6 +153,11 @@ void cuda_mm_moe_down_grp(const cuda_mat *down, int64_t T, int K, const int32_t 
 /* Q4_K / Q5_K calls of 16 or more activation rows: 1 = the tensor-core kernels where they apply
  * (the default), 0 = k_k4 (the same bits; FLOE_CUDA_MMA=0 sets 0 at the first launch). */
 void cuda_mm_set_mma(int on);
+/* Which tensor-core kernel: 2 = k_k4mma2 (16 slots a warp pass, only the n-tiles holding slots,
+ * the weights loaded at their use after an L2 prefetch, 8-warp blocks; the default), 1 = k_k4mma2
+ * with the weights a superblock ahead in registers (4-warp blocks), 0 = k_k4mma. The same bits
+ * (test_cuda_mm runs all three); FLOE_CUDA_MMA2=0/1/2 sets it at the first launch. */
+void cuda_mm_set_mma2(int impl);
 
 /* Tests and benchmarks: which implementation the 16-lane types use (both give the same bits):
  * AUTO (the default) picks by shape, WARP forces a warp per row (mm_q16.cu), LANES 4 lanes per

@@ -29,7 +29,10 @@
  * Each run is cut into tiles of at most 32 slots; a launch has a block row per possible tile and
  * the blocks past the real count return at once, so nothing is read back to the host. Slots with
  * an id outside [0, n_expert) form one more run whose rows are written as NaN (the documented
- * result of the per-slot kernels). */
+ * result of the per-slot kernels).
+ *
+ * k_k4mma2 (below, the default; FLOE_CUDA_MMA2=0 selects k_k4mma) takes the same tiles and gives
+ * the same bits with a warp per 16 rows x 16 slots; its comment says what it changes and why. */
 #include <stdlib.h>
 
 #include "kernels/cuda/mm_common.cuh"
@@ -377,6 +380,339 @@ __global__ void __launch_bounds__(128) k_k4mma(KArgs a, KArgs a2, int K, const i
   }
 }
 
+/* ---- k_k4mma2: the second form (FLOE_CUDA_MMA2, on by default) ----
+ *
+ * The same outputs, bit for bit, as k_k4mma; what changes is where the time goes. k_k4mma kept
+ * kred16's first 8 slots of 16 outputs a thread in registers (~250 registers: 2 blocks of 4 warps
+ * an SM), loaded each superblock's weights right before their use, formed S2 with 16 integer
+ * multiplies an output from unpacked int16 bsums, and ran all 4 n-tiles of a 32-slot tile even
+ * when the expert had a handful of slots. Here:
+ *  - a warp owns 16 weight rows x 16 slots (8 outputs a thread); a block of M2_NW warps covers
+ *    16 M2_NW rows, and a tile of up to 32 slots is taken in passes of 16, with only the n-tiles
+ *    (8 slots) that hold slots computed: a 20-slot expert costs 3 n-tiles, not 4;
+ *  - kred16's tree is folded as the terms arrive: superblocks are taken in the order
+ *    0, 8, 1, 9, ... (k and k + 8 first form a[k] = v[k] + v[k+8]), and a[0..7] go into
+ *    b[i] = a[i] + a[i+4], c[i] = b[i] + b[i+2], c0 + c1 as soon as their operands exist, so at
+ *    most 4 partial values an output are live (the same additions, in the same tree);
+ *  - the weight words of the superblock after next are prefetched into L2 (and, in the DB form,
+ *    the next one's loaded into registers) while this one is computed;
+ *  - S2 = sum_j m[j] s[j] (s[j] = bsum[2j] + bsum[2j+1], |s| < 2^13) comes from two small
+ *    mma: s = 128 h + l with l = s & 127, h = s >> 7 both int8 (staged once per slot and
+ *    superblock), S2 = sum m l + 128 sum m h, exact in int32 as before;
+ *  - the activation codes are staged with each 32-run's words reordered (w0 w4 w1 w5 w2 w6 w3 w7)
+ *    so that a B fragment (words tq and tq + 4) is one 8-byte load, rows padded by 32 bytes so
+ *    that a half-warp's loads fall in distinct banks. */
+/* DB (FLOE_CUDA_MMA2=1): the next superblock's words held in registers, 4 warps a block and 3
+ * blocks an SM (<= 168 registers); without (FLOE_CUDA_MMA2=2, the default): loaded at their use
+ * after an L2 prefetch two superblocks ahead, 8 warps a block and 2 blocks an SM (<= 128
+ * registers). On the H200 the second is faster everywhere (MoE gate+up 506 vs 543 us a layer,
+ * down 161 vs 187, k_k4mma 722 / 286): more warps hide more than a register double buffer. */
+#define M2_NW(DB) ((DB) ? 4 : 8)       /* warps a block */
+#define M2_MINB(DB) ((DB) ? 3 : 2)     /* blocks an SM */
+#define M2_MT(DB) (16 * M2_NW(DB))     /* weight rows a block */
+#define M2_NP 16                /* slots a pass */
+#define M2_QR(nsb) (256 * (nsb) + 32)
+#define M2_SMEM(nsb) (M2_NP * M2_QR(nsb) + M2_NP * (nsb) * 20)
+
+/* stage the pass's 16 activation rows (xrow[n], NULL: a zero row): codes reordered, then per
+ * (row, superblock) the l / h bytes of the sub-block sums {l0-3, h0-3, l4-7, h4-7} and dx */
+__device__ __forceinline__ void m2_stage(uint8_t *sm, int nsb, const KArgs &a, const uint8_t *const *xrow) {
+  const int tid = threadIdx.x, nt = blockDim.x, QR = M2_QR(nsb), nu = 8 * nsb, tot = M2_NP * nu;
+  constexpr int UB = 8; /* 32-byte runs a thread has in flight: the loads of a batch are issued before any use */
+  for (int i0 = tid; i0 < tot; i0 += UB * nt) {
+    uint4 p[UB], q[UB];
+#pragma unroll
+    for (int r = 0; r < UB; r++) {
+      const int i = i0 + r * nt, n = i / nu, u = i % nu;
+      const uint8_t *x = i < tot ? xrow[n] : nullptr;
+      p[r] = q[r] = make_uint4(0, 0, 0, 0);
+      if (x) {
+        const uint4 *src = (const uint4 *)(x + 32 * (size_t)u);
+        p[r] = src[0];
+        q[r] = src[1];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < UB; r++) {
+      const int i = i0 + r * nt, n = i / nu, u = i % nu;
+      if (i >= tot) break;
+      uint4 *dst = (uint4 *)(sm + n * QR + 32 * u);
+      dst[0] = make_uint4(p[r].x, q[r].x, p[r].y, q[r].y);
+      dst[1] = make_uint4(p[r].z, q[r].z, p[r].w, q[r].w);
+    }
+  }
+  uint4 *lh = (uint4 *)(sm + M2_NP * QR);
+  float *dd = (float *)(lh + M2_NP * nsb);
+  for (int i = tid; i < M2_NP * nsb; i += nt) {
+    const int n = i / nsb, k = i % nsb;
+    const uint8_t *x = xrow[n];
+    uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+    float dx = 0.0f;
+    if (x) {
+      const uint4 *bs = (const uint4 *)(x + a.off_s + 32 * (size_t)k);
+      b0 = bs[0];
+      b1 = bs[1];
+      dx = ((const float *)(x + a.off_d))[k];
+    }
+    const uint32_t bw[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    uint32_t L[2] = {0, 0}, H[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const int s = (int)(int16_t)(bw[j] & 0xFFFF) + (int)(int16_t)(bw[j] >> 16);
+      L[j >> 2] |= (uint32_t)(s & 127) << (8 * (j & 3));
+      H[j >> 2] |= (uint32_t)((s >> 7) & 0xFF) << (8 * (j & 3));
+    }
+    lh[i] = make_uint4(L[0], H[0], L[1], H[1]);
+    dd[i] = dx;
+  }
+}
+
+/* One superblock k of this thread's 8 outputs (n-tile j < nj, element e: weight row g + 8 (e / 2)
+ * of the warp's 16, slot 8 j + 2 tq + e % 2 of the pass): the terms t = (float)S1 * (d * dx) -
+ * (float)S2 * (dmin * dx); outputs of n-tiles past nj get 0 (never stored). */
+template <int T>
+__device__ __forceinline__ void m2_unit(const K4Row &w0, const K4Row &w1, const uint8_t *sm, int nsb, int k, int nj,
+                                        float tv[8]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, QR = M2_QR(nsb);
+  /* the 8 six-bit scales and mins of each row as bytes (get_scale_min_k4) */
+  const uint32_t s0l = w0.h.y & 0x3F3F3F3Fu, s0h = (w0.h.w & 0x0F0F0F0Fu) | ((w0.h.y >> 2) & 0x30303030u);
+  const uint32_t s1l = w1.h.y & 0x3F3F3F3Fu, s1h = (w1.h.w & 0x0F0F0F0Fu) | ((w1.h.y >> 2) & 0x30303030u);
+  int S1[8];
+#pragma unroll
+  for (int o = 0; o < 8; o++) S1[o] = 0;
+  const uint8_t *xq = sm + g * QR + 256 * k + 8 * tq;
+#pragma unroll
+  for (int t = 0; t < 8; t++) {
+    const int c = 2 * (t >> 2) + (t & 1), hi = (t >> 1) & 1, sb = 2 * c + hi;
+    const uint32_t a0 = k4_codes<T>(w0.lo[c], w0.qh0, c, hi), a1 = k4_codes<T>(w1.lo[c], w1.qh0, c, hi);
+    const uint32_t a2 = k4_codes<T>(w0.hi[c], w0.qh1, c, hi), a3 = k4_codes<T>(w1.hi[c], w1.qh1, c, hi);
+    const int sc0 = (int)(((sb < 4 ? s0l : s0h) >> (8 * (sb & 3))) & 0xFF);
+    const int sc1 = (int)(((sb < 4 ? s1l : s1h) >> (8 * (sb & 3))) & 0xFF);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      if (j >= nj) break;
+      const uint2 b = *(const uint2 *)(xq + 8 * j * QR + 32 * t);
+      int cc[4] = {0, 0, 0, 0};
+      mma_s8(cc, a0, a1, a2, a3, b.x, b.y);
+      S1[4 * j + 0] += sc0 * cc[0];
+      S1[4 * j + 1] += sc0 * cc[1];
+      S1[4 * j + 2] += sc1 * cc[2];
+      S1[4 * j + 3] += sc1 * cc[3];
+    }
+  }
+  /* S2: A = the mins (k 0..7 of rows g, g + 8; k 8..31 zero), B = l or h of the slot */
+  const uint32_t m0l = w0.h.z & 0x3F3F3F3Fu, m0h = ((w0.h.w >> 4) & 0x0F0F0F0Fu) | ((w0.h.z >> 2) & 0x30303030u);
+  const uint32_t m1l = w1.h.z & 0x3F3F3F3Fu, m1h = ((w1.h.w >> 4) & 0x0F0F0F0Fu) | ((w1.h.z >> 2) & 0x30303030u);
+  const uint32_t ma0 = tq == 0 ? m0l : tq == 1 ? m0h : 0u, ma1 = tq == 0 ? m1l : tq == 1 ? m1h : 0u;
+  const float d0 = mm_f16(w0.h.x & 0xFFFF), dm0 = mm_f16(w0.h.x >> 16);
+  const float d1 = mm_f16(w1.h.x & 0xFFFF), dm1 = mm_f16(w1.h.x >> 16);
+  const uint4 *lh = (const uint4 *)(sm + M2_NP * QR);
+  const float *sd = (const float *)(lh + M2_NP * nsb);
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    if (j >= nj) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) tv[4 * j + e] = 0.0f;
+      continue;
+    }
+    uint2 v = *(const uint2 *)((const uint8_t *)(lh + (8 * j + g) * nsb + k) + 8 * (tq & 1));
+    if (tq >= 2) v = make_uint2(0, 0);
+    int P[4] = {0, 0, 0, 0}, Q[4] = {0, 0, 0, 0};
+    mma_s8(P, ma0, ma1, 0u, 0u, v.x, 0u);
+    mma_s8(Q, ma0, ma1, 0u, 0u, v.y, 0u);
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      const float dx = sd[(8 * j + 2 * tq + u) * nsb + k];
+      const int S2a = P[u] + 128 * Q[u], S2b = P[2 + u] + 128 * Q[2 + u];
+      const float dd0 = d0 * dx, dmx0 = dm0 * dx, dd1 = d1 * dx, dmx1 = dm1 * dx;
+      tv[4 * j + u] = (float)S1[4 * j + u] * dd0 - (float)S2a * dmx0;
+      tv[4 * j + 2 + u] = (float)S1[4 * j + 2 + u] * dd1 - (float)S2b * dmx1;
+    }
+  }
+}
+
+/* the superblock of unit i (the order 0, 8, 1, 9, ... while pairs last, then the rest) */
+__device__ __forceinline__ int m2_seq(int i, int nsb) {
+  if (nsb <= 8) return i;
+  const int np = nsb - 8;
+  return i < 2 * np ? (i >> 1) + 8 * (i & 1) : i - np;
+}
+
+/* L2 prefetch of superblock k of the warp's rows (base: its first row, rows rb bytes apart, nr of
+ * them exist): the first, middle and last byte of each row's block, so every line it touches */
+template <int T>
+__device__ __forceinline__ void m2_pf(const uint8_t *base, size_t rb, int nr, int k) {
+  constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176;
+  const int lane = threadIdx.x & 31;
+  if ((lane & 15) >= nr) return;
+  const uint8_t *p = base + (size_t)(lane & 15) * rb + (size_t)k * BB;
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p + (lane >> 4) * (BB - 1)));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p + BB / 2));
+}
+
+/* This thread's 8 outputs of one matrix (rows row0 / row1; pf: its warp's first row, for the L2
+ * prefetch) over the staged pass, into y. n0 / n1 hold superblock 0's words on entry; on exit
+ * they hold superblock 0 of the rows f0 / f1 (the next matrix this thread computes; NULL: none). */
+template <int T, bool PAIRS, bool DB>
+__device__ __forceinline__ void m2_dot(const KArgs &a, const uint8_t *row0, const uint8_t *row1, const uint8_t *pf,
+                                       int npf, K4Row &n0, K4Row &n1, const uint8_t *f0, const uint8_t *f1,
+                                       const uint8_t *fpf, const uint8_t *sm, int nj, float y[8]) {
+  const int nsb = (int)(a.cols / 256), tq = threadIdx.x & 3;
+  float A0[8], A1[8], A2[8], A3[8];
+  int ui = 0; /* units done */
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    float av[8];
+    if (k < nsb) {
+#pragma unroll
+      for (int part = 0; part < 2; part++) {
+        if (part == 1 && (!PAIRS || k + 8 >= nsb)) break;
+        const int sbk = k + 8 * part;
+        K4Row c0, c1;
+        if constexpr (DB) {
+          c0 = n0, c1 = n1;
+          if (ui + 1 < nsb) { /* the next unit's words */
+            const int nk = PAIRS ? m2_seq(ui + 1, nsb) : ui + 1;
+            k4_load<T>(n0, row0, nk, tq);
+            k4_load<T>(n1, row1, nk, tq);
+          } else if (f0) {
+            k4_load<T>(n0, f0, 0, tq);
+            k4_load<T>(n1, f1, 0, tq);
+          }
+        } else {
+          k4_load<T>(c0, row0, sbk, tq);
+          k4_load<T>(c1, row1, sbk, tq);
+        }
+        if (ui + 2 < nsb) m2_pf<T>(pf, a.row_bytes, npf, PAIRS ? m2_seq(ui + 2, nsb) : ui + 2);
+        else if (fpf) m2_pf<T>(fpf, a.row_bytes, npf, PAIRS ? m2_seq(ui + 2 - nsb, nsb) : ui + 2 - nsb);
+        ui++;
+        float tv[8];
+        m2_unit<T>(c0, c1, sm, nsb, sbk, nj, tv);
+        if (part == 0) {
+#pragma unroll
+          for (int o = 0; o < 8; o++) av[o] = 0.0f + tv[o];
+        } else {
+#pragma unroll
+          for (int o = 0; o < 8; o++) av[o] = av[o] + (0.0f + tv[o]);
+        }
+      }
+      if (!PAIRS || k + 8 >= nsb)
+#pragma unroll
+        for (int o = 0; o < 8; o++) av[o] = av[o] + 0.0f; /* a[k] = v[k] + v[k+8], v[k+8] = 0 */
+    } else {
+#pragma unroll
+      for (int o = 0; o < 8; o++) av[o] = 0.0f + 0.0f; /* slots never written: 0 + 0 */
+    }
+    /* kred16: b[i] = a[i] + a[i+4], c[i] = b[i] + b[i+2], c[0] + c[1], formed as a[] arrives */
+#pragma unroll
+    for (int o = 0; o < 8; o++) {
+      if (k == 0) A0[o] = av[o];
+      else if (k == 1) A1[o] = av[o];
+      else if (k == 2) A2[o] = av[o];
+      else if (k == 3) A3[o] = av[o];
+      else if (k == 4) A0[o] = A0[o] + av[o];
+      else if (k == 5) A1[o] = A1[o] + av[o];
+      else if (k == 6) {
+        A2[o] = A2[o] + av[o];
+        A0[o] = A0[o] + A2[o];
+      } else {
+        A3[o] = A3[o] + av[o];
+        A1[o] = A1[o] + A3[o];
+        y[o] = A0[o] + A1[o];
+      }
+    }
+  }
+}
+
+template <int T, int MODE, bool DB>
+__global__ void __launch_bounds__(32 * M2_NW(DB), M2_MINB(DB))
+    k_k4mma2(KArgs a, KArgs a2, int K, const int32_t *__restrict__ grp, GrpLayout L, const uint8_t *__restrict__ xq,
+             size_t xs, float *__restrict__ Y, int64_t ldy, int64_t nb) {
+  PDL_ENTER();
+  extern __shared__ __align__(16) uint8_t s_mma[];
+  __shared__ const uint8_t *s_xrow[MMA_NT];
+  __shared__ int64_t s_oid[MMA_NT];
+  int e = 0, cnt;
+  if constexpr (MODE == MM_PLAIN) {
+    const int64_t b0 = (int64_t)blockIdx.y * MMA_NT;
+    cnt = nb - b0 < MMA_NT ? (int)(nb - b0) : MMA_NT;
+    if (threadIdx.x < MMA_NT) {
+      const int64_t b = b0 + threadIdx.x;
+      s_xrow[threadIdx.x] = b < nb ? xq + (size_t)b * xs : nullptr;
+      s_oid[threadIdx.x] = b < nb ? b : -1;
+    }
+  } else {
+    if ((int)blockIdx.y >= grp[0]) return; /* past the real tiles: uniform over the block */
+    const int32_t *tl = grp + L.tiles + 3 * blockIdx.y;
+    e = tl[0];
+    const int first = tl[1];
+    cnt = tl[2];
+    if (threadIdx.x < MMA_NT) {
+      const int n = threadIdx.x;
+      const int64_t s = n < cnt ? grp[L.perm + first + n] : -1;
+      s_oid[n] = s;
+      s_xrow[n] = s >= 0 ? xq + (size_t)(MODE == MM_GLU ? s / K : s) * xs : nullptr;
+    }
+    if (e >= a.n_expert) { /* the out-of-range ids: NaN rows */
+      __syncthreads();
+      for (int i = threadIdx.x; i < MMA_NT * M2_MT(DB); i += blockDim.x) {
+        const int n = i / M2_MT(DB);
+        const int64_t r = (int64_t)blockIdx.x * M2_MT(DB) + i % M2_MT(DB);
+        if (s_oid[n] >= 0 && r < a.rows) Y[s_oid[n] * ldy + r] = __int_as_float(0x7fc00000);
+      }
+      return;
+    }
+  }
+  const int nsb = (int)(a.cols / 256);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int64_t rbase = (int64_t)blockIdx.x * M2_MT(DB) + 16 * warp, rw = rbase + g;
+  const bool live = rbase < a.rows; /* warps past the last row only stage */
+  const int64_t r0 = rw < a.rows ? rw : a.rows - 1, r1 = rw + 8 < a.rows ? rw + 8 : a.rows - 1;
+  const int npf = a.rows - rbase < 16 ? (int)(a.rows - rbase) : 16; /* the warp's rows, for the L2 prefetch */
+  const uint8_t *g0 = mm_row(a, e, r0), *g1 = mm_row(a, e, r1), *gp = mm_row(a, e, live ? rbase : 0);
+  const uint8_t *u0 = nullptr, *u1 = nullptr, *up = nullptr;
+  if constexpr (MODE == MM_GLU) u0 = mm_row(a2, e, r0), u1 = mm_row(a2, e, r1), up = mm_row(a2, e, live ? rbase : 0);
+  K4Row n0, n1;
+  if (live) { /* the first superblock's words while the activations are staged */
+    if constexpr (DB) {
+      k4_load<T>(n0, g0, 0, tq);
+      k4_load<T>(n1, g1, 0, tq);
+    } else {
+      m2_pf<T>(gp, a.row_bytes, npf, 0);
+    }
+    if (nsb > 1) m2_pf<T>(gp, a.row_bytes, npf, m2_seq(1, nsb));
+  }
+  const int npass = (cnt + M2_NP - 1) / M2_NP;
+  for (int p = 0; p < npass; p++) {
+    __syncthreads(); /* s_xrow written; the previous pass's readers done */
+    m2_stage(s_mma, nsb, a, s_xrow + M2_NP * p);
+    __syncthreads();
+    if (!live) continue;
+    const int rem = cnt - M2_NP * p, nj = rem > 8 ? 2 : 1;
+    const bool more = p + 1 < npass;
+    float y[8];
+    if constexpr (MODE == MM_GLU) {
+      float u[8];
+      m2_dot<T, false, DB>(a, g0, g1, gp, npf, n0, n1, u0, u1, up, s_mma, nj, y); /* nsb <= 8 (mm_mma_fits) */
+      m2_dot<T, false, DB>(a2, u0, u1, up, npf, n0, n1, more ? g0 : nullptr, g1, more ? gp : nullptr, s_mma, nj, u);
+#pragma unroll
+      for (int o = 0; o < 8; o++) y[o] = floe_siluf(y[o]) * u[o];
+    } else {
+      const uint8_t *f0 = more ? g0 : nullptr, *fp = more ? gp : nullptr;
+      if (nsb > 8) m2_dot<T, true, DB>(a, g0, g1, gp, npf, n0, n1, f0, g1, fp, s_mma, nj, y);
+      else m2_dot<T, false, DB>(a, g0, g1, gp, npf, n0, n1, f0, g1, fp, s_mma, nj, y);
+    }
+#pragma unroll
+    for (int o = 0; o < 8; o++) {
+      const int j = o >> 2, ee = o & 3;
+      if (j >= nj) break;
+      const int n = M2_NP * p + 8 * j + 2 * tq + (ee & 1);
+      const int64_t r = rw + 8 * (ee >> 1), id = s_oid[n];
+      if (id >= 0 && r < a.rows) Y[id * ldy + r] = y[o];
+    }
+  }
+}
+
 /* 1: the tensor-core kernels where they apply (default); 0: never (FLOE_CUDA_MMA=0). */
 static int g_mma = -1;
 
@@ -388,9 +724,43 @@ static int mma_on(void) {
   return g_mma;
 }
 
+/* which tensor-core kernel (the same bits): 2 = k_k4mma2 with the L2 prefetch, 8-warp blocks (the
+ * default: the fastest on the H200, bench/results.tsv), 1 = k_k4mma2 with the weights a
+ * superblock ahead in registers, 0 = k_k4mma (FLOE_CUDA_MMA2=0/1/2) */
+static int g_mma2 = -1;
+
+static int mma2_on(void) {
+  if (g_mma2 < 0) {
+    const char *e = getenv("FLOE_CUDA_MMA2");
+    g_mma2 = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
+  }
+  return g_mma2;
+}
+
+template <int T, int MODE, bool DB>
+void launch_mma2(const KArgs &a, const KArgs &a2, int K, const int32_t *grp, const GrpLayout &L, unsigned gy,
+                 const uint8_t *xq, size_t xs, float *Y, int64_t ldy, int64_t nb, cudaStream_t st) {
+  static bool attr = false;
+  if (!attr) {
+    cudaFuncSetAttribute(k_k4mma2<T, MODE, DB>, cudaFuncAttributeMaxDynamicSharedMemorySize, M2_SMEM(16));
+    attr = true;
+  }
+  const unsigned gx = (unsigned)((a.rows + M2_MT(DB) - 1) / M2_MT(DB));
+  pdl_launch(k_k4mma2<T, MODE, DB>, dim3(gx, gy), dim3(32 * M2_NW(DB)), (size_t)M2_SMEM(a.cols / 256), st, a, a2, K,
+             grp, L, xq, xs, Y, ldy, nb);
+}
+
 template <int T, int MODE>
 void launch_mma(const KArgs &a, const KArgs &a2, int K, const int32_t *grp, const GrpLayout &L, unsigned gy,
                 const uint8_t *xq, size_t xs, float *Y, int64_t ldy, int64_t nb, cudaStream_t st) {
+  if (mma2_on() == 1) {
+    launch_mma2<T, MODE, true>(a, a2, K, grp, L, gy, xq, xs, Y, ldy, nb, st);
+    return;
+  }
+  if (mma2_on() == 2) {
+    launch_mma2<T, MODE, false>(a, a2, K, grp, L, gy, xq, xs, Y, ldy, nb, st);
+    return;
+  }
   static bool attr = false; /* the dynamic shared memory past 48 KiB, once per instantiation */
   if (!attr) {
     cudaFuncSetAttribute(k_k4mma<T, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, MMA_SMEM);
@@ -412,6 +782,8 @@ bool mm_mma_fits(const KArgs &a, int mode) {
 }
 
 void cuda_mm_set_mma(int on) { g_mma = on ? 1 : 0; }
+
+void cuda_mm_set_mma2(int impl) { g_mma2 = impl >= 0 && impl <= 2 ? impl : 2; }
 
 /* mm_api.cu: prefill's matmuls (nb >= MMA_MIN_NB activation rows) */
 bool mm_mma_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {

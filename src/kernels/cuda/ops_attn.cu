@@ -213,6 +213,39 @@ static __device__ __forceinline__ void att_commit() { asm volatile("cp.async.com
 template <int N>
 static __device__ __forceinline__ void att_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+/* Positions tp0 .. tp0 + npos - 1 of one kv head's K and V (K, V: its rows, hd elements each) into
+ * a stage's K rows ks and V rows vs, RB bytes apart: with hd == HD (exact) 16-byte cp.async copies
+ * straight from the cache, else element copies zero-padded to HD. Every thread of the block
+ * (ATT_THREADS) takes part; k_attn and k_attn_rows load their tiles with it. */
+template <int HD, bool BF, int RB>
+static __device__ __forceinline__ void att_load_tile(unsigned char *ks, unsigned char *vs, const unsigned char *K,
+                                                     const unsigned char *V, int64_t tp0, int npos, int hd,
+                                                     bool exact) {
+  constexpr int ES = BF ? 2 : 4;
+  const int tid = threadIdx.x;
+  if (exact) {
+    constexpr int CPR = HD * ES / 16; /* 16-byte chunks per row */
+    for (int e = tid; e < npos * CPR; e += ATT_THREADS) {
+      const int p = e / CPR, ch = e % CPR;
+      const size_t g = (size_t)(tp0 + p) * HD * ES + (size_t)ch * 16;
+      att_cp16(ks + p * RB + ch * 16, K + g);
+      att_cp16(vs + p * RB + ch * 16, V + g);
+    }
+  } else {
+    for (int e = tid; e < npos * HD; e += ATT_THREADS) {
+      const int p = e / HD, d = e % HD;
+      const size_t g = (size_t)(tp0 + p) * hd + d;
+      if (BF) {
+        ((uint16_t *)(ks + p * RB))[d] = d < hd ? ((const uint16_t *)K)[g] : (uint16_t)0;
+        ((uint16_t *)(vs + p * RB))[d] = d < hd ? ((const uint16_t *)V)[g] : (uint16_t)0;
+      } else {
+        ((float *)(ks + p * RB))[d] = d < hd ? ((const float *)K)[g] : 0.0f;
+        ((float *)(vs + p * RB))[d] = d < hd ? ((const float *)V)[g] : 0.0f;
+      }
+    }
+  }
+}
+
 template <bool BF>
 static __device__ __forceinline__ float att_cvt(const void *row, int i) {
   if (BF) return ops_bf16_to_f32(((const uint16_t *)row)[i]);
@@ -260,29 +293,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     /* tile i into stage st: K rows then V rows */
     auto issue = [&](int i, int st) {
       const int64_t tp0 = p0 + (int64_t)i * TP;
-      const int npos = (int)(p1 - tp0 < TP ? p1 - tp0 : TP);
-      unsigned char *ks = att_sm + (size_t)st * 2 * TB, *vs = ks + TB;
-      if (exact) {
-        constexpr int CPR = HD * ES / 16; /* 16-byte chunks per row */
-        for (int e = tid; e < npos * CPR; e += ATT_THREADS) {
-          const int p = e / CPR, ch = e % CPR;
-          const size_t g = (size_t)(tp0 + p) * HD * ES + (size_t)ch * 16;
-          att_cp16(ks + p * RB + ch * 16, K + g);
-          att_cp16(vs + p * RB + ch * 16, V + g);
-        }
-      } else {
-        for (int e = tid; e < npos * HD; e += ATT_THREADS) {
-          const int p = e / HD, d = e % HD;
-          const size_t g = (size_t)(tp0 + p) * hd + d;
-          if (BF) {
-            ((uint16_t *)(ks + p * RB))[d] = d < hd ? ((const uint16_t *)K)[g] : (uint16_t)0;
-            ((uint16_t *)(vs + p * RB))[d] = d < hd ? ((const uint16_t *)V)[g] : (uint16_t)0;
-          } else {
-            ((float *)(ks + p * RB))[d] = d < hd ? ((const float *)K)[g] : 0.0f;
-            ((float *)(vs + p * RB))[d] = d < hd ? ((const float *)V)[g] : 0.0f;
-          }
-        }
-      }
+      unsigned char *ks = att_sm + (size_t)st * 2 * TB;
+      att_load_tile<HD, BF, RB>(ks, ks + TB, K, V, tp0, (int)(p1 - tp0 < TP ? p1 - tp0 : TP), hd, exact);
     };
 #pragma unroll
     for (int s = 0; s < ATT_STAGES - 1; s++) {
@@ -600,29 +612,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     const int ntiles = (int)((pend - p0 + TP - 1) / TP);
     auto issue = [&](int it, int st) { /* k_attn's tile load, up to pend */
       const int64_t tp0 = p0 + (int64_t)it * TP;
-      const int npos = (int)(pend - tp0 < TP ? pend - tp0 : TP);
-      unsigned char *ks = att_sm + (size_t)st * 2 * TB, *vs = ks + TB;
-      if (exact) {
-        constexpr int CPR = HD * ES / 16;
-        for (int e = tid; e < npos * CPR; e += ATT_THREADS) {
-          const int p = e / CPR, ch = e % CPR;
-          const size_t g = (size_t)(tp0 + p) * HD * ES + (size_t)ch * 16;
-          att_cp16(ks + p * RB + ch * 16, K + g);
-          att_cp16(vs + p * RB + ch * 16, V + g);
-        }
-      } else {
-        for (int e = tid; e < npos * HD; e += ATT_THREADS) {
-          const int p = e / HD, d = e % HD;
-          const size_t g = (size_t)(tp0 + p) * hd + d;
-          if (BF) {
-            ((uint16_t *)(ks + p * RB))[d] = d < hd ? ((const uint16_t *)K)[g] : (uint16_t)0;
-            ((uint16_t *)(vs + p * RB))[d] = d < hd ? ((const uint16_t *)V)[g] : (uint16_t)0;
-          } else {
-            ((float *)(ks + p * RB))[d] = d < hd ? ((const float *)K)[g] : 0.0f;
-            ((float *)(vs + p * RB))[d] = d < hd ? ((const float *)V)[g] : 0.0f;
-          }
-        }
-      }
+      unsigned char *ks = att_sm + (size_t)st * 2 * TB;
+      att_load_tile<HD, BF, RB>(ks, ks + TB, K, V, tp0, (int)(pend - tp0 < TP ? pend - tp0 : TP), hd, exact);
     };
 #pragma unroll
     for (int s = 0; s < ATT_STAGES - 1; s++) {
