@@ -1141,6 +1141,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   }
   const double t1 = floe_time_s();
   s->ph[MODEL_PH_ROUTER] += t1 - t0;
+  if (s->route_cb) s->route_cb(s->route_user, l, s->sel, n, K);
 
   /* group the (token, slot) pairs by expert: expert e's rows are gathered at [off[e], off[e]+cnt[e]) */
   int32_t *cnt = s->ecnt, *off = s->eoff, *aidx = s->aidx;

@@ -234,6 +234,10 @@ struct model_session {
    * a prefix of the tokens now in the session (positions <= kv.n_past) */
   int64_t verify_pos0, verify_n; /* the kept chunk of model_verify awaiting model_verify_accept (n 0: none) */
   int64_t n_recorded; /* steps the backend recorded (CUDA graphs): model_session_recorded */
+  /* tools (bench/route_sim): called by the CPU's MoE with each layer's routing, the n rows' top-k
+   * expert ids (ascending per row); NULL: none */
+  void (*route_cb)(void *user, int64_t l, const int32_t *sel, int64_t n, int64_t k);
+  void *route_user;
   bool spec_fused;    /* the backend's spec_greedy serves greedy speculative steps (its session_init decides) */
   model_ckpt *ckpt;          /* [max_ckpt] */
   int max_ckpt;
