@@ -246,6 +246,30 @@ static __device__ __forceinline__ void att_load_tile(unsigned char *ks, unsigned
   }
 }
 
+/* DPT (2 or 4) values of a staged V row vr from dimension d0 (bfloat16 or float), one vector load
+ * (k_attn and k_attn_rows) */
+template <bool BF, int DPT>
+static __device__ __forceinline__ void att_vrow(const unsigned char *vr, int d0, float *vv) {
+  if (BF) {
+    if (DPT == 4) {
+      const uint2 u = *(const uint2 *)(vr + d0 * 2);
+      vv[0] = __uint_as_float(u.x << 16), vv[1] = __uint_as_float(u.x & 0xffff0000u);
+      vv[DPT > 2 ? 2 : 0] = __uint_as_float(u.y << 16), vv[DPT > 3 ? 3 : 0] = __uint_as_float(u.y & 0xffff0000u);
+    } else {
+      const uint32_t u = *(const uint32_t *)(vr + d0 * 2);
+      vv[0] = __uint_as_float(u << 16), vv[1] = __uint_as_float(u & 0xffff0000u);
+    }
+  } else {
+    if (DPT == 4) {
+      const float4 f = *(const float4 *)(vr + d0 * 4);
+      vv[0] = f.x, vv[1] = f.y, vv[DPT > 2 ? 2 : 0] = f.z, vv[DPT > 3 ? 3 : 0] = f.w;
+    } else {
+      const float2 f = *(const float2 *)(vr + d0 * 4);
+      vv[0] = f.x, vv[1] = f.y;
+    }
+  }
+}
+
 template <bool BF>
 static __device__ __forceinline__ float att_cvt(const void *row, int i) {
   if (BF) return ops_bf16_to_f32(((const uint16_t *)row)[i]);
@@ -387,25 +411,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
 #pragma unroll 2
       for (int p = pg; p < npos; p += NPG) {
         float vv[DPT];
-        const unsigned char *vr = vs + p * RB;
-        if (BF) {
-          if (DPT == 4) {
-            const uint2 u = *(const uint2 *)(vr + d0 * 2);
-            vv[0] = __uint_as_float(u.x << 16), vv[1] = __uint_as_float(u.x & 0xffff0000u);
-            vv[DPT > 2 ? 2 : 0] = __uint_as_float(u.y << 16), vv[DPT > 3 ? 3 : 0] = __uint_as_float(u.y & 0xffff0000u);
-          } else {
-            const uint32_t u = *(const uint32_t *)(vr + d0 * 2);
-            vv[0] = __uint_as_float(u << 16), vv[1] = __uint_as_float(u & 0xffff0000u);
-          }
-        } else {
-          if (DPT == 4) {
-            const float4 f = *(const float4 *)(vr + d0 * 4);
-            vv[0] = f.x, vv[1] = f.y, vv[DPT > 2 ? 2 : 0] = f.z, vv[DPT > 3 ? 3 : 0] = f.w;
-          } else {
-            const float2 f = *(const float2 *)(vr + d0 * 4);
-            vv[0] = f.x, vv[1] = f.y;
-          }
-        }
+        att_vrow<BF, DPT>(vs + p * RB, d0, vv);
         float e[HB];
 #pragma unroll
         for (int h = 0; h < HB; h++) e[h] = sc[p][h];
@@ -747,27 +753,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
           for (int u = 0; u < DPT; u++) o[i][u] = __fmul_rn(o[i][u], al);
         }
       }
-      auto vload = [&](int p, float *vv) { /* k_attn's V row load: DPT dims from d0 */
-        const unsigned char *vr = vs + p * RB;
-        if (BF) {
-          if (DPT == 4) {
-            const uint2 u = *(const uint2 *)(vr + d0 * 2);
-            vv[0] = __uint_as_float(u.x << 16), vv[1] = __uint_as_float(u.x & 0xffff0000u);
-            vv[DPT > 2 ? 2 : 0] = __uint_as_float(u.y << 16), vv[DPT > 3 ? 3 : 0] = __uint_as_float(u.y & 0xffff0000u);
-          } else {
-            const uint32_t u = *(const uint32_t *)(vr + d0 * 2);
-            vv[0] = __uint_as_float(u << 16), vv[1] = __uint_as_float(u & 0xffff0000u);
-          }
-        } else {
-          if (DPT == 4) {
-            const float4 f = *(const float4 *)(vr + d0 * 4);
-            vv[0] = f.x, vv[1] = f.y, vv[DPT > 2 ? 2 : 0] = f.z, vv[DPT > 3 ? 3 : 0] = f.w;
-          } else {
-            const float2 f = *(const float2 *)(vr + d0 * 4);
-            vv[0] = f.x, vv[1] = f.y;
-          }
-        }
-      };
+      auto vload = [&](int p, float *vv) { att_vrow<BF, DPT>(vs + p * RB, d0, vv); };
       if (full && ntp == TP && act == (QR >= 32 ? 0xffffffffu : (1u << QR) - 1u)) {
         /* every row over the whole tile: 4 positions at a time, their exps one float4 load */
 #pragma unroll 1
