@@ -23,6 +23,7 @@
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
+#   kernels35v  the same for a chunk of VROWS (4) tokens: the few-row path of a verify / small batch
 #   ncu35p    ncu --set full (speed of light, occupancy, warp stalls) on one launch of each prefill
 #             kernel in NCU_KP (regexes of MANGLED names; default: the MoE gate+up and down of
 #             k_k4mma2, Q4_K) in a 512-token chunk of the 4-layer shape
@@ -113,6 +114,14 @@ sec_kernels35p() {
   timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024
 }
+# kernels35v: the same for a chunk of VROWS (default 4) tokens: the few-row path a speculative
+# verify or a small batch takes (compare each kernel with kernels35's one-row step)
+sec_kernels35v() {
+  local small=/tmp/floe-q35-4l.gguf
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p "${VROWS:-4}" -n 0 -r 1 -c 64
+}
 sec_ncu35p() {
   local small=/tmp/floe-q35-4l.gguf k
   [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
@@ -186,25 +195,36 @@ sec_bench80() {
   [ -f "$SYNTH80" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --type q4_K -o "$SYNTH80" || return 1
   timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --device cuda -p 512 -n 128 -r 2 --json
 }
-# run_traced T CMD...: CMD with a limit of T seconds; past it, the stacks of its threads (cuda-gdb
-# when present, else the kernel's wait channels) before it is killed, so a hang says where it is
+# run_traced T CMD...: CMD with a limit of T seconds. A test with the watchdog (FLOE_TEST_WATCHDOG,
+# set to T - 8) prints its main thread's stack itself, named here from the ELF symbol tables
+# (scripts/elf_sym.py); past T, the thread states and cuda-gdb's stacks, then KILL
 run_traced() {
-  local t=$1 pid i
+  local t=$1 pid i rc tmp
   shift
-  "$@" &
+  tmp=$(mktemp)
+  FLOE_TEST_WATCHDOG=$((t > 16 ? t - 8 : t)) "$@" >"$tmp" 2>&1 &
   pid=$!
   for ((i = 0; i < t; i++)); do
-    kill -0 $pid 2>/dev/null || { wait $pid; return $?; }
+    kill -0 $pid 2>/dev/null || break
     sleep 1
   done
-  echo "== still running after $t s: thread states and stacks"
-  for d in /proc/$pid/task/*; do echo "$(basename $d) $(cat $d/stat | cut -d' ' -f3) $(cat $d/wchan 2>/dev/null)"; done
-  # (cuda-gdb outlived a plain timeout once: KILL)
-  timeout -s KILL 20 /usr/local/cuda/bin/cuda-gdb -p $pid -batch -ex "thread apply all bt 12" 2>&1 |
-    grep -E "^#|^Thread" | head -120
-  kill -9 $pid
+  if kill -0 $pid 2>/dev/null; then
+    echo "== still running after $t s: thread states and stacks"
+    for d in /proc/$pid/task/*; do echo "$(basename $d) $(cut -d' ' -f3 $d/stat) $(cat $d/wchan 2>/dev/null)"; done
+    # (cuda-gdb outlived a plain timeout once: KILL)
+    timeout -s KILL 20 /usr/local/cuda/bin/cuda-gdb -p $pid -batch -ex "thread apply all bt 12" 2>&1 |
+      grep -E "^#|^Thread" | head -120
+    kill -9 $pid
+  fi
   wait $pid
-  return 124
+  rc=$?
+  cat "$tmp"
+  if grep -q '^bt: ' "$tmp"; then
+    echo "== the watchdog's stack, named"
+    python3 "$ROOT/scripts/elf_sym.py" <"$tmp"
+  fi
+  rm -f "$tmp"
+  return $rc
 }
 # tier: test_cuda_tier (experts tiered VRAM <- host, --gpu-mem: bit for bit the resident run) on
 # the tiny synth models of test-synth and the 35B synth ($SYNTH, after synth35)
@@ -213,7 +233,7 @@ sec_tier() {
   tiny=$(tiny_models | tr '\n' ' ') || return 1
   local rc=0
   for f in ${TIER_TINY:-$tiny}; do # one process a model: a hang shows which
-    (export FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures
+    (export FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures FLOE_TIER_DEBUG=${FLOE_TIER_DEBUG:-6}
      run_traced ${TIER_TIMEOUT:-120} "$BUILD/bin/test_cuda_tier") && continue
     [ $rc = 1 ] && continue # the first failure only
     rc=1

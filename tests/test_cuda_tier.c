@@ -11,11 +11,19 @@
  *    and the cost model's choice: both paths' logits equal the resident ones bit for bit, and the
  *    counters show that the misses really went where asked;
  *  - a pool below the minimum is refused at load with a message naming it.
- * Without a CUDA device: "skipped: no CUDA device", exit 77. */
+ * Without a CUDA device: "skipped: no CUDA device", exit 77.
+ * FLOE_TEST_WATCHDOG=S: after S seconds the main thread's stack is printed ("bt: OBJECT OFFSET
+ * SYMBOL" lines, for addr2line) and the test aborts, so a hang says where it is. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "floe.h"
 #include "model/model.h"
@@ -133,8 +141,44 @@ static void test_model(const char *path, int64_t n, bool full) {
   free(lg);
 }
 
+/* the watchdog: SIGUSR1 to the main thread, whose handler prints its stack */
+static void on_usr1(int sig) {
+  (void)sig;
+  void *pc[48];
+  const int n = backtrace(pc, 48);
+  for (int i = 0; i < n; i++) {
+    Dl_info di;
+    char line[512];
+    int len;
+    if (dladdr(pc[i], &di) && di.dli_fname)
+      len = snprintf(line, sizeof line, "bt: %s 0x%lx %s\n", di.dli_fname,
+                     (unsigned long)((uintptr_t)pc[i] - (uintptr_t)di.dli_fbase), di.dli_sname ? di.dli_sname : "?");
+    else
+      len = snprintf(line, sizeof line, "bt: ? %p ?\n", pc[i]);
+    if (len > 0) (void)!write(2, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
+  }
+}
+
+static pthread_t g_main;
+
+static void *watchdog(void *arg) {
+  sleep((unsigned)(uintptr_t)arg);
+  fprintf(stderr, "watchdog: still running after %u s, the main thread's stack:\n", (unsigned)(uintptr_t)arg);
+  pthread_kill(g_main, SIGUSR1);
+  sleep(2);
+  abort();
+  return NULL;
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines reach a log even when the test is killed */
+  const char *wd = getenv("FLOE_TEST_WATCHDOG");
+  if (wd && atoi(wd) > 0) {
+    pthread_t th;
+    g_main = pthread_self();
+    signal(SIGUSR1, on_usr1);
+    if (pthread_create(&th, NULL, watchdog, (void *)(uintptr_t)atoi(wd)) == 0) pthread_detach(th);
+  }
   if (model_cuda_devices() <= 0) {
     printf("skipped: no CUDA device\n");
     return 77;

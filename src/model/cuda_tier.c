@@ -189,9 +189,15 @@ static void measure_pcie(cu_tier *t) {
   t->st.pcie_gbps = best;
 }
 
+/* FLOE_TIER_DEBUG: the load's stages on stderr (where a load that does not return stopped) */
+static void stage(const char *what) {
+  if (getenv("FLOE_TIER_DEBUG")) fprintf(stderr, "tier: %s (%.3f s)\n", what, floe_time_s());
+}
+
 int cu_tier_open(const model *m, int64_t n_l, uint64_t pool_bytes, const bool *sh_slot, cu_tier **out, char *err,
                  size_t errlen) {
   *out = NULL;
+  stage("open");
   cu_tier *t = calloc(1, sizeof *t);
   if (!t || !(t->res_of = malloc((size_t)n_l * sizeof *t->res_of))) {
     free(t);
@@ -233,8 +239,11 @@ int cu_tier_open(const model *m, int64_t n_l, uint64_t pool_bytes, const bool *s
     rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
     goto fail;
   }
+  stage("pool allocated");
   pin_host(t);
+  stage(t->reg ? "host memory page-locked" : "host memory pageable");
   measure_pcie(t);
+  stage("copy rate measured");
   /* the shared experts, then routed experts round robin over the layers until the pool is full
    * (a warm start: the steady state's hit rate from the first token) */
   for (int64_t l = 0; l < n_l && !rc; l++)
@@ -247,6 +256,7 @@ int cu_tier_open(const model *m, int64_t n_l, uint64_t pool_bytes, const bool *s
       xv_release_all(t->xv);
       for (int k = 0; k < 3 && !rc; k++) rc = put(t, k, t->n_res + r, mat_of(&m->layers[l], k, e), NULL);
     }
+  stage("pool filled");
   if (rc) {
     rc = floe_err(err, errlen, FLOE_E_IO, "cannot fill the expert pool");
     goto fail;
