@@ -17,7 +17,7 @@
 #             128K with the row-group kernel and with k_attn), the 35B prefill at 512 with each
 #             (FLOE_CUDA_ATTN_ROWS=0 / default), decode at depth 0
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
-#   verify35  bench_verify --device cuda on $SYNTH, the MoE grouped from 2 rows vs from 16
+#   verify35  bench_verify --device cuda on $SYNTH: defaults, FLOE_CUDA_FEW=0, the MoE grouped from 2 rows
 #   tier      test_cuda_tier on tiny synth models and $SYNTH (tiered experts == resident, bit for bit)
 #   tier35    the 35B shape with --gpu-mem $TIER_MEM: decode, cost model vs copies only vs CPU only
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
@@ -237,7 +237,7 @@ sec_tier() {
      run_traced ${TIER_TIMEOUT:-120} "$BUILD/bin/test_cuda_tier") && continue
     [ $rc = 1 ] && continue # the first failure only
     rc=1
-    for v in FLOE_TIER_PIN=1 FLOE_CUDA_MMA=0 FLOE_CUDA_NO_PDL=1; do # which part fails
+    for v in FLOE_TIER_PIN=0 FLOE_CUDA_MMA=0 FLOE_CUDA_NO_PDL=1; do # which part fails
       echo "== again with $v"
       (export "$v" FLOE_TEST_SYNTH_CPU="$f" FLOE_FIXTURES=$ROOT/tests/fixtures
        run_traced ${TIER_TIMEOUT:-120} "$BUILD/bin/test_cuda_tier")
@@ -278,11 +278,12 @@ sec_tier80() {
   return $rc
 }
 # verify35: the cost of a speculative verify of 2..5 rows against a decode step on the 35B shape
-# (bench_verify --device cuda), with the MoE's slots grouped by expert from 2 rows (the default)
-# and only from 16 (FLOE_CUDA_MOE_GROUP_MIN=16: the per-slot decode kernels below; the same bits)
+# (bench_verify --device cuda), with the defaults (the few-row matmuls, the MoE per slot below 16
+# rows), the several-row matmuls (FLOE_CUDA_FEW=0) and the MoE grouped by expert from 2 rows
+# (FLOE_CUDA_MOE_GROUP_MIN=2); the same bits each
 sec_verify35() {
   local v rc=0
-  for v in FLOE_CUDA_MOE_GROUP_MIN=2 FLOE_CUDA_MOE_GROUP_MIN=16; do
+  for v in ${VERIFY_AB:-FLOE_CUDA_FEW=1 FLOE_CUDA_FEW=0 FLOE_CUDA_MOE_GROUP_MIN=2}; do
     echo "== $v"
     env "$v" timeout 120 "$BUILD/bin/bench_verify" -m "$SYNTH" --device cuda -r 9 || rc=1
   done

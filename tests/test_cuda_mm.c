@@ -3,7 +3,9 @@
  *
  *  - activation quantization: the GPU's bytes equal kern_act_quantize_rows' (every format);
  *  - quantized path: Y from cuda_mm_matmul equals kern_matmul_batch with the same quantized rows
- *    bit for bit, with the CPU's best ISA and with the scalar ISA, nb in {1,2,3,7,16,33};
+ *    bit for bit, with the CPU's best ISA and with the scalar ISA, nb in {1,2,3,7,11,16,33}, with each
+ *    kernel choice (Q4_K / Q5_K: k_k4, k_k4w, the few-row k_k4wn; F32 / F16 / BF16: k_plain,
+ *    k_plain_tile, the few-row k_plainn);
  *  - float path (every type, incl. those with a quantized path): bit-identical to the CPU's scalar
  *    float path, except F32/F16/BF16: bit-identical to the AVX-512 float path's order
  *    (kern_mm_float_lanes_ref, which test_kernels holds equal to that kernel); within 1e-5 *
@@ -189,7 +191,7 @@ static int64_t first_diff(const float *a, const float *b, int64_t n) {
 }
 
 /* ---- matmul, activation quantization, dequantization of one matrix ---- */
-static const int NBS[] = {1, 2, 3, 7, 16, 33};
+static const int NBS[] = {1, 2, 3, 7, 11, 16, 33};
 #define NBMAX 33
 
 /* F32/F16/BF16: the GPU follows the AVX-512 float order (kern_mm_float_lanes_ref) */
@@ -234,16 +236,18 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   const int kq = type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K;
   /* F32 / F16 / BF16: k_plain and k_plain_tile for several activation rows (cuda_mm_set_plain_tile) */
   const int pt = plain_type(type);
-  const int nimpl = ab || pt ? 2 : 1;
+  /* impl 2 (Q4_K / Q5_K, F32 / F16 / BF16): the few-row kernels (k_k4wn, k_plainn; cuda_mm_set_few) */
+  const int nimpl = kq || pt ? 3 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
     cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
-    cuda_mm_set_plain_tile(!pt || impl == 1);
-    cuda_mm_set_k4w(kq && impl == 1);
+    cuda_mm_set_plain_tile(!pt || impl >= 1);
+    cuda_mm_set_k4w(kq && impl >= 1);
+    cuda_mm_set_few(impl == 2);
     cuda_mm_set_pf(1, kq && impl == 1 ? 3 : 0); /* k_k4w: 3 blocks, its warps loop over rows */
     for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
-      if (impl == 1 && path == 1 && !pt) break; /* the float path has one implementation */
+      if (impl >= 1 && path == 1 && !pt) break; /* the float path has one implementation */
       const uint8_t *q = path == 0 ? xq : NULL;
       memset(Yc, 0, sizeof(float) * (size_t)(ldy * nb));
       memset(Ys, 0, sizeof(float) * (size_t)(ldy * nb));
@@ -287,7 +291,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
       }
       CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU %s bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
             nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized",
-            nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : " (k_k4w)") : pt ? (impl == 0 ? " (k_plain)" : " (k_plain_tile)")
+            nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : impl == 1 ? " (k_k4w)" : " (k_k4wn)")
+            : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : " (k_plainn)")
             : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
             bad_s >= 0 ? Yg[bad_s] : 0.0, bad_s >= 0 ? Ys[bad_s] : 0.0);
@@ -304,6 +309,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_plain_tile(1);
   cuda_mm_set_k4s(1);
+  cuda_mm_set_few(1);
   /* a changed scale must change the result: the comparisons above can fail */
   if (floe_type_info(type) && floe_type_info(type)->quantized) {
     uint8_t *row0 = malloc(W->row_bytes);

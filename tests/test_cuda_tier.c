@@ -9,7 +9,8 @@
  *  - tiered runs with pools of the minimum (one layer's experts: every step evicts) and of twice
  *    that, with the misses copied in (FLOE_TIER_CPU=0), computed by the CPU whenever it can (=1),
  *    and the cost model's choice: both paths' logits equal the resident ones bit for bit, and the
- *    counters show that the misses really went where asked;
+ *    counters show that the misses really went where asked; the larger pools load a copy of the
+ *    file (page-locked host memory), the smaller its mapping (pageable);
  *  - a pool below the minimum is refused at load with a message naming it.
  * Without a CUDA device: "skipped: no CUDA device", exit 77.
  * FLOE_TEST_WATCHDOG=S: after S seconds the main thread's stack is printed ("bt: OBJECT OFFSET
@@ -30,8 +31,8 @@
 #include "test.h"
 
 /* loads path onto the GPU with gpu_mem (0: resident); msg gets the error */
-static int load(const char *path, uint64_t gpu_mem, model **m, char *msg, size_t msglen) {
-  if (model_load(path, m, msg, msglen)) return -1;
+static int load(const char *path, uint64_t gpu_mem, bool copy, model **m, char *msg, size_t msglen) {
+  if (model_load_ex(path, copy ? FLOE_LOAD_COPY : FLOE_LOAD_MMAP, m, msg, msglen)) return -1;
   (*m)->gpu_mem = gpu_mem;
   if (model_use_backend(*m, &model_backend_cuda, 0, msg, msglen)) {
     model_free(*m);
@@ -74,7 +75,7 @@ static void test_model(const char *path, int64_t n, bool full) {
   SECTION("%s", path);
   char msg[512];
   model *mr = NULL;
-  CHECK(load(path, 0, &mr, msg, sizeof msg) == 0, "%s: resident on the GPU", path);
+  CHECK(load(path, 0, false, &mr, msg, sizeof msg) == 0, "%s: resident on the GPU", path);
   if (!mr) {
     printf("  %s\n", msg);
     return;
@@ -99,9 +100,15 @@ static void test_model(const char *path, int64_t n, bool full) {
       setenv("FLOE_TIER_CPU", modes[mi], 1);
       model *mt = NULL;
       printf("  %s slots, cpu %s: loading\n", slots, modes[mi]);
-      rc = load(path, big, &mt, msg, sizeof msg);
+      /* the larger pools from a copy in memory (page-locked), the smaller from the file's mapping */
+      const bool copy = sz == 1 || !full;
+      rc = load(path, big, copy, &mt, msg, sizeof msg);
       CHECK(rc == 0, "tiered load (%s slots, cpu %s)%s%s", slots, modes[mi], rc ? ": " : "", rc ? msg : "");
       if (rc) continue;
+      model_tier_stats st0;
+      model_tier_stats_get(mt, &st0);
+      CHECK(st0.pinned == copy, "%s slots: host memory %s (a %s)", slots, st0.pinned ? "page-locked" : "pageable",
+            copy ? "copy: page-locked" : "mapping: pageable");
       model_tier_stats st;
       for (int pass = 0; pass < 2; pass++) {
         model_tier_stats_reset(mt);
@@ -130,7 +137,7 @@ static void test_model(const char *path, int64_t n, bool full) {
   snprintf(slots, sizeof slots, "%lld", (long long)(min_slots - 1));
   setenv("FLOE_TIER_SLOTS", slots, 1);
   model *mt = NULL;
-  rc = load(path, big, &mt, msg, sizeof msg);
+  rc = load(path, big, false, &mt, msg, sizeof msg);
   CHECK(rc != 0 && strstr(msg, "expert pool"), "a pool below one layer's experts is refused: %s", rc ? msg : "(loaded)");
   model_free(mt);
   unsetenv("FLOE_TIER_SLOTS");

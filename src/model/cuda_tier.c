@@ -1,8 +1,8 @@
 /* Routed experts tiered VRAM <- host memory for the CUDA backend (--gpu-mem).
  *
  * What lives where: the non-expert weights, KV and scratch are on the GPU as usual; the routed
- * experts stay in host memory (the model's own copy or mapping of the file; FLOE_TIER_PIN=1
- * page-locks it so that copies from it are asynchronous DMA, else the driver stages them) and a
+ * experts stay in host memory (the model's own copy or mapping of the file; a copy is page-locked,
+ * so that copies from it are asynchronous DMA; a mapping is not, the driver stages them) and a
  * VRAM pool holds as many of them as fit. Pool slot s holds one expert's gate, up and down matrices at base + s * stride of
  * three (MLX: nine) device arrays, so the MoE kernels read the pool as an expert stack whose
  * "expert id" is the slot: nothing in the kernels changes. Slots [0, n_res) hold the shared
@@ -157,10 +157,10 @@ static void pin_host(cu_tier *t) {
           if (a + n > hi) hi = a + n;
         }
       }
-  /* opt-in until measured: the first H200 run of a tiny synth model (file mapped from /tmp) hung in
-   * its tiered load with the main thread spinning, pinned or not unknown */
+  /* only a model loaded into memory (anonymous pages): on the H200 machine, page-locking a file
+   * mapping (a tiny model mapped from /tmp) never returned from the driver. FLOE_TIER_PIN=0: never */
   const char *pin = getenv("FLOE_TIER_PIN");
-  if (hi <= lo || !(pin && pin[0] == '1')) return;
+  if (hi <= lo || !m->copied || (pin && pin[0] == '0')) return;
   if (cuda_rt_host_register((void *)lo, hi - lo, NULL, 0) == 0) {
     t->reg = (void *)lo;
     t->st.pinned = true;

@@ -181,6 +181,12 @@ void cuda_mm_set_plain_tile(int on);
  * blocks one of its launches may have (0: as many as fit on the GPU at once), so that its warps
  * loop over several rows. */
 void cuda_mm_set_pf(int on, int max_blocks);
+/* Matmuls of a few activation rows (2..15: a speculative verify, a small batch) with the one-row
+ * kernels' shape, a warp per weight row loaded once for every activation row (k_k4wn for Q4_K /
+ * Q5_K up to 15 rows, k_plainn for F32 / F16 / BF16 up to 8): 1 = on (the default), 0 = the
+ * several-row kernels (k_k4 / k_plain_tile). The same bits (test_cuda_mm runs both);
+ * FLOE_CUDA_FEW=0 sets 0 at the first launch. */
+void cuda_mm_set_few(int on);
 /* Activation quantization of A32 / A256 rows (cuda_mm_act_quantize, the fused norms) and the MoE
  * combine's sum: 1 = a warp per 256 values in registers and the combine's loads batched (the
  * default), 0 = the first forms. The same bytes (test_cuda_mm runs both); FLOE_CUDA_ACT2=0 sets

@@ -162,6 +162,7 @@ __device__ __forceinline__ int k4_min(const uint4 &h, int j) {
  * says where). mm_pf_on: FLOE_CUDA_PF / cuda_mm_set_pf (mm_k4.cu). n bytes from p by the 32 lanes
  * of a warp, a 128-byte line each at a time. */
 int mm_pf_on(void);
+int mm_few_on(void); /* cuda_mm_set_few / FLOE_CUDA_FEW (mm_k4.cu) */
 __device__ __forceinline__ void mm_pf_l2(const uint8_t *p, size_t n, int lane) {
   for (size_t o = (size_t)lane * 128; o < n; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }

@@ -674,6 +674,78 @@ __global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict
   if ((threadIdx.x & 31) == 0) Y[r] = y;
 }
 
+/* A few activation rows (2..PN_NB: a speculative verify, a small batch) with k_plain1's shape: a
+ * warp per weight row, whose values are loaded once per 64-value step and used for every
+ * activation row; each (weight row, activation row) output is plain1_row's chain (lanes 2t / 2t+1
+ * of thread t, fmaf in element order, the 16-value tail, lanes_sum): the bits of k_plain1 and
+ * k_plain_tile. k_plain_tile gives a 256-row router 16 blocks, ~36 us at 4 rows (the decode step's
+ * k_plain1: ~4 us); here a block per 4 rows. */
+#define PN_NB 8
+
+template <int T, int NB>
+__global__ void __launch_bounds__(128) k_plainn(KArgs a, int nb, const float *__restrict__ X, int64_t ldx,
+                                                float *__restrict__ Y, int64_t ldy, int pf) {
+  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (pf && r < a.rows) mm_pf_l2(mm_row(a, 0, r), a.row_bytes, threadIdx.x & 31);
+  PDL_ENTER();
+  if (r >= a.rows) return;
+  const int t = threadIdx.x & 31;
+  const uint8_t *__restrict__ row = mm_row(a, 0, r);
+  const int64_t n = a.cols, m64 = n & ~(int64_t)63;
+  const bool al = ((uintptr_t)row & (T == FLOE_TYPE_F32 ? 7 : 3)) == 0;
+  bool xa = true;
+  for (int b = 0; b < nb; b++) xa = xa && ((uintptr_t)(X + b * ldx) & 7) == 0;
+  float s0[NB], s1[NB];
+#pragma unroll
+  for (int b = 0; b < NB; b++) s0[b] = s1[b] = 0.0f;
+  constexpr int ST = PL_STEPS / 4; /* steps in flight: NB rows of x each */
+  int64_t j = 0;
+  for (; j + 64 * ST <= m64; j += 64 * ST) {
+    float2 w[ST];
+#pragma unroll
+    for (int u = 0; u < ST; u++) w[u] = ld2<T>(row, j + 64 * u + 2 * t, al);
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      if (b >= nb) break;
+      float2 xv[ST];
+#pragma unroll
+      for (int u = 0; u < ST; u++) xv[u] = x2(X + b * ldx, j + 64 * u + 2 * t, xa);
+#pragma unroll
+      for (int u = 0; u < ST; u++) {
+        s0[b] = __fmaf_rn(w[u].x, xv[u].x, s0[b]);
+        s1[b] = __fmaf_rn(w[u].y, xv[u].y, s1[b]);
+      }
+    }
+  }
+  for (; j < m64; j += 64) {
+    const float2 w = ld2<T>(row, j + 2 * t, al);
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      if (b >= nb) break;
+      const float2 xv = x2(X + b * ldx, j + 2 * t, xa);
+      s0[b] = __fmaf_rn(w.x, xv.x, s0[b]);
+      s1[b] = __fmaf_rn(w.y, xv.y, s1[b]);
+    }
+  }
+  for (; j < n; j += 16) { /* lanes 0..15: threads 0..7 */
+    if (t >= 8) continue;
+    const int64_t e = j + 2 * t;
+    const float w0 = e < n ? plain_at(T, row, e) : 0.0f, w1 = e + 1 < n ? plain_at(T, row, e + 1) : 0.0f;
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      if (b >= nb) break;
+      const float *xb = X + b * ldx;
+      s0[b] = e < n ? __fmaf_rn(w0, xb[e], s0[b]) : s0[b] + 0.0f;
+      s1[b] = e + 1 < n ? __fmaf_rn(w1, xb[e + 1], s1[b]) : s1[b] + 0.0f;
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < NB; b++) {
+    const float y = lanes_sum(s0[b], s1[b]); /* the whole warp shuffles, for every b */
+    if (t == 0 && b < nb) Y[b * ldy + r] = y;
+  }
+}
+
 /* The decode step's router: the logits as k_plain1, then the grid's last block to finish (an
  * atomic count of finished blocks, ctr back to 0 after it) routes them as k_moe_route does
  * (moe_route.cuh), reading the other blocks' logits from L2. One launch instead of two. */
@@ -848,6 +920,21 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
       if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain1<FLOE_TYPE_F32>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
       else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain1<FLOE_TYPE_F16>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
       else pdl_launch(k_plain1<FLOE_TYPE_BF16>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
+      return;
+    }
+    if (mode == MM_PLAIN && nb >= 2 && nb <= PN_NB && mm_few_on()) {
+      const dim3 g((unsigned)((a.rows + 3) / 4));
+      const int pf = mm_pf_on(), n = (int)nb;
+#define PN_LAUNCH(NB)                                                                                           \
+  do {                                                                                                          \
+    if (a.type == FLOE_TYPE_F32) pdl_launch(k_plainn<FLOE_TYPE_F32, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, Y, ldy, pf); \
+    else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plainn<FLOE_TYPE_F16, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, Y, ldy, pf); \
+    else pdl_launch(k_plainn<FLOE_TYPE_BF16, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, Y, ldy, pf); \
+  } while (0)
+      if (nb <= 2) PN_LAUNCH(2);
+      else if (nb <= 4) PN_LAUNCH(4);
+      else PN_LAUNCH(8);
+#undef PN_LAUNCH
       return;
     }
     if (mode == MM_PLAIN && nb >= PT_MIN_NB && plain_tile_on()) {

@@ -307,6 +307,75 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
   }
 }
 
+/* A few activation rows (MM_PLAIN, nb 2..15: a speculative verify, a small batch): k_k4w with NB
+ * activation rows a block (gridDim.y blocks of rows). The warp loads a round's weight bytes once
+ * (the block header, its 16 code bytes, Q5_K's qh word) and forms each activation row's term with
+ * k4w_term's operations in its order: the same exact S1 and S2, the same float ops, the same slot
+ * adds and kred16 tail - k_k4w's bits for every row. k_k4 with 4 or 16 rows a block ran the 35B-A3B
+ * GatedDeltaNet input matrix at 4 rows in 34 us, k_k4w at one row in 7 us. */
+template <int T, int NB>
+__global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t *xq, size_t xs, float *Y,
+                                              int64_t ldy, int pf) {
+  constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176;
+  constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;
+  const int lane = threadIdx.x & 31, s = lane >> 3, w = lane & 7;
+  const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5), step = (int64_t)gridDim.x * 4;
+  const int64_t b0 = (int64_t)blockIdx.y * NB;
+  const int nbt = (int)(nb - b0 < NB ? nb - b0 : NB);
+  if (pf) k4w_prefetch<MM_PLAIN>(a, a, 0, r0, step, pf, lane);
+  PDL_ENTER();
+  const uint8_t *__restrict__ x0 = xq + (size_t)b0 * xs;
+  const int nsb = (int)(a.cols / 256);
+  for (int64_t r = r0; r < a.rows; r += step) { /* warp-uniform */
+    const uint8_t *__restrict__ row = mm_row(a, 0, r);
+    float acc[NB][4];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
+    for (int k0 = 0; k0 < nsb; k0 += 4) { /* every lane runs every round, as k4w_dot */
+      const int k = k0 + s, i = (k >> 2) & 3;
+      const bool ok = k < nsb;
+      const int kk = ok ? k : k0;
+      const uint4 *blk = (const uint4 *)(row + (size_t)kk * BB);
+      const uint4 h = blk[0], q = blk[QS / 16 + w];
+      uint4 qh = make_uint4(0, 0, 0, 0);
+      if constexpr (T == FLOE_TYPE_Q5_K) qh = blk[1 + (w & 1)];
+      uint32_t lo[4], hi[4];
+      k4_unpack<T>(q, qh, w, lo, hi);
+      const int sc0 = k4_scale(h, 2 * (w >> 1)), sc1 = k4_scale(h, 2 * (w >> 1) + 1), mn = k4_min(h, w);
+      const float d = mm_f16(h.x & 0xFFFF), dmin = mm_f16(h.x >> 16);
+#pragma unroll
+      for (int b = 0; b < NB; b++) {
+        if (b >= nbt) break; /* block-uniform */
+        const uint8_t *__restrict__ x = x0 + (size_t)b * xs;
+        const uint4 *xv = (const uint4 *)(x + 256 * (size_t)kk);
+        const uint4 xl = xv[8 * (w >> 2) + (w & 3)], xh = xv[8 * (w >> 2) + 4 + (w & 3)];
+        const uint32_t bw = ((const uint32_t *)(x + a.off_s + 32 * (size_t)kk))[w];
+        const float dx = ((const float *)(x + a.off_d))[kk];
+        const int sl = dp4(lo[3], xl.w, dp4(lo[2], xl.z, dp4(lo[1], xl.y, dp4(lo[0], xl.x, 0))));
+        const int shv = dp4(hi[3], xh.w, dp4(hi[2], xh.z, dp4(hi[1], xh.y, dp4(hi[0], xh.x, 0))));
+        int S1 = sc0 * sl + sc1 * shv;
+        int S2 = mn * ((int)(int16_t)(bw & 0xFFFF) + (int)(int16_t)(bw >> 16));
+#pragma unroll
+        for (int o = 4; o >= 1; o >>= 1) {
+          S1 += __shfl_xor_sync(MM_FULL, S1, o);
+          S2 += __shfl_xor_sync(MM_FULL, S2, o);
+        }
+        const float dd = d * dx, dm = dmin * dx;
+        const float t = (float)S1 * dd - (float)S2 * dm;
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+          if (ok && u == i) acc[b][u] = acc[b][u] + t;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      if (b >= nbt) break;
+      const float y = k4w_red(acc[b]);
+      if (lane == 0) Y[(b0 + b) * ldy + r] = y;
+    }
+  }
+}
+
 /* Short rows (one or two superblocks: the MoE down projection of the 35B-A3B and 80B-A3B shapes,
  * 512 columns): k_k4w would leave the groups past the last superblock idle, half or three quarters
  * of the warp, and need twice or four times the warps. Here a warp takes R = 4 / G rows with G
@@ -423,6 +492,19 @@ int mm_pf_on(void) {
   return g_pf;
 }
 
+/* the few-row kernels (k_k4wn here, k_plainn in mm_float.cu): on unless FLOE_CUDA_FEW=0 */
+static int g_few = -1;
+
+void cuda_mm_set_few(int on) { g_few = on ? 1 : 0; }
+
+int mm_few_on(void) {
+  if (g_few < 0) {
+    const char *e = getenv("FLOE_CUDA_FEW");
+    g_few = !(e && e[0] == '0');
+  }
+  return g_few;
+}
+
 namespace {
 
 /* x blocks for g4 needed and gy slots with at most cap blocks resident at once (the test hook's
@@ -451,6 +533,14 @@ template <int T, int MODE>
 unsigned k4w_grid(int64_t g4, unsigned gy) {
   static int cap = 0; /* per instantiation */
   if (!cap) cap = resident_blocks(k_k4w<T, MODE>);
+  return grid_capped(g4, gy, cap);
+}
+
+/* k4w_grid for k_k4wn */
+template <int T, int NB>
+unsigned k4wn_grid(int64_t g4, unsigned gy) {
+  static int cap = 0;
+  if (!cap) cap = resident_blocks(k_k4wn<T, NB>);
   return grid_capped(g4, gy, cap);
 }
 
@@ -498,6 +588,20 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
       else K4S_LAUNCH(MM_PLAIN, 2);
     }
 #undef K4S_LAUNCH
+    return;
+  }
+  if (k4w_on() && mm_few_on() && mode == MM_PLAIN && nb >= 2 && nb <= 15) { /* a few rows: k_k4w's shape */
+    const int64_t g4 = (a.rows + 3) / 4;
+#define K4WN_LAUNCH(NB)                                                                                            \
+  do {                                                                                                             \
+    const unsigned gy = (unsigned)((nb + (NB)-1) / (NB));                                                          \
+    pdl_launch(k_k4wn<T, NB>, dim3(k4wn_grid<T, NB>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, Y, ldy, \
+               k4w_pf(a, MM_PLAIN, gy));                                                                           \
+  } while (0)
+    if (nb <= 2) K4WN_LAUNCH(2);
+    else if (nb <= 4) K4WN_LAUNCH(4);
+    else K4WN_LAUNCH(8);
+#undef K4WN_LAUNCH
     return;
   }
   if (k4w_on() && (mode != MM_PLAIN || nb == 1)) { /* one activation row: a warp per weight row */
