@@ -24,6 +24,8 @@
  *    counts that leave partial passes, rows < 16 and not multiples of 64, 1..16 superblocks, and
  *    in the grouped MoE on skewed ids (an expert with more than a 32-slot tile, one with a single
  *    slot, one with none, an out-of-range id);
+ *  - a joined matrix's parts into their own buffers (cuda_mm_matmul_parts) equal the CPU's rows of
+ *    the whole matrix, in one few-row launch and in a launch per part;
  *  - outputs are poisoned (NaN bytes) before each launch, so an unwritten element fails;
  *  - sensitivity: every block's f16 scales vary (test_vary_f16), and changing one scale of the
  *    device copy must change the GPU result (a comparison that cannot fail would pass it). */
@@ -379,6 +381,69 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   free(X);
   free(xq);
   free(xq_g);
+  dmat_free(&g);
+  tmat_free(&m);
+}
+
+/* ---- a joined matrix's parts into their own buffers (cuda_mm_matmul_parts): each part's rows equal
+ * the CPU's rows of the whole matrix bit for bit, with the few-row kernels (one launch) and
+ * without them (a matmul per part on a view), for 3 parts and for 2 ---- */
+static void check_parts(uint32_t type, int64_t rows, int64_t cols, int nb, int64_t s1, int64_t s2, int few) {
+  tmat m = make_mat(type, 0, 0, 0, rows, cols, 1);
+  const floe_mat *W = &m.W;
+  dmat g = upload(&m, 1);
+  const int64_t ldx = cols + 3, ld[3] = {s1 + 1, s2 - s1 + 2, rows - s2 + 3};
+  float *X = malloc(sizeof(float) * (size_t)(ldx * nb));
+  fill_x(X, ldx * nb);
+  const size_t ab = kern_act_bytes(W);
+  uint8_t *xq = NULL;
+  void *dxq = NULL;
+  if (ab) {
+    xq = malloc(ab * (size_t)nb);
+    kern_act_quantize_rows(W, nb, X, ldx, xq, ab);
+    dxq = dev_put(xq, ab * (size_t)nb);
+  }
+  float *dX = dev_put(X, sizeof(float) * (size_t)(ldx * nb));
+  float *Yc = calloc((size_t)(rows * nb), sizeof(float));
+  kern_matmul_batch(W, nb, X, ldx, xq, ab, Yc, rows, 0, rows);
+  if (!ab) { /* the float path's order: the AVX-512 lanes (as check_matrix) */
+    memset(Yc, 0, sizeof(float) * (size_t)(rows * nb));
+    kern_mm_float_lanes_ref(W, nb, X, ldx, Yc, rows, 0, rows);
+  }
+  float *dY[3], *Yg[3];
+  for (int p = 0; p < 3; p++) {
+    dY[p] = dev_put(NULL, sizeof(float) * (size_t)(ld[p] * nb));
+    dev_poison(dY[p], sizeof(float) * (size_t)(ld[p] * nb));
+    Yg[p] = malloc(sizeof(float) * (size_t)(ld[p] * nb));
+  }
+  cuda_mm_set_few(few);
+  cuda_mm_set_k4w(1);
+  cuda_mm_matmul_parts(&g.M, nb, dX, ldx, dxq, ab, dY[0], ld[0], s1, dY[1], ld[1], s2, dY[2], ld[2], NULL);
+  CHECK(cuda_rt_check("parts", err, sizeof err) == 0, "parts launch: %s", err);
+  cuda_mm_set_few(1);
+  cuda_mm_set_k4w(0);
+  const int64_t b0[4] = {0, s1, s2, rows};
+  int64_t bad = -1;
+  int badp = 0;
+  for (int p = 0; p < 3; p++) {
+    dev_get(Yg[p], dY[p], sizeof(float) * (size_t)(ld[p] * nb));
+    for (int b = 0; b < nb && bad < 0; b++)
+      for (int64_t r = b0[p]; r < b0[p + 1] && bad < 0; r++)
+        if (memcmp(&Yg[p][b * ld[p] + r - b0[p]], &Yc[b * rows + r], 4)) bad = b * rows + r, badp = p;
+  }
+  CHECK(bad < 0, "%s %lldx%lld nb=%d parts [0,%lld) [%lld,%lld) [%lld,%lld) %s: each part == the CPU's rows bit for bit "
+        "(first diff: part %d, row %lld)", floe_type_info(type)->name, (long long)rows, (long long)cols, nb,
+        (long long)s1, (long long)s1, (long long)s2, (long long)s2, (long long)rows,
+        few ? "one launch" : "a launch per part", badp, (long long)bad);
+  for (int p = 0; p < 3; p++) {
+    cuda_rt_free(dY[p]);
+    free(Yg[p]);
+  }
+  free(X);
+  free(xq);
+  free(Yc);
+  cuda_rt_free(dxq);
+  cuda_rt_free(dX);
   dmat_free(&g);
   tmat_free(&m);
 }
@@ -828,6 +893,17 @@ int main(void) {
   /* k_k4mma2 (cuda_mm_set_mma2 1 and 2) and k_k4mma (0): passes of 16 with 1 or 2 live n-tiles
    * (20, 41: a last pass of 4 / 9 rows; 17: one row), rows < 16 (a warp's partial prefetch),
    * superblocks 9..16 taken in pairs (9, 11, 16) */
+  SECTION("joined matrices' parts into their own buffers (cuda_mm_matmul_parts)");
+  static const uint32_t ptypes[] = {FLOE_TYPE_Q4_K, FLOE_TYPE_Q5_K, FLOE_TYPE_F32, FLOE_TYPE_BF16, FLOE_TYPE_Q8_0};
+  static const int pnb[] = {2, 3, 5, 8, 13};
+  for (size_t ti = 0; ti < sizeof ptypes / sizeof ptypes[0]; ti++)
+    for (size_t k = 0; k < sizeof pnb / sizeof pnb[0]; k++)
+      for (int few = 0; few < 2; few++) {
+        const int64_t cols = ptypes[ti] == FLOE_TYPE_F32 || ptypes[ti] == FLOE_TYPE_BF16 ? 1000 : 256 * 5;
+        check_parts(ptypes[ti], 75, cols, pnb[k], 33, 57, few); /* three parts */
+        check_parts(ptypes[ti], 41, cols, pnb[k], 40, 41, few); /* two: the last of one row (a shared gate) */
+      }
+
   SECTION("tensor-core matmuls (Q4_K / Q5_K, 16+ activation rows; k_k4mma2 both forms, k_k4mma, k_k4)");
   static const int64_t mshape[][3] = {{67, 2048, 33},    {130, 4096, 45},   {19, 512, 16},  {200, 256 * 3, 97},
                                       {64, 256, 32},     {70, 256 * 18, 20}, {257, 1024, 130}, {5, 512, 24},

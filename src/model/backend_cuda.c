@@ -522,6 +522,20 @@ static void mm(model_session *s, const dmat *W, int64_t n, const float *X, int64
   cuda_mm_matmul(&W->d, n, X, ldx, q ? xq : NULL, q ? xs : 0, Y, ldy, c->stream);
 }
 
+/* A few rows (a verify, a small batch) through a joined matrix in one launch, its parts into their
+ * own buffers (cuda_mm_matmul_parts; s2 = rows: two parts): false when cat is not joined or n is
+ * not a few rows, and the caller takes the parts one by one. A chunk keeps the separate launches. */
+#define FEW_ROWS_MAX 15
+static bool mm_parts(model_session *s, const dmat *cat, int64_t n, const float *X, int64_t ldx, const floe_mat *lay,
+                     const uint8_t *xq, size_t xs, float *Y, int64_t ldy, int64_t s1, float *Y2, int64_t ldy2,
+                     int64_t s2, float *Y3, int64_t ldy3) {
+  cu_sess *c = s->dev;
+  if (n < 2 || n > FEW_ROWS_MAX || !cat->d.data) return false;
+  const bool q = xq && lay && layer_same_act(cat->h, lay);
+  cuda_mm_matmul_parts(&cat->d, n, X, ldx, q ? xq : NULL, q ? xs : 0, Y, ldy, s1, Y2, ldy2, s2, Y3, ldy3, c->stream);
+  return true;
+}
+
 /* layer_matmul: a matrix with its own input layout */
 static void mm_own(model_session *s, const dmat *W, int64_t n, const float *X, int64_t ldx, float *Y, int64_t ldy) {
   size_t xs;
@@ -619,7 +633,7 @@ static void cu_attention(model_session *s, int64_t l, float *x, int64_t n, int64
     mm(s, &L->cat_qkv, n, c->h, E, L->wq.h, xq, xs, q, qdim + 2 * kvd);
     k = q + qdim;
     v = k + kvd;
-  } else {
+  } else if (!mm_parts(s, &L->cat_qkv, n, c->h, E, L->wq.h, xq, xs, q, qdim, qdim, k, kvd, qdim + kvd, v, kvd)) {
     mm(s, &L->wq, n, c->h, E, L->wq.h, xq, xs, q, qdim);
     mm(s, &L->wk, n, c->h, E, L->wq.h, xq, xs, k, kvd);
     mm(s, &L->wv, n, c->h, E, L->wq.h, xq, xs, v, kvd);
@@ -666,14 +680,14 @@ static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   if (n == 1 && L->cat_qkvz.d.data) {
     mm(s, &L->cat_qkvz, n, c->h, E, lay, xq, xs, mix, C + vd);
     z = mix + C;
-  } else {
+  } else if (!mm_parts(s, &L->cat_qkvz, n, c->h, E, lay, xq, xs, mix, C, C, z, vd, C + vd, NULL, 0)) {
     mm(s, &L->qkv, n, c->h, E, lay, xq, xs, mix, C);
     mm(s, &L->z, n, c->h, E, lay, xq, xs, z, vd);
   }
   if (n == 1 && L->cat_ba.d.data) {
     mm(s, &L->cat_ba, n, c->h, E, lay, xq, xs, b, 2 * Nv);
     a = b + Nv;
-  } else {
+  } else if (!mm_parts(s, &L->cat_ba, n, c->h, E, lay, xq, xs, b, Nv, Nv, a, Nv, 2 * Nv, NULL, 0)) {
     mm(s, &L->b, n, c->h, E, lay, xq, xs, b, Nv);
     mm(s, &L->a, n, c->h, E, lay, xq, xs, a, Nv);
   }
@@ -718,7 +732,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     if (n == 1 && L->cat_rt.d.data) {
       mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
       shg = c->rlog + NE;
-    } else {
+    } else if (!mm_parts(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE, NE, shg, 1, NE + 1, NULL, 0)) {
       mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
       mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
     }
@@ -728,7 +742,8 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     if (n == 1 && L->cat_rt.d.data) {
       mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
       shg = c->rlog + NE;
-    } else {
+    } else if (Is == 0 ||
+               !mm_parts(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE, NE, shg, 1, NE + 1, NULL, 0)) {
       mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
       if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
     }

@@ -139,15 +139,19 @@ static int put(cu_tier *t, int k, int64_t s, const floe_mat *W, void *stream) {
   return rc;
 }
 
-/* Page-locks the host range spanning every routed expert (one registration: ranges of separate
- * tensors may share pages, which the driver refuses to register twice). */
+/* Page-locks the host range spanning every expert the pool copies from: the routed ones and the
+ * shared ones of reserved slots (one registration: ranges of separate tensors may share pages,
+ * which the driver refuses to register twice). A copy from a range that runs past the registered
+ * one fails (cudaMemcpy: invalid argument): the tiny qwen35moe synth's last shared expert lies
+ * after its last routed one. */
 static void pin_host(cu_tier *t) {
   const model *m = t->m;
   uintptr_t lo = UINTPTR_MAX, hi = 0;
   for (int64_t l = 0; l < t->n_l; l++)
     for (int k = 0; k < 3; k++)
-      for (int64_t e = 0; e < m->hp.n_expert; e++) {
-        const floe_mat *W = mat_of(&m->layers[l], k, e);
+      for (int64_t e = 0; e <= m->hp.n_expert; e++) { /* e == n_expert: the reserved shared expert */
+        if (e == m->hp.n_expert && t->res_of[l] < 0) continue;
+        const floe_mat *W = e < m->hp.n_expert ? mat_of(&m->layers[l], k, e) : sh_of(&m->layers[l], k);
         const void *ps[3] = { W->data, W->scales, W->biases };
         for (int p = 0; p < 3; p++) {
           if (!ps[p]) continue;

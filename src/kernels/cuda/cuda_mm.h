@@ -76,6 +76,14 @@ int cuda_mm_type_supported(uint32_t type, int64_t cols, const quant_mlx_fmt *mlx
  * type has no quantized-activation path (then use the float path, xq = NULL). */
 size_t cuda_mm_act_bytes(const cuda_mat *W);
 
+/* cuda_mm_matmul of a joined matrix (matrices stacked by rows) whose parts go to their own
+ * buffers: rows [0, s1) to Y (ldy), [s1, s2) to Y2 (ldy2), [s2, rows) to Y3 (ldy3); s2 = rows:
+ * two parts. One launch where the few-row kernels take the call (cuda_mm_set_few), else one
+ * cuda_mm_matmul per part on a view of its rows: each output is cuda_mm_matmul's bits. */
+void cuda_mm_matmul_parts(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                          float *Y, int64_t ldy, int64_t s1, float *Y2, int64_t ldy2, int64_t s2, float *Y3,
+                          int64_t ldy3, void *stream);
+
 /* The decode step's router in one launch: logits[r] = W row r . x (cuda_mm_matmul with nb = 1 on
  * the float path: W F32 / F16 / BF16) for the NE expert rows and, when sh_id >= 0, one more row
  * (the shared expert's gate); then the routing of cuda_moe_route (sh_id < 0) or cuda_moe_route_sh

@@ -123,6 +123,38 @@ void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, 
   mm_float_launch(a, a, MM_PLAIN, nb, 1, nullptr, X, ldx, Y, ldy, st);
 }
 
+/* W's rows [r0, r1) as a matrix of their own (not an expert stack) */
+static cuda_mat rows_view(const cuda_mat *W, int64_t r0, int64_t r1) {
+  cuda_mat v = *W;
+  v.data = (const uint8_t *)W->data + (size_t)r0 * W->row_bytes;
+  if (W->scales) v.scales = (const uint8_t *)W->scales + (size_t)r0 * W->sb_row_bytes;
+  if (W->biases) v.biases = (const uint8_t *)W->biases + (size_t)r0 * W->sb_row_bytes;
+  v.rows = r1 - r0;
+  return v;
+}
+
+void cuda_mm_matmul_parts(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                          float *Y, int64_t ldy, int64_t s1, float *Y2, int64_t ldy2, int64_t s2, float *Y3,
+                          int64_t ldy3, void *stream) {
+  if (nb <= 0 || W->rows <= 0) return;
+  if (s2 < s1) s2 = s1;
+  if (s2 > W->rows) s2 = W->rows;
+  const KArgs a = mm_kargs(W);
+  const cudaStream_t st = (cudaStream_t)stream;
+  const MMOut o = {{Y, Y2, Y3}, {ldy, ldy2, ldy3}, s1, s2};
+  if (xq && cuda_mm_act_bytes(W) ? mm_k4_few_launch(a, nb, (const uint8_t *)xq, xq_stride, o, st)
+                                 : mm_float_few_launch(a, nb, X, ldx, o, st))
+    return;
+  const int64_t b[4] = {0, s1, s2, W->rows};
+  float *const y[3] = {Y, Y2, Y3};
+  const int64_t ld[3] = {ldy, ldy2, ldy3};
+  for (int p = 0; p < 3; p++) {
+    if (b[p + 1] <= b[p]) continue;
+    const cuda_mat v = rows_view(W, b[p], b[p + 1]);
+    cuda_mm_matmul(&v, nb, X, ldx, xq, xq_stride, y[p], ld[p], stream);
+  }
+}
+
 int cuda_mm_router_route(const cuda_mat *W, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
                          int32_t *sel, float *w, unsigned *ctr, void *stream) {
   return router_route_launch(mm_kargs(W), x, logits, NE, K, norm_topk, sh_id, sel, w, ctr, (cudaStream_t)stream);

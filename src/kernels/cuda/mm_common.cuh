@@ -46,6 +46,24 @@ struct KArgs {
 };
 
 KArgs mm_kargs(const cuda_mat *W); /* mm_api.cu */
+
+/* Where the few-row kernels write output row r of activation row b: a joined matrix's parts go to
+ * their own buffers, rows [0, s1) to y[0] (ld[0]), [s1, s2) to y[1] - s1, [s2, rows) to y[2] - s2
+ * (a plain matmul: s1 = s2 = rows). */
+struct MMOut {
+  float *y[3];
+  int64_t ld[3];
+  int64_t s1, s2;
+};
+__device__ __forceinline__ float *mm_out(const MMOut &o, int64_t b, int64_t r) {
+  if (r < o.s1) return o.y[0] + b * o.ld[0] + r;
+  if (r < o.s2) return o.y[1] + b * o.ld[1] + (r - o.s1);
+  return o.y[2] + b * o.ld[2] + (r - o.s2);
+}
+/* The few-row kernels (k_k4wn for Q4_K / Q5_K with quantized rows, k_plainn for F32 / F16 / BF16),
+ * when they take this call (cuda_mm_set_few on, 2 <= nb <= their maximum); false: not launched. */
+bool mm_k4_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);
+bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, const MMOut &o, cudaStream_t st);
 /* mm_float.cu: cuda_mm_router_route's launch (0, or FLOE_E_UNSUPPORTED) */
 int router_route_launch(const KArgs &a, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
                         int32_t *sel, float *w, unsigned *ctr, cudaStream_t st);

@@ -683,8 +683,8 @@ __global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict
 #define PN_NB 8
 
 template <int T, int NB>
-__global__ void __launch_bounds__(128) k_plainn(KArgs a, int nb, const float *__restrict__ X, int64_t ldx,
-                                                float *__restrict__ Y, int64_t ldy, int pf) {
+__global__ void __launch_bounds__(128) k_plainn(KArgs a, int nb, const float *__restrict__ X, int64_t ldx, MMOut o,
+                                                int pf) {
   const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
   if (pf && r < a.rows) mm_pf_l2(mm_row(a, 0, r), a.row_bytes, threadIdx.x & 31);
   PDL_ENTER();
@@ -698,22 +698,25 @@ __global__ void __launch_bounds__(128) k_plainn(KArgs a, int nb, const float *__
   float s0[NB], s1[NB];
 #pragma unroll
   for (int b = 0; b < NB; b++) s0[b] = s1[b] = 0.0f;
-  constexpr int ST = PL_STEPS / 4; /* steps in flight: NB rows of x each */
+  /* 64-value steps in flight: the weights and every row's x of ST steps loaded before their fmas
+   * (one memory round trip a round; 2048 values: 2 rounds at 2 rows, 8 at 8) */
+  constexpr int ST = NB <= 2 ? PL_STEPS : NB <= 4 ? PL_STEPS / 2 : PL_STEPS / 4;
   int64_t j = 0;
   for (; j + 64 * ST <= m64; j += 64 * ST) {
-    float2 w[ST];
+    float2 w[ST], xv[NB][ST];
 #pragma unroll
     for (int u = 0; u < ST; u++) w[u] = ld2<T>(row, j + 64 * u + 2 * t, al);
 #pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+      for (int u = 0; u < ST; u++) xv[b][u] = b < nb ? x2(X + b * ldx, j + 64 * u + 2 * t, xa) : make_float2(0.0f, 0.0f);
+#pragma unroll
     for (int b = 0; b < NB; b++) {
       if (b >= nb) break;
-      float2 xv[ST];
-#pragma unroll
-      for (int u = 0; u < ST; u++) xv[u] = x2(X + b * ldx, j + 64 * u + 2 * t, xa);
 #pragma unroll
       for (int u = 0; u < ST; u++) {
-        s0[b] = __fmaf_rn(w[u].x, xv[u].x, s0[b]);
-        s1[b] = __fmaf_rn(w[u].y, xv[u].y, s1[b]);
+        s0[b] = __fmaf_rn(w[u].x, xv[b][u].x, s0[b]);
+        s1[b] = __fmaf_rn(w[u].y, xv[b][u].y, s1[b]);
       }
     }
   }
@@ -742,7 +745,7 @@ __global__ void __launch_bounds__(128) k_plainn(KArgs a, int nb, const float *__
 #pragma unroll
   for (int b = 0; b < NB; b++) {
     const float y = lanes_sum(s0[b], s1[b]); /* the whole warp shuffles, for every b */
-    if (t == 0 && b < nb) Y[b * ldy + r] = y;
+    if (t == 0 && b < nb) *mm_out(o, b, r) = y;
   }
 }
 
@@ -908,6 +911,25 @@ int router_route_launch(const KArgs &a, const float *x, float *logits, int NE, i
   return 0;
 }
 
+bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, const MMOut &o, cudaStream_t st) {
+  if ((a.type != FLOE_TYPE_F32 && a.type != FLOE_TYPE_F16 && a.type != FLOE_TYPE_BF16) || nb < 2 || nb > PN_NB ||
+      !mm_few_on())
+    return false;
+  const dim3 g((unsigned)((a.rows + 3) / 4));
+  const int pf = mm_pf_on(), n = (int)nb;
+#define PN_LAUNCH(NB)                                                                                              \
+  do {                                                                                                             \
+    if (a.type == FLOE_TYPE_F32) pdl_launch(k_plainn<FLOE_TYPE_F32, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, o, pf); \
+    else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plainn<FLOE_TYPE_F16, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, o, pf); \
+    else pdl_launch(k_plainn<FLOE_TYPE_BF16, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, o, pf); \
+  } while (0)
+  if (nb <= 2) PN_LAUNCH(2);
+  else if (nb <= 4) PN_LAUNCH(4);
+  else PN_LAUNCH(8);
+#undef PN_LAUNCH
+  return true;
+}
+
 void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                      const float *X, int64_t ldx, float *Y, int64_t ldy, cudaStream_t st) {
   int blck, bbytes;
@@ -922,20 +944,9 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
       else pdl_launch(k_plain1<FLOE_TYPE_BF16>, g, dim3(128), (size_t)0, st, a, X, Y, pf);
       return;
     }
-    if (mode == MM_PLAIN && nb >= 2 && nb <= PN_NB && mm_few_on()) {
-      const dim3 g((unsigned)((a.rows + 3) / 4));
-      const int pf = mm_pf_on(), n = (int)nb;
-#define PN_LAUNCH(NB)                                                                                           \
-  do {                                                                                                          \
-    if (a.type == FLOE_TYPE_F32) pdl_launch(k_plainn<FLOE_TYPE_F32, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, Y, ldy, pf); \
-    else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plainn<FLOE_TYPE_F16, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, Y, ldy, pf); \
-    else pdl_launch(k_plainn<FLOE_TYPE_BF16, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, Y, ldy, pf); \
-  } while (0)
-      if (nb <= 2) PN_LAUNCH(2);
-      else if (nb <= 4) PN_LAUNCH(4);
-      else PN_LAUNCH(8);
-#undef PN_LAUNCH
-      return;
+    if (mode == MM_PLAIN && nb >= 2) {
+      const MMOut o = {{Y, Y, Y}, {ldy, ldy, ldy}, a.rows, a.rows};
+      if (mm_float_few_launch(a, nb, X, ldx, o, st)) return;
     }
     if (mode == MM_PLAIN && nb >= PT_MIN_NB && plain_tile_on()) {
       const dim3 g((unsigned)((a.rows + PT_WARPS * PT_ROWS - 1) / (PT_WARPS * PT_ROWS)), (unsigned)((nb + PT_NB - 1) / PT_NB));

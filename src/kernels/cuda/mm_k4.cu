@@ -314,8 +314,8 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
  * adds and kred16 tail - k_k4w's bits for every row. k_k4 with 4 or 16 rows a block ran the 35B-A3B
  * GatedDeltaNet input matrix at 4 rows in 34 us, k_k4w at one row in 7 us. */
 template <int T, int NB>
-__global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t *xq, size_t xs, float *Y,
-                                              int64_t ldy, int pf) {
+__global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t *xq, size_t xs, MMOut o,
+                                              int pf) {
   constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176;
   constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;
   const int lane = threadIdx.x & 31, s = lane >> 3, w = lane & 7;
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t
     for (int b = 0; b < NB; b++) {
       if (b >= nbt) break;
       const float y = k4w_red(acc[b]);
-      if (lane == 0) Y[(b0 + b) * ldy + r] = y;
+      if (lane == 0) *mm_out(o, b0 + b, r) = y;
     }
   }
 }
@@ -565,6 +565,24 @@ int k4w_pf(const KArgs &a, int mode, unsigned gy) {
 
 namespace {
 
+/* k_k4wn for 2..15 rows (with k_k4w and the few-row kernels on) */
+template <int T>
+bool few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
+  if (!k4w_on() || !mm_few_on() || nb < 2 || nb > 15) return false;
+  const int64_t g4 = (a.rows + 3) / 4;
+#define K4WN_LAUNCH(NB)                                                                                          \
+  do {                                                                                                           \
+    const unsigned gy = (unsigned)((nb + (NB)-1) / (NB));                                                        \
+    pdl_launch(k_k4wn<T, NB>, dim3(k4wn_grid<T, NB>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o,    \
+               k4w_pf(a, MM_PLAIN, gy));                                                                         \
+  } while (0)
+  if (nb <= 2) K4WN_LAUNCH(2);
+  else if (nb <= 4) K4WN_LAUNCH(4);
+  else K4WN_LAUNCH(8);
+#undef K4WN_LAUNCH
+  return true;
+}
+
 template <int T>
 void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
@@ -590,19 +608,9 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
 #undef K4S_LAUNCH
     return;
   }
-  if (k4w_on() && mm_few_on() && mode == MM_PLAIN && nb >= 2 && nb <= 15) { /* a few rows: k_k4w's shape */
-    const int64_t g4 = (a.rows + 3) / 4;
-#define K4WN_LAUNCH(NB)                                                                                            \
-  do {                                                                                                             \
-    const unsigned gy = (unsigned)((nb + (NB)-1) / (NB));                                                          \
-    pdl_launch(k_k4wn<T, NB>, dim3(k4wn_grid<T, NB>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, Y, ldy, \
-               k4w_pf(a, MM_PLAIN, gy));                                                                           \
-  } while (0)
-    if (nb <= 2) K4WN_LAUNCH(2);
-    else if (nb <= 4) K4WN_LAUNCH(4);
-    else K4WN_LAUNCH(8);
-#undef K4WN_LAUNCH
-    return;
+  if (mode == MM_PLAIN && nb >= 2) {
+    const MMOut o = {{Y, Y, Y}, {ldy, ldy, ldy}, a.rows, a.rows};
+    if (few_t<T>(a, nb, xq, xs, o, st)) return;
   }
   if (k4w_on() && (mode != MM_PLAIN || nb == 1)) { /* one activation row: a warp per weight row */
     const int64_t g4 = (a.rows + 3) / 4;
@@ -634,6 +642,14 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
 }
 
 } // namespace
+
+bool mm_k4_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
+  switch (a.type) {
+    case FLOE_TYPE_Q4_K: return few_t<FLOE_TYPE_Q4_K>(a, nb, xq, xs, o, st);
+    case FLOE_TYPE_Q5_K: return few_t<FLOE_TYPE_Q5_K>(a, nb, xq, xs, o, st);
+    default: return false;
+  }
+}
 
 bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
