@@ -142,7 +142,8 @@ void cuda_mm_matmul_parts(const cuda_mat *W, int64_t nb, const float *X, int64_t
   const KArgs a = mm_kargs(W);
   const cudaStream_t st = (cudaStream_t)stream;
   const MMOut o = {{Y, Y2, Y3}, {ldy, ldy2, ldy3}, s1, s2};
-  if (xq && cuda_mm_act_bytes(W) ? mm_k4_few_launch(a, nb, (const uint8_t *)xq, xq_stride, o, st)
+  if (xq && cuda_mm_act_bytes(W) ? mm_k4_few_launch(a, nb, (const uint8_t *)xq, xq_stride, o, st) ||
+                                       mm_q16_few_launch(a, nb, (const uint8_t *)xq, xq_stride, o, st)
                                  : mm_float_few_launch(a, nb, X, ldx, o, st))
     return;
   const int64_t b[4] = {0, s1, s2, W->rows};

@@ -60,10 +60,12 @@ __device__ __forceinline__ float *mm_out(const MMOut &o, int64_t b, int64_t r) {
   if (r < o.s2) return o.y[1] + b * o.ld[1] + (r - o.s1);
   return o.y[2] + b * o.ld[2] + (r - o.s2);
 }
-/* The few-row kernels (k_k4wn for Q4_K / Q5_K with quantized rows, k_plainn for F32 / F16 / BF16),
- * when they take this call (cuda_mm_set_few on, 2 <= nb <= their maximum); false: not launched. */
+/* The few-row kernels (k_k4wn for Q4_K / Q5_K with quantized rows, k_plainn for F32 / F16 / BF16,
+ * and for the parts of a joined matrix k_q16 for the other quantized types), when they take this call (cuda_mm_set_few on, 2 <= nb <= their maximum); false: not launched. */
 bool mm_k4_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);
 bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, const MMOut &o, cudaStream_t st);
+/* k_q16's several-row launch for the other quantized types (Q8_0, Q6_K, ...; mm_q16.cu) */
+bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);
 /* mm_float.cu: cuda_mm_router_route's launch (0, or FLOE_E_UNSUPPORTED) */
 int router_route_launch(const KArgs &a, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
                         int32_t *sel, float *w, unsigned *ctr, cudaStream_t st);

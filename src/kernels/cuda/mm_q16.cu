@@ -218,8 +218,10 @@ __device__ __forceinline__ void q16_dot(const KArgs &a, const uint8_t *row, cons
 
 template <int T, int NB, int MODE>
 __global__ void __launch_bounds__(32 * WPB) k_q16(KArgs a, KArgs a2, int64_t nb, int K, const int32_t *ids,
-                                                  const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
+                                                  const uint8_t *xq, size_t xs, MMOut o) {
   PDL_ENTER();
+  float *const Y = o.y[0]; /* the MoE modes: one output */
+  const int64_t ldy = o.ld[0];
   const int64_t r = (int64_t)blockIdx.x * WPB + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= a.rows) return; /* the whole warp */
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(32 * WPB) k_q16(KArgs a, KArgs a2, int64_t nb,
     if (lane == 0)
 #pragma unroll
       for (int b = 0; b < NB; b++)
-        if (b < nbt) Y[(b0 + b) * ldy + r] = y[b];
+        if (b < nbt) *mm_out(o, b0 + b, r) = y[b];
   } else {
     const int64_t slot = blockIdx.y;
     const int e = ids ? ids[slot] : 0;
@@ -260,20 +262,51 @@ template <int T>
 void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
   const unsigned gx = (unsigned)((a.rows + WPB - 1) / WPB);
+  const MMOut o = {{Y, Y, Y}, {ldy, ldy, ldy}, a.rows, a.rows};
   if (mode == MM_GLU) {
-    pdl_launch(k_q16<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
   } else if (mode == MM_DOWN) {
-    pdl_launch(k_q16<T, 1, MM_DOWN>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 1, MM_DOWN>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
   } else if (nb == 1) {
-    pdl_launch(k_q16<T, 1, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 1, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
   } else if (nb <= 4) {
-    pdl_launch(k_q16<T, 4, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 4, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
   } else {
-    pdl_launch(k_q16<T, 16, MM_PLAIN>, dim3(dim3(gx, (unsigned)((nb + 15) / 16))), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, Y, ldy);
+    pdl_launch(k_q16<T, 16, MM_PLAIN>, dim3(dim3(gx, (unsigned)((nb + 15) / 16))), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
   }
 }
 
+/* a joined matrix's parts (cuda_mm_matmul_parts) of a few rows: k_q16's several-row launch with
+ * each output row written to its part */
+template <int T>
+void few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
+  const unsigned gx = (unsigned)((a.rows + WPB - 1) / WPB);
+  if (nb <= 4)
+    pdl_launch(k_q16<T, 4, MM_PLAIN>, dim3(gx, 1), dim3(32 * WPB), (size_t)0, st, a, a, nb, 1, nullptr, xq, xs, o);
+  else
+    pdl_launch(k_q16<T, 16, MM_PLAIN>, dim3(gx, (unsigned)((nb + 15) / 16)), dim3(32 * WPB), (size_t)0, st, a, a, nb, 1,
+               nullptr, xq, xs, o);
+}
+
 } // namespace
+
+bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
+  if (!mm_few_on() || nb < 2 || nb > 15) return false;
+  switch (a.type) {
+    case FLOE_TYPE_Q8_0: few_t<FLOE_TYPE_Q8_0>(a, nb, xq, xs, o, st); return true;
+    case FLOE_TYPE_Q4_0: few_t<FLOE_TYPE_Q4_0>(a, nb, xq, xs, o, st); return true;
+    case FLOE_TYPE_IQ4_NL: few_t<FLOE_TYPE_IQ4_NL>(a, nb, xq, xs, o, st); return true;
+    case FLOE_TYPE_MXFP4: few_t<FLOE_TYPE_MXFP4>(a, nb, xq, xs, o, st); return true;
+    case FLOE_TYPE_Q6_K: few_t<FLOE_TYPE_Q6_K>(a, nb, xq, xs, o, st); return true;
+    case FLOE_TYPE_IQ4_XS: few_t<FLOE_TYPE_IQ4_XS>(a, nb, xq, xs, o, st); return true;
+    case FLOE_TYPE_MLX:
+      if (a.bits == 4) few_t<T_MLX4>(a, nb, xq, xs, o, st);
+      else if (a.bits == 8) few_t<T_MLX8>(a, nb, xq, xs, o, st);
+      else return false;
+      return true;
+    default: return false;
+  }
+}
 
 bool mm_q16_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                    const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
