@@ -341,6 +341,8 @@ done
 [ -f "$LOG/bench-mm.log" ] && { echo "=== bench-mm"; cat "$LOG/bench-mm.log"; }
 [ -f "$LOG/bench35.log" ] && { echo "=== bench35"; grep -E '^\{' "$LOG/bench35.log" | cut -c1-600; }
 [ -f "$LOG/mma35.log" ] && { echo "=== mma35"; grep -E '^\{|^==|k_k4mma|Average|gpu__time' "$LOG/mma35.log" | cut -c1-300; }
+[ -f "$LOG/verify35.log" ] && { echo "=== verify35"; grep -E '^==|verify_cost' "$LOG/verify35.log" |
+  sed -E 's/.*("plain_ms":[^,]*).*("verify2_ratio":[^,]*).*("verify3_ratio":[^,]*).*("verify4_ratio":[^,]*).*("verify5_ratio":[^,]*).*("fused_predicted_speedup":[^]]*]).*/\1 \2 \3 \4 \5 \6/'; }
 for b in attn35 depth35; do
   [ -f "$LOG/$b.log" ] && { echo "=== $b"; grep -E '^\{|attn|chunk|wall|==' "$LOG/$b.log" | cut -c1-420; }
 done
