@@ -557,6 +557,88 @@ static void test_spec(const char *path, bool graphs) {
   test_mtp_generate(path);
 }
 
+/* Several sessions in one pass on the GPU (model_eval_multi; the CUDA backend's multi_begin,
+ * attention_multi, gdn_multi, opt-in FLOE_CUDA_MULTI=1) against each session alone (model_eval on
+ * its own GPU session): prompts of awkward lengths in one pass (one of them without logits), then
+ * decode steps with greedy tokens, a session leaving and rejoining with a prompt chunk in the same
+ * pass as the others' decode rows. Every logit bit-identical; the pass really held several
+ * segments. */
+#define MS 3
+static void test_multi(const char *path) {
+  SECTION("several sessions in one pass (GPU): %s", path);
+  model *m = NULL;
+  if (load(path, true, &m)) {
+    CHECK(0, "load %s on the GPU", path);
+    return;
+  }
+  setenv("FLOE_CUDA_MULTI", "1", 1);
+  const int64_t V = m->hp.n_vocab;
+  char err[256];
+  model_session *b[MS], *r[MS];
+  float *lb[MS], *lr[MS];
+  for (int i = 0; i < MS; i++) {
+    int rc = model_session_new(m, 1024, KV_BF16, 2, &b[i], err, sizeof err);
+    if (!rc) rc = model_session_new(m, 1024, KV_BF16, 2, &r[i], err, sizeof err);
+    CHECK(rc == 0, "session: %s", err);
+    if (rc) exit(1);
+    lb[i] = malloc((size_t)V * 4);
+    lr[i] = malloc((size_t)V * 4);
+  }
+  int32_t buf[MS][80];
+  uint64_t st = 0x2545F4914F6CDD1Dull;
+  for (int step = -1; step < 16; step++) {
+    int64_t n[MS];
+    bool want[MS];
+    for (int i = 0; i < MS; i++) {
+      want[i] = true;
+      if (step < 0) { /* prompts: 37, 5 and 19 tokens; session 2 without logits */
+        n[i] = i == 0 ? 37 : i == 1 ? 5 : 19;
+        want[i] = i != 2;
+        for (int64_t t = 0; t < n[i]; t++) st ^= st << 13, st ^= st >> 7, st ^= st << 17, buf[i][t] = (int32_t)(st % V);
+        continue;
+      }
+      n[i] = 1;
+      const float *lg = step == 0 && i == 2 ? NULL : lb[i]; /* session 2 has no logits yet */
+      int64_t best = 0;
+      for (int64_t v = 1; lg && v < V; v++)
+        if (lg[v] > lg[best]) best = v;
+      buf[i][0] = (int32_t)best;
+    }
+    if (step >= 5 && step < 9) n[1] = 0; /* session 1 leaves, then rejoins with a 40-token chunk */
+    if (step == 9) {
+      n[1] = 40;
+      for (int t = 0; t < 40; t++) st ^= st << 13, st ^= st >> 7, st ^= st << 17, buf[1][t] = (int32_t)(st % V);
+    }
+    model_seg seg[MS];
+    int k = 0;
+    for (int i = 0; i < MS; i++)
+      if (n[i]) seg[k++] = (model_seg){ b[i], buf[i], n[i], want[i] ? lb[i] : NULL };
+    int64_t rows = 0;
+    int segs = 0;
+    int rc = model_eval_multi(seg, k, &rows, &segs, err, sizeof err);
+    CHECK(rc == 0, "step %d: model_eval_multi: %s", step, err);
+    if (step >= 0) CHECK(segs == k && segs >= 2, "step %d: one pass of %d segments (%d)", step, k, segs);
+    for (int i = 0; i < MS; i++) {
+      if (!n[i]) continue;
+      rc = model_eval(r[i], buf[i], n[i], want[i] ? lr[i] : NULL, false, err, sizeof err);
+      CHECK(rc == 0, "step %d: model_eval: %s", step, err);
+      CHECK(model_session_pos(b[i]) == model_session_pos(r[i]), "step %d: session %d at %lld, alone %lld", step, i,
+            (long long)model_session_pos(b[i]), (long long)model_session_pos(r[i]));
+      if (want[i])
+        CHECK(memcmp(lb[i], lr[i], (size_t)V * 4) == 0, "step %d: session %d: logits bit-identical to the session alone",
+              step, i);
+    }
+  }
+  unsetenv("FLOE_CUDA_MULTI");
+  for (int i = 0; i < MS; i++) {
+    model_session_free(b[i]);
+    model_session_free(r[i]);
+    free(lb[i]);
+    free(lr[i]);
+  }
+  model_free(m);
+}
+
 int main(void) {
   if (model_cuda_devices() <= 0) {
     printf("skipped: no CUDA device\n");
@@ -566,6 +648,7 @@ int main(void) {
   test_fixture_model("qwen3next");
   test_fixture_model("qwen35moe");
   test_quantized(test_fixture("../../models/default.gguf"), "default model (Q8_0)", 64, true);
+  test_multi(test_fixture("../../models/default.gguf"));
   test_spec(test_fixture("../../models/default.gguf"), true);
   test_spec(test_fixture("../../models/default.gguf"), false);
   unsetenv("FLOE_CUDA_SPEC_GRAPH");

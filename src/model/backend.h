@@ -107,6 +107,9 @@ typedef struct model_backend {
    * segment's first row): those blocks must use only the session's own state and scratch besides
    * the rows they are given. */
   float *(*multi_begin)(model_session *lead, int64_t n);
+  /* Optional with multi_begin (NULL: always): false when lead's backend declines a multi-session
+   * pass (the sessions are then evaluated one after another). */
+  bool (*multi_ok)(const model_session *lead);
   /* Optional with multi_begin (NULL: the driver calls attention / gdn per segment): the mixer
    * over the rows of several sessions at once, the projections over all n rows in lead's scratch
    * and the cache / recurrent part per segment (model.h model_rows). */

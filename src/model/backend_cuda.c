@@ -118,6 +118,9 @@ typedef struct cu_sess {
    * below, the per-slot decode kernels (the same bits): a verify of 2..5 rows of the 35B-A3B shape
    * is 25 % faster per slot (H200), where a grouped tile holds one slot of an expert */
   int64_t moe_group_min;
+  /* a multi-session pass (cu_multi_begin .. eval_end; this session leads it): the tokens come with
+   * embed, the rows' positions with the first attention block (multi_pos: uploaded) */
+  bool multi, multi_pos;
   double t_blk;
   int err;
   char msg[256];
@@ -554,6 +557,7 @@ static float *begin_chunk(model_session *s, const int32_t *tokens, int64_t n, in
   c->replay = false;
   c->capturing = -1;
   c->err = 0;
+  c->multi = false;
   memcpy(c->tok_h, tokens, (size_t)n * sizeof *tokens);
   for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
   if (slot >= 0 && c->graph[slot]) {
@@ -595,9 +599,12 @@ static void prof(model_session *s, int ph) {
 }
 
 static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *x) {
-  (void)tokens;
   cu_sess *c = s->dev;
   if (c->replay) return;
+  if (c->multi) { /* a chunk's tokens were uploaded by begin_chunk; a pass's come here */
+    memcpy(c->tok_h, tokens, (size_t)n * sizeof *tokens);
+    cuda_rt_h2d_async(c->tok, c->tok_h, (size_t)n * 4, c->stream);
+  }
   const model *m = s->m;
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd;
@@ -617,55 +624,75 @@ static void residual(model_session *s, int64_t l, float *x, int64_t n) {
   h_norm(s, x, c->out, cm->L[l].ffn_norm, n, l, true, NULL, NULL, 0, NULL, NULL);
 }
 
-static void cu_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
-  (void)pos0;
-  cu_sess *c = s->dev;
+/* The attention block over the rows of k sessions (r: each one's rows [off, off + n) of the pass;
+ * one session: its own chunk): the projections and the output matrix over all N rows in lead's
+ * scratch, the cache part per session on its own KV cache, rope table and split-K scratch, all on
+ * lead's stream; positions from lead's pos (the chunk's, or the pass's: attention_multi). */
+static void attn_rows(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N, bool gated) {
+  cu_sess *c = lead->dev;
   if (c->replay) return;
-  const model *m = s->m;
+  const model *m = lead->m;
   const floe_hparams *hp = &m->hp;
   const cu_layer *L = &((const cu_model *)m->dev)->L[l];
   const int64_t E = hp->n_embd, nh = hp->n_head, hd = hp->head_dim, kvd = hp->n_head_kv * hd;
   const int64_t qdim = nh * hd * (gated ? 2 : 1);
   size_t xs;
-  const uint8_t *xq = act(s, 0, &L->wq, n, c->h, E, &xs);
-  float *q = c->q, *k = c->k, *v = c->v;
-  if (n == 1 && L->cat_qkv.d.data) { /* one launch: q | k | v adjacent in the one-row output */
-    mm(s, &L->cat_qkv, n, c->h, E, L->wq.h, xq, xs, q, qdim + 2 * kvd);
-    k = q + qdim;
-    v = k + kvd;
-  } else if (!mm_parts(s, &L->cat_qkv, n, c->h, E, L->wq.h, xq, xs, q, qdim, qdim, k, kvd, qdim + kvd, v, kvd)) {
-    mm(s, &L->wq, n, c->h, E, L->wq.h, xq, xs, q, qdim);
-    mm(s, &L->wk, n, c->h, E, L->wq.h, xq, xs, k, kvd);
-    mm(s, &L->wv, n, c->h, E, L->wq.h, xq, xs, v, kvd);
+  const uint8_t *xq = act(lead, 0, &L->wq, N, c->h, E, &xs);
+  float *q = c->q, *kk = c->k, *v = c->v;
+  int64_t ldq = qdim, ldk = kvd; /* one row through the joined matrix: q | k | v adjacent */
+  if (N == 1 && L->cat_qkv.d.data) {
+    mm(lead, &L->cat_qkv, N, c->h, E, L->wq.h, xq, xs, q, qdim + 2 * kvd);
+    kk = q + qdim;
+    v = kk + kvd;
+    ldq = ldk = qdim + 2 * kvd;
+  } else if (!mm_parts(lead, &L->cat_qkv, N, c->h, E, L->wq.h, xq, xs, q, qdim, qdim, kk, kvd, qdim + kvd, v, kvd)) {
+    mm(lead, &L->wq, N, c->h, E, L->wq.h, xq, xs, q, qdim);
+    mm(lead, &L->wk, N, c->h, E, L->wq.h, xq, xs, kk, kvd);
+    mm(lead, &L->wv, N, c->h, E, L->wq.h, xq, xs, v, kvd);
   }
-  cuda_attn_shape sh = c->ash;
-  sh.gated = gated ? 1 : 0;
-  if (c->arows > AB || cuda_attn_rows_used(n)) {
-    /* the row-group kernel: every row's K/V into the cache first (a row reads only positions up
-     * to its own), then the attention of up to arows rows a launch */
-    cuda_attn_prep(&sh, q, k, v, L->q_norm, L->k_norm, c->rope, c->kc[l], c->vc[l], c->pos, n, c->stream);
-    for (int64_t t0 = 0; t0 < n; t0 += c->arows) {
-      const int64_t nb = n - t0 < c->arows ? n - t0 : c->arows;
-      cuda_attn(&sh, q + t0 * qdim, c->kc[l], c->vc[l], c->pos + t0, nb, c->att + t0 * nh * hd, c->attn_scr,
-                c->stream);
-    }
-  } else
-    for (int64_t t0 = 0; t0 < n; t0 += AB) {
-      const int64_t nb = n - t0 < AB ? n - t0 : AB;
-      cuda_attn_prep(&sh, q + t0 * qdim, k + t0 * kvd, v + t0 * kvd, L->q_norm, L->k_norm, c->rope, c->kc[l],
-                     c->vc[l], c->pos + t0, nb, c->stream);
-      cuda_attn(&sh, q + t0 * qdim, c->kc[l], c->vc[l], c->pos + t0, nb, c->att + t0 * nh * hd, c->attn_scr,
-                c->stream);
-    }
-  mm_own(s, &L->wo, n, c->att, nh * hd, c->out, E);
-  residual(s, l, x, n);
-  prof(s, MODEL_PH_ATTN);
+  for (int i = 0; i < k; i++) {
+    cu_sess *cs = r[i].s->dev;
+    const int64_t o = r[i].off, n = r[i].n;
+    float *qi = q + o * ldq, *ki = kk + o * ldk, *vi = v + o * ldk, *att = c->att + o * nh * hd;
+    const int32_t *pos = c->pos + o;
+    cuda_attn_shape sh = cs->ash;
+    sh.gated = gated ? 1 : 0;
+    if (cs->arows > AB || cuda_attn_rows_used(n)) {
+      /* the row-group kernel: every row's K/V into the cache first (a row reads only positions up
+       * to its own), then the attention of up to arows rows a launch */
+      cuda_attn_prep(&sh, qi, ki, vi, L->q_norm, L->k_norm, cs->rope, cs->kc[l], cs->vc[l], pos, n, c->stream);
+      for (int64_t t0 = 0; t0 < n; t0 += cs->arows) {
+        const int64_t nb = n - t0 < cs->arows ? n - t0 : cs->arows;
+        cuda_attn(&sh, qi + t0 * qdim, cs->kc[l], cs->vc[l], pos + t0, nb, att + t0 * nh * hd, cs->attn_scr,
+                  c->stream);
+      }
+    } else
+      for (int64_t t0 = 0; t0 < n; t0 += AB) {
+        const int64_t nb = n - t0 < AB ? n - t0 : AB;
+        cuda_attn_prep(&sh, qi + t0 * qdim, ki + t0 * kvd, vi + t0 * kvd, L->q_norm, L->k_norm, cs->rope, cs->kc[l],
+                       cs->vc[l], pos + t0, nb, c->stream);
+        cuda_attn(&sh, qi + t0 * qdim, cs->kc[l], cs->vc[l], pos + t0, nb, att + t0 * nh * hd, cs->attn_scr,
+                  c->stream);
+      }
+  }
+  mm_own(lead, &L->wo, N, c->att, nh * hd, c->out, E);
+  residual(lead, l, x, N);
+  prof(lead, MODEL_PH_ATTN);
 }
 
-static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
-  cu_sess *c = s->dev;
+static void cu_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated) {
+  (void)pos0; /* the chunk's positions are in c->pos (begin_chunk) */
+  const model_rows r = { s, 0, n };
+  attn_rows(s, &r, 1, l, x, n, gated);
+}
+
+/* The GatedDeltaNet block over the rows of k sessions (as attn_rows): the projections and ssm_out
+ * over all N rows in lead's scratch, the conv + recurrence per session on its own states (kept
+ * per row only in a single session's verify chunk), all on lead's stream. */
+static void gdn_rows(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N) {
+  cu_sess *c = lead->dev;
   if (c->replay) return;
-  const model *m = s->m;
+  const model *m = lead->m;
   const floe_hparams *hp = &m->hp;
   const cu_layer *L = &((const cu_model *)m->dev)->L[l];
   const int64_t E = hp->n_embd, Nv = hp->ssm_dt_rank, vd = hp->ssm_d_inner;
@@ -674,32 +701,93 @@ static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   size_t xs;
   /* the CPU: q|k|v and z from one matrix (grouped) or two, b and a likewise; each quantized iff
    * its source matrix shares the layout of the first (L->*.h is that source) */
-  const uint8_t *xq = act(s, 0, &L->qkv, n, c->h, E, &xs);
+  const uint8_t *xq = act(lead, 0, &L->qkv, N, c->h, E, &xs);
   float *mix = c->mix, *z = c->z, *b = c->b, *a = c->a;
   /* one token: the joined matrices in one launch each, the parts adjacent in the output row */
-  if (n == 1 && L->cat_qkvz.d.data) {
-    mm(s, &L->cat_qkvz, n, c->h, E, lay, xq, xs, mix, C + vd);
+  if (N == 1 && L->cat_qkvz.d.data) {
+    mm(lead, &L->cat_qkvz, N, c->h, E, lay, xq, xs, mix, C + vd);
     z = mix + C;
-  } else if (!mm_parts(s, &L->cat_qkvz, n, c->h, E, lay, xq, xs, mix, C, C, z, vd, C + vd, NULL, 0)) {
-    mm(s, &L->qkv, n, c->h, E, lay, xq, xs, mix, C);
-    mm(s, &L->z, n, c->h, E, lay, xq, xs, z, vd);
+  } else if (!mm_parts(lead, &L->cat_qkvz, N, c->h, E, lay, xq, xs, mix, C, C, z, vd, C + vd, NULL, 0)) {
+    mm(lead, &L->qkv, N, c->h, E, lay, xq, xs, mix, C);
+    mm(lead, &L->z, N, c->h, E, lay, xq, xs, z, vd);
   }
-  if (n == 1 && L->cat_ba.d.data) {
-    mm(s, &L->cat_ba, n, c->h, E, lay, xq, xs, b, 2 * Nv);
+  if (N == 1 && L->cat_ba.d.data) {
+    mm(lead, &L->cat_ba, N, c->h, E, lay, xq, xs, b, 2 * Nv);
     a = b + Nv;
-  } else if (!mm_parts(s, &L->cat_ba, n, c->h, E, lay, xq, xs, b, Nv, Nv, a, Nv, 2 * Nv, NULL, 0)) {
-    mm(s, &L->b, n, c->h, E, lay, xq, xs, b, Nv);
-    mm(s, &L->a, n, c->h, E, lay, xq, xs, a, Nv);
+  } else if (!mm_parts(lead, &L->cat_ba, N, c->h, E, lay, xq, xs, b, Nv, Nv, a, Nv, 2 * Nv, NULL, 0)) {
+    mm(lead, &L->b, N, c->h, E, lay, xq, xs, b, Nv);
+    mm(lead, &L->a, N, c->h, E, lay, xq, xs, a, Nv);
   }
   /* the states through the table's cells (a recorded step follows keep_accept's swaps); a kept
-   * chunk writes row t's states into their own buffers (keep_begin) */
-  const bool kp = c->keep_n > 0;
-  cuda_gdn_step_p(&c->gsh, mix, L->conv_wt, tab_at(s, true, l, 0), kp ? tab_at(s, true, l, 1) : NULL, c->raw, z, b,
-                  a, L->dt_bias, L->ssm_a, L->ssm_norm, tab_at(s, false, l, 0), kp ? tab_at(s, false, l, 1) : NULL,
-                  c->o, n, c->stream);
-  mm_own(s, &L->ssm_out, n, c->o, vd, c->out, E);
-  residual(s, l, x, n);
-  prof(s, MODEL_PH_GDN);
+   * chunk writes row t's states into their own buffers (keep_begin). Rows of one session are
+   * consecutive in mix / z / b / a / o (N == 1: z is mix's tail, one row). */
+  for (int i = 0; i < k; i++) {
+    model_session *si = r[i].s;
+    const int64_t o = r[i].off;
+    const bool kp = k == 1 && c->keep_n > 0;
+    cuda_gdn_step_p(&c->gsh, mix + o * C, L->conv_wt, tab_at(si, true, l, 0), kp ? tab_at(si, true, l, 1) : NULL,
+                    c->raw, z + o * vd, b + o * Nv, a + o * Nv, L->dt_bias, L->ssm_a, L->ssm_norm,
+                    tab_at(si, false, l, 0), kp ? tab_at(si, false, l, 1) : NULL, c->o + o * vd, r[i].n, c->stream);
+  }
+  mm_own(lead, &L->ssm_out, N, c->o, vd, c->out, E);
+  residual(lead, l, x, N);
+  prof(lead, MODEL_PH_GDN);
+}
+
+static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
+  const model_rows r = { s, 0, n };
+  gdn_rows(s, &r, 1, l, x, n);
+}
+
+/* ---- several sessions in one pass (backend.h multi_begin; opt-in: FLOE_CUDA_MULTI=1) ----
+ * lead's scratch holds the pass's N rows; the blocks' per-session parts (KV caches, recurrent
+ * states, rope tables) are the segments' own, on lead's stream. Not recorded as a graph. */
+static bool cu_multi_ok(const model_session *lead) {
+  (void)lead;
+  const char *e = getenv("FLOE_CUDA_MULTI"); /* until the H200 has run test_cuda_model's multi-session checks */
+  return e && e[0] == '1';
+}
+
+static float *cu_multi_begin(model_session *lead, int64_t n) {
+  (void)n;
+  cu_sess *c = lead->dev;
+  c->staged = false;
+  c->dst = NULL;
+  c->hid_dst = NULL;
+  c->want_greedy = false;
+  c->replay = false;
+  c->capturing = -1;
+  c->err = 0;
+  c->multi = true;
+  c->multi_pos = false;
+  if (c->profile) {
+    cuda_rt_stream_sync(c->stream, NULL, 0);
+    c->t_blk = floe_time_s();
+  }
+  return c->x;
+}
+
+/* the pass's positions: segment i's rows at its session's n_past, n_past + 1, ... */
+static void multi_positions(model_session *lead, const model_rows *r, int k) {
+  cu_sess *c = lead->dev;
+  if (c->multi_pos) return;
+  int64_t N = 0;
+  for (int i = 0; i < k; i++) {
+    for (int64_t t = 0; t < r[i].n; t++) c->pos_h[r[i].off + t] = (int32_t)(r[i].s->kv.n_past + t);
+    if (r[i].off + r[i].n > N) N = r[i].off + r[i].n;
+  }
+  cuda_rt_h2d_async(c->pos, c->pos_h, (size_t)N * 4, c->stream);
+  c->multi_pos = true;
+}
+
+static void cu_attention_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t n,
+                               bool gated) {
+  multi_positions(lead, r, k);
+  attn_rows(lead, r, k, l, x, n, gated);
+}
+
+static void cu_gdn_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t n) {
+  gdn_rows(lead, r, k, l, x, n);
 }
 
 static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
@@ -1070,6 +1158,7 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   (void)n;
   cu_sess *c = s->dev;
   int rc = 0;
+  c->multi = false;
   if (c->capturing >= 0 && !c->replay) {
     void *g = NULL;
     rc = cuda_graph_end(c->stream, &g, err, errlen);
@@ -1114,6 +1203,10 @@ const model_backend model_backend_cuda = {
   .mtp_begin = cu_mtp_begin,
   .mtp_end = cu_mtp_end,
   .spec_greedy = cu_spec_greedy,
+  .multi_ok = cu_multi_ok,
+  .multi_begin = cu_multi_begin,
+  .attention_multi = cu_attention_multi,
+  .gdn_multi = cu_gdn_multi,
 };
 
 int model_tier_stats_get(const model *m, model_tier_stats *out) {

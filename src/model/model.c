@@ -1141,7 +1141,8 @@ int model_eval_multi(const model_seg *seg, int k, int64_t *rows_out, int *segs_o
    * logits are wanted must be a contiguous tail (be->logits takes a row range), so at most one
    * multi-row segment with logits joins; another one, or rows beyond one pass, are evaluated on
    * their own. */
-  const bool can = k > 1 && seg[0].s->be->multi_begin;
+  const model_backend *be0 = seg[0].s->be;
+  const bool can = k > 1 && be0->multi_begin && (!be0->multi_ok || be0->multi_ok(seg[0].s));
   bool in[k];
   int64_t rows = 0, max_rows = 0;
   int multi = -1, n_in = 0, max_segs = 0;
