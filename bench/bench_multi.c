@@ -2,7 +2,10 @@
  * runs every step) with 1, 2, 4, ... sessions, and where its time goes.
  *
  * bench_multi -m MODEL [-t THREADS] [-r ROUNDS] [-s STEPS] [-d DEPTH] [--streams 1,2,4,8]
+ *             [--device cpu|cuda]
  *
+ * --device cuda: the model on the GPU (its multi-session pass is opt-in there, FLOE_CUDA_MULTI=1;
+ * "segs" says how many sessions a step's pass held at most, 1 = one after another).
  * The model is read into memory (FLOE_LOAD_COPY, as `floe serve --no-mmap`); max(streams)
  * sessions share one thread pool (as the server's slots do), each filled with DEPTH distinct
  * pseudo-random tokens. A round runs STEPS greedy decode steps for every stream count, in an order
@@ -45,6 +48,7 @@ int main(int argc, char **argv) {
   const char *path = NULL;
   int threads = 2, rounds = 12, steps = 2, ns = 0, counts[MAXS];
   int64_t depth = 32;
+  bool cuda = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-m") && v) path = argv[++i];
@@ -52,7 +56,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "-r") && v) rounds = atoi(argv[++i]);
     else if (!strcmp(a, "-s") && v) steps = atoi(argv[++i]);
     else if (!strcmp(a, "-d") && v) depth = atoll(argv[++i]);
-    else if (!strcmp(a, "--streams") && v) {
+    else if (!strcmp(a, "--device") && v) {
+      const char *d = argv[++i];
+      if (strcmp(d, "cpu") && strcmp(d, "cuda")) {
+        fprintf(stderr, "bench_multi: --device %s: expected cpu or cuda\n", d);
+        return 2;
+      }
+      cuda = !strcmp(d, "cuda");
+    } else if (!strcmp(a, "--streams") && v) {
       const char *p = argv[++i];
       while (*p && ns < MAXS) {
         char *e;
@@ -60,7 +71,8 @@ int main(int argc, char **argv) {
         p = *e == ',' ? e + 1 : e;
       }
     } else {
-      fprintf(stderr, "usage: bench_multi -m MODEL [-t N] [-r ROUNDS] [-s STEPS] [-d DEPTH] [--streams 1,2,4,8]\n");
+      fprintf(stderr, "usage: bench_multi -m MODEL [-t N] [-r ROUNDS] [-s STEPS] [-d DEPTH] [--streams 1,2,4,8] "
+                      "[--device cpu|cuda]\n");
       return 2;
     }
   }
@@ -87,6 +99,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_multi: %s\n", err);
     return 1;
   }
+#ifdef FLOE_HAVE_CUDA
+  if (cuda && (rc = model_use_backend(m, &model_backend_cuda, 0, err, sizeof err))) {
+    fprintf(stderr, "bench_multi: %s\n", err);
+    model_free(m);
+    return 1;
+  }
+#else
+  if (cuda) {
+    fprintf(stderr, "bench_multi: --device cuda: this build has no CUDA backend\n");
+    model_free(m);
+    return 1;
+  }
+#endif
   const int64_t V = m->hp.n_vocab;
   const int64_t n_ctx = depth + (int64_t)rounds * steps * ns + 16;
   model_session *s[MAXS] = { 0 };
@@ -108,6 +133,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   double *t = calloc((size_t)(ns * rounds * steps), sizeof *t), ph[MAXS][MODEL_PH_N] = { { 0 } };
+  int segs_max[MAXS] = { 0 };
   for (int rd = 0; rd < rounds && !rc; rd++)
     for (int o = 0; o < ns && !rc; o++) {
       const int ci = rd % 2 ? ns - 1 - o : o, k = counts[ci];
@@ -116,7 +142,9 @@ int main(int argc, char **argv) {
         for (int i = 0; i < k; i++) seg[i] = (model_seg){ s[i], &next[i], 1, lg + (size_t)i * V };
         memset(s[0]->ph, 0, sizeof s[0]->ph);
         const double t0 = floe_time_s();
-        rc = model_eval_multi(seg, k, NULL, NULL, err, sizeof err);
+        int segs = 0;
+        rc = model_eval_multi(seg, k, NULL, &segs, err, sizeof err);
+        if (segs > segs_max[ci]) segs_max[ci] = segs;
         for (int i = 0; i < k && !rc; i++) next[i] = (int32_t)kern_argmax(lg + (size_t)i * V, V);
         t[(ci * rounds + rd) * steps + st] = floe_time_s() - t0;
         for (int p = 0; p < MODEL_PH_N; p++) ph[ci][p] += s[0]->ph[p];
@@ -143,8 +171,10 @@ int main(int argc, char **argv) {
     }
     const double pr = median(rr, rounds);
     printf("{\"bench\":\"multi_decode\",\"model\":\"%s\",\"threads\":%d,\"rounds\":%d,\"steps\":%d,\"depth\":%lld,"
-           "\"streams\":%d,\"step_ms\":%.3f,\"agg_tok_s\":%.2f,\"ratio_vs_first\":%.3f,\"paired_ratio\":%.3f",
-           path, threads, rounds, steps, (long long)depth, k, 1e3 * med, tps, tps / (base * counts[0]), pr);
+           "\"streams\":%d,\"step_ms\":%.3f,\"agg_tok_s\":%.2f,\"ratio_vs_first\":%.3f,\"paired_ratio\":%.3f,"
+           "\"device\":\"%s\",\"segs\":%d",
+           path, threads, rounds, steps, (long long)depth, k, 1e3 * med, tps, tps / (base * counts[0]), pr,
+           cuda ? "cuda" : "cpu", segs_max[ci]);
     for (int p = 0; p < MODEL_PH_N; p++) printf(",\"%s_ms\":%.3f", pn[p], 1e3 * ph[ci][p] / (rounds * steps));
     printf("}\n");
   }

@@ -18,6 +18,7 @@
 #             (FLOE_CUDA_ATTN_ROWS=0 / default), decode at depth 0
 #   bench80   floe synth + bench of the Qwen3-Next-80B-A3B shape, Q4_K (removes the 35B file first)
 #   verify35  bench_verify --device cuda on $SYNTH: defaults, FLOE_CUDA_FEW=0, the MoE grouped from 2 rows
+#   multi35   bench_multi --device cuda (1/2/4/8 sessions) on the 8-layer 35B cut, FLOE_CUDA_MULTI=0 / 1
 #   tier      test_cuda_tier on tiny synth models and $SYNTH (tiered experts == resident, bit for bit)
 #   tier35    the 35B shape with --gpu-mem $TIER_MEM: decode, cost model vs copies only vs CPU only
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
@@ -289,6 +290,18 @@ sec_verify35() {
   done
   return $rc
 }
+# multi35: several sessions decoding together on the GPU (bench_multi --device cuda, 1/2/4/8 streams)
+# on the 35B-A3B shape cut to 8 layers (the server benchmark's shape), one after another
+# (FLOE_CUDA_MULTI=0) and in one pass (=1; "segs" in the output: sessions a pass held)
+sec_multi35() {
+  local small=/tmp/floe-q35-8l.gguf v rc=0
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 8 --type q4_K -o "$small" >/dev/null || return 1
+  for v in 0 1; do
+    echo "== FLOE_CUDA_MULTI=$v"
+    FLOE_CUDA_MULTI=$v timeout 120 "$BUILD/bin/bench_multi" -m "$small" --device cuda -t 4 -r 6 -s 4 --streams 1,2,4,8 || rc=1
+  done
+  return $rc
+}
 # depth35: decode of the 35B shape at long contexts (DEPTHS_LONG, default 32768; the context is
 # prefilled first, so 128K costs minutes at today's prefill rate)
 sec_depth35() {
@@ -343,7 +356,7 @@ done
 [ -f "$LOG/mma35.log" ] && { echo "=== mma35"; grep -E '^\{|^==|k_k4mma|Average|gpu__time' "$LOG/mma35.log" | cut -c1-300; }
 [ -f "$LOG/verify35.log" ] && { echo "=== verify35"; grep -E '^==|verify_cost' "$LOG/verify35.log" |
   sed -E 's/.*("plain_ms":[^,]*).*("verify2_ratio":[^,]*).*("verify3_ratio":[^,]*).*("verify4_ratio":[^,]*).*("verify5_ratio":[^,]*).*("fused_predicted_speedup":[^]]*]).*/\1 \2 \3 \4 \5 \6/'; }
-for b in attn35 depth35; do
+for b in attn35 depth35 multi35; do
   [ -f "$LOG/$b.log" ] && { echo "=== $b"; grep -E '^\{|attn|chunk|wall|==' "$LOG/$b.log" | cut -c1-420; }
 done
 if [ -f "$LOG/test.log" ]; then
