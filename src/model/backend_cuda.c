@@ -546,10 +546,8 @@ static void mm_own(model_session *s, const dmat *W, int64_t n, const float *X, i
   mm(s, W, n, X, ldx, W->h, xq, xs, Y, ldy);
 }
 
-/* Starts a chunk: tokens and positions staged (pinned) and uploaded; slot >= 0: the recorded
- * step of that slot serves it (replayed when recorded, else recorded now). */
-static float *begin_chunk(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int slot) {
-  cu_sess *c = s->dev;
+/* The state of an evaluation in flight, cleared at its start (multi: a multi-session pass) */
+static void eval_reset(cu_sess *c, bool multi) {
   c->staged = false;
   c->dst = NULL;
   c->hid_dst = NULL;
@@ -557,7 +555,15 @@ static float *begin_chunk(model_session *s, const int32_t *tokens, int64_t n, in
   c->replay = false;
   c->capturing = -1;
   c->err = 0;
-  c->multi = false;
+  c->multi = multi;
+  c->multi_pos = false;
+}
+
+/* Starts a chunk: tokens and positions staged (pinned) and uploaded; slot >= 0: the recorded
+ * step of that slot serves it (replayed when recorded, else recorded now). */
+static float *begin_chunk(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int slot) {
+  cu_sess *c = s->dev;
+  eval_reset(c, false);
   memcpy(c->tok_h, tokens, (size_t)n * sizeof *tokens);
   for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
   if (slot >= 0 && c->graph[slot]) {
@@ -751,15 +757,7 @@ static bool cu_multi_ok(const model_session *lead) {
 static float *cu_multi_begin(model_session *lead, int64_t n) {
   (void)n;
   cu_sess *c = lead->dev;
-  c->staged = false;
-  c->dst = NULL;
-  c->hid_dst = NULL;
-  c->want_greedy = false;
-  c->replay = false;
-  c->capturing = -1;
-  c->err = 0;
-  c->multi = true;
-  c->multi_pos = false;
+  eval_reset(c, true);
   if (c->profile) {
     cuda_rt_stream_sync(c->stream, NULL, 0);
     c->t_blk = floe_time_s();
