@@ -55,6 +55,8 @@ struct MMOut {
   int64_t ld[3];
   int64_t s1, s2;
 };
+/* a whole matrix's rows into Y (ldy apart) */
+inline MMOut mm_out_all(float *Y, int64_t ldy, int64_t rows) { return MMOut{{Y, Y, Y}, {ldy, ldy, ldy}, rows, rows}; }
 __device__ __forceinline__ float *mm_out(const MMOut &o, int64_t b, int64_t r) {
   if (r < o.s1) return o.y[0] + b * o.ld[0] + r;
   if (r < o.s2) return o.y[1] + b * o.ld[1] + (r - o.s1);

@@ -945,7 +945,7 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
       return;
     }
     if (mode == MM_PLAIN && nb >= 2) {
-      const MMOut o = {{Y, Y, Y}, {ldy, ldy, ldy}, a.rows, a.rows};
+      const MMOut o = mm_out_all(Y, ldy, a.rows);
       if (mm_float_few_launch(a, nb, X, ldx, o, st)) return;
     }
     if (mode == MM_PLAIN && nb >= PT_MIN_NB && plain_tile_on()) {

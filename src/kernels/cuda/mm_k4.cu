@@ -609,7 +609,7 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
     return;
   }
   if (mode == MM_PLAIN && nb >= 2) {
-    const MMOut o = {{Y, Y, Y}, {ldy, ldy, ldy}, a.rows, a.rows};
+    const MMOut o = mm_out_all(Y, ldy, a.rows);
     if (few_t<T>(a, nb, xq, xs, o, st)) return;
   }
   if (k4w_on() && (mode != MM_PLAIN || nb == 1)) { /* one activation row: a warp per weight row */

@@ -9,6 +9,8 @@
  * thread i adds its own product and thread i + 16's (by shuffle) to acc[i] in step order. So each
  * lane's sequence of adds is the CPU's, in one thread; the weights are decoded once per round
  * and used for every activation row of the tile. */
+#include <type_traits>
+
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -258,28 +260,10 @@ __global__ void __launch_bounds__(32 * WPB) k_q16(KArgs a, KArgs a2, int64_t nb,
   }
 }
 
+/* MM_PLAIN with nb >= 2 activation rows: NB = 4 or 16 rows a block, each output row written where
+ * o says (a plain matmul, or a joined matrix's parts: cuda_mm_matmul_parts) */
 template <int T>
-void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
-              size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
-  const unsigned gx = (unsigned)((a.rows + WPB - 1) / WPB);
-  const MMOut o = {{Y, Y, Y}, {ldy, ldy, ldy}, a.rows, a.rows};
-  if (mode == MM_GLU) {
-    pdl_launch(k_q16<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
-  } else if (mode == MM_DOWN) {
-    pdl_launch(k_q16<T, 1, MM_DOWN>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
-  } else if (nb == 1) {
-    pdl_launch(k_q16<T, 1, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
-  } else if (nb <= 4) {
-    pdl_launch(k_q16<T, 4, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
-  } else {
-    pdl_launch(k_q16<T, 16, MM_PLAIN>, dim3(dim3(gx, (unsigned)((nb + 15) / 16))), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
-  }
-}
-
-/* a joined matrix's parts (cuda_mm_matmul_parts) of a few rows: k_q16's several-row launch with
- * each output row written to its part */
-template <int T>
-void few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
+void rows_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
   const unsigned gx = (unsigned)((a.rows + WPB - 1) / WPB);
   if (nb <= 4)
     pdl_launch(k_q16<T, 4, MM_PLAIN>, dim3(gx, 1), dim3(32 * WPB), (size_t)0, st, a, a, nb, 1, nullptr, xq, xs, o);
@@ -288,40 +272,49 @@ void few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut
                nullptr, xq, xs, o);
 }
 
-} // namespace
+template <int T>
+void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
+              size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
+  const unsigned gx = (unsigned)((a.rows + WPB - 1) / WPB);
+  const MMOut o = mm_out_all(Y, ldy, a.rows);
+  if (mode == MM_GLU) {
+    pdl_launch(k_q16<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
+  } else if (mode == MM_DOWN) {
+    pdl_launch(k_q16<T, 1, MM_DOWN>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
+  } else if (nb == 1) {
+    pdl_launch(k_q16<T, 1, MM_PLAIN>, dim3(dim3(gx, 1)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
+  } else {
+    rows_t<T>(a, nb, xq, xs, o, st);
+  }
+}
 
-bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
-  if (!mm_few_on() || nb < 2 || nb > 15) return false;
+/* f(std::integral_constant<int, T>) for the type k_q16 computes a's with; false: none */
+template <typename F>
+bool q16_type(const KArgs &a, F f) {
   switch (a.type) {
-    case FLOE_TYPE_Q8_0: few_t<FLOE_TYPE_Q8_0>(a, nb, xq, xs, o, st); return true;
-    case FLOE_TYPE_Q4_0: few_t<FLOE_TYPE_Q4_0>(a, nb, xq, xs, o, st); return true;
-    case FLOE_TYPE_IQ4_NL: few_t<FLOE_TYPE_IQ4_NL>(a, nb, xq, xs, o, st); return true;
-    case FLOE_TYPE_MXFP4: few_t<FLOE_TYPE_MXFP4>(a, nb, xq, xs, o, st); return true;
-    case FLOE_TYPE_Q6_K: few_t<FLOE_TYPE_Q6_K>(a, nb, xq, xs, o, st); return true;
-    case FLOE_TYPE_IQ4_XS: few_t<FLOE_TYPE_IQ4_XS>(a, nb, xq, xs, o, st); return true;
+    case FLOE_TYPE_Q8_0: f(std::integral_constant<int, FLOE_TYPE_Q8_0>()); return true;
+    case FLOE_TYPE_Q4_0: f(std::integral_constant<int, FLOE_TYPE_Q4_0>()); return true;
+    case FLOE_TYPE_IQ4_NL: f(std::integral_constant<int, FLOE_TYPE_IQ4_NL>()); return true;
+    case FLOE_TYPE_MXFP4: f(std::integral_constant<int, FLOE_TYPE_MXFP4>()); return true;
+    case FLOE_TYPE_Q6_K: f(std::integral_constant<int, FLOE_TYPE_Q6_K>()); return true;
+    case FLOE_TYPE_IQ4_XS: f(std::integral_constant<int, FLOE_TYPE_IQ4_XS>()); return true;
     case FLOE_TYPE_MLX:
-      if (a.bits == 4) few_t<T_MLX4>(a, nb, xq, xs, o, st);
-      else if (a.bits == 8) few_t<T_MLX8>(a, nb, xq, xs, o, st);
+      if (a.bits == 4) f(std::integral_constant<int, T_MLX4>());
+      else if (a.bits == 8) f(std::integral_constant<int, T_MLX8>());
       else return false;
       return true;
     default: return false;
   }
 }
 
+} // namespace
+
+bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
+  if (!mm_few_on() || nb < 2 || nb > 15) return false;
+  return q16_type(a, [&](auto t) { rows_t<decltype(t)::value>(a, nb, xq, xs, o, st); });
+}
+
 bool mm_q16_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                    const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
-  switch (a.type) {
-    case FLOE_TYPE_Q8_0: launch_t<FLOE_TYPE_Q8_0>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); return true;
-    case FLOE_TYPE_Q4_0: launch_t<FLOE_TYPE_Q4_0>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); return true;
-    case FLOE_TYPE_IQ4_NL: launch_t<FLOE_TYPE_IQ4_NL>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); return true;
-    case FLOE_TYPE_MXFP4: launch_t<FLOE_TYPE_MXFP4>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); return true;
-    case FLOE_TYPE_Q6_K: launch_t<FLOE_TYPE_Q6_K>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); return true;
-    case FLOE_TYPE_IQ4_XS: launch_t<FLOE_TYPE_IQ4_XS>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); return true;
-    case FLOE_TYPE_MLX:
-      if (a.bits == 4) launch_t<T_MLX4>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
-      else if (a.bits == 8) launch_t<T_MLX8>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st);
-      else return false;
-      return true;
-    default: return false;
-  }
+  return q16_type(a, [&](auto t) { launch_t<decltype(t)::value>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); });
 }
