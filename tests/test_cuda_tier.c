@@ -14,7 +14,7 @@
  *  - a pool below the minimum is refused at load with a message naming it.
  * Without a CUDA device: "skipped: no CUDA device", exit 77.
  * FLOE_TEST_WATCHDOG=S: after S seconds the main thread's stack is printed ("bt: OBJECT OFFSET
- * SYMBOL" lines, for addr2line) and the test aborts, so a hang says where it is. */
+ * SYMBOL" lines, named by scripts/elf_sym.py) and the test aborts, so a hang says where it is. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <execinfo.h>

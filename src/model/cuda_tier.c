@@ -139,6 +139,18 @@ static int put(cu_tier *t, int k, int64_t s, const floe_mat *W, void *stream) {
   return rc;
 }
 
+/* [lo, hi) grown to cover W's data, scales and biases */
+static void span(const floe_mat *W, uintptr_t *lo, uintptr_t *hi) {
+  const void *ps[3] = { W->data, W->scales, W->biases };
+  for (int p = 0; p < 3; p++) {
+    if (!ps[p]) continue;
+    const uintptr_t a = (uintptr_t)ps[p];
+    const size_t n = (size_t)W->rows * (p ? W->sb_row_bytes : W->row_bytes);
+    if (a < *lo) *lo = a;
+    if (a + n > *hi) *hi = a + n;
+  }
+}
+
 /* Page-locks the host range spanning every expert the pool copies from: the routed ones and the
  * shared ones of reserved slots (one registration: ranges of separate tensors may share pages,
  * which the driver refuses to register twice). A copy from a range that runs past the registered
@@ -148,19 +160,10 @@ static void pin_host(cu_tier *t) {
   const model *m = t->m;
   uintptr_t lo = UINTPTR_MAX, hi = 0;
   for (int64_t l = 0; l < t->n_l; l++)
-    for (int k = 0; k < 3; k++)
-      for (int64_t e = 0; e <= m->hp.n_expert; e++) { /* e == n_expert: the reserved shared expert */
-        if (e == m->hp.n_expert && t->res_of[l] < 0) continue;
-        const floe_mat *W = e < m->hp.n_expert ? mat_of(&m->layers[l], k, e) : sh_of(&m->layers[l], k);
-        const void *ps[3] = { W->data, W->scales, W->biases };
-        for (int p = 0; p < 3; p++) {
-          if (!ps[p]) continue;
-          const uintptr_t a = (uintptr_t)ps[p];
-          const size_t n = (size_t)W->rows * (p ? W->sb_row_bytes : W->row_bytes);
-          if (a < lo) lo = a;
-          if (a + n > hi) hi = a + n;
-        }
-      }
+    for (int k = 0; k < 3; k++) {
+      for (int64_t e = 0; e < m->hp.n_expert; e++) span(mat_of(&m->layers[l], k, e), &lo, &hi);
+      if (t->res_of[l] >= 0) span(sh_of(&m->layers[l], k), &lo, &hi);
+    }
   /* only a model loaded into memory (anonymous pages): on the H200 machine, page-locking a file
    * mapping (a tiny model mapped from /tmp) never returned from the driver. FLOE_TIER_PIN=0: never */
   const char *pin = getenv("FLOE_TIER_PIN");
