@@ -4,7 +4,7 @@
  * bench_multi -m MODEL [-t THREADS] [-r ROUNDS] [-s STEPS] [-d DEPTH] [--streams 1,2,4,8]
  *             [--device cpu|cuda]
  *
- * --device cuda: the model on the GPU (its multi-session pass is opt-in there, FLOE_CUDA_MULTI=1;
+ * --device cuda: the model on the GPU (FLOE_CUDA_MULTI=0 runs the sessions one after another there;
  * "segs" says how many sessions a step's pass held at most, 1 = one after another).
  * The model is read into memory (FLOE_LOAD_COPY, as `floe serve --no-mmap`); max(streams)
  * sessions share one thread pool (as the server's slots do), each filled with DEPTH distinct

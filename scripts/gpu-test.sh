@@ -324,6 +324,8 @@ sec_attn35() {
   timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 1 --json || rc=1
   return $rc
 }
+# attnd: the decode attention lines of bench_cuda_ops (one launch at KV 1 / 8K / 32K / 128K, several splits)
+sec_attnd() { timeout 120 "$BUILD/bin/bench_cuda_ops" | grep -E "^device|attn (decode|split)"; }
 sec_bench-mm-warp() { FLOE_CUDA_MM_Q16=warp "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
 sec_bench-mm-lanes() { FLOE_CUDA_MM_Q16=lanes "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
 

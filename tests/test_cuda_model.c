@@ -558,7 +558,7 @@ static void test_spec(const char *path, bool graphs) {
 }
 
 /* Several sessions in one pass on the GPU (model_eval_multi; the CUDA backend's multi_begin,
- * attention_multi, gdn_multi, opt-in FLOE_CUDA_MULTI=1) against each session alone (model_eval on
+ * attention_multi, gdn_multi; the default, FLOE_CUDA_MULTI=0 turns it off) against each session alone (model_eval on
  * its own GPU session): prompts of awkward lengths in one pass (one of them without logits), then
  * decode steps with greedy tokens, a session leaving and rejoining with a prompt chunk in the same
  * pass as the others' decode rows. Every logit bit-identical; the pass really held several

@@ -745,13 +745,13 @@ static void cu_gdn(model_session *s, int64_t l, float *x, int64_t n) {
   gdn_rows(s, &r, 1, l, x, n);
 }
 
-/* ---- several sessions in one pass (backend.h multi_begin; opt-in: FLOE_CUDA_MULTI=1) ----
+/* ---- several sessions in one pass (backend.h multi_begin; FLOE_CUDA_MULTI=0: one after another) ----
  * lead's scratch holds the pass's N rows; the blocks' per-session parts (KV caches, recurrent
  * states, rope tables) are the segments' own, on lead's stream. Not recorded as a graph. */
 static bool cu_multi_ok(const model_session *lead) {
   (void)lead;
-  const char *e = getenv("FLOE_CUDA_MULTI"); /* until the H200 has run test_cuda_model's multi-session checks */
-  return e && e[0] == '1';
+  const char *e = getenv("FLOE_CUDA_MULTI");
+  return !(e && e[0] == '0');
 }
 
 static float *cu_multi_begin(model_session *lead, int64_t n) {
