@@ -98,6 +98,21 @@ int main(void) {
       TIME(lab, 100, cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL));
     }
   }
+  /* the head batches of a block: 4 and 2 heads (head_dim 256) run two blocks per SM */
+  for (int hb = 4; hb >= 2; hb /= 2) {
+    cuda_attn_set_hb(hb);
+    for (int s = 1; s < 3; s++) {
+      sh.n_split = splits[s];
+      for (int c = 1; c < 4; c++) {
+        const int32_t p = (int32_t)ctxs[c] - 1;
+        h2d(pos, &p, 4);
+        char lab[96];
+        snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d hb %d", (long long)ctxs[c], splits[s], hb);
+        TIME(lab, 100, cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL));
+      }
+    }
+  }
+  cuda_attn_set_hb(8);
   sh.kv_bf16 = 0;
   sh.n_split = 64;
   void *kc32 = zdev(cb * 2), *vc32 = zdev(cb * 2);

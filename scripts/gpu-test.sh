@@ -92,11 +92,11 @@ sec_test-synth() {
   tiny=$(tiny_models | tr '\n' ' ') || return 1
   FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
     "$BUILD/bin/test_cuda_model" || rc=1
-  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0"
+  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0 FLOE_CUDA_DOWN_QX=0 FLOE_CUDA_ATTN_HB=2"
   FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 \
     FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 \
-    FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0 \
-    FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
+    FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0 FLOE_CUDA_DOWN_QX=0 \
+    FLOE_CUDA_ATTN_HB=2 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
     FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model" || rc=1
   return $rc
 }
@@ -323,6 +323,28 @@ sec_attn35() {
   echo "== decode at depth 0"
   timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 1 --json || rc=1
   return $rc
+}
+# ab35: decode of the 35B shape at depth ABD (default 0) with each setting of AB35 (VAR=VALUE
+# words; "-" the defaults), ABR rounds (default 2) alternated in order: one decode_tok_s line each
+sec_ab35() {
+  local r v rc=0
+  for r in $(seq 1 "${ABR:-2}"); do
+    for v in ${AB35:--}; do
+      printf 'round %s %-28s ' "$r" "$v"
+      env $([ "$v" = - ] || echo "$v") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 \
+        -d "${ABD:-0}" -r 1 --json 2>/dev/null | grep -o '"decode_tok_s":[0-9.]*' | head -1 || rc=1
+    done
+  done
+  return $rc
+}
+# kernels35l: every launch of 2 decode steps of the 4-layer cut (ncu, no graph), one CSV row each
+# (name, grid, us), for a per-launch breakdown of the step
+sec_kernels35l() {
+  local small=/tmp/floe-q35-4l.gguf
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
+    awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-120}
 }
 # attnd: the decode attention lines of bench_cuda_ops (one launch at KV 1 / 8K / 32K / 128K, several splits)
 sec_attnd() { timeout 120 "$BUILD/bin/bench_cuda_ops" | grep -E "^device|attn (decode|split)"; }

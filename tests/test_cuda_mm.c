@@ -873,9 +873,13 @@ int main(void) {
       if (im >= 1 && (!floe_type_info(moe_types[i])->quantized || moe_types[i] == FLOE_TYPE_Q3_K))
         continue; /* one implementation */
       if (im == 2 && moe_types[i] != FLOE_TYPE_Q4_K && moe_types[i] != FLOE_TYPE_Q5_K) continue;
-      check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0, 0, 5);
-      check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0, 0, 5);
-      check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1, 0, 5);
+      for (int qx = im == 2 ? 0 : 1; qx < 2; qx++) { /* k_k4s: the down input quantized by k_act, then in the launch */
+        cuda_mm_set_down_qx(qx);
+        check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0, 0, 5);
+        check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0, 0, 5);
+        check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1, 0, 5);
+        if (im == 2) check_moe(moe_types[i], 0, 0, 0, 2048, 512, 1, 9, 0, 0, 12); /* a decode step's 9 slots, 35B rows */
+      }
     }
     if (im == 2) continue;
     check_moe(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 512, 256, 3, 2, 0, 0, 5);
@@ -886,6 +890,7 @@ int main(void) {
   cuda_mm_set_k4w(0);
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_k4s(1);
+  cuda_mm_set_down_qx(1);
 
   /* prefill: the tensor-core kernels (mm_mma.cu) against the CPU, and k_k4 (FLOE_CUDA_MMA=0) too;
    * rows not multiples of 16 / 64, activation rows not multiples of 32, 1..16 superblocks, and

@@ -290,9 +290,11 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
           way ? "k_attn, all rows in one launch" : "the row-group kernel, launches of fewer rows",
           n_diff_bits(g2, go, n_tok * od));
   }
-  cuda_attn_set_rows(0); /* decode: k_attn */
-  for (int spread = 0; spread < 2; spread++) {
+  cuda_attn_set_rows(0); /* decode: k_attn; heads batched with at most 8, 4, 2, 1 a block, then spread */
+  for (int way = 0; way < 5; way++) {
+    const int spread = way == 4, hbmax = spread ? 8 : 8 >> way;
     cuda_attn_set_spread(spread);
+    cuda_attn_set_hb(hbmax);
     size_t ndiff = 0;
     for (int64_t t = 0; t < n_tok; t++) {
       const int32_t p = (int32_t)(n0 + t);
@@ -303,9 +305,10 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
       get(g1, dout, od * 4);
       ndiff += n_diff_bits(g1, go + t * od, od);
     }
-    CHECK(ndiff == 0, "decode of each row (%s) == its prefill row, bit for bit (%zu differ)",
-          spread ? "a block per head where it fits" : "heads batched", ndiff);
+    CHECK(ndiff == 0, "decode of each row (%s, at most %d heads a block) == its prefill row, bit for bit (%zu differ)",
+          spread ? "a block per head where it fits" : "heads batched", hbmax, ndiff);
   }
+  cuda_attn_set_hb(8);
   /* the row-group prefill again after the decodes (whose parts lie after the counters) */
   cuda_attn_set_rows(1);
   poison(dout, n_tok * od * 4);

@@ -180,6 +180,11 @@ void cuda_mm_set_k4w(int on);
  * k_k4w for them too. The same bits (test_cuda_mm runs both); FLOE_CUDA_K4S=0 sets 0 at the
  * first launch. */
 void cuda_mm_set_k4s(int on);
+/* With k_k4s: the MoE down projection (cuda_mm_moe_down, quantized) quantizes its input rows in
+ * its own launch, a block its slot's row in shared memory (1, the default), instead of a k_act
+ * launch before it (0). The same bytes, so the same bits (test_cuda_mm runs both);
+ * FLOE_CUDA_DOWN_QX=0 sets 0 at the first launch. */
+void cuda_mm_set_down_qx(int on);
 /* F32 / F16 / BF16 matmuls of several activation rows: 1 = k_plain_tile (activation chunks staged
  * in shared memory for 16 weight rows, the default), 0 = k_plain. The same bits (test_cuda_mm runs
  * both); FLOE_CUDA_PLAIN_TILE=0 sets 0 at the first launch. */

@@ -65,6 +65,10 @@ int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm);
  * (the default), 0 = always the head batches that read each K/V row once for several heads. The
  * same bits; FLOE_CUDA_ATTN_SPREAD=0 sets 0 at the first call. */
 void cuda_attn_set_spread(int on);
+/* Tests and benchmarks: the most query heads a block of the head-batched grid takes (1, 2, 4 or 8;
+ * the largest power of two dividing the group and at most this). With head_dim 256, 2 or 4 heads
+ * a block run two blocks per SM. The same bits; FLOE_CUDA_ATTN_HB=N sets N at the first call. */
+void cuda_attn_set_hb(int hb_max);
 /* Prefill attention: launches of >= min_rows rows run the row-group kernel, which streams each
  * K/V tile once for a block of rows (16 query rows (row, head) of one kv head) with each row's
  * arithmetic that of its decode (the same bits); 0 = every row its own blocks (flash-decoding, as

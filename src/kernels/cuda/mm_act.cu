@@ -21,61 +21,12 @@
  * it is written (sq_put) so the 16-lane sum of squares reads its lanes by float4 (sumsq16_rows,
  * the CPU's adds in the CPU's order), and k_combine loads up to COMB_KB slots of a row at once
  * into registers before the adds; the first forms read the row value by value. */
+#include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace {
-
-__device__ __forceinline__ int q8v(float x, float amax) {
-  if (!(amax > 0)) return 0;
-  const float id = 127.0f / amax;
-  const float v = rintf(x * id);
-  return (int)(v > 127 ? 127 : v < -127 ? -127 : v);
-}
-__device__ __forceinline__ float d8(float amax) { return amax > 0 ? amax / 127.0f : 0.0f; }
-
-/* the unit's reciprocal for q8i: 127 / amax as q8v computes it, -1 where q8v returns 0 (amax not
- * > 0; 127 / amax is >= 0 otherwise, +inf included) */
-__device__ __forceinline__ float id8(float amax) { return amax > 0 ? 127.0f / amax : -1.0f; }
-/* q8v(x, amax) from id = id8(amax): the same operations on the same values */
-__device__ __forceinline__ int q8i(float x, float id) {
-  if (!(id >= 0)) return 0;
-  const float v = rintf(x * id);
-  return (int)(v > 127 ? 127 : v < -127 ? -127 : v);
-}
-
-/* kact_perm256's inverse: the activation position (within a superblock) of natural index j. The
- * permutations move aligned runs of 16, so 4 consecutive values from a multiple of 4 stay
- * consecutive. */
-__device__ __forceinline__ int iperm256(int type, int j) {
-  if (type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K) { /* swaps bits 0 and 1 of the 32-run: its own inverse */
-    const int t = j >> 5, pt = (t & 4) | ((t & 1) << 1) | ((t >> 1) & 1);
-    return pt * 32 + (j & 31);
-  }
-  if (type == FLOE_TYPE_IQ4_XS) {
-    const int h = j / 128, r = j % 128, k = r / 32, hi = (r % 32) / 16;
-    return h * 128 + hi * 64 + k * 16 + r % 16;
-  }
-  return j;
-}
-
-__device__ __forceinline__ uint32_t pack4(const int v[4]) {
-  return (uint32_t)(v[0] & 255) | (uint32_t)(v[1] & 255) << 8 | (uint32_t)(v[2] & 255) << 16 | (uint32_t)(v[3] & 255) << 24;
-}
-
-/* kact_perm256: natural index (within a superblock) of activation position p */
-__device__ __forceinline__ int perm256(int type, int p) {
-  if (type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K) {
-    const int t = p >> 5, pt = (t & 4) | ((t & 1) << 1) | ((t >> 1) & 1); /* 0,2,1,3,4,6,5,7 */
-    return pt * 32 + (p & 31);
-  }
-  if (type == FLOE_TYPE_IQ4_XS) {
-    const int h = p / 128, r = p % 128, hi = r / 64, k = (r % 64) / 16;
-    return h * 128 + k * 32 + hi * 16 + r % 16;
-  }
-  return p;
-}
 
 #define ACT_THREADS 512
 #define ACT_STAGE_MAX 8192 /* rows up to this many values are staged in shared memory first */
@@ -153,87 +104,6 @@ __device__ void act_row(const KArgs &a, int kind, const float *x, float *s_amax,
       nc[id] = (b4 ? -8 : -128) * t;
       const int64_t e0 = c + (int64_t)i * per;
       dl[id] = e0 < n ? d8(s_amax[e0 / g]) : 0.0f;
-    }
-  }
-}
-
-/* act_row for KACT_A32 / KACT_A256 (kind), a warp per 256-value chunk: lane l holds values
- * 4l..4l+3 and 128+4l..128+4l+3 of its chunk (one A256 unit; eight A32 units of 8 lanes each).
- * Needs no shared memory and no barrier; x: shared or global memory. */
-__device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *o) {
-  int8_t *q = (int8_t *)o;
-  float *d = (float *)(o + a.off_d);
-  const int n = (int)a.cols;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int c = warp; c * 256 < n; c += nw) {
-    const int j0 = c * 256 + 4 * lane, j1 = j0 + 128;
-    const bool in0 = j0 < n, in1 = j1 < n; /* n is a multiple of 32: 4-runs are wholly in or out */
-    float v0[4], v1[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      v0[i] = in0 ? x[j0 + i] : 0.0f;
-      v1[i] = in1 ? x[j1 + i] : 0.0f;
-    }
-    float m0 = 0.0f, m1 = 0.0f; /* a maximum does not depend on the order it is taken in */
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      m0 = fmaxf(m0, fabsf(v0[i]));
-      m1 = fmaxf(m1, fabsf(v1[i]));
-    }
-    int q0[4], q1[4];
-    if (kind == KACT_A256) {
-      float m = fmaxf(m0, m1);
-#pragma unroll
-      for (int s = 1; s < 32; s <<= 1) m = fmaxf(m, __shfl_xor_sync(MM_FULL, m, s));
-      const float id = id8(m);
-      int s0 = 0, s1 = 0;
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        q0[i] = q8i(v0[i], id);
-        q1[i] = q8i(v1[i], id);
-        s0 += q0[i];
-        s1 += q1[i];
-      }
-      /* the 16-value sums (natural order): 4 lanes each, an exact integer sum */
-      s0 += __shfl_xor_sync(MM_FULL, s0, 1);
-      s1 += __shfl_xor_sync(MM_FULL, s1, 1);
-      s0 += __shfl_xor_sync(MM_FULL, s0, 2);
-      s1 += __shfl_xor_sync(MM_FULL, s1, 2);
-      int8_t *qc = q + c * 256;
-      *(uint32_t *)(qc + iperm256(a.type, 4 * lane)) = pack4(q0);
-      *(uint32_t *)(qc + iperm256(a.type, 128 + 4 * lane)) = pack4(q1);
-      int16_t *bs = (int16_t *)(o + a.off_s) + c * 16;
-      if ((lane & 3) == 0) {
-        bs[lane >> 2] = (int16_t)s0;
-        bs[8 + (lane >> 2)] = (int16_t)s1;
-      }
-      if (lane == 0) d[c] = d8(m);
-    } else { /* KACT_A32: units of 8 lanes */
-#pragma unroll
-      for (int s = 1; s < 8; s <<= 1) {
-        m0 = fmaxf(m0, __shfl_xor_sync(MM_FULL, m0, s));
-        m1 = fmaxf(m1, __shfl_xor_sync(MM_FULL, m1, s));
-      }
-      const float id0 = id8(m0), id1 = id8(m1);
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        q0[i] = q8i(v0[i], id0);
-        q1[i] = q8i(v1[i], id1);
-      }
-      float *dexp = (float *)(o + a.off_s);
-      const int u0 = c * 8 + (lane >> 3), u1 = u0 + 4, i8 = lane & 7;
-      if (in0) {
-        *(uint32_t *)(q + j0) = pack4(q0);
-        const float dk = d8(m0);
-        dexp[8 * u0 + i8] = dk;
-        if (i8 == 0) d[u0] = dk;
-      }
-      if (in1) {
-        *(uint32_t *)(q + j1) = pack4(q1);
-        const float dk = d8(m1);
-        dexp[8 * u1 + i8] = dk;
-        if (i8 == 0) d[u1] = dk;
-      }
     }
   }
 }
@@ -459,6 +329,7 @@ static int act2_on(void) {
 }
 
 extern "C" void cuda_mm_set_act2(int on) { g_act2 = on ? 1 : 0; }
+int mm_act2_on(void) { return act2_on(); }
 
 static int act_kind(const KArgs &a) {
   return a.type == FLOE_TYPE_MLX ? KACT_MLX

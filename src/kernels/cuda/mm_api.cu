@@ -194,6 +194,7 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
   const cudaStream_t st = (cudaStream_t)stream;
   const int64_t slots = T * K;
   const bool q = xq_scratch && cuda_mm_act_bytes(down);
+  if (q && mm_k4_down_qx_launch(a, slots, ids, H, ldh, xq_stride, Y, ldy, st)) return;
   if (q) mm_act_launch(a, slots, H, ldh, (uint8_t *)xq_scratch, xq_stride, st);
   for (int64_t s0 = 0; s0 < slots; s0 += MM_MAX_SLOTS) {
     const int64_t ns = slots - s0 < MM_MAX_SLOTS ? slots - s0 : MM_MAX_SLOTS;

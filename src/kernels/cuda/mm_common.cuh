@@ -65,6 +65,12 @@ __device__ __forceinline__ float *mm_out(const MMOut &o, int64_t b, int64_t r) {
 /* The few-row kernels (k_k4wn for Q4_K / Q5_K with quantized rows, k_plainn for F32 / F16 / BF16,
  * and for the parts of a joined matrix k_q16 for the other quantized types), when they take this call (cuda_mm_set_few on, 2 <= nb <= their maximum); false: not launched. */
 bool mm_k4_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);
+/* the MoE down projection with its input quantization in the launch (mm_k4.cu): false where it
+ * does not apply; then the caller quantizes (mm_act_launch) and launches the matmul */
+bool mm_k4_down_qx_launch(const KArgs &a, int64_t ns, const int32_t *ids, const float *H, int64_t ldh, size_t xs,
+                          float *Y, int64_t ldy, cudaStream_t st);
+/* 1 when activation rows are quantized with act_row_warp (FLOE_CUDA_ACT2, mm_act.cu) */
+int mm_act2_on(void);
 bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, const MMOut &o, cudaStream_t st);
 /* k_q16's several-row launch for the other quantized types (Q8_0, Q6_K, ...; mm_q16.cu) */
 bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);

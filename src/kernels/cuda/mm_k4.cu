@@ -16,6 +16,7 @@
  * qh[q % 32], bits 2 (q / 32) and 2 (q / 32) + 1. */
 #include <stdlib.h>
 
+#include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -383,10 +384,15 @@ __global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t
  * round) with k4w_term, the same operations. kred16 then runs as in k_k4w, where the groups that
  * had no superblock held zeros: the group's b = ((0 + t) + 0) + (0 + 0), c[s] = b + b[s + 2] with
  * b[s + 2] = +0, and the row's c[0] + c[1] (c[1] = +0 when G = 1) - the same adds of the same
- * values, so every output is k_k4w's bit for bit. */
-template <int T, int MODE, int G>
+ * values, so every output is k_k4w's bit for bit.
+ * QX (MM_DOWN only): the block quantizes its slot's activation row itself, H + slot * ldh (the
+ * gate/up kernel's SiLU-GLU output), into shared memory with k_act's code (act_row_warp, the same
+ * bytes as the k_act launch it replaces), and xq / xs are unused: one launch fewer a MoE block. */
+#define K4S_QX_BYTES 1024 /* a quantized row of up to two superblocks (kern_act_bytes: ~600) */
+template <int T, int MODE, int G, bool QX = false>
 __global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int32_t *ids, const uint8_t *xq, size_t xs,
-                                             float *Y, int64_t ldy, int pf) {
+                                             float *Y, int64_t ldy, int pf, const float *H, int64_t ldh) {
+  static_assert(!QX || MODE == MM_DOWN, "QX: the down projection only");
   constexpr int R = 4 / G; /* rows a warp */
   const int lane = threadIdx.x & 31, gi = lane >> 3, w = lane & 7, ri = gi / G, s = gi % G;
   const int64_t wr0 = ((int64_t)blockIdx.x * 4 + (threadIdx.x >> 5)) * R, step = (int64_t)gridDim.x * 4 * R;
@@ -415,6 +421,12 @@ __global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int
     }
   }
   const uint8_t *x = MODE == MM_PLAIN ? xq : xq + (size_t)(MODE == MM_GLU ? slot / K : slot) * xs;
+  if constexpr (QX) {
+    __shared__ __align__(16) uint8_t sx[K4S_QX_BYTES];
+    act_row_warp(a, KACT_A256, H + slot * ldh, sx); /* warps 0 and 1: a 256-value chunk each */
+    __syncthreads();
+    x = sx;
+  }
   const int nsb = (int)(a.cols / 256);
   const bool ok = s < nsb;
   for (int64_t r0 = wr0; r0 < a.rows; r0 += step) { /* warp-uniform */
@@ -545,10 +557,10 @@ unsigned k4wn_grid(int64_t g4, unsigned gy) {
 }
 
 /* k4w_grid for k_k4s */
-template <int T, int MODE, int G>
+template <int T, int MODE, int G, bool QX = false>
 unsigned k4s_grid(int64_t g4, unsigned gy) {
   static int cap = 0;
-  if (!cap) cap = resident_blocks(k_k4s<T, MODE, G>);
+  if (!cap) cap = resident_blocks(k_k4s<T, MODE, G, QX>);
   return grid_capped(g4, gy, cap);
 }
 
@@ -594,7 +606,7 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
     const int pf = k4w_pf(a, mode, gy);
 #define K4S_LAUNCH(M, G)                                                                                            \
   pdl_launch(k_k4s<T, M, G>, dim3(k4s_grid<T, M, G>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, \
-             ldy, pf)
+             ldy, pf, (const float *)nullptr, (int64_t)0)
     if (mode == MM_GLU) {
       if (nsb == 1) K4S_LAUNCH(MM_GLU, 1);
       else K4S_LAUNCH(MM_GLU, 2);
@@ -641,7 +653,47 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
   }
 }
 
+/* The MoE down projection of ns slots with its input quantization in the same launch (k_k4s<QX>):
+ * false where k_k4s would not take it (k_k4w / k_k4s off, rows of more than two superblocks, the
+ * quantizer's first form FLOE_CUDA_ACT2=0, FLOE_CUDA_DOWN_QX=0), and the caller launches k_act and
+ * the plain down kernel. */
+static int g_down_qx = -1;
+template <int T>
+bool down_qx_t(const KArgs &a, int64_t ns, const int32_t *ids, const float *H, int64_t ldh, size_t xs, float *Y,
+               int64_t ldy, cudaStream_t st) {
+  if (g_down_qx < 0) {
+    const char *e = getenv("FLOE_CUDA_DOWN_QX");
+    g_down_qx = !(e && e[0] == '0');
+  }
+  const int nsb = (int)(a.cols / 256);
+  if (!g_down_qx || !k4w_on() || !k4s_on() || !mm_act2_on() || nsb < 1 || nsb > 2 || a.cols % 256 ||
+      xs > K4S_QX_BYTES || ns > 65535)
+    return false;
+  const int R = nsb == 1 ? 4 : 2;
+  const int64_t g4 = (a.rows + 4 * R - 1) / (4 * R);
+  const unsigned gy = (unsigned)ns;
+  const int pf = k4w_pf(a, MM_DOWN, gy);
+  if (nsb == 1)
+    pdl_launch(k_k4s<T, MM_DOWN, 1, true>, dim3(k4s_grid<T, MM_DOWN, 1, true>(g4, gy), gy), dim3(128), (size_t)0, st,
+               a, a, 1, ids, (const uint8_t *)nullptr, (size_t)0, Y, ldy, pf, H, ldh);
+  else
+    pdl_launch(k_k4s<T, MM_DOWN, 2, true>, dim3(k4s_grid<T, MM_DOWN, 2, true>(g4, gy), gy), dim3(128), (size_t)0, st,
+               a, a, 1, ids, (const uint8_t *)nullptr, (size_t)0, Y, ldy, pf, H, ldh);
+  return true;
+}
+
 } // namespace
+
+void cuda_mm_set_down_qx(int on) { g_down_qx = on ? 1 : 0; }
+
+bool mm_k4_down_qx_launch(const KArgs &a, int64_t ns, const int32_t *ids, const float *H, int64_t ldh, size_t xs,
+                          float *Y, int64_t ldy, cudaStream_t st) {
+  switch (a.type) {
+    case FLOE_TYPE_Q4_K: return down_qx_t<FLOE_TYPE_Q4_K>(a, ns, ids, H, ldh, xs, Y, ldy, st);
+    case FLOE_TYPE_Q5_K: return down_qx_t<FLOE_TYPE_Q5_K>(a, ns, ids, H, ldh, xs, Y, ldy, st);
+    default: return false;
+  }
+}
 
 bool mm_k4_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
   switch (a.type) {

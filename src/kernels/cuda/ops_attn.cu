@@ -63,7 +63,7 @@ static int attn_hb(const cuda_attn_shape *sh) { /* query heads per block: a powe
  * the grid is large; when one block per query head still fits in a wave (decode at a short
  * context: 1 x 2 blocks of 8 heads otherwise), a block per head cuts the serial work of each block
  * HB-fold. cuda_attn_set_spread(0) / FLOE_CUDA_ATTN_SPREAD=0 keep attn_hb always. */
-static int g_attn_spread = -1, g_attn_nsm = 0;
+static int g_attn_spread = -1, g_attn_nsm = 0, g_attn_hbmax = -1;
 
 static int attn_hb_for(const cuda_attn_shape *sh, int64_t n_tok) {
   if (g_attn_spread < 0) {
@@ -78,16 +78,32 @@ static int attn_hb_for(const cuda_attn_shape *sh, int64_t n_tok) {
       (void)cudaGetLastError();
   }
   if (g_attn_spread && g_attn_nsm > 0 && n_tok * sh->n_split * (int64_t)sh->n_head <= g_attn_nsm) return 1;
-  return attn_hb(sh);
+  if (g_attn_hbmax < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_HB");
+    g_attn_hbmax = e && e[0] ? atoi(e) : 8;
+  }
+  int hb = attn_hb(sh);
+  while (hb > 1 && hb > g_attn_hbmax) hb /= 2;
+  return hb;
 }
 
 extern "C" void cuda_attn_set_spread(int on) { g_attn_spread = on ? 1 : 0; }
+extern "C" void cuda_attn_set_hb(int hb_max) { g_attn_hbmax = hb_max < 1 ? 1 : hb_max; }
 /* positions per tile: ~32 KiB of K + V per stage, 16..128 */
 static __host__ __device__ constexpr int att_tp(int hd, int es) {
   return 32768 / (2 * hd * es) > 128 ? 128 : (32768 / (2 * hd * es) < 16 ? 16 : 32768 / (2 * hd * es));
 }
 static __host__ __device__ constexpr size_t att_smem(int hd, int es) {
   return (size_t)ATT_STAGES * 2 * att_tp(hd, es) * (hd + ATT_PAD) * es;
+}
+/* k_attn's blocks per SM and pipeline depth: with head_dim 256, 2 or 4 heads a block keep their q
+ * slices and sums in about 128 registers, so two blocks share an SM (16 warps, twice the latency
+ * hiding of one 255-register block of 8 heads), each 3 stages deep to fit both in shared memory.
+ * The stage count and the blocks per SM change no arithmetic: tiles and their order are the same. */
+static __host__ __device__ constexpr int att_minb(int hb, int hd) { return hd == 256 && (hb == 2 || hb == 4) ? 2 : 1; }
+static __host__ __device__ constexpr int att_stages(int hb, int hd) { return att_minb(hb, hd) > 1 ? 3 : ATT_STAGES; }
+static __host__ __device__ constexpr size_t att_smem_hb(int hb, int hd, int es) {
+  return (size_t)att_stages(hb, hd) * 2 * att_tp(hd, es) * (hd + ATT_PAD) * es;
 }
 static int attn_set_smem(const cuda_attn_shape *sh);
 
@@ -278,7 +294,7 @@ static __device__ __forceinline__ float att_cvt(const void *row, int i) {
 
 /* HB query heads per block, HD the kernel's head dim (hd <= HD the real one), BF: bfloat16 cache. */
 template <int HB, int HD, bool BF>
-static __global__ void __launch_bounds__(ATT_THREADS, 1)
+static __global__ void __launch_bounds__(ATT_THREADS, att_minb(HB, HD))
     k_attn(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
            int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale) {
   PDL_ENTER();
@@ -290,7 +306,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   constexpr int LPT = HD / 16;              /* score lanes: elements per lane */
   constexpr int DPT = HD >= 64 ? 4 : 2;     /* V sum: dims per thread */
   constexpr int ND = HD / DPT, NPG = ATT_THREADS / ND; /* dim groups, position groups */
-  static_assert((size_t)(NPG - 1) * HB * HD * 4 <= att_smem(HD, ES), "group sums alias the tile stages");
+  constexpr int ST = att_stages(HB, HD);      /* cp.async pipeline depth (tiles) */
+  static_assert((size_t)(NPG - 1) * HB * HD * 4 <= att_smem_hb(HB, HD, ES), "group sums alias the tile stages");
   extern __shared__ __align__(16) unsigned char att_sm[];
   __shared__ __align__(16) float sc[TP][HB];
   __shared__ float s_alpha[HB], s_m[HB], s_l[HB];
@@ -321,7 +338,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       att_load_tile<HD, BF, RB>(ks, ks + TB, K, V, tp0, (int)(p1 - tp0 < TP ? p1 - tp0 : TP), hd, exact);
     };
 #pragma unroll
-    for (int s = 0; s < ATT_STAGES - 1; s++) {
+    for (int s = 0; s < ST - 1; s++) {
       if (s < ntiles) issue(s, s);
       att_commit();
     }
@@ -344,13 +361,13 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       s_l[tid] = 0.0f;
     }
     for (int it = 0; it < ntiles; it++) {
-      att_wait<ATT_STAGES - 2>();
+      att_wait<ST - 2>();
       __syncthreads(); /* tile it landed for every thread; everyone is done with tile it - 1 */
-      if (it + ATT_STAGES - 1 < ntiles) issue(it + ATT_STAGES - 1, (it + ATT_STAGES - 1) % ATT_STAGES);
+      if (it + ST - 1 < ntiles) issue(it + ST - 1, (it + ST - 1) % ST);
       att_commit();
       const int64_t tp0 = p0 + (int64_t)it * TP;
       const int npos = (int)(p1 - tp0 < TP ? p1 - tp0 : TP);
-      const unsigned char *ks = att_sm + (size_t)(it % ATT_STAGES) * 2 * TB, *vs = ks + TB;
+      const unsigned char *ks = att_sm + (size_t)(it % ST) * 2 * TB, *vs = ks + TB;
       /* scores: a half-warp per position, two positions per pass */
       for (int pb = 0; pb < npos; pb += 32) {
         const int pa = pb + hw, pbb = pb + 16 + hw;
@@ -887,7 +904,7 @@ template <int HB, int HD, bool BF>
 static int attn_smem_once() {
   static int done = 0;
   if (done) return 0;
-  const size_t sm = att_smem(HD, BF ? 2 : 4);
+  const size_t sm = att_smem_hb(HB, HD, BF ? 2 : 4);
   if (cudaFuncSetAttribute(k_attn<HB, HD, BF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
     (void)cudaGetLastError();
     return -1;
@@ -904,7 +921,7 @@ static int launch_attn(const cuda_attn_shape *sh, const float *q, const void *kc
   const int nhb = sh->n_head / sh->n_head_kv / HB;
   dim3 grid((unsigned)sh->n_split, (unsigned)(sh->n_head_kv * nhb), (unsigned)n_tok);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
-  pdl_launch(k_attn<HB, HD, BF>, dim3(grid), dim3(ATT_THREADS), (size_t)(att_smem(HD, BF ? 2 : 4)), OPS_STREAM(stream), 
+  pdl_launch(k_attn<HB, HD, BF>, dim3(grid), dim3(ATT_THREADS), att_smem_hb(HB, HD, BF ? 2 : 4), OPS_STREAM(stream),
       q, kc, vc, pos0, out, part, cnt, sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split,
       scale);
   return 0;
@@ -983,10 +1000,9 @@ extern "C" int cuda_attn_rows_used(int64_t n_tok) {
   return m > 0 && n_tok >= m;
 }
 
-static int attn_set_smem(const cuda_attn_shape *sh) { /* both head batchings attn_hb_for picks from, and the rows kernel */
+static int attn_set_smem(const cuda_attn_shape *sh) { /* every head batching attn_hb_for picks from, and the rows kernel */
   int rc = 0;
-  for (int i = 0; i < 2; i++) {
-    const int hb = i ? attn_hb(sh) : 1;
+  for (int hb = 1; hb <= attn_hb(sh); hb *= 2) {
     rc |= sh->kv_bf16 ? attn_dispatch<true>(hb, sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)
                       : attn_dispatch<false>(hb, sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
   }
