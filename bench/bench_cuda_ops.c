@@ -2,7 +2,8 @@
  * head_dim 256, n_rot 64, gated; GDN Nk 16, Nv 32, dk = dv 128, K 4; 256 experts top-8; vocab
  * 248320) with CUDA events around REPS back-to-back launches; prints microseconds per launch,
  * one line per op. Attention decode at KV lengths 1, 8K, 32K, 128K (bf16 cache), and a 512-row
- * prefill chunk at depth 0, 32K, 128K with both prefill kernels. Inputs are zeros or small constants (the timing does not depend on the values). */
+ * prefill chunk at depth 0, 32K, 128K with both prefill kernels. Inputs are zeros or small constants (the timing does not depend on the values).
+ * `bench_cuda_ops attn KV SPLIT HB`: only one decode attention shape, on random K / V (attn_only). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,46 @@ static void *ev0, *ev1;
     fflush(stdout);                                                                      \
   } while (0)
 
-int main(void) {
+/* bench_cuda_ops attn KV SPLIT HB: only the decode attention at KV positions (bf16 cache), SPLIT
+ * parts, at most HB heads a block: 5 launches, then 20 timed (for a profiler: ncu -k regex:k_attn
+ * --launch-skip 5 --launch-count 1) */
+static int attn_only(int64_t kv, int split, int hb) {
+  const int64_t nctx = kv + 16;
+  cuda_attn_shape sh = { 16, 2, 256, 64, 1, 1, nctx, 1e-6f, split };
+  char err[256];
+  if (cuda_attn_check(&sh, err, sizeof err)) {
+    printf("%s\n", err);
+    return 1;
+  }
+  cuda_attn_set_hb(hb);
+  const size_t cb = (size_t)2 * nctx * 256 * 2;
+  /* random bf16 K / V in [-1, 1) (the timing should not ride on zeros) */
+  uint16_t *h = malloc(cb);
+  uint64_t st = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < cb / 2; i++) {
+    st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+    const float f = (float)(int32_t)(st >> 40) / 8388608.0f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    h[i] = (uint16_t)(u >> 16);
+  }
+  void *kc = zdev(cb), *vc = zdev(cb);
+  h2d(kc, h, cb);
+  h2d(vc, h, cb);
+  free(h);
+  float *q = zdev(16 * 512 * 4), *ao = zdev(16 * 256 * 4);
+  int32_t *pos = zdev(4);
+  const int32_t p = (int32_t)kv - 1;
+  h2d(pos, &p, 4);
+  void *scr = zdev(cuda_attn_scratch_bytes(&sh, 1));
+  for (int i = 0; i < 5; i++) cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL);
+  char lab[96];
+  snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d hb %d", (long long)kv, split, hb);
+  TIME(lab, 20, cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL));
+  return 0;
+}
+
+int main(int argc, char **argv) {
   if (cuda_rt_device_count() <= 0) {
     printf("skipped: no CUDA device\n");
     return 0;
@@ -58,6 +98,7 @@ int main(void) {
     printf("%s\n", err);
     return 1;
   }
+  if (argc >= 5 && strcmp(argv[1], "attn") == 0) return attn_only(atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
   const int E = 2048, NE = 256, K = 8, I = 512, V = 248320;
 
   /* norms */

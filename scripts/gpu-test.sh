@@ -92,7 +92,7 @@ sec_test-synth() {
   tiny=$(tiny_models | tr '\n' ' ') || return 1
   FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 \
     "$BUILD/bin/test_cuda_model" || rc=1
-  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0 FLOE_CUDA_DOWN_QX=0 FLOE_CUDA_ATTN_HB=2"
+  echo "== the other kernel choices: FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0 FLOE_CUDA_DOWN_QX=1 FLOE_CUDA_ATTN_HB=2"
   FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 \
     FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 \
     FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0 FLOE_CUDA_DOWN_QX=0 \
@@ -345,6 +345,18 @@ sec_kernels35l() {
   FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
     awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-120}
+}
+# ncuattn: ncu (speed of light, memory, occupancy, scheduler, warp stalls) on one decode attention
+# launch at KV NCU_KV (default 131072), split 128, with at most 8 and 4 heads a block
+sec_ncuattn() {
+  local hb rc=0
+  for hb in ${NCU_HB:-8 4}; do
+    echo "== hb $hb"
+    timeout 120 ncu --clock-control none -k regex:k_attn --launch-skip 5 --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section WarpStateStats \
+      --section LaunchStats "$BUILD/bin/bench_cuda_ops" attn "${NCU_KV:-131072}" 128 "$hb" || rc=1
+  done
+  return $rc
 }
 # attnd: the decode attention lines of bench_cuda_ops (one launch at KV 1 / 8K / 32K / 128K, several splits)
 sec_attnd() { timeout 120 "$BUILD/bin/bench_cuda_ops" | grep -E "^device|attn (decode|split)"; }

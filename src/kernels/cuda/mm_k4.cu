@@ -655,15 +655,15 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
 
 /* The MoE down projection of ns slots with its input quantization in the same launch (k_k4s<QX>):
  * false where k_k4s would not take it (k_k4w / k_k4s off, rows of more than two superblocks, the
- * quantizer's first form FLOE_CUDA_ACT2=0, FLOE_CUDA_DOWN_QX=0), and the caller launches k_act and
+ * quantizer's first form FLOE_CUDA_ACT2=0, FLOE_CUDA_DOWN_QX not 1), and the caller launches k_act and
  * the plain down kernel. */
 static int g_down_qx = -1;
 template <int T>
 bool down_qx_t(const KArgs &a, int64_t ns, const int32_t *ids, const float *H, int64_t ldh, size_t xs, float *Y,
                int64_t ldy, cudaStream_t st) {
   if (g_down_qx < 0) {
-    const char *e = getenv("FLOE_CUDA_DOWN_QX");
-    g_down_qx = !(e && e[0] == '0');
+    const char *e = getenv("FLOE_CUDA_DOWN_QX"); /* opt-in: no faster on the H200 (bench/results.tsv) */
+    g_down_qx = e && e[0] == '1';
   }
   const int nsb = (int)(a.cols / 256);
   if (!g_down_qx || !k4w_on() || !k4s_on() || !mm_act2_on() || nsb < 1 || nsb > 2 || a.cols % 256 ||
