@@ -45,7 +45,7 @@ static void *ev0, *ev1;
   } while (0)
 
 /* bench_cuda_ops attn KV SPLIT HB: only the decode attention at KV positions (bf16 cache), SPLIT
- * parts, at most HB heads a block: 5 launches, then 20 timed (for a profiler: ncu -k regex:k_attn
+ * parts, at most HB heads a block (0: k_attn_rows, the prefill kernel, for the one row): 5 launches, then 20 timed (for a profiler: ncu -k regex:k_attn
  * --launch-skip 5 --launch-count 1) */
 static int attn_only(int64_t kv, int split, int hb) {
   const int64_t nctx = kv + 16;
@@ -55,7 +55,8 @@ static int attn_only(int64_t kv, int split, int hb) {
     printf("%s\n", err);
     return 1;
   }
-  cuda_attn_set_hb(hb);
+  if (hb > 0) cuda_attn_set_hb(hb);
+  else cuda_attn_set_rows(1); /* HB 0: the prefill row-group kernel for the one row */
   const size_t cb = (size_t)2 * nctx * 256 * 2;
   /* random bf16 K / V in [-1, 1) (the timing should not ride on zeros) */
   uint16_t *h = malloc(cb);
@@ -78,7 +79,7 @@ static int attn_only(int64_t kv, int split, int hb) {
   void *scr = zdev(cuda_attn_scratch_bytes(&sh, 1));
   for (int i = 0; i < 5; i++) cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL);
   char lab[96];
-  snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d hb %d", (long long)kv, split, hb);
+  snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d %s %d", (long long)kv, split, hb ? "hb" : "rows", hb);
   TIME(lab, 20, cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL));
   return 0;
 }

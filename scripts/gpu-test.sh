@@ -346,6 +346,14 @@ sec_kernels35l() {
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
     awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-120}
 }
+# attnk: one decode attention launch on random K/V (bench_cuda_ops attn) at KV 8K / 32K / 128K,
+# split 128, with k_attn at most 8 / 4 heads a block and with the row-group kernel (rows)
+sec_attnk() {
+  local kv hb
+  for kv in 8192 32768 131072; do
+    for hb in 8 4 0; do timeout 60 "$BUILD/bin/bench_cuda_ops" attn "$kv" 128 "$hb" | grep "^attn" || return 1; done
+  done
+}
 # ncuattn: ncu (speed of light, memory, occupancy, scheduler, warp stalls) on one decode attention
 # launch at KV NCU_KV (default 131072), split 128, with at most 8 and 4 heads a block
 sec_ncuattn() {
