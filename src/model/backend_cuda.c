@@ -278,7 +278,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   }
   struct { void *p; size_t n; } parts[] = {
     { &c->x, B * E * 4 }, { &c->h, B * E * 4 }, { &c->out, B * E * 4 }, { &c->q, (B * qdim + 2 * kvd) * 4 },
-    { &c->k, B * kvd * 4 }, { &c->v, B * kvd * 4 }, { &c->att, B * nh * hd * 4 }, { &c->mix, (B * C + vd) * 4 },
+    { &c->k, B * kvd * 4 }, { &c->v, B * kvd * 4 }, { &c->att, B * nh * hd * 4 }, { &c->mix, (B * C + vd + 2 * Nv) * 4 },
     { &c->z, B * vd * 4 }, { &c->b, (B + 1) * Nv * 4 }, { &c->a, B * Nv * 4 }, { &c->raw, B * C * 4 },
     { &c->o, B * vd * 4 }, { &c->rlog, (B * NE + 1) * 4 }, { &c->selw, B * (K + 1) * 4 }, { &c->shg, B * 4 },
     { &c->sel, B * (K + 1) * 4 }, { &c->hr, B * (K + 1) * ffm * 4 }, { &c->hs, B * (Is > 0 ? Is : 1) * 4 },
@@ -709,15 +709,23 @@ static void gdn_rows(model_session *lead, const model_rows *r, int k, int64_t l,
    * its source matrix shares the layout of the first (L->*.h is that source) */
   const uint8_t *xq = act(lead, 0, &L->qkv, N, c->h, E, &xs);
   float *mix = c->mix, *z = c->z, *b = c->b, *a = c->a;
-  /* one token: the joined matrices in one launch each, the parts adjacent in the output row */
-  if (N == 1 && L->cat_qkvz.d.data) {
+  /* one token: the joined matrices in one launch (all four where they are one matrix), the parts
+   * adjacent in the output row */
+  if (N == 1 && L->cat_gdn.d.data) {
+    mm(lead, &L->cat_gdn, N, c->h, E, lay, xq, xs, mix, C + vd + 2 * Nv);
+    z = mix + C;
+    b = z + vd;
+    a = b + Nv;
+  } else if (N == 1 && L->cat_qkvz.d.data) {
     mm(lead, &L->cat_qkvz, N, c->h, E, lay, xq, xs, mix, C + vd);
     z = mix + C;
   } else if (!mm_parts(lead, &L->cat_qkvz, N, c->h, E, lay, xq, xs, mix, C, C, z, vd, C + vd, NULL, 0)) {
     mm(lead, &L->qkv, N, c->h, E, lay, xq, xs, mix, C);
     mm(lead, &L->z, N, c->h, E, lay, xq, xs, z, vd);
   }
-  if (N == 1 && L->cat_ba.d.data) {
+  if (N == 1 && L->cat_gdn.d.data) {
+    /* b and a came with q|k|v|z */
+  } else if (N == 1 && L->cat_ba.d.data) {
     mm(lead, &L->cat_ba, N, c->h, E, lay, xq, xs, b, 2 * Nv);
     a = b + Nv;
   } else if (!mm_parts(lead, &L->cat_ba, N, c->h, E, lay, xq, xs, b, Nv, Nv, a, Nv, 2 * Nv, NULL, 0)) {

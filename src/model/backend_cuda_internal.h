@@ -28,6 +28,9 @@ typedef struct cu_layer {
    * two to four): q|k|v, qkv|z, b|a, router|shared-expert gate. The parts above are then views
    * into it (same device bytes); ncat = 0 where the parts cannot be joined (types differ, MLX). */
   dmat cat_qkv, cat_qkvz, cat_ba, cat_rt;
+  /* q|k|v|z|b|a in one matrix where all four share a type and width (cat_qkvz and cat_ba are then
+   * views of it; FLOE_CUDA_JOIN_GDN=0: not joined) */
+  dmat cat_gdn;
   dmat gate, up, down; /* routed experts: stacks of n_expert, expert e at data + e * expert_stride */
   /* sh_in_stack: the shared expert is expert n_expert of the three stacks (its matrices have the
    * routed experts' layout): one gate+up and one down launch take K + 1 slots a token, the shared

@@ -3,8 +3,8 @@
  * cu_model (backend_cuda_internal.h).
  *
  * What is uploaded how: plain matrices as they are; the matrices a one-token step reads together
- * (q|k|v, qkv|z, b|a, router|shared-expert gate) joined into one device matrix with the parts as
- * views into it; Qwen3-Next's grouped GDN projections with their rows permuted into the order the
+ * (q|k|v; the GatedDeltaNet's q|k|v|z|b|a, else qkv|z and b|a; router|shared-expert gate) joined
+ * into one device matrix with the parts as views into it; Qwen3-Next's grouped GDN projections with their rows permuted into the order the
  * kernels read; the routed experts as one stack per projection and layer (expert e at data + e *
  * expert_stride), the shared expert as expert n_expert of the stacks where it has their layout.
  * With model.gpu_mem the routed stacks are not uploaded: they are views of the VRAM expert pool
@@ -178,6 +178,61 @@ static int up_join(cu_model *cm, const floe_mat *const *W, int n, const int64_t 
   return 0;
 }
 
+/* A part of a joined matrix: nrows rows of W, row i from W's row perm[i] (perm NULL: W's rows in
+ * order, nrows == W->rows). */
+typedef struct join_part {
+  const floe_mat *W;
+  const int64_t *perm;
+  int64_t nrows;
+} join_part;
+
+/* The GatedDeltaNet's four input projections q|k|v, z, b, a (parts p[0..3], each from its own
+ * source, permuted or not) as ONE device matrix, so a one-token step reads them in one launch;
+ * P[i] become views into it and *cat the whole. *joined false (and nothing uploaded) where they
+ * cannot be read as one: types or widths differ, or MLX; the caller then joins them in pairs. */
+static int up_join_gdn(cu_model *cm, const join_part *p, dmat *const *P, dmat *cat, bool *joined, int64_t l,
+                       char *err, size_t errlen) {
+  memset(cat, 0, sizeof *cat);
+  *joined = false;
+  const floe_mat *W0 = p[0].W;
+  int64_t total = 0;
+  for (int i = 0; i < 4; i++) {
+    const floe_mat *W = p[i].W;
+    if (!W || !W->data || W->type == FLOE_TYPE_MLX || W->type != W0->type || W->cols != W0->cols ||
+        W->row_bytes != W0->row_bytes || (!p[i].perm && p[i].nrows != W->rows))
+      return 0;
+    total += p[i].nrows;
+  }
+  const size_t rb = W0->row_bytes;
+  uint8_t *buf = malloc((size_t)total * rb);
+  if (!buf) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  size_t off = 0;
+  for (int i = 0; i < 4; i++)
+    for (int64_t r = 0; r < p[i].nrows; r++, off += rb)
+      memcpy(buf + off, p[i].W->data + (size_t)(p[i].perm ? p[i].perm[r] : r) * rb, rb);
+  floe_mat big = *W0;
+  big.data = buf;
+  big.rows = total;
+  int rc = up_mats(cm, &big, 1, NULL, 0, 0, cat, "ssm_in + ssm_ba", l, err, errlen);
+  free(buf);
+  if (rc) return rc;
+  cat->h = W0;
+  int64_t r0 = 0;
+  for (int i = 0; i < 4; i++) {
+    *P[i] = view_rows(cat, r0, p[i].nrows, p[i].W);
+    r0 += p[i].nrows;
+  }
+  *joined = true;
+  return 0;
+}
+
+/* The four GDN projections in one matrix (above): on by default; FLOE_CUDA_JOIN_GDN=0 keeps
+ * q|k|v|z and b|a as two (the same bits: each output row is the same dot product). */
+static bool join_gdn_on(void) {
+  const char *e = getenv("FLOE_CUDA_JOIN_GDN");
+  return !(e && e[0] == '0');
+}
+
 /* a and b can share one device stack: same type, shape and row layout (MLX: same bits, group,
  * scale type) */
 static bool same_layout(const floe_mat *a, const floe_mat *b) {
@@ -247,6 +302,7 @@ int cu_model_init(model *m, int dev, char *err, size_t errlen) {
   if (dev < 0 || dev >= n_dev)
     return floe_err(err, errlen, FLOE_E_INVALID, "cuda:%d: there are %d CUDA devices", dev, n_dev);
   int rc;
+  int64_t *perm = NULL, *permb = NULL; /* the grouped GDN row orders of the layer in hand */
   if ((rc = cuda_rt_init(dev, err, errlen)) || (rc = cuda_mm_init(err, errlen))) return rc;
   cu_model *cm = calloc(1, sizeof *cm);
   if (!cm) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
@@ -261,7 +317,6 @@ int cu_model_init(model *m, int dev, char *err, size_t errlen) {
   }
   const int64_t E = hp->n_embd, Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state;
   const int64_t vd = hp->ssm_d_inner, dv = Nv ? vd / Nv : 0, r = Nk ? Nv / Nk : 0, kd = Nk * dk, C = 2 * kd + vd;
-  int64_t *perm = NULL;
   if ((rc = up_mats(cm, &m->tok_embd, 1, NULL, 0, 0, &cm->tok_embd, "token_embd", -1, err, errlen)) ||
       (rc = up_mats(cm, &m->output, 1, NULL, 0, 0, &cm->output, "output", -1, err, errlen)))
     goto fail;
@@ -289,52 +344,53 @@ int cu_model_init(model *m, int dev, char *err, size_t errlen) {
         goto fail;
       }
     } else {
-      if (H->qkvz_grouped) {
-        /* per key head g: [q(dk) | k(dk) | v(r*dv) | z(r*dv)] -> q of all heads | k | v, then z */
-        const int64_t gq = 2 * dk + 2 * r * dv;
-        if (!(perm = malloc((size_t)(C + vd) * sizeof *perm))) {
-          rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
-          goto fail;
-        }
+      /* the row orders: grouped sources (Qwen3-Next) have their rows permuted into q of all key
+       * heads | k | v, then z (ssm_in: per key head g [q(dk) | k(dk) | v(r*dv) | z(r*dv)]), and b of
+       * all value heads, then a (ssm_ba: per key head [b(r) | a(r)]) */
+      const int64_t gq = 2 * dk + 2 * r * dv;
+      if (H->qkvz_grouped && !(perm = malloc((size_t)(C + vd) * sizeof *perm))) {
+        rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+        goto fail;
+      }
+      if (H->ba_grouped && !(permb = malloc((size_t)(2 * Nv) * sizeof *permb))) {
+        rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+        goto fail;
+      }
+      if (perm) {
         for (int64_t i = 0; i < kd; i++) perm[i] = (i / dk) * gq + i % dk;
         for (int64_t i = 0; i < kd; i++) perm[kd + i] = (i / dk) * gq + dk + i % dk;
         for (int64_t i = 0; i < vd; i++) perm[2 * kd + i] = (i / (r * dv)) * gq + 2 * dk + i % (r * dv);
         for (int64_t i = 0; i < vd; i++) perm[C + i] = (i / (r * dv)) * gq + 2 * dk + r * dv + i % (r * dv);
-        const floe_mat *src[2] = { &H->ssm_qkvz, &H->ssm_qkvz };
-        dmat *dst[2] = { &L->qkv, &L->z };
-        const int64_t p0[2] = { 0, C }, pn[2] = { C, vd };
-        rc = up_join(cm, src, 2, perm, p0, pn, dst, &L->cat_qkvz, "ssm_in", l, err, errlen);
-        free(perm);
-        perm = NULL;
-        L->lay_gdn = &H->ssm_qkvz;
-      } else {
-        const floe_mat *src[2] = { &H->ssm_qkv, &H->ssm_z };
-        dmat *dst[2] = { &L->qkv, &L->z };
-        rc = up_join(cm, src, 2, NULL, NULL, NULL, dst, &L->cat_qkvz, "attn_qkv/attn_gate", l, err, errlen);
-        L->lay_gdn = &H->ssm_qkv;
       }
-      if (rc) goto fail;
-      if (H->ba_grouped) {
-        /* per key head g: [b(r) | a(r)] -> b of all value heads, then a */
-        if (!(perm = malloc((size_t)(2 * Nv) * sizeof *perm))) {
-          rc = floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+      if (permb) {
+        for (int64_t i = 0; i < Nv; i++) permb[i] = (i / r) * 2 * r + i % r;
+        for (int64_t i = 0; i < Nv; i++) permb[Nv + i] = (i / r) * 2 * r + r + i % r;
+      }
+      const floe_mat *sq = perm ? &H->ssm_qkvz : &H->ssm_qkv, *sz = perm ? &H->ssm_qkvz : &H->ssm_z;
+      const floe_mat *sb = permb ? &H->ssm_ba : &H->ssm_b, *sa = permb ? &H->ssm_ba : &H->ssm_alpha;
+      L->lay_gdn = sq;
+      L->src_ba = permb ? &H->ssm_ba : NULL;
+      const join_part jp[4] = { { sq, perm, perm ? C : sq->rows }, { sz, perm ? perm + C : NULL, perm ? vd : sz->rows },
+                                { sb, permb, permb ? Nv : sb->rows }, { sa, permb ? permb + Nv : NULL, permb ? Nv : sa->rows } };
+      dmat *dst4[4] = { &L->qkv, &L->z, &L->b, &L->a };
+      bool joined = false;
+      if (join_gdn_on() && (rc = up_join_gdn(cm, jp, dst4, &L->cat_gdn, &joined, l, err, errlen))) goto fail;
+      if (joined) { /* the pairs as views of the whole: the few-row launches take them */
+        L->cat_qkvz = view_rows(&L->cat_gdn, 0, jp[0].nrows + jp[1].nrows, sq);
+        L->cat_ba = view_rows(&L->cat_gdn, jp[0].nrows + jp[1].nrows, jp[2].nrows + jp[3].nrows, sb);
+      } else {
+        const floe_mat *src[2] = { sq, sz }, *srcb[2] = { sb, sa };
+        dmat *dst[2] = { &L->qkv, &L->z }, *dstb[2] = { &L->b, &L->a };
+        const int64_t p0[2] = { 0, C }, pn[2] = { C, vd }, p0b[2] = { 0, Nv }, pnb[2] = { Nv, Nv };
+        if ((rc = up_join(cm, src, 2, perm, p0, pn, dst, &L->cat_qkvz, perm ? "ssm_in" : "attn_qkv/attn_gate", l, err,
+                          errlen)) ||
+            (rc = up_join(cm, srcb, 2, permb, p0b, pnb, dstb, &L->cat_ba, permb ? "ssm_ba" : "ssm_beta/ssm_alpha", l,
+                          err, errlen)))
           goto fail;
-        }
-        for (int64_t i = 0; i < Nv; i++) perm[i] = (i / r) * 2 * r + i % r;
-        for (int64_t i = 0; i < Nv; i++) perm[Nv + i] = (i / r) * 2 * r + r + i % r;
-        const floe_mat *src[2] = { &H->ssm_ba, &H->ssm_ba };
-        dmat *dst[2] = { &L->b, &L->a };
-        const int64_t p0[2] = { 0, Nv }, pn[2] = { Nv, Nv };
-        rc = up_join(cm, src, 2, perm, p0, pn, dst, &L->cat_ba, "ssm_ba", l, err, errlen);
-        free(perm);
-        perm = NULL;
-        L->src_ba = &H->ssm_ba;
-      } else {
-        const floe_mat *src[2] = { &H->ssm_b, &H->ssm_alpha };
-        dmat *dst[2] = { &L->b, &L->a };
-        rc = up_join(cm, src, 2, NULL, NULL, NULL, dst, &L->cat_ba, "ssm_beta/ssm_alpha", l, err, errlen);
-        L->src_ba = NULL;
       }
+      free(perm);
+      free(permb);
+      perm = permb = NULL;
       if (rc || (rc = up_mats(cm, &H->ssm_out, 1, NULL, 0, 0, &L->ssm_out, "ssm_out", l, err, errlen))) goto fail;
       const int64_t K = hp->ssm_conv_kernel;
       if (!(L->conv_wt = up_vec(cm, H->conv_wt, K * C, err, errlen)) ||
@@ -378,6 +434,7 @@ int cu_model_init(model *m, int dev, char *err, size_t errlen) {
   return 0;
 fail:
   free(perm);
+  free(permb);
   cu_model_fini(m);
   return rc;
 }
