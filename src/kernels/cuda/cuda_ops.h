@@ -150,6 +150,12 @@ void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, const float *co
  * overlap; 0 k_gdn_recur2, a block per value head (FLOE_CUDA_GDN_COLS=0 / 1). */
 void cuda_gdn_set_fused(int on);
 void cuda_gdn_set_cols(int mode);
+/* 1: one-token steps (not kept) as the conv, the recurrence with S's columns over several blocks
+ * (cuda_gdn_set_cols' kernel) and the gated norm: three launches over 4x the blocks of
+ * k_gdn_step1's one block per value head (whose 32 blocks read and write the state through 32 of
+ * the GPU's SMs). 0 (the default): k_gdn_step1. The same bits; FLOE_CUDA_GDN_DEC_COLS=1 sets 1 at
+ * the first call. */
+void cuda_gdn_set_dec_cols(int on);
 
 /* ---- MoE (ops_moe.cu) ---- */
 /* logits [n_tok][n_expert] -> softmax -> the K largest (descending, ties to the lower index) ->

@@ -855,6 +855,28 @@ static int g_gdn_cols = -1;
 
 extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 2 ? 2 : mode; }
 
+static int gdn_cols_mode(void) {
+  if (g_gdn_cols < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_COLS");
+    g_gdn_cols = e && (e[0] == '0' || e[0] == '1') && !e[1] ? e[0] - '0' : 2;
+  }
+  return g_gdn_cols;
+}
+
+/* one-token steps through the column-split recurrence (cuda_gdn_set_dec_cols; -1: from the
+ * environment at the first call) */
+static int g_gdn_dec_cols = -1;
+
+extern "C" void cuda_gdn_set_dec_cols(int on) { g_gdn_dec_cols = on ? 1 : 0; }
+
+static bool gdn_dec_cols_on(void) {
+  if (g_gdn_dec_cols < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_DEC_COLS");
+    g_gdn_dec_cols = e && e[0] == '1';
+  }
+  return g_gdn_dec_cols == 1;
+}
+
 static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const float *z, const float *b,
                              const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w, float *S,
                              float *const *Sp, float *const *keep, float *o, int64_t n_tok, void *stream) {
@@ -863,11 +885,8 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
     const char *e = getenv("FLOE_CUDA_GDN2");
     g_gdn_impl = !(e && e[0] == '0');
   }
-  if (g_gdn_cols < 0) {
-    const char *e = getenv("FLOE_CUDA_GDN_COLS");
-    g_gdn_cols = e && (e[0] == '0' || e[0] == '1') && !e[1] ? e[0] - '0' : 2;
-  }
-  if (g_gdn_impl == 1 && g_gdn_cols > 0 && !keep && n_tok > 1 && n_tok <= 65535 && sh->dk == 128 && sh->dv <= 128) {
+  if (g_gdn_impl == 1 && gdn_cols_mode() > 0 && !keep && (n_tok > 1 || gdn_dec_cols_on()) && n_tok <= 65535 &&
+      sh->dk == 128 && sh->dv <= 128) {
     pdl_launch(g_gdn_cols == 2 ? k_gdn_recur_cols2 : k_gdn_recur_cols, dim3(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS), dim3(64), (size_t)0,
                OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled,
                (int)n_tok);
@@ -925,7 +944,7 @@ static int g_gdn_fused = -1;
 
 extern "C" void cuda_gdn_set_fused(int on) { g_gdn_fused = on ? 1 : 0; }
 
-static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok) {
+static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
   if (g_gdn_fused < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_FUSED");
     g_gdn_fused = !(e && e[0] == '0');
@@ -937,6 +956,7 @@ static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok) {
   const int r = sh->Nv / sh->Nk;
   if (n_tok != 1 || g_gdn_fused != 1 || g_gdn_impl != 1 || sh->dk != 128 || sh->dv > 128 || r > G1_CLUSTER_MAX)
     return false;
+  if (!keep && gdn_dec_cols_on() && gdn_cols_mode() > 0) return false; /* the column-split recurrence instead */
   if (r > 1) gdn_cluster_query();
   return r == 1 || g_cluster_ok == 1;
 }
@@ -947,7 +967,7 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
                             const float *norm_w, float *S, float *const *Sp, float *const *S_keep, float *o,
                             int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
-  if (!gdn_fused_fits(sh, n_tok)) {
+  if (!gdn_fused_fits(sh, n_tok, S_keep != NULL)) {
     gdn_conv_launch(sh, mix, conv_wt, conv_state, conv_p, conv_keep, raw, n_tok, stream);
     gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, S, Sp, S_keep, o, n_tok, stream);
     return;
