@@ -238,16 +238,20 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   const int kq = type == FLOE_TYPE_Q4_K || type == FLOE_TYPE_Q5_K;
   /* F32 / F16 / BF16: k_plain and k_plain_tile for several activation rows (cuda_mm_set_plain_tile) */
   const int pt = plain_type(type);
-  /* impl 2 (Q4_K / Q5_K, F32 / F16 / BF16): the few-row kernels (k_k4wn, k_plainn; cuda_mm_set_few) */
-  const int nimpl = kq || pt ? 3 : ab ? 2 : 1;
+  /* impl 2 (Q4_K / Q5_K, F32 / F16 / BF16): the few-row kernels (k_k4wn, k_plainn; cuda_mm_set_few);
+   * impl 3 / 4 (Q4_K / Q5_K, one row): k_k4w with its rounds' loads in batches of 2 / 4
+   * (cuda_mm_set_k4w_pipe) */
+  const int nimpl = kq ? 5 : pt ? 3 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
+    if (impl >= 3 && nb != 1) continue;
+    cuda_mm_set_k4w_pipe(impl == 3 ? 2 : impl == 4 ? 4 : 1);
     cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
     cuda_mm_set_plain_tile(!pt || impl >= 1);
     cuda_mm_set_k4w(kq && impl >= 1);
     cuda_mm_set_few(impl == 2);
-    cuda_mm_set_pf(1, kq && impl == 1 ? 3 : 0); /* k_k4w: 3 blocks, its warps loop over rows */
+    cuda_mm_set_pf(1, kq && impl != 0 && impl != 2 ? 3 : 0); /* k_k4w: 3 blocks, its warps loop over rows */
     for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
       if (impl >= 1 && path == 1 && !pt) break; /* the float path has one implementation */
       const uint8_t *q = path == 0 ? xq : NULL;
@@ -293,7 +297,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
       }
       CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU %s bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
             nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized",
-            nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : impl == 1 ? " (k_k4w)" : " (k_k4wn)")
+            nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : impl == 1 ? " (k_k4w)" : impl == 2 ? " (k_k4wn)"
+                                    : impl == 3 ? " (k_k4w, loads 2 rounds ahead)" : " (k_k4w, loads 4 rounds ahead)")
             : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : " (k_plainn)")
             : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
@@ -308,6 +313,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   }
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
   cuda_mm_set_k4w(0);
+  cuda_mm_set_k4w_pipe(1);
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_plain_tile(1);
   cuda_mm_set_k4s(1);
@@ -873,8 +879,11 @@ int main(void) {
       if (im >= 1 && (!floe_type_info(moe_types[i])->quantized || moe_types[i] == FLOE_TYPE_Q3_K))
         continue; /* one implementation */
       if (im == 2 && moe_types[i] != FLOE_TYPE_Q4_K && moe_types[i] != FLOE_TYPE_Q5_K) continue;
-      for (int qx = im == 2 ? 0 : 1; qx < 2; qx++) { /* k_k4s: the down input quantized by k_act, then in the launch */
+      for (int qx = im == 2 ? 0 : 1; qx < 2; qx++) /* k_k4s: the down input quantized by k_act, then in the launch */
+      for (int pp = 1; pp <= (im == 1 && (moe_types[i] == FLOE_TYPE_Q4_K || moe_types[i] == FLOE_TYPE_Q5_K) ? 4 : 1);
+           pp *= 2) { /* k_k4w: its rounds' loads 1, 2, 4 rounds ahead */
         cuda_mm_set_down_qx(qx);
+        cuda_mm_set_k4w_pipe(pp);
         check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0, 0, 5);
         check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0, 0, 5);
         check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1, 0, 5);
@@ -890,7 +899,8 @@ int main(void) {
   cuda_mm_set_k4w(0);
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_k4s(1);
-  cuda_mm_set_down_qx(1);
+  cuda_mm_set_down_qx(0);
+  cuda_mm_set_k4w_pipe(1);
 
   /* prefill: the tensor-core kernels (mm_mma.cu) against the CPU, and k_k4 (FLOE_CUDA_MMA=0) too;
    * rows not multiples of 16 / 64, activation rows not multiples of 32, 1..16 superblocks, and

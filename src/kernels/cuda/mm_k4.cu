@@ -165,19 +165,34 @@ __global__ void __launch_bounds__(128) k_k4(KArgs a, KArgs a2, int64_t nb, int K
  * s+4, s+8, s+12, so kred16's tree is: a[s] = v[s] + v[s+8], a[s+4] = v[s+4] + v[s+12], b[s] =
  * a[s] + a[s+4] in the group, then c[i] = b[i] + b[i+2] and c[0] + c[1] across groups. Every
  * output is k4_dot's bit for bit. */
+/* k4w_term's loads (the round's inputs of one thread) and its arithmetic on them, apart so that a
+ * warp can have several rounds' loads in flight before the first use (k4w_dot with NR > 1) */
+struct K4In {
+  uint4 h, q, qh, xl, xh;
+  uint32_t bw;
+  float dx;
+};
 template <int T>
-__device__ __forceinline__ float k4w_term(const KArgs &a, const uint8_t *__restrict__ row, const uint8_t *__restrict__ x,
-                                          int k, int w) {
+__device__ __forceinline__ void k4w_load(const KArgs &a, const uint8_t *__restrict__ row, const uint8_t *__restrict__ x,
+                                         int k, int w, K4In &in) {
   constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176;
   constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;
   const uint4 *blk = (const uint4 *)(row + (size_t)k * BB);
-  const uint4 h = blk[0], q = blk[QS / 16 + w];
-  uint4 qh = make_uint4(0, 0, 0, 0);
-  if constexpr (T == FLOE_TYPE_Q5_K) qh = blk[1 + (w & 1)]; /* qh[q % 32] */
+  in.h = blk[0];
+  in.q = blk[QS / 16 + w];
+  in.qh = make_uint4(0, 0, 0, 0);
+  if constexpr (T == FLOE_TYPE_Q5_K) in.qh = blk[1 + (w & 1)]; /* qh[q % 32] */
   const uint4 *xv = (const uint4 *)(x + 256 * (size_t)k);
-  const uint4 xl = xv[8 * (w >> 2) + (w & 3)], xh = xv[8 * (w >> 2) + 4 + (w & 3)];
-  const uint32_t bw = ((const uint32_t *)(x + a.off_s + 32 * (size_t)k))[w];
-  const float dx = ((const float *)(x + a.off_d))[k];
+  in.xl = xv[8 * (w >> 2) + (w & 3)];
+  in.xh = xv[8 * (w >> 2) + 4 + (w & 3)];
+  in.bw = ((const uint32_t *)(x + a.off_s + 32 * (size_t)k))[w];
+  in.dx = ((const float *)(x + a.off_d))[k];
+}
+template <int T>
+__device__ __forceinline__ float k4w_calc(const K4In &in, int w) {
+  const uint4 h = in.h, q = in.q, qh = in.qh, xl = in.xl, xh = in.xh;
+  const uint32_t bw = in.bw;
+  const float dx = in.dx;
   /* get_scale_min_k4: the two scales of this thread's sub-blocks 2 (w / 2), 2 (w / 2) + 1 and min w */
   uint32_t lo[4], hi[4];
   k4_unpack<T>(q, qh, w, lo, hi);
@@ -194,6 +209,13 @@ __device__ __forceinline__ float k4w_term(const KArgs &a, const uint8_t *__restr
   const float dd = d * dx, dm = dmin * dx;
   return (float)S1 * dd - (float)S2 * dm;
 }
+template <int T>
+__device__ __forceinline__ float k4w_term(const KArgs &a, const uint8_t *__restrict__ row, const uint8_t *__restrict__ x,
+                                          int k, int w) {
+  K4In in;
+  k4w_load<T>(a, row, x, k, w, in);
+  return k4w_calc<T>(in, w);
+}
 
 /* kred16's tail from a group's four slots (valid in lane 0) */
 __device__ __forceinline__ float k4w_red(const float acc[4]) {
@@ -203,28 +225,60 @@ __device__ __forceinline__ float k4w_red(const float acc[4]) {
 }
 
 /* The dot of row (and, when TWO, of row2 of a2: the GLU's up row, its loads in flight together
- * with the gate's) with x; valid in lane 0. */
-template <int T, bool TWO>
+ * with the gate's) with x; valid in lane 0. NR > 1: the rounds go in batches of NR, every load of
+ * a batch issued before the first round's arithmetic (one memory latency a batch instead of one a
+ * round), the rounds then computed and added in the same order: the same bits. */
+template <int T, bool TWO, int NR = 1>
 __device__ __forceinline__ void k4w_dot(const KArgs &a, const uint8_t *__restrict__ row, const KArgs &a2,
                                         const uint8_t *__restrict__ row2, const uint8_t *__restrict__ x, float *y,
                                         float *y2) {
   const int lane = threadIdx.x & 31, s = lane >> 3, w = lane & 7;
   const int nsb = (int)(a.cols / 256);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* slots s, s+4, s+8, s+12 */
-  /* every lane runs every round (the shuffles of k4w_term need the whole warp); a group past the
-   * last superblock reads round k0's (valid, cached) and adds nothing */
-  for (int k0 = 0; k0 < nsb; k0 += 4) {
-    const int k = k0 + s, i = (k >> 2) & 3;
-    const bool ok = k < nsb;
-    const float t = k4w_term<T>(a, row, x, ok ? k : k0, w);
-    float t2 = 0.0f;
-    if constexpr (TWO) t2 = k4w_term<T>(a2, row2, x, ok ? k : k0, w);
+  if constexpr (NR > 1) {
+    for (int k00 = 0; k00 < nsb; k00 += 4 * NR) {
+      K4In in[NR], in2[TWO ? NR : 1];
 #pragma unroll
-    for (int u = 0; u < 4; u++) /* static indices: the slots stay in registers */
-      if (ok && u == i) {
-        acc[u] = acc[u] + t;
-        if constexpr (TWO) acc2[u] = acc2[u] + t2;
+      for (int b = 0; b < NR; b++) {
+        const int k0 = k00 + 4 * b, k = k0 + s;
+        if (k0 < nsb) { /* warp-uniform */
+          k4w_load<T>(a, row, x, k < nsb ? k : k0, w, in[b]);
+          if constexpr (TWO) k4w_load<T>(a2, row2, x, k < nsb ? k : k0, w, in2[TWO ? b : 0]);
+        }
       }
+#pragma unroll
+      for (int b = 0; b < NR; b++) {
+        const int k0 = k00 + 4 * b, k = k0 + s, i = (k >> 2) & 3;
+        if (k0 < nsb) { /* warp-uniform */
+          const bool ok = k < nsb;
+          const float t = k4w_calc<T>(in[b], w);
+          float t2 = 0.0f;
+          if constexpr (TWO) t2 = k4w_calc<T>(in2[TWO ? b : 0], w);
+#pragma unroll
+          for (int u = 0; u < 4; u++)
+            if (ok && u == i) {
+              acc[u] = acc[u] + t;
+              if constexpr (TWO) acc2[u] = acc2[u] + t2;
+            }
+        }
+      }
+    }
+  } else {
+    /* every lane runs every round (the shuffles of k4w_term need the whole warp); a group past the
+     * last superblock reads round k0's (valid, cached) and adds nothing */
+    for (int k0 = 0; k0 < nsb; k0 += 4) {
+      const int k = k0 + s, i = (k >> 2) & 3;
+      const bool ok = k < nsb;
+      const float t = k4w_term<T>(a, row, x, ok ? k : k0, w);
+      float t2 = 0.0f;
+      if constexpr (TWO) t2 = k4w_term<T>(a2, row2, x, ok ? k : k0, w);
+#pragma unroll
+      for (int u = 0; u < 4; u++) /* static indices: the slots stay in registers */
+        if (ok && u == i) {
+          acc[u] = acc[u] + t;
+          if constexpr (TWO) acc2[u] = acc2[u] + t2;
+        }
+    }
   }
   *y = k4w_red(acc);
   if constexpr (TWO) *y2 = k4w_red(acc2);
@@ -268,7 +322,7 @@ __device__ __forceinline__ void k4w_prefetch(const KArgs &a, const KArgs &a2, in
 /* A warp per weight row; the grid may be smaller than one block per 4 rows (k4w_grid: no more
  * blocks than fit at once, so all of them prefetch), the warps then take rows r, r + 4 gridDim.x,
  * ... Each row is computed by one warp exactly as before. */
-template <int T, int MODE>
+template <int T, int MODE, int NR = 1>
 __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int32_t *ids, const uint8_t *xq, size_t xs,
                                              float *Y, int64_t ldy, int pf) {
   const int lane = threadIdx.x & 31;
@@ -284,7 +338,7 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
   if constexpr (MODE == MM_PLAIN) {
     for (int64_t r = r0; r < a.rows; r += step) { /* warp-uniform */
       float y;
-      k4w_dot<T, false>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
+      k4w_dot<T, false, NR>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
       if (l0) Y[r] = y;
     }
   } else {
@@ -297,10 +351,10 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
       for (int64_t r = r0; r < a.rows; r += step) {
         float g, up;
         if constexpr (MODE == MM_GLU) {
-          k4w_dot<T, true>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
+          k4w_dot<T, true, NR>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
           if (l0) Y[slot * ldy + r] = floe_siluf(g) * up;
         } else {
-          k4w_dot<T, false>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
+          k4w_dot<T, false, NR>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
           if (l0) Y[slot * ldy + r] = g;
         }
       }
@@ -473,6 +527,20 @@ static int k4w_on(void) {
 
 void cuda_mm_set_k4w(int on) { g_k4w = on ? 1 : 0; }
 
+/* k_k4w's rounds in batches of NR with their loads issued together (cuda_mm_set_k4w_pipe; 1: one
+ * round at a time, the default until measured; FLOE_CUDA_K4W_PIPE=2 / 4 at the first launch) */
+static int g_k4w_pipe = -1;
+
+void cuda_mm_set_k4w_pipe(int nr) { g_k4w_pipe = nr >= 4 ? 4 : nr >= 2 ? 2 : 1; }
+
+static int k4w_pipe(void) {
+  if (g_k4w_pipe < 0) {
+    const char *e = getenv("FLOE_CUDA_K4W_PIPE");
+    cuda_mm_set_k4w_pipe(e && e[0] ? atoi(e) : 1);
+  }
+  return g_k4w_pipe;
+}
+
 /* k_k4s for rows of one or two superblocks (the default with k_k4w; FLOE_CUDA_K4S=0 or
  * cuda_mm_set_k4s(0): k_k4w, the same bits) */
 static int g_k4s = -1;
@@ -541,10 +609,10 @@ int resident_blocks(F k) {
   return -1;
 }
 
-template <int T, int MODE>
+template <int T, int MODE, int NR = 1>
 unsigned k4w_grid(int64_t g4, unsigned gy) {
   static int cap = 0; /* per instantiation */
-  if (!cap) cap = resident_blocks(k_k4w<T, MODE>);
+  if (!cap) cap = resident_blocks(k_k4w<T, MODE, NR>);
   return grid_capped(g4, gy, cap);
 }
 
@@ -628,15 +696,21 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
     const int64_t g4 = (a.rows + 3) / 4;
     const unsigned gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
     const int pf = k4w_pf(a, mode, gy);
-    if (mode == MM_GLU)
-      pdl_launch(k_k4w<T, MM_GLU>, dim3(k4w_grid<T, MM_GLU>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq,
-                 xs, Y, ldy, pf);
-    else if (mode == MM_DOWN)
-      pdl_launch(k_k4w<T, MM_DOWN>, dim3(k4w_grid<T, MM_DOWN>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids,
-                 xq, xs, Y, ldy, pf);
-    else
-      pdl_launch(k_k4w<T, MM_PLAIN>, dim3(k4w_grid<T, MM_PLAIN>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids,
-                 xq, xs, Y, ldy, pf);
+#define K4W_LAUNCH(M, NR)                                                                                     \
+  pdl_launch(k_k4w<T, M, NR>, dim3(k4w_grid<T, M, NR>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, \
+             Y, ldy, pf)
+#define K4W_MODES(NR)                                                                                            \
+  do {                                                                                                           \
+    if (mode == MM_GLU) K4W_LAUNCH(MM_GLU, NR);                                                                  \
+    else if (mode == MM_DOWN) K4W_LAUNCH(MM_DOWN, NR);                                                           \
+    else K4W_LAUNCH(MM_PLAIN, NR);                                                                               \
+  } while (0)
+    const int nr = k4w_pipe();
+    if (nr >= 4) K4W_MODES(4);
+    else if (nr >= 2) K4W_MODES(2);
+    else K4W_MODES(1);
+#undef K4W_MODES
+#undef K4W_LAUNCH
     return;
   }
   const unsigned gx = (unsigned)((a.rows + RPB - 1) / RPB);
