@@ -239,8 +239,13 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   bool has_attn = false, has_gdn = false;
   for (int64_t l = 0; l < hp->n_layer; l++) has_attn |= !hp->recurrent[l], has_gdn |= hp->recurrent[l];
   c->n_split = (int)(n_ctx / 512);
-  if (c->n_split < 1) c->n_split = 1;
   if (c->n_split > 128) c->n_split = 128;
+  /* FLOE_CUDA_ATTN_SPLIT=N: at most N parts (A/B measurements: at 128K, 128 parts of one block
+   * per SM are two waves of the grid); a session's decode and prefill rows share it, so its rows
+   * stay bit-identical to each other whatever N is */
+  const char *sp = getenv("FLOE_CUDA_ATTN_SPLIT");
+  if (sp && atoi(sp) > 0 && c->n_split > atoi(sp)) c->n_split = atoi(sp);
+  if (c->n_split < 1) c->n_split = 1;
   c->ash = (cuda_attn_shape){ (int)nh, (int)hp->n_head_kv, (int)hd, (int)hp->n_rot, hp->attn_gate ? 1 : 0,
                               s->kv.kv_type == KV_BF16, n_ctx, hp->rms_eps, c->n_split };
   c->gsh = (cuda_gdn_shape){ (int)Nk, (int)Nv, (int)dk, Nv ? (int)(vd / Nv) : 0, (int)hp->ssm_conv_kernel,
