@@ -239,18 +239,18 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   /* F32 / F16 / BF16: k_plain and k_plain_tile for several activation rows (cuda_mm_set_plain_tile) */
   const int pt = plain_type(type);
   /* impl 2 (Q4_K / Q5_K, F32 / F16 / BF16): the few-row kernels (k_k4wn, k_plainn; cuda_mm_set_few);
-   * impl 3 / 4 (Q4_K / Q5_K, one row): k_k4w with its rounds' loads in batches of 2 / 4
-   * (cuda_mm_set_k4w_pipe) */
+   * impl 3 / 4 (Q4_K / Q5_K, 1..15 rows): k_k4w with its rounds' loads in batches of 2 / 4 and
+   * k_k4wn with the next round's weights loaded ahead (cuda_mm_set_k4w_pipe) */
   const int nimpl = kq ? 5 : pt ? 3 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
-    if (impl >= 3 && nb != 1) continue;
+    if (impl >= 3 && nb > 15) continue;
     cuda_mm_set_k4w_pipe(impl == 3 ? 2 : impl == 4 ? 4 : 1);
     cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
     cuda_mm_set_plain_tile(!pt || impl >= 1);
     cuda_mm_set_k4w(kq && impl >= 1);
-    cuda_mm_set_few(impl == 2);
+    cuda_mm_set_few(impl >= 2);
     cuda_mm_set_pf(1, kq && impl != 0 && impl != 2 ? 3 : 0); /* k_k4w: 3 blocks, its warps loop over rows */
     for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
       if (impl >= 1 && path == 1 && !pt) break; /* the float path has one implementation */
@@ -298,7 +298,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
       CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU %s bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
             nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized",
             nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : impl == 1 ? " (k_k4w)" : impl == 2 ? " (k_k4wn)"
-                                    : impl == 3 ? " (k_k4w, loads 2 rounds ahead)" : " (k_k4w, loads 4 rounds ahead)")
+                                    : impl == 3 ? " (k_k4w / k_k4wn, loads ahead: 2)" : " (k_k4w / k_k4wn, loads ahead: 4)")
             : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : " (k_plainn)")
             : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,

@@ -177,7 +177,8 @@ void cuda_mm_set_q16_impl(int impl);
  * both); FLOE_CUDA_K4W=0 sets 0 at the first launch. */
 void cuda_mm_set_k4w(int on);
 /* k_k4w: a row's rounds (4 superblocks each) in batches of nr (2 or 4) with all their loads issued
- * before the first round's arithmetic, instead of one round's loads at a time (1, the default
+ * before the first round's arithmetic, and k_k4wn (2..15 rows) with the next round's weight words
+ * loaded while a round computes (nr >= 2), instead of one round's loads at a time (1, the default
  * until measured on the H200). The same operations in the same order, so the same bits
  * (test_cuda_mm runs each); FLOE_CUDA_K4W_PIPE=2 / 4 sets it at the first launch. */
 void cuda_mm_set_k4w_pipe(int nr);

@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
  * k4w_term's operations in its order: the same exact S1 and S2, the same float ops, the same slot
  * adds and kred16 tail - k_k4w's bits for every row. k_k4 with 4 or 16 rows a block ran the 35B-A3B
  * GatedDeltaNet input matrix at 4 rows in 34 us, k_k4w at one row in 7 us. */
-template <int T, int NB>
+template <int T, int NB, bool P = false>
 __global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t *xq, size_t xs, MMOut o,
                                               int pf) {
   constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176;
@@ -386,14 +386,35 @@ __global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t
     float acc[NB][4];
 #pragma unroll
     for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
+    /* P: the next round's weight words loaded while this round computes (the same values, the
+     * same arithmetic: the same bits) */
+    uint4 hn = make_uint4(0, 0, 0, 0), qn = hn, qhn = hn;
+    if constexpr (P) {
+      const int kk = s < nsb ? s : 0;
+      const uint4 *blk = (const uint4 *)(row + (size_t)kk * BB);
+      hn = blk[0];
+      qn = blk[QS / 16 + w];
+      if constexpr (T == FLOE_TYPE_Q5_K) qhn = blk[1 + (w & 1)];
+    }
     for (int k0 = 0; k0 < nsb; k0 += 4) { /* every lane runs every round, as k4w_dot */
       const int k = k0 + s, i = (k >> 2) & 3;
       const bool ok = k < nsb;
       const int kk = ok ? k : k0;
-      const uint4 *blk = (const uint4 *)(row + (size_t)kk * BB);
-      const uint4 h = blk[0], q = blk[QS / 16 + w];
-      uint4 qh = make_uint4(0, 0, 0, 0);
-      if constexpr (T == FLOE_TYPE_Q5_K) qh = blk[1 + (w & 1)];
+      uint4 h, q, qh = make_uint4(0, 0, 0, 0);
+      if constexpr (P) {
+        h = hn, q = qn, qh = qhn;
+        if (k0 + 4 < nsb) { /* warp-uniform */
+          const int k2 = k0 + 4 + s, kk2 = k2 < nsb ? k2 : k0 + 4;
+          const uint4 *blk = (const uint4 *)(row + (size_t)kk2 * BB);
+          hn = blk[0];
+          qn = blk[QS / 16 + w];
+          if constexpr (T == FLOE_TYPE_Q5_K) qhn = blk[1 + (w & 1)];
+        }
+      } else {
+        const uint4 *blk = (const uint4 *)(row + (size_t)kk * BB);
+        h = blk[0], q = blk[QS / 16 + w];
+        if constexpr (T == FLOE_TYPE_Q5_K) qh = blk[1 + (w & 1)];
+      }
       uint32_t lo[4], hi[4];
       k4_unpack<T>(q, qh, w, lo, hi);
       const int sc0 = k4_scale(h, 2 * (w >> 1)), sc1 = k4_scale(h, 2 * (w >> 1) + 1), mn = k4_min(h, w);
@@ -617,10 +638,10 @@ unsigned k4w_grid(int64_t g4, unsigned gy) {
 }
 
 /* k4w_grid for k_k4wn */
-template <int T, int NB>
+template <int T, int NB, bool P = false>
 unsigned k4wn_grid(int64_t g4, unsigned gy) {
   static int cap = 0;
-  if (!cap) cap = resident_blocks(k_k4wn<T, NB>);
+  if (!cap) cap = resident_blocks(k_k4wn<T, NB, P>);
   return grid_capped(g4, gy, cap);
 }
 
@@ -653,8 +674,12 @@ bool few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut
 #define K4WN_LAUNCH(NB)                                                                                          \
   do {                                                                                                           \
     const unsigned gy = (unsigned)((nb + (NB)-1) / (NB));                                                        \
-    pdl_launch(k_k4wn<T, NB>, dim3(k4wn_grid<T, NB>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o,    \
-               k4w_pf(a, MM_PLAIN, gy));                                                                         \
+    if (k4w_pipe() > 1)                                                                                          \
+      pdl_launch(k_k4wn<T, NB, true>, dim3(k4wn_grid<T, NB, true>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, \
+                 xq, xs, o, k4w_pf(a, MM_PLAIN, gy));                                                            \
+    else                                                                                                         \
+      pdl_launch(k_k4wn<T, NB>, dim3(k4wn_grid<T, NB>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o,  \
+                 k4w_pf(a, MM_PLAIN, gy));                                                                       \
   } while (0)
   if (nb <= 2) K4WN_LAUNCH(2);
   else if (nb <= 4) K4WN_LAUNCH(4);
