@@ -290,9 +290,11 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
           way ? "k_attn, all rows in one launch" : "the row-group kernel, launches of fewer rows",
           n_diff_bits(g2, go, n_tok * od));
   }
-  cuda_attn_set_rows(0); /* decode: k_attn; heads batched with at most 8, 4, 2, 1 a block, then spread */
-  for (int way = 0; way < 5; way++) {
-    const int spread = way == 4, hbmax = spread ? 8 : 8 >> way;
+  cuda_attn_set_rows(0); /* decode: k_attn; heads batched with at most 8, 4, 2, 1 a block, then spread;
+                            each with the scores' folds per value and transposed (head_dim 256) */
+  for (int way = 0; way < 10; way++) {
+    const int spread = way % 5 == 4, hbmax = spread ? 8 : 8 >> (way % 5);
+    cuda_attn_set_fold_t(way >= 5);
     cuda_attn_set_spread(spread);
     cuda_attn_set_hb(hbmax);
     size_t ndiff = 0;
@@ -305,10 +307,12 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
       get(g1, dout, od * 4);
       ndiff += n_diff_bits(g1, go + t * od, od);
     }
-    CHECK(ndiff == 0, "decode of each row (%s, at most %d heads a block) == its prefill row, bit for bit (%zu differ)",
-          spread ? "a block per head where it fits" : "heads batched", hbmax, ndiff);
+    CHECK(ndiff == 0, "decode of each row (%s, at most %d heads a block%s) == its prefill row, bit for bit (%zu differ)",
+          spread ? "a block per head where it fits" : "heads batched", hbmax, way >= 5 ? ", folds transposed" : "",
+          ndiff);
   }
   cuda_attn_set_hb(8);
+  cuda_attn_set_fold_t(0);
   /* the row-group prefill again after the decodes (whose parts lie after the counters) */
   cuda_attn_set_rows(1);
   poison(dout, n_tok * od * 4);

@@ -69,6 +69,10 @@ void cuda_attn_set_spread(int on);
  * the largest power of two dividing the group and at most this). With head_dim 256, 2 or 4 heads
  * a block run two blocks per SM. The same bits; FLOE_CUDA_ATTN_HB=N sets N at the first call. */
 void cuda_attn_set_hb(int hb_max);
+/* Tests and benchmarks: 1 = decode attention (k_attn, head_dim 256) folds its 16-lane score sums
+ * by transposition (15 shuffles for a pass's 16 values instead of 64), 0 = one fold per value (the
+ * default). The same bits; FLOE_CUDA_ATTN_FOLDT=1 sets 1 at the first call. */
+void cuda_attn_set_fold_t(int on);
 /* Prefill attention: launches of >= min_rows rows run the row-group kernel, which streams each
  * K/V tile once for a block of rows (16 query rows (row, head) of one kv head) with each row's
  * arithmetic that of its decode (the same bits); 0 = every row its own blocks (flash-decoding, as

@@ -292,8 +292,35 @@ static __device__ __forceinline__ float att_cvt(const void *row, int i) {
   return ((const float *)row)[i];
 }
 
-/* HB query heads per block, HD the kernel's head dim (hd <= HD the real one), BF: bfloat16 cache. */
-template <int HB, int HD, bool BF>
+/* ops_fold16 of M values at once over a half-warp, by transposition: at the xor-MASK level a lane
+ * keeps half of its values (the upper half where its MASK bit is set), sends the other half to its
+ * partner and adds the partner's copy of the half it keeps; once one value is left, plain xor
+ * levels finish. Every value takes ops_fold16's tree (level 8: v[l] + v[l + 8], then 4, 2, 1),
+ * each add of the same two values (a + b == b + a in IEEE arithmetic, so which lane adds does not
+ * matter): the same bits, in 15 shuffles for 16 values instead of 64. Lane l16 ends with value
+ * l16 >> (4 - log2 M) in v[0]. */
+template <int M, int MASK>
+static __device__ __forceinline__ void att_fold_t(float *v, int l16) {
+  if constexpr (MASK > 0) {
+    if constexpr (M == 1) {
+      v[0] = __fadd_rn(v[0], __shfl_xor_sync(0xffffffffu, v[0], MASK));
+      att_fold_t<1, MASK / 2>(v, l16);
+    } else {
+      const bool up = (l16 & MASK) != 0;
+#pragma unroll
+      for (int p = 0; p < M / 2; p++) {
+        const float send = up ? v[p] : v[p + M / 2], keep = up ? v[p + M / 2] : v[p];
+        v[p] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, MASK));
+      }
+      att_fold_t<M / 2, MASK / 2>(v, l16);
+    }
+  }
+}
+static __host__ __device__ constexpr int att_log2(int m) { return m <= 1 ? 0 : 1 + att_log2(m / 2); }
+
+/* HB query heads per block, HD the kernel's head dim (hd <= HD the real one), BF: bfloat16 cache.
+ * FT: the scores' 16-lane folds transposed (att_fold_t, the same bits; FLOE_CUDA_ATTN_FOLDT). */
+template <int HB, int HD, bool BF, bool FT = false>
 static __global__ void __launch_bounds__(ATT_THREADS, att_minb(HB, HD))
     k_attn(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
            int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale) {
@@ -384,12 +411,23 @@ static __global__ void __launch_bounds__(ATT_THREADS, att_minb(HB, HD))
             ab[h] = fmaf(qr[h][j], kb, ab[h]);
           }
         }
+        if constexpr (FT) {
+          /* value 2h + 1 is position pbb's head h, 2h position pa's: lane l16 ends with one */
+          constexpr int NV = 2 * HB, SH = 4 - att_log2(NV);
+          float v[NV];
 #pragma unroll
-        for (int h = 0; h < HB; h++) {
-          const float fa = ops_fold16(aa[h]), fb = ops_fold16(ab[h]);
-          if (lane16 == 0) {
-            if (pa < npos) sc[pa][h] = __fmul_rn(fa, scale);
-            if (pbb < npos) sc[pbb][h] = __fmul_rn(fb, scale);
+          for (int h = 0; h < HB; h++) v[2 * h] = aa[h], v[2 * h + 1] = ab[h];
+          att_fold_t<NV, 8>(v, lane16);
+          const int J = lane16 >> SH, h = J >> 1, p = J & 1 ? pbb : pa;
+          if ((lane16 & ((1 << SH) - 1)) == 0 && p < npos) sc[p][h] = __fmul_rn(v[0], scale);
+        } else {
+#pragma unroll
+          for (int h = 0; h < HB; h++) {
+            const float fa = ops_fold16(aa[h]), fb = ops_fold16(ab[h]);
+            if (lane16 == 0) {
+              if (pa < npos) sc[pa][h] = __fmul_rn(fa, scale);
+              if (pbb < npos) sc[pbb][h] = __fmul_rn(fb, scale);
+            }
           }
         }
       }
@@ -899,13 +937,25 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
 #undef PERM
 }
 
-/* one entry per (HB, HD, BF): its shared-memory opt-in done once */
-template <int HB, int HD, bool BF>
+/* k_attn's scores folded by transposition (att_fold_t) for head_dim 256: 1 = on, 0 = ops_fold16
+ * per value (the default until measured); the same bits. FLOE_CUDA_ATTN_FOLDT=1 at the first call. */
+static int g_attn_fold_t = -1;
+static bool attn_fold_t(void) {
+  if (g_attn_fold_t < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_FOLDT");
+    g_attn_fold_t = e && e[0] == '1';
+  }
+  return g_attn_fold_t == 1;
+}
+extern "C" void cuda_attn_set_fold_t(int on) { g_attn_fold_t = on ? 1 : 0; }
+
+/* one entry per (HB, HD, BF, FT): its shared-memory opt-in done once */
+template <int HB, int HD, bool BF, bool FT = false>
 static int attn_smem_once() {
   static int done = 0;
   if (done) return 0;
   const size_t sm = att_smem_hb(HB, HD, BF ? 2 : 4);
-  if (cudaFuncSetAttribute(k_attn<HB, HD, BF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
+  if (cudaFuncSetAttribute(k_attn<HB, HD, BF, FT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
     (void)cudaGetLastError();
     return -1;
   }
@@ -913,15 +963,17 @@ static int attn_smem_once() {
   return 0;
 }
 
-template <int HB, int HD, bool BF>
+template <int HB, int HD, bool BF, bool FT = false>
 static int launch_attn(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc, const int32_t *pos0,
                        int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
-  if (attn_smem_once<HB, HD, BF>()) return -1;
+  if constexpr (!FT && HD == 256) /* head_dim 256: the transposed folds where asked for */
+    if (attn_fold_t()) return launch_attn<HB, HD, BF, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  if (attn_smem_once<HB, HD, BF, FT>()) return -1;
   if (!q) return 0; /* the check's call: attribute only */
   const int nhb = sh->n_head / sh->n_head_kv / HB;
   dim3 grid((unsigned)sh->n_split, (unsigned)(sh->n_head_kv * nhb), (unsigned)n_tok);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
-  pdl_launch(k_attn<HB, HD, BF>, dim3(grid), dim3(ATT_THREADS), att_smem_hb(HB, HD, BF ? 2 : 4), OPS_STREAM(stream),
+  pdl_launch(k_attn<HB, HD, BF, FT>, dim3(grid), dim3(ATT_THREADS), att_smem_hb(HB, HD, BF ? 2 : 4), OPS_STREAM(stream),
       q, kc, vc, pos0, out, part, cnt, sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split,
       scale);
   return 0;
