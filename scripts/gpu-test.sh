@@ -292,13 +292,15 @@ sec_verify35() {
 }
 # multi35: several sessions decoding together on the GPU (bench_multi --device cuda, 1/2/4/8 streams)
 # on the 35B-A3B shape cut to 8 layers (the server benchmark's shape), one after another
-# (FLOE_CUDA_MULTI=0) and in one pass (=1; "segs" in the output: sessions a pass held)
+# (FLOE_CUDA_MULTI=0), in one pass (=1; "segs" in the output: sessions a pass held), and in one
+# pass recorded as a graph (FLOE_CUDA_MULTI_GRAPH=1)
 sec_multi35() {
   local small=/tmp/floe-q35-8l.gguf v rc=0
   [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 8 --type q4_K -o "$small" >/dev/null || return 1
-  for v in 0 1; do
-    echo "== FLOE_CUDA_MULTI=$v"
-    FLOE_CUDA_MULTI=$v timeout 120 "$BUILD/bin/bench_multi" -m "$small" --device cuda -t 4 -r 6 -s 4 --streams 1,2,4,8 || rc=1
+  for v in 0 1 g; do
+    echo "== FLOE_CUDA_MULTI=${v/g/1}$([ $v = g ] && echo ' FLOE_CUDA_MULTI_GRAPH=1')"
+    FLOE_CUDA_MULTI=${v/g/1} FLOE_CUDA_MULTI_GRAPH=$([ $v = g ] && echo 1 || echo 0) timeout 120 \
+      "$BUILD/bin/bench_multi" -m "$small" --device cuda -t 4 -r 6 -s 4 --streams 1,2,4,8 || rc=1
   done
   return $rc
 }

@@ -564,14 +564,16 @@ static void test_spec(const char *path, bool graphs) {
  * pass as the others' decode rows. Every logit bit-identical; the pass really held several
  * segments. */
 #define MS 3
-static void test_multi(const char *path) {
-  SECTION("several sessions in one pass (GPU): %s", path);
+/* graph: the passes of one-token segments recorded and replayed (FLOE_CUDA_MULTI_GRAPH=1) */
+static void test_multi(const char *path, bool graph) {
+  SECTION("several sessions in one pass (GPU%s): %s", graph ? ", passes recorded as graphs" : "", path);
   model *m = NULL;
   if (load(path, true, &m)) {
     CHECK(0, "load %s on the GPU", path);
     return;
   }
   setenv("FLOE_CUDA_MULTI", "1", 1);
+  if (graph) setenv("FLOE_CUDA_MULTI_GRAPH", "1", 1); /* read at session creation */
   const int64_t V = m->hp.n_vocab;
   char err[256];
   model_session *b[MS], *r[MS];
@@ -630,6 +632,12 @@ static void test_multi(const char *path) {
     }
   }
   unsetenv("FLOE_CUDA_MULTI");
+  unsetenv("FLOE_CUDA_MULTI_GRAPH");
+  int64_t rec = 0;
+  for (int i = 0; i < MS; i++) rec += model_session_recorded(b[i]);
+  /* recorded: the decode passes of all three (steps 0..4 and 10..15, replayed from step 1 and again
+   * after session 1 rejoined), of two (steps 5..8); none without the switch */
+  CHECK(graph ? rec >= 2 : rec == 0, "%lld passes recorded (graph %s)", (long long)rec, graph ? "on" : "off");
   for (int i = 0; i < MS; i++) {
     model_session_free(b[i]);
     model_session_free(r[i]);
@@ -648,7 +656,8 @@ int main(void) {
   test_fixture_model("qwen3next");
   test_fixture_model("qwen35moe");
   test_quantized(test_fixture("../../models/default.gguf"), "default model (Q8_0)", 64, true);
-  test_multi(test_fixture("../../models/default.gguf"));
+  test_multi(test_fixture("../../models/default.gguf"), false);
+  test_multi(test_fixture("../../models/default.gguf"), true);
   test_spec(test_fixture("../../models/default.gguf"), true);
   test_spec(test_fixture("../../models/default.gguf"), false);
   unsetenv("FLOE_CUDA_SPEC_GRAPH");

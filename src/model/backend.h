@@ -105,8 +105,10 @@ typedef struct model_backend {
    * another. The driver then calls embed, moe, logits and eval_end with lead on all n rows, and
    * attention / gdn with each segment's own session on its rows of that buffer (x offset by the
    * segment's first row): those blocks must use only the session's own state and scratch besides
-   * the rows they are given. */
-  float *(*multi_begin)(model_session *lead, int64_t n);
+   * the rows they are given. r / k: the pass's segments (model.h model_rows), first: the first
+   * row whose logits the pass asks for (n: none), so that a backend can replay a recorded pass of
+   * the same segments. */
+  float *(*multi_begin)(model_session *lead, const model_rows *r, int k, int64_t n, int64_t first);
   /* Optional with multi_begin (NULL: always): false when lead's backend declines a multi-session
    * pass (the sessions are then evaluated one after another). */
   bool (*multi_ok)(const model_session *lead);

@@ -142,8 +142,8 @@ static void cpu_hidden(model_session *s, const float *x, int64_t first, int64_t 
   memcpy(dst, x + first * E, (size_t)((n - first) * E) * sizeof(float));
 }
 
-static float *cpu_multi_begin(model_session *lead, int64_t n) {
-  (void)n;
+static float *cpu_multi_begin(model_session *lead, const model_rows *r, int k, int64_t n, int64_t first) {
+  (void)r, (void)k, (void)n, (void)first;
   return lead->x; /* MODEL_MAX_BATCH rows; the segments' own scratch is separate (h, q, k, ...) */
 }
 

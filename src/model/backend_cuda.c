@@ -47,6 +47,11 @@
  * that feeds the MTP), kept verify chunks and MTP evaluations of
  * n = 1..KV_KEEP_MAX rows */
 enum { G_DEC = 0, G_VER = 3, G_MTP = G_VER + KV_KEEP_MAX, G_N = G_MTP + KV_KEEP_MAX };
+/* recorded multi-session passes of one-token segments (FLOE_CUDA_MULTI_GRAPH=1): the lead keeps
+ * MG_N of them in graph slots G_N.., each keyed by its segments' sessions (their uids, in order)
+ * and its first logits row; the least recently used is replaced */
+#define MG_N 4
+#define MG_KMAX LB /* segments of a recorded pass: its logits rows fit the [LB][V] staging */
 
 typedef struct cu_sess {
   void *stream;
@@ -97,8 +102,13 @@ typedef struct cu_sess {
   bool want_greedy;
   /* graphs (G_*): one token without / with logits + greedy; kept verify chunks of n rows; MTP
    * evaluations of n rows. gfirst: the first logits row the graph was recorded with. */
-  void *graph[G_N];
-  int64_t gfirst[G_N];
+  void *graph[G_N + MG_N];
+  int64_t gfirst[G_N + MG_N];
+  uint64_t uid;                /* this session's number (never reused): recorded passes key on it */
+  uint64_t mkey[MG_N][MG_KMAX + 2]; /* [0] segments k, [1] first logits row, then the k uids */
+  uint64_t mused[MG_N];        /* the recorded pass's last use (mtick), for the replacement */
+  uint64_t mtick;
+  bool multi_graph;            /* record one-token multi-session passes (FLOE_CUDA_MULTI_GRAPH=1) */
   bool spec_graph;             /* record verify chunks and MTP evaluations (FLOE_CUDA_SPEC_GRAPH) */
   float *hin_h, *hid_h;        /* pinned [B][E]: the MTP's input rows; hidden / h_out rows staged */
   float *hid_dst;              /* where eval_end copies the hid_rows rows staged in hid_h */
@@ -131,7 +141,7 @@ static void cu_session_free(model_session *s) {
   cu_sess *c = s->dev;
   if (!c) return;
   if (c->stream) cuda_rt_stream_sync(c->stream, NULL, 0);
-  for (int i = 0; i < G_N; i++) cuda_graph_destroy(c->graph[i]);
+  for (int i = 0; i < G_N + MG_N; i++) cuda_graph_destroy(c->graph[i]);
   for (int i = 0; i < KV_KEEP_MAX; i++)
     for (int j = 0; j < KV_KEEP_MAX; j++) cuda_graph_destroy(c->sgraph[i][j]);
   cuda_rt_free(c->sg_d);
@@ -296,6 +306,10 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if ((rc = dalloc(c, parts[i].p, parts[i].n, err, errlen))) return rc;
+  static uint64_t uids;
+  c->uid = __atomic_add_fetch(&uids, 1, __ATOMIC_RELAXED);
+  const char *mg = getenv("FLOE_CUDA_MULTI_GRAPH"); /* opt-in until the H200 has run test_multi with it */
+  c->multi_graph = mg && mg[0] == '1';
   /* opt-in (FLOE_CUDA_ROUTE_FUSED=1): it passes test_cuda_mm on the H200 but measured no gain
    * there (248.5 vs 251.8 tok/s, 35B-A3B shape) */
   const char *rf = getenv("FLOE_CUDA_ROUTE_FUSED");
@@ -611,11 +625,11 @@ static void prof(model_session *s, int ph) {
 
 static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *x) {
   cu_sess *c = s->dev;
-  if (c->replay) return;
-  if (c->multi) { /* a chunk's tokens were uploaded by begin_chunk; a pass's come here */
+  if (c->multi) /* a chunk's tokens were staged by begin_chunk; a pass's come here (a replayed
+                   pass's recorded copy reads them from tok_h) */
     memcpy(c->tok_h, tokens, (size_t)n * sizeof *tokens);
-    cuda_rt_h2d_async(c->tok, c->tok_h, (size_t)n * 4, c->stream);
-  }
+  if (c->replay) return;
+  if (c->multi) cuda_rt_h2d_async(c->tok, c->tok_h, (size_t)n * 4, c->stream);
   const model *m = s->m;
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd;
@@ -767,13 +781,53 @@ static bool cu_multi_ok(const model_session *lead) {
   return !(e && e[0] == '0');
 }
 
-static float *cu_multi_begin(model_session *lead, int64_t n) {
+/* The recorded-pass slot of segments r (one row each) with logits from row first: replayed when
+ * recorded, else recorded now into the least recently used slot; -1: not recordable (rows of more
+ * than one token, too many segments, recording off). */
+static int multi_slot(cu_sess *c, const model_rows *r, int k, int64_t first, bool *found) {
+  *found = false;
+  if (!c->multi_graph || !c->use_graph || k < 2 || k > MG_KMAX) return -1;
+  uint64_t key[MG_KMAX + 2] = { (uint64_t)k, (uint64_t)first };
+  for (int i = 0; i < k; i++) {
+    if (r[i].n != 1) return -1;
+    key[2 + i] = ((const cu_sess *)r[i].s->dev)->uid;
+  }
+  for (int j = 0; j < MG_N; j++)
+    if (c->graph[G_N + j] && memcmp(c->mkey[j], key, (size_t)(k + 2) * sizeof key[0]) == 0) {
+      c->mused[j] = ++c->mtick;
+      *found = true;
+      return G_N + j;
+    }
+  int lru = -1; /* an empty slot, else the least recently used */
+  for (int j = 0; j < MG_N && lru < 0; j++)
+    if (!c->graph[G_N + j]) lru = j;
+  if (lru < 0) {
+    lru = 0;
+    for (int j = 1; j < MG_N; j++)
+      if (c->mused[j] < c->mused[lru]) lru = j;
+  }
+  cuda_graph_destroy(c->graph[G_N + lru]);
+  c->graph[G_N + lru] = NULL;
+  memcpy(c->mkey[lru], key, (size_t)(k + 2) * sizeof key[0]);
+  c->mused[lru] = ++c->mtick;
+  return G_N + lru;
+}
+
+static float *cu_multi_begin(model_session *lead, const model_rows *r, int k, int64_t n, int64_t first) {
   (void)n;
   cu_sess *c = lead->dev;
   eval_reset(c, true);
   if (c->profile) {
     cuda_rt_stream_sync(c->stream, NULL, 0);
     c->t_blk = floe_time_s();
+  }
+  bool found = false;
+  const int slot = multi_slot(c, r, k, first, &found);
+  if (slot >= 0 && found) { /* replayed at eval_end: the blocks only stage tokens and positions */
+    c->replay = true;
+    c->capturing = slot;
+  } else if (slot >= 0 && cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) {
+    c->capturing = slot; /* eval_end ends the recording and launches it */
   }
   return c->x;
 }
@@ -787,7 +841,7 @@ static void multi_positions(model_session *lead, const model_rows *r, int k) {
     for (int64_t t = 0; t < r[i].n; t++) c->pos_h[r[i].off + t] = (int32_t)(r[i].s->kv.n_past + t);
     if (r[i].off + r[i].n > N) N = r[i].off + r[i].n;
   }
-  cuda_rt_h2d_async(c->pos, c->pos_h, (size_t)N * 4, c->stream);
+  if (!c->replay) cuda_rt_h2d_async(c->pos, c->pos_h, (size_t)N * 4, c->stream); /* else the recorded copy */
   c->multi_pos = true;
 }
 

@@ -1091,10 +1091,10 @@ static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, cha
   float *lg = lead->lg_multi;
   if (m->xs) xs_lock(m->xs);
   lead->xs_err = 0;
-  float *x = be->multi_begin(lead, N);
-  be->embed(lead, tok, N, x);
   model_rows rows[k];
   for (int i = 0; i < k; i++) rows[i] = (model_rows){ seg[ord[i]].s, off[i], seg[ord[i]].n };
+  float *x = be->multi_begin(lead, rows, k, N, first);
+  be->embed(lead, tok, N, x);
   for (int64_t l = 0; l < hp->n_layer && !lead->xs_err; l++) {
     m->arch->mixer_multi(lead, rows, k, l, x, N);
     m->arch->ffn(lead, l, x, N);
