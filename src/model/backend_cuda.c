@@ -254,7 +254,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
    * per SM are two waves of the grid); a session's decode and prefill rows share it, so its rows
    * stay bit-identical to each other whatever N is */
   const char *sp = getenv("FLOE_CUDA_ATTN_SPLIT");
-  if (sp && atoi(sp) > 0 && c->n_split > atoi(sp)) c->n_split = atoi(sp);
+  const int split_max = sp ? atoi(sp) : 0;
+  if (split_max > 0 && c->n_split > split_max) c->n_split = split_max;
   if (c->n_split < 1) c->n_split = 1;
   c->ash = (cuda_attn_shape){ (int)nh, (int)hp->n_head_kv, (int)hd, (int)hp->n_rot, hp->attn_gate ? 1 : 0,
                               s->kv.kv_type == KV_BF16, n_ctx, hp->rms_eps, c->n_split };

@@ -386,16 +386,18 @@ __global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t
     float acc[NB][4];
 #pragma unroll
     for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
-    /* P: the next round's weight words loaded while this round computes (the same values, the
+    /* the weight words of round k0's superblock for this lane (k0's own where the group is past
+     * the last one); P: the next round's loaded while this round computes (the same values, the
      * same arithmetic: the same bits) */
+    auto words = [&](int k0, uint4 &h, uint4 &q, uint4 &qh) {
+      const int k = k0 + s;
+      const uint4 *blk = (const uint4 *)(row + (size_t)(k < nsb ? k : k0) * BB);
+      h = blk[0];
+      q = blk[QS / 16 + w];
+      if constexpr (T == FLOE_TYPE_Q5_K) qh = blk[1 + (w & 1)];
+    };
     uint4 hn = make_uint4(0, 0, 0, 0), qn = hn, qhn = hn;
-    if constexpr (P) {
-      const int kk = s < nsb ? s : 0;
-      const uint4 *blk = (const uint4 *)(row + (size_t)kk * BB);
-      hn = blk[0];
-      qn = blk[QS / 16 + w];
-      if constexpr (T == FLOE_TYPE_Q5_K) qhn = blk[1 + (w & 1)];
-    }
+    if constexpr (P) words(0, hn, qn, qhn);
     for (int k0 = 0; k0 < nsb; k0 += 4) { /* every lane runs every round, as k4w_dot */
       const int k = k0 + s, i = (k >> 2) & 3;
       const bool ok = k < nsb;
@@ -403,17 +405,9 @@ __global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t
       uint4 h, q, qh = make_uint4(0, 0, 0, 0);
       if constexpr (P) {
         h = hn, q = qn, qh = qhn;
-        if (k0 + 4 < nsb) { /* warp-uniform */
-          const int k2 = k0 + 4 + s, kk2 = k2 < nsb ? k2 : k0 + 4;
-          const uint4 *blk = (const uint4 *)(row + (size_t)kk2 * BB);
-          hn = blk[0];
-          qn = blk[QS / 16 + w];
-          if constexpr (T == FLOE_TYPE_Q5_K) qhn = blk[1 + (w & 1)];
-        }
+        if (k0 + 4 < nsb) words(k0 + 4, hn, qn, qhn); /* warp-uniform */
       } else {
-        const uint4 *blk = (const uint4 *)(row + (size_t)kk * BB);
-        h = blk[0], q = blk[QS / 16 + w];
-        if constexpr (T == FLOE_TYPE_Q5_K) qh = blk[1 + (w & 1)];
+        words(k0, h, q, qh);
       }
       uint32_t lo[4], hi[4];
       k4_unpack<T>(q, qh, w, lo, hi);
