@@ -20,7 +20,8 @@
 #   verify35  bench_verify --device cuda on $SYNTH: defaults, FLOE_CUDA_FEW=0, the MoE grouped from 2 rows
 #   multi35   bench_multi --device cuda (1/2/4/8 sessions) on the 8-layer 35B cut, FLOE_CUDA_MULTI=0 / 1
 #   tier      test_cuda_tier on tiny synth models and $SYNTH (tiered experts == resident, bit for bit)
-#   tier35    the 35B shape with --gpu-mem $TIER_MEM: decode, cost model vs copies only vs CPU only
+#   tier35    the 35B shape with --gpu-mem $TIER_MEM: decode, cost model vs copies only vs CPU only;
+#             then streamed from the file too (--mem-budget with --gpu-mem, $TIER_STREAM)
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
@@ -259,6 +260,12 @@ sec_tier35() {
         -n 64 -r 1 --json) || rc=1
     done
   done
+  # the experts streamed from the file too (TIER_STREAM: RAM:VRAM budgets; --direct: past the page cache)
+  for g in ${TIER_STREAM:-6G:4G}; do
+    echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
+    run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" \
+      --direct -p 0 -n 64 -r 1 --json || rc=1
+  done
   return $rc
 }
 # tier80: the Qwen3-Next-80B-A3B shape, Q4_K (~46 GB, the 35B file removed first) with --gpu-mem
@@ -275,6 +282,11 @@ sec_tier80() {
       FLOE_TIER_CPU=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
       first=0
     fi
+  done
+  for g in ${TIER80_STREAM:-16G:8G}; do # streamed from the file too (RAM:VRAM budgets)
+    echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
+    timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct -p 0 -n 64 \
+      -r 1 --json || rc=1
   done
   return $rc
 }

@@ -107,12 +107,12 @@ bad "unknown tensor (dir)" "no tensor" "$B" info -m "$FX/models/qwen3moe" --tens
 mkdir -p "$T/emptydir"
 bad "directory without safetensors" "emptydir" "$B" info -m "$T/emptydir"
 bad "usage: unknown command" "unknown command" "$B" frobnicate
-# --gpu-mem: a size, the CUDA device, not with streaming from disk (yet); without a GPU, refused
+# --gpu-mem: a size, the CUDA device; without a GPU, refused (with streaming from disk too)
 bad "--gpu-mem needs a size" "gpu-mem needs a size" "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem abc
 bad "--gpu-mem with --device cpu" "needs the CUDA device" "$B" run -m "$T/m.gguf" -p x -n 1 --device cpu --gpu-mem 1G
-bad "--gpu-mem with --mem-budget" "not supported yet" "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem 1G --mem-budget 1G
 if ! nvidia-smi >/dev/null 2>&1; then
   bad "--gpu-mem without a GPU" "gpu-mem: " "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem 1G
+  bad "--gpu-mem --mem-budget without a GPU" "gpu-mem: " "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem 1G --mem-budget 1G
 fi
 
 echo "$pass passed, $fail failed"

@@ -11,6 +11,10 @@
  *    and the cost model's choice: both paths' logits equal the resident ones bit for bit, and the
  *    counters show that the misses really went where asked; the larger pools load a copy of the
  *    file (page-locked host memory), the smaller its mapping (pageable);
+ *  - the experts streamed from the file (--mem-budget with --gpu-mem: model_stream_start on the
+ *    mapping, a RAM cache of a few experts more than one token's): the misses are read from the
+ *    file into the cache, then copied or computed by the CPU from there; the same bits, and the
+ *    cache's counters show the reads;
  *  - a pool below the minimum is refused at load with a message naming it.
  * Without a CUDA device: "skipped: no CUDA device", exit 77.
  * FLOE_TEST_WATCHDOG=S: after S seconds the main thread's stack is printed ("bt: OBJECT OFFSET
@@ -26,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "experts/experts.h"
 #include "floe.h"
 #include "model/model.h"
 #include "test.h"
@@ -67,6 +72,58 @@ static int64_t rows_differ(const float *a, const float *b, int64_t n, int64_t V)
   int64_t d = 0;
   for (int64_t i = 0; i < n; i++) d += memcmp(a + i * V, b + i * V, (size_t)V * 4) != 0;
   return d;
+}
+
+/* The pool of min_slots experts with the routed experts streamed from the file through a RAM
+ * cache of K + 2 experts (a chunk's experts come in several groups), CPU mode `mode`. */
+static void test_streamed(const char *path, int64_t n, const int32_t *tok, const float *ref_p, const float *ref_d,
+                          float *lg, int64_t min_slots, const char *mode) {
+  char msg[512], slots[32];
+  snprintf(slots, sizeof slots, "%lld", (long long)min_slots);
+  setenv("FLOE_TIER_SLOTS", slots, 1);
+  setenv("FLOE_TIER_CPU", mode, 1);
+  model *mt = NULL;
+  int rc = load(path, (uint64_t)256 << 30, false, &mt, msg, sizeof msg);
+  CHECK(rc == 0, "streamed: tiered load (cpu %s)%s%s", mode, rc ? ": " : "", rc ? msg : "");
+  if (rc) return;
+  const int64_t V = mt->hp.n_vocab, K = mt->hp.n_expert_used;
+  xs_store *st = NULL;
+  rc = model_store_open(mt, false, &st, msg, sizeof msg);
+  CHECK(rc == 0, "streamed: the expert store opens%s%s", rc ? ": " : "", rc ? msg : "");
+  if (!rc) {
+    xs_params xp = { 0 };
+    xp.cache_bytes = (uint64_t)(K + 2) * st->slot_bytes;
+    xp.io_kind = XIO_AUTO;
+    xp.policy = XS_POLICY_LRU;
+    xp.prefetch = XS_PF_PREV;
+    xp.depth = 8;
+    xp.threads = 2;
+    xp.chunk = 512 * 1024;
+    xs_store_close(st);
+    rc = model_stream_start(mt, &xp, msg, sizeof msg);
+    CHECK(rc == 0, "streamed: the expert cache starts%s%s", rc ? ": " : "", rc ? msg : "");
+  }
+  for (int pass = 0; pass < 2 && !rc; pass++) {
+    model_tier_stats_reset(mt);
+    xs_stats_reset(mt->xs);
+    rc = run(mt, tok, n, pass ? 1 : n, lg);
+    const int64_t d = rc ? -1 : rows_differ(lg, pass ? ref_d : ref_p, n, V);
+    model_tier_stats ts;
+    xs_stats xst;
+    model_tier_stats_get(mt, &ts);
+    xs_stats_get(mt->xs, &xst);
+    CHECK(rc == 0 && d == 0, "streamed, cpu %s, %s: logits == the resident run's (%lld rows differ); copied %llu, "
+          "cpu %llu; cache: %llu reads, %llu hits, %llu misses, %llu prefetched", mode, pass ? "decode" : "one chunk",
+          (long long)d, (unsigned long long)ts.copies, (unsigned long long)ts.cpu, (unsigned long long)xst.reads,
+          (unsigned long long)xst.hits, (unsigned long long)xst.misses, (unsigned long long)xst.pf_issued);
+    CHECK(xst.bytes_read > 0 && xst.misses > 0, "streamed, cpu %s, %s: experts read from the file (%llu bytes)", mode,
+          pass ? "decode" : "one chunk", (unsigned long long)xst.bytes_read);
+    if (mode[0] == '1' && pass == 1)
+      CHECK(ts.cpu > 0 && ts.copies == 0, "streamed, cpu 1, decode: every miss on the CPU (%llu; copied %llu)",
+            (unsigned long long)ts.cpu, (unsigned long long)ts.copies);
+    if (mode[0] == '0') CHECK(ts.cpu == 0, "streamed, cpu 0: no expert on the CPU");
+  }
+  model_free(mt);
 }
 
 /* full: every pool size and CPU mode; else the minimum pool with the cost model's choice only (a
@@ -133,6 +190,7 @@ static void test_model(const char *path, int64_t n, bool full) {
              st.pcie_gbps, st.cpu_expert_s * 1e6);
       model_free(mt);
     }
+  for (int mi = 0; mi < 3; mi++) test_streamed(path, n, tok, ref_p, ref_d, lg, min_slots, modes[mi]);
   char slots[32];
   snprintf(slots, sizeof slots, "%lld", (long long)(min_slots - 1));
   setenv("FLOE_TIER_SLOTS", slots, 1);

@@ -113,9 +113,6 @@ static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, s
   e->info.device = "cpu";
   if (p->gpu_mem && p->device == FLOE_DEVICE_CPU)
     return floe_err(err, errlen, FLOE_E_INVALID, "--gpu-mem needs the CUDA device, not --device cpu");
-  if (p->gpu_mem && p->mem_budget)
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED,
-                    "--gpu-mem with --mem-budget (experts streamed from disk to the GPU) is not supported yet");
   if (p->device == FLOE_DEVICE_CPU) return 0;
 #ifndef FLOE_HAVE_CUDA
   if (p->device == FLOE_DEVICE_CUDA || p->gpu_mem)
@@ -134,8 +131,8 @@ static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, s
     snprintf(why, sizeof why, "no CUDA device (or no driver)");
   } else if (p->device_index < 0 || p->device_index >= n) {
     snprintf(why, sizeof why, "cuda:%d: there are %d CUDA devices", p->device_index, n);
-  } else if (p->mem_budget > 0) {
-    snprintf(why, sizeof why, "streamed experts (--mem-budget) run on the CPU");
+  } else if (p->mem_budget > 0 && !p->gpu_mem) {
+    snprintf(why, sizeof why, "streamed experts (--mem-budget) need --gpu-mem on the GPU");
   } else {
     size_t fr = 0, tot = 0;
     char e2[240];

@@ -209,6 +209,10 @@ void xs_unlock(xstream *x) {
 const xs_store *xs_store_of(const xstream *x) { return x->st; }
 int64_t xs_n_slots(const xstream *x) { return x->n_slots; }
 const xs_params *xs_params_of(const xstream *x) { return &x->p; }
+void xs_arena(const xstream *x, void **base, size_t *bytes) {
+  *base = x->arena;
+  *bytes = x->arena_bytes;
+}
 const xs_layer_stats *xs_layer_stats_of(const xstream *x) { return x->lstats; }
 void xs_stats_get(const xstream *x, xs_stats *out) {
   *out = x->stats;

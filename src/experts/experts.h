@@ -180,6 +180,8 @@ void xs_close(xstream *x);
 const xs_store *xs_store_of(const xstream *x);
 int64_t xs_n_slots(const xstream *x);
 const xs_params *xs_params_of(const xstream *x);
+/* The slot arena (every slot's bytes): a device backend may page-lock it for its copies. */
+void xs_arena(const xstream *x, void **base, size_t *bytes);
 /* One evaluation at a time per stream (model_eval holds it from before layer 0 until its logits
  * are computed; the interval is also the unit of the serial-time accounting). */
 void xs_lock(xstream *x);
@@ -224,6 +226,8 @@ int64_t xv_n_slots(const xv_slots *v);
 /* The slot holding expert e of layer l, or -1. A hit becomes the most recently used and is held
  * (never the victim of xv_take) until xv_release_all. */
 int32_t xv_find(xv_slots *v, int64_t l, int32_t e);
+/* Whether expert e of layer l has a slot, without touching its recency or holding it. */
+bool xv_has(const xv_slots *v, int64_t l, int32_t e);
 /* A slot for expert e of layer l (which the caller then fills): its own slot when it has one, else
  * a free slot, else the least recently used one not held; held afterwards. *old_l / *old_e: the
  * expert it held before (-1: none). -1 when every slot is held. */

@@ -91,6 +91,10 @@ int32_t xv_find(xv_slots *v, int64_t l, int32_t e) {
   return s;
 }
 
+bool xv_has(const xv_slots *v, int64_t l, int32_t e) {
+  return l >= 0 && l < v->n_layer && e >= 0 && e < v->n_expert && v->map[l * v->n_expert + e] >= 0;
+}
+
 int32_t xv_take(xv_slots *v, int64_t l, int32_t e, int64_t *old_l, int32_t *old_e) {
   *old_l = -1;
   *old_e = -1;

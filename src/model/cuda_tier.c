@@ -55,6 +55,8 @@ struct cu_tier {
   uint8_t *pool[3][3];
   size_t stride[3], sb_stride[3];
   void *reg;                   /* the page-locked host range (NULL: none) */
+  void *reg_xs;                /* --mem-budget: the expert cache's page-locked arena (NULL: none) */
+  bool xs_seen;                /* the expert cache was met (its arena registration tried) */
   size_t expert_bytes;         /* the largest expert (gate + up + down), for the cost model */
   model_tier_stats st;
   int cpu_mode;
@@ -78,7 +80,13 @@ struct cu_tier_sess {
   int64_t l, n;
   int n_job;
   int32_t job_e[64], job_slot[64]; /* CPU experts: expert id, output row (slot index in the step) */
+  const floe_mat *job_m[64][3];    /* their gate, up and down matrices (the model's, or a cache slot's) */
   bool calibrated;
+  /* --mem-budget (host_fetch): the step's copies (expert, pool slot) read from the expert cache,
+   * the cache slots in use, held until the next step has synchronized with its copies */
+  int32_t *cp_e, *cp_r, *xs_e, *xs_slot, *pred;
+  uint8_t *xs_ready;
+  int n_cp, n_held;
 };
 
 static const floe_mat *mat_of(const model_layer *H, int kind, int64_t e) {
@@ -296,6 +304,7 @@ void cu_tier_close(cu_tier *t) {
   for (int k = 0; k < 3; k++)
     for (int p = 0; p < 3; p++) cuda_rt_free(t->pool[k][p]);
   if (t->reg) cuda_rt_host_unregister(t->reg);
+  if (t->reg_xs) cuda_rt_host_unregister(t->reg_xs);
   xv_close(t->xv);
   free(t->res_of);
   free(t);
@@ -327,6 +336,13 @@ int32_t cu_tier_shared_slot(const cu_tier *t, int64_t l) { return t->res_of[l]; 
 /* ---- sessions ---- */
 void cu_tier_sess_close(cu_tier_sess *ts) {
   if (!ts) return;
+  if (ts->n_held && ts->t->m->xs) xs_release(ts->t->m->xs, ts->xs_slot, ts->n_held);
+  free(ts->cp_e);
+  free(ts->cp_r);
+  free(ts->xs_e);
+  free(ts->xs_slot);
+  free(ts->pred);
+  free(ts->xs_ready);
   if (ts->pool) floe_pool_free(ts->pool);
   cuda_rt_host_free(ts->sel_h);
   cuda_rt_host_free(ts->sid_h);
@@ -366,7 +382,14 @@ int cu_tier_sess_open(cu_tier *t, int n_threads, int64_t rows, int ks, size_t xq
   ts->u = malloc((size_t)ks * I * sizeof(float));
   ts->qd = aligned_alloc(64, (size_t)ks * xq_row);
   ts->miss = malloc(nsl);
-  if (!ts->g || !ts->u || !ts->qd || !ts->miss || (n_threads > 1 && !(ts->pool = floe_pool_create(n_threads)))) {
+  ts->cp_e = malloc(nsl);
+  ts->cp_r = malloc(nsl);
+  ts->xs_e = malloc(nsl);
+  ts->xs_slot = malloc(nsl);
+  ts->pred = malloc((size_t)hp->n_expert * sizeof(int32_t));
+  ts->xs_ready = malloc((size_t)(rows * ks));
+  if (!ts->g || !ts->u || !ts->qd || !ts->miss || !ts->cp_e || !ts->cp_r || !ts->xs_e || !ts->xs_slot || !ts->pred ||
+      !ts->xs_ready || (n_threads > 1 && !(ts->pool = floe_pool_create(n_threads)))) {
     cu_tier_sess_close(ts);
     return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   }
@@ -395,7 +418,7 @@ static void cpu_worker(void *ctx, int ith, int nth) {
     const int u = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED);
     if (u >= units) break;
     const int j = u / per, w = u % per, mtx = r->phase == 0 ? w / TIER_PARTS : 2, p = w % TIER_PARTS;
-    const floe_mat *W = mat_of(r->H, mtx, ts->job_e[j]);
+    const floe_mat *W = ts->job_m[j][mtx];
     const int64_t R = W->rows, r0 = (R * p / TIER_PARTS + 15) / 16 * 16, r1e = (R * (p + 1) / TIER_PARTS + 15) / 16 * 16;
     const int64_t r1 = r1e < R ? r1e : R;
     if (r0 >= r1) continue;
@@ -407,14 +430,14 @@ static void cpu_worker(void *ctx, int ith, int nth) {
 
 static void cpu_compute(cu_tier_sess *ts, const model_layer *H, size_t xs) {
   const int64_t I = ts->t->m->hp.n_ff_exp;
-  cpu_run r = { ts, H, 0, 0, xs, kern_act_bytes(mat_of(H, 2, ts->job_e[0])) };
+  cpu_run r = { ts, H, 0, 0, xs, kern_act_bytes(ts->job_m[0][2]) };
   if (ts->pool) floe_pool_run(ts->pool, cpu_worker, &r);
   else cpu_worker(&r, 0, 1);
   for (int j = 0; j < ts->n_job; j++) { /* SiLU-GLU, the down input quantized for its layout */
     float *g = ts->g + (size_t)j * I;
     const float *u = ts->u + (size_t)j * I;
     for (int64_t i = 0; i < I; i++) g[i] = floe_siluf(g[i]) * u[i];
-    kern_act_quantize(mat_of(H, 2, ts->job_e[j]), g, ts->qd + (size_t)j * r.ds);
+    kern_act_quantize(ts->job_m[j][2], g, ts->qd + (size_t)j * r.ds);
   }
   r.phase = 1;
   r.next = 0;
@@ -448,6 +471,104 @@ static void calibrate(cu_tier_sess *ts, const model_layer *H, size_t xs) {
   ts->n_job = n_job;
 }
 
+/* ---- --mem-budget: the experts from the CPU's expert cache ----
+ * With the model's experts streamed (model.xs: the file mapped, the experts read into a RAM cache
+ * of slots, experts.h), the step's misses come from that cache: the experts copied into the pool
+ * and the CPU's experts are pinned there (read from the file at demand priority when the cache
+ * lacks them), each copy enqueued as soon as its bytes arrive, and the slots held until the next
+ * step has synchronized with the stream (the copies read them). The next layer's reads are queued
+ * behind the demand reads: the previous token's experts there that the pool lacks (XS_PF_PREV; the
+ * GPU computes the router, so the CPU's router-on-this-layer prediction is not available). The
+ * cache's arena is page-locked once, when first met, so that the copies are DMA. */
+
+/* The layers the expert cache holds (the trunk, and the MTP block unless bound to a pack), or 0. */
+static int64_t xs_layers(const cu_tier *t) { return t->m->xs ? xs_store_of(t->m->xs)->n_layer : 0; }
+
+static void xs_first(cu_tier *t) {
+  t->xs_seen = true;
+  const char *pin = getenv("FLOE_TIER_PIN");
+  void *base;
+  size_t bytes;
+  xs_arena(t->m->xs, &base, &bytes);
+  if (!(pin && pin[0] == '0') && base && cuda_rt_host_register(base, bytes, NULL, 0) == 0) t->reg_xs = base;
+  /* the default mode follows the memory the copies come from (cu_tier_open) */
+  const char *cm = getenv("FLOE_TIER_CPU");
+  if (!(cm && *cm)) t->cpu_mode = t->st.cpu_mode = t->reg_xs ? 0 : -1;
+  t->st.pinned = t->reg_xs != NULL;
+}
+
+/* Pins the step's listed experts (the CPU's jobs, then the copies) in the expert cache, groups of
+ * what it can pin at once; enqueues each copy when its bytes arrive. */
+static int host_fetch(cu_tier_sess *ts, int64_t l, void *stream, char *msg, size_t msglen) {
+  cu_tier *t = ts->t;
+  xstream *x = t->m->xs;
+  int32_t *U = ts->xs_e, *slot = ts->xs_slot;
+  uint8_t *ready = ts->xs_ready;
+  int nU = 0;
+  for (int j = 0; j < ts->n_job; j++) U[nU++] = ts->job_e[j];
+  for (int c = 0; c < ts->n_cp; c++) U[nU++] = ts->cp_e[c];
+  const int cap = (int)(xs_n_slots(x) < INT32_MAX ? xs_n_slots(x) : INT32_MAX);
+  if (ts->n_job > cap) {
+    snprintf(msg, msglen, "expert cache: cannot hold %d experts of layer %lld at once", ts->n_job, (long long)l);
+    return FLOE_E_NOMEM;
+  }
+  for (int g0 = 0; g0 < nU; g0 += cap) {
+    const int nG = nU - g0 < cap ? nU - g0 : cap;
+    if (xs_acquire(x, (int)l, U + g0, nG, slot)) {
+      snprintf(msg, msglen, "expert cache: cannot hold %d experts of layer %lld at once", nG, (long long)l);
+      return FLOE_E_NOMEM;
+    }
+    xs_kick(x);
+    memset(ready, 0, (size_t)nG);
+    for (int done = 0; done < nG;) {
+      int rc = xs_wait(x, slot, nG, ready, msg, msglen);
+      for (int i = 0; i < nG && !rc; i++) {
+        if (ready[i] != 1) continue;
+        ready[i] = 2;
+        done++;
+        const int u = g0 + i;
+        const floe_mat *w = xs_mats(x, slot[i]);
+        if (u < ts->n_job)
+          for (int k = 0; k < 3; k++) ts->job_m[u][k] = &w[k];
+        else
+          for (int k = 0; k < 3 && !rc; k++)
+            if (put(t, k, t->n_res + ts->cp_r[u - ts->n_job], &w[k], stream)) {
+              snprintf(msg, msglen, "cannot copy an expert to the GPU");
+              rc = FLOE_E_IO;
+            }
+      }
+      /* another group follows: this one's copies must land before its slots may be reused */
+      if (!rc && done == nG && g0 + nG < nU && cuda_rt_stream_sync(stream, msg, msglen)) rc = FLOE_E_IO;
+      if (rc) {
+        xs_release(x, slot, nG);
+        return rc;
+      }
+    }
+    if (g0 + nG < nU) xs_release(x, slot, nG);
+    else ts->n_held = nG;
+  }
+  return 0;
+}
+
+/* One-row steps: layer l's selection noted (the cache's hit statistics, the next token's
+ * prediction), the previous token's experts of layer l + 1 that the pool lacks read ahead. */
+static void host_prefetch(cu_tier_sess *ts, int64_t l, int64_t n) {
+  cu_tier *t = ts->t;
+  xstream *x = t->m->xs;
+  const int K = (int)t->m->hp.n_expert_used;
+  if (n != 1) return;
+  xs_actual_note(x, (int)l, ts->sel_h, K);
+  if (l + 1 >= xs_layers(t) || !xs_params_of(x)->prefetch) return;
+  int np = xs_prev_sel(x, (int)l + 1, ts->pred), k = 0;
+  xs_predict_note(x, (int)l + 1, XS_PF_PREV, ts->pred, np);
+  for (int i = 0; i < np; i++)
+    if (!xv_has(t->xv, l + 1, ts->pred[i])) ts->pred[k++] = ts->pred[i];
+  if (k > 0) {
+    xs_prefetch(x, (int)l + 1, ts->pred, k, XS_PF_PREV);
+    xs_kick(x);
+  }
+}
+
 int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, int ks, bool sh, const float *x,
                   const uint8_t *xq, size_t xs, bool cpu_ok, void *stream, const int32_t **sid, char *msg,
                   size_t msglen) {
@@ -467,6 +588,12 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
       cuda_rt_stream_sync(stream, msg, msglen))
     return FLOE_E_IO;
   t->st.wait_s += floe_time_s() - t0;
+  /* the previous step's copies are done: its expert-cache slots go back */
+  const bool cached = l < xs_layers(t);
+  if (m->xs && !t->xs_seen) xs_first(t);
+  if (ts->n_held) xs_release(m->xs, ts->xs_slot, ts->n_held);
+  ts->n_held = 0;
+  ts->n_cp = 0;
   /* hits first (they must be held before any miss picks a victim), misses listed */
   int32_t *miss = ts->miss;
   int64_t n_miss = 0;
@@ -518,6 +645,7 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
       continue;
     }
     if (n_cpu > 0 && ts->n_job < n_cpu && cpu_can(H, e, &H->exp_gate[0])) {
+      for (int k = 0; k < 3; k++) ts->job_m[ts->n_job][k] = mat_of(H, k, e); /* cached: host_fetch's */
       ts->job_e[ts->n_job] = e;
       ts->job_slot[ts->n_job++] = (int32_t)i;
       ts->sid_h[i] = -1;
@@ -531,13 +659,22 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
       snprintf(msg, msglen, "--gpu-mem: the expert pool cannot hold one step's experts");
       return FLOE_E_NOMEM;
     }
-    for (int k = 0; k < 3; k++)
-      if (put(t, k, t->n_res + r, mat_of(H, k, e), stream)) {
-        snprintf(msg, msglen, "cannot copy an expert to the GPU");
-        return FLOE_E_IO;
-      }
+    if (cached) { /* host_fetch copies it */
+      ts->cp_e[ts->n_cp] = e;
+      ts->cp_r[ts->n_cp++] = r;
+    } else
+      for (int k = 0; k < 3; k++)
+        if (put(t, k, t->n_res + r, mat_of(H, k, e), stream)) {
+          snprintf(msg, msglen, "cannot copy an expert to the GPU");
+          return FLOE_E_IO;
+        }
     ts->sid_h[i] = (int32_t)(t->n_res + r);
     t->st.copies++;
+  }
+  if (cached) {
+    const int rc = host_fetch(ts, l, stream, msg, msglen);
+    if (rc) return rc;
+    host_prefetch(ts, l, n);
   }
   static int dbg = -1; /* FLOE_TIER_DEBUG=N: the first N steps' decisions on stderr */
   if (dbg < 0) dbg = getenv("FLOE_TIER_DEBUG") ? atoi(getenv("FLOE_TIER_DEBUG")) : 0;

@@ -611,8 +611,8 @@ int model_use_backend(model *m, const model_backend *be, int dev_index, char *er
   if (be == m->be) return 0;
   if (m->be != &model_backend_cpu)
     return floe_err(err, errlen, FLOE_E_INVALID, "the model is already on the %s backend", m->be->name);
-  if (m->xs && be != &model_backend_cpu)
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "streamed experts (--mem-budget) run on the CPU only");
+  if (m->xs && be != &model_backend_cpu && !m->gpu_mem)
+    return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "streamed experts (--mem-budget) need --gpu-mem on the GPU");
   if (be->model_init) {
     int rc = be->model_init(m, dev_index, err, errlen);
     if (rc) return rc;

@@ -397,8 +397,8 @@ int model_spec_greedy(model_session *s, const int32_t *tok, const float *h, int6
                       size_t errlen);
 
 /* Moves the model onto backend be (device dev_index for a GPU): uploads what the backend needs.
- * Call after loading (and model_stream_start, which only the CPU backend supports), before any
- * session exists. 0 or FLOE_E_*; on failure the model stays on the CPU. */
+ * Call after loading, before any session exists; a streamed model (model_stream_start, before or
+ * after) goes on a GPU only with an expert pool (gpu_mem): its misses come from the stream. 0 or FLOE_E_*; on failure the model stays on the CPU. */
 int model_use_backend(model *m, const model_backend *be, int dev_index, char *err, size_t errlen);
 /* Bytes of every matrix of the trunk (what a device backend copies). */
 uint64_t model_weight_bytes(const model *m);
