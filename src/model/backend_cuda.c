@@ -1235,6 +1235,7 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
     rc = cuda_graph_launch(c->graph[c->capturing], c->stream, err, errlen);
   }
   if (!rc && cuda_rt_stream_sync(c->stream, err, errlen)) rc = FLOE_E_IO;
+  if (!rc && c->tier) cu_tier_done(c->tier); /* the copies have landed: the expert-cache slots go back */
   if (!rc && (rc = cuda_rt_check("decode step", err, errlen))) rc = FLOE_E_IO;
   if (!rc && c->err) rc = floe_err(err, errlen, c->err, "cuda: %s", c->msg);
   if (rc) return rc;

@@ -336,7 +336,7 @@ int32_t cu_tier_shared_slot(const cu_tier *t, int64_t l) { return t->res_of[l]; 
 /* ---- sessions ---- */
 void cu_tier_sess_close(cu_tier_sess *ts) {
   if (!ts) return;
-  if (ts->n_held && ts->t->m->xs) xs_release(ts->t->m->xs, ts->xs_slot, ts->n_held);
+  cu_tier_done(ts);
   free(ts->cp_e);
   free(ts->cp_r);
   free(ts->xs_e);
@@ -591,8 +591,7 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
   /* the previous step's copies are done: its expert-cache slots go back */
   const bool cached = l < xs_layers(t);
   if (m->xs && !t->xs_seen) xs_first(t);
-  if (ts->n_held) xs_release(m->xs, ts->xs_slot, ts->n_held);
-  ts->n_held = 0;
+  cu_tier_done(ts);
   ts->n_cp = 0;
   /* hits first (they must be held before any miss picks a victim), misses listed */
   int32_t *miss = ts->miss;
@@ -710,6 +709,11 @@ int cu_tier_end(cu_tier_sess *ts, float *Y, void *stream, char *msg, size_t msgl
       return FLOE_E_IO;
     }
   return 0;
+}
+
+void cu_tier_done(cu_tier_sess *ts) {
+  if (ts->n_held && ts->t->m->xs) xs_release(ts->t->m->xs, ts->xs_slot, ts->n_held);
+  ts->n_held = 0;
 }
 
 void cu_tier_stats(const cu_tier *t, model_tier_stats *out) { *out = t->st; }

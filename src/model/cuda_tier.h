@@ -45,6 +45,9 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
 /* After the expert kernels are enqueued: the CPU computes its experts (the same bits as the GPU's
  * kernels) and their output rows are copied into Y (device, rows of E floats, slot-major). */
 int cu_tier_end(cu_tier_sess *ts, float *Y, void *stream, char *msg, size_t msglen);
+/* After the evaluation's stream has synchronized (every copy landed): the expert-cache slots the
+ * last step held (--mem-budget) go back, so other sessions' steps may use them. */
+void cu_tier_done(cu_tier_sess *ts);
 void cu_tier_stats(const cu_tier *t, model_tier_stats *out);
 void cu_tier_stats_reset(cu_tier *t);
 #endif
