@@ -126,6 +126,33 @@ static void test_streamed(const char *path, int64_t n, const int32_t *tok, const
   model_free(mt);
 }
 
+/* FLOE_TIER_PF=1: decode with the next layer's predicted experts copied ahead (a copy in
+ * page-locked memory, twice the minimum pool): the same bits, and prefetches happened. */
+static void test_prefetch(const char *path, int64_t n, const int32_t *tok, const float *ref_d, float *lg,
+                          int64_t min_slots) {
+  char msg[512], slots[32];
+  snprintf(slots, sizeof slots, "%lld", (long long)(2 * min_slots));
+  setenv("FLOE_TIER_SLOTS", slots, 1);
+  setenv("FLOE_TIER_CPU", "0", 1);
+  setenv("FLOE_TIER_PF", "1", 1);
+  model *mt = NULL;
+  int rc = load(path, (uint64_t)256 << 30, true, &mt, msg, sizeof msg);
+  unsetenv("FLOE_TIER_PF");
+  CHECK(rc == 0, "prefetch: tiered load%s%s", rc ? ": " : "", rc ? msg : "");
+  if (rc) return;
+  model_tier_stats_reset(mt);
+  rc = run(mt, tok, n, 1, lg);
+  const int64_t d = rc ? -1 : rows_differ(lg, ref_d, n, mt->hp.n_vocab);
+  model_tier_stats st;
+  model_tier_stats_get(mt, &st);
+  CHECK(rc == 0 && d == 0, "prefetch, decode: logits == the resident run's (%lld rows differ); hits %llu, copied %llu, "
+        "prefetched %llu, used %llu", (long long)d, (unsigned long long)st.hits, (unsigned long long)st.copies,
+        (unsigned long long)st.pf_issued, (unsigned long long)st.pf_used);
+  CHECK(st.pf_issued > 0 && st.pf_used <= st.pf_issued, "prefetch: experts were copied ahead (%llu, %llu used)",
+        (unsigned long long)st.pf_issued, (unsigned long long)st.pf_used);
+  model_free(mt);
+}
+
 /* full: every pool size and CPU mode; else the minimum pool with the cost model's choice only (a
  * large model: each load page-locks its experts) */
 static void test_model(const char *path, int64_t n, bool full) {
@@ -191,6 +218,7 @@ static void test_model(const char *path, int64_t n, bool full) {
       model_free(mt);
     }
   for (int mi = 0; mi < 3; mi++) test_streamed(path, n, tok, ref_p, ref_d, lg, min_slots, modes[mi]);
+  test_prefetch(path, n, tok, ref_d, lg, min_slots);
   char slots[32];
   snprintf(slots, sizeof slots, "%lld", (long long)(min_slots - 1));
   setenv("FLOE_TIER_SLOTS", slots, 1);

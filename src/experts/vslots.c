@@ -118,6 +118,12 @@ int32_t xv_take(xv_slots *v, int64_t l, int32_t e, int64_t *old_l, int32_t *old_
   return s;
 }
 
+void xv_forget(xv_slots *v, int32_t s) {
+  if (s < 0 || s >= v->n_slots || v->owner[s] < 0) return;
+  v->map[v->owner[s]] = -1;
+  v->owner[s] = -1;
+}
+
 void xv_release_all(xv_slots *v) {
   if (++v->epoch == 0) { /* wrapped: clear the marks once every 2^32 steps */
     for (int64_t s = 0; s < v->n_slots; s++) v->held[s] = 0;

@@ -64,6 +64,8 @@ typedef struct cu_sess {
   float *mix, *z, *b, *a, *raw, *o; /* GDN */
   float *rlog, *selw, *shg;    /* router logits [B][NE], top-k weights [B][K], shared gate logit [B] */
   int32_t *sel;                /* [B][K] */
+  float *plog, *pselw;         /* tiered, FLOE_TIER_PF: the next layer's router on this layer's input [NE], its top-k */
+  int32_t *psel;               /* [K + 1] the predicted experts of the next layer */
   float *hr, *hs, *yr, *ys;    /* GLU rows routed [B*K][I], shared [B][Is]; down outputs [B*K][E], [B][E] */
   uint8_t *xq[2];              /* quantized activation rows [B][xq_row] (two inputs alive at once) */
   uint8_t *xqd;                /* down inputs [B*K][xq_row] */
@@ -304,6 +306,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->grp, NE > 0 ? cuda_mm_moe_group_bytes(B * (K + 1), grp_experts) : 16 },
     { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16 },
     { &c->amax_scr, cuda_argmax_scratch_bytes(V) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
+    { &c->plog, (NE + 1) * 4 }, { &c->pselw, (K + 1) * 4 }, { &c->psel, (K + 1) * 4 },
   };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if ((rc = dalloc(c, parts[i].p, parts[i].n, err, errlen))) return rc;
@@ -911,7 +914,20 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const int ks = L->sh_in_stack ? (int)K + 1 : (int)K;
   /* ids: the experts' places in the stacks (tiered: pool slots, cuda_tier.c) */
   const int32_t *ids = c->sel;
-  if (c->tier && cu_tier_begin(c->tier, l, c->sel, n, ks, L->sh_in_stack, c->h, qe ? xq_e : NULL, qe ? xs_e : 0,
+  /* tiered, one token, FLOE_TIER_PF: the next layer's experts predicted by its router on this
+   * layer's input (the CPU's XS_PF_NEXT: 84 % precision on the synth shapes), so the tier copies
+   * them ahead while this layer computes; the prediction moves bytes only, never a result */
+  const int32_t *pred = NULL;
+  if (c->tier && n == 1 && l + 1 < hp->n_layer && cu_tier_pf(cm->tier)) {
+    const cu_layer *L1 = &cm->L[l + 1];
+    const model_layer *H1 = &m->layers[l + 1];
+    if (L1->router.d.data && (!xq_r || layer_same_act(&H1->router, &H->router))) {
+      mm(s, &L1->router, 1, c->h, E, &H->router, xq_r, xs_r, c->plog, NE);
+      cuda_moe_route(c->plog, 1, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->psel, c->pselw, c->stream);
+      pred = c->psel;
+    }
+  }
+  if (c->tier && cu_tier_begin(c->tier, l, c->sel, pred, n, ks, L->sh_in_stack, c->h, qe ? xq_e : NULL, qe ? xs_e : 0,
                                qe && n == 1, c->stream, &ids, c->msg, sizeof c->msg)) {
     c->err = FLOE_E_IO;
     return;

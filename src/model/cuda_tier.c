@@ -21,6 +21,13 @@
  * average). FLOE_TIER_CPU=0 / 1 forces never / always. Only one-row steps use the CPU (a prefill
  * chunk reads each expert once for many rows: copies win).
  *
+ * Next-layer prefetch (FLOE_TIER_PF=1, page-locked host experts, one-row steps): the caller passes
+ * the next layer's top-k as its router sees this layer's input (the CPU's XS_PF_NEXT prediction);
+ * those the pool lacks are copied into victims on a stream of their own while this layer computes
+ * (the victims are never slots this step holds, and the previous layer's kernels are done: the
+ * step synchronized), and the next step's stream waits on that stream's event before it enqueues
+ * anything. A prefetched slot is an ordinary slot: a hit, then counted as used.
+ *
  * Exactness: the pool holds the file's bytes, and the kernels compute a slot exactly as they
  * compute the same expert of a resident stack; the CPU computes an expert with the CPU kernels
  * whose rows the GPU's expert kernels reproduce bit for bit (gate and up on the same quantized
@@ -57,6 +64,11 @@ struct cu_tier {
   void *reg;                   /* the page-locked host range (NULL: none) */
   void *reg_xs;                /* --mem-budget: the expert cache's page-locked arena (NULL: none) */
   bool xs_seen;                /* the expert cache was met (its arena registration tried) */
+  /* FLOE_TIER_PF: the prefetch copies' stream, its event (pending: recorded, not yet waited on),
+   * and which routed slots a prefetch filled and no step has used yet */
+  void *pf_stream, *pf_ev;
+  bool pf_pending;
+  uint8_t *pf_flag;
   size_t expert_bytes;         /* the largest expert (gate + up + down), for the cost model */
   model_tier_stats st;
   int cpu_mode;
@@ -85,6 +97,7 @@ struct cu_tier_sess {
   /* --mem-budget (host_fetch): the step's copies (expert, pool slot) read from the expert cache,
    * the cache slots in use, held until the next step has synchronized with its copies */
   int32_t *cp_e, *cp_r, *xs_e, *xs_slot, *pred;
+  int32_t *pred_h;             /* pinned [K]: the next layer's predicted experts (FLOE_TIER_PF) */
   uint8_t *xs_ready;
   int n_cp, n_held;
 };
@@ -287,6 +300,16 @@ int cu_tier_open(const model *m, int64_t n_l, uint64_t pool_bytes, const bool *s
     const floe_mat *W = mat_of(&m->layers[0], k, 0);
     t->expert_bytes += (size_t)W->rows * (W->row_bytes + (W->scales ? 2 * W->sb_row_bytes : 0));
   }
+  /* opt-in until measured on the H200: FLOE_TIER_PF=1 (page-locked host experts only: a copy from
+   * pageable memory would hold the host) */
+  const char *pf = getenv("FLOE_TIER_PF");
+  if (pf && pf[0] == '1' && t->reg) {
+    t->pf_flag = calloc((size_t)(t->n_slots - t->n_res), 1);
+    if (!t->pf_flag || cuda_rt_stream_create(&t->pf_stream, NULL, 0) || cuda_rt_event_create(&t->pf_ev, NULL, 0)) {
+      rc = floe_err(err, errlen, FLOE_E_NOMEM, "FLOE_TIER_PF: cannot set up the prefetch stream");
+      goto fail;
+    }
+  }
   t->st.on = true;
   t->st.pool_bytes = (uint64_t)t->n_slots * sbytes;
   t->st.slots = t->n_slots - t->n_res;
@@ -303,8 +326,12 @@ void cu_tier_close(cu_tier *t) {
   if (!t) return;
   for (int k = 0; k < 3; k++)
     for (int p = 0; p < 3; p++) cuda_rt_free(t->pool[k][p]);
+  if (t->pf_stream) cuda_rt_stream_sync(t->pf_stream, NULL, 0);
   if (t->reg) cuda_rt_host_unregister(t->reg);
   if (t->reg_xs) cuda_rt_host_unregister(t->reg_xs);
+  cuda_rt_event_destroy(t->pf_ev);
+  cuda_rt_stream_destroy(t->pf_stream);
+  free(t->pf_flag);
   xv_close(t->xv);
   free(t->res_of);
   free(t);
@@ -348,6 +375,7 @@ void cu_tier_sess_close(cu_tier_sess *ts) {
   cuda_rt_host_free(ts->sid_h);
   cuda_rt_host_free(ts->xq_h);
   cuda_rt_host_free(ts->x_h);
+  cuda_rt_host_free(ts->pred_h);
   free(ts->miss);
   cuda_rt_host_free(ts->y_h);
   cuda_rt_free(ts->sid_d);
@@ -373,6 +401,7 @@ int cu_tier_sess_open(cu_tier *t, int n_threads, int64_t rows, int ks, size_t xq
       (rc = cuda_rt_host_alloc((void **)&ts->sid_h, nsl, err, errlen)) ||
       (rc = cuda_rt_host_alloc((void **)&ts->xq_h, xq_row, err, errlen)) ||
       (rc = cuda_rt_host_alloc((void **)&ts->x_h, (size_t)hp->n_embd * sizeof(float), err, errlen)) ||
+      (rc = cuda_rt_host_alloc((void **)&ts->pred_h, (size_t)(hp->n_expert_used + 1) * sizeof(int32_t), err, errlen)) ||
       (rc = cuda_rt_host_alloc((void **)&ts->y_h, (size_t)ks * (size_t)hp->n_embd * sizeof(float), err, errlen)) ||
       (rc = cuda_rt_malloc((void **)&ts->sid_d, nsl, err, errlen))) {
     cu_tier_sess_close(ts);
@@ -569,9 +598,41 @@ static void host_prefetch(cu_tier_sess *ts, int64_t l, int64_t n) {
   }
 }
 
-int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, int ks, bool sh, const float *x,
-                  const uint8_t *xq, size_t xs, bool cpu_ok, void *stream, const int32_t **sid, char *msg,
-                  size_t msglen) {
+/* FLOE_TIER_PF: the next layer's predicted experts (ts->pred_h) that the pool lacks copied ahead
+ * on the prefetch stream into victims this step does not hold. */
+static void vram_prefetch(cu_tier_sess *ts, int64_t l) {
+  cu_tier *t = ts->t;
+  const model *m = t->m;
+  const model_layer *H1 = &m->layers[l + 1];
+  int issued = 0;
+  for (int64_t i = 0; i < m->hp.n_expert_used; i++) {
+    const int32_t e = ts->pred_h[i];
+    /* a find makes a present one the most recent: kept for the next layer */
+    if (e < 0 || e >= m->hp.n_expert || xv_find(t->xv, l + 1, e) >= 0) continue;
+    int64_t ol;
+    int32_t oe;
+    const int32_t r = xv_take(t->xv, l + 1, e, &ol, &oe);
+    if (r < 0) break;
+    int rc = 0;
+    for (int k = 0; k < 3 && !rc; k++) rc = put(t, k, t->n_res + r, mat_of(H1, k, e), t->pf_stream);
+    if (rc) { /* not enqueued: the slot is not to be trusted (the next step copies on demand) */
+      xv_forget(t->xv, r);
+      t->pf_flag[r] = 0;
+      break;
+    }
+    t->pf_flag[r] = 1;
+    t->st.pf_issued++;
+    issued++;
+  }
+  if (issued && cuda_rt_event_record(t->pf_ev, t->pf_stream) == 0) t->pf_pending = true;
+  else if (issued) cuda_rt_stream_sync(t->pf_stream, NULL, 0); /* no event: wait here instead */
+}
+
+bool cu_tier_pf(const cu_tier *t) { return t->pf_stream != NULL; }
+
+int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, const int32_t *pred, int64_t n, int ks, bool sh,
+                  const float *x, const uint8_t *xq, size_t xs, bool cpu_ok, void *stream, const int32_t **sid,
+                  char *msg, size_t msglen) {
   cu_tier *t = ts->t;
   const model *m = t->m;
   const model_layer *H = &m->layers[l];
@@ -582,7 +643,9 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
   cpu_ok = cpu_ok && n == 1 && xq && xs <= ts->xq_row && t->cpu_mode != 0 && K <= 64;
   ts->xs = xs;
   const double t0 = floe_time_s();
+  pred = t->pf_stream && n == 1 && l + 1 < m->hp.n_layer ? pred : NULL;
   if (cuda_rt_d2h_async(ts->sel_h, sel, (size_t)ns * sizeof(int32_t), stream) ||
+      (pred && cuda_rt_d2h_async(ts->pred_h, pred, (size_t)K * sizeof(int32_t), stream)) ||
       (cpu_ok && (cuda_rt_d2h_async(ts->xq_h, xq, xs, stream) ||
                   cuda_rt_d2h_async(ts->x_h, x, (size_t)m->hp.n_embd * sizeof(float), stream))) ||
       cuda_rt_stream_sync(stream, msg, msglen))
@@ -593,6 +656,14 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
   if (m->xs && !t->xs_seen) xs_first(t);
   cu_tier_done(ts);
   ts->n_cp = 0;
+  /* the previous step's prefetch copies land before anything this step enqueues */
+  if (t->pf_pending) {
+    if (cuda_rt_stream_wait_event(stream, t->pf_ev)) {
+      snprintf(msg, msglen, "cannot order the expert prefetch before the step");
+      return FLOE_E_IO;
+    }
+    t->pf_pending = false;
+  }
   /* hits first (they must be held before any miss picks a victim), misses listed */
   int32_t *miss = ts->miss;
   int64_t n_miss = 0;
@@ -612,6 +683,10 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
     if (r >= 0) {
       ts->sid_h[i] = (int32_t)(t->n_res + r);
       t->st.hits++;
+      if (t->pf_flag && t->pf_flag[r]) {
+        t->pf_flag[r] = 0;
+        t->st.pf_used++;
+      }
     } else {
       ts->sid_h[i] = -2; /* decided below */
       miss[n_miss++] = (int32_t)i;
@@ -658,6 +733,7 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
       snprintf(msg, msglen, "--gpu-mem: the expert pool cannot hold one step's experts");
       return FLOE_E_NOMEM;
     }
+    if (t->pf_flag) t->pf_flag[r] = 0; /* a demand copy's slot now */
     if (cached) { /* host_fetch copies it */
       ts->cp_e[ts->n_cp] = e;
       ts->cp_r[ts->n_cp++] = r;
@@ -675,6 +751,7 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, in
     if (rc) return rc;
     host_prefetch(ts, l, n);
   }
+  if (pred && !cached) vram_prefetch(ts, l);
   static int dbg = -1; /* FLOE_TIER_DEBUG=N: the first N steps' decisions on stderr */
   if (dbg < 0) dbg = getenv("FLOE_TIER_DEBUG") ? atoi(getenv("FLOE_TIER_DEBUG")) : 0;
   if (dbg > 0) {
@@ -720,7 +797,7 @@ void cu_tier_stats(const cu_tier *t, model_tier_stats *out) { *out = t->st; }
 
 void cu_tier_stats_reset(cu_tier *t) {
   model_tier_stats *s = &t->st;
-  s->lookups = s->hits = s->copies = s->cpu = s->h2d_bytes = 0;
+  s->lookups = s->hits = s->copies = s->cpu = s->h2d_bytes = s->pf_issued = s->pf_used = 0;
   s->wait_s = s->cpu_s = 0;
 }
 #endif

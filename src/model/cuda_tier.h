@@ -34,14 +34,15 @@ int cu_tier_sess_open(cu_tier *t, int n_threads, int64_t rows, int ks, size_t xq
 void cu_tier_sess_close(cu_tier_sess *ts);
 
 /* One MoE step of layer l, n rows of ks slots each (the routed top-k, then the shared expert in
- * slot K when sh). Waits for the routing (sel, device) and, when the CPU may compute experts
+ * slot K when sh). pred: NULL, or (cu_tier_pf, one row) the next layer's predicted top-k (device),
+ * whose experts the pool lacks are then copied ahead on a stream of their own. Waits for the routing (sel, device) and, when the CPU may compute experts
  * (cpu_ok: one row, quantized inputs), the input row x and its quantized form xq (device, xs bytes); decides
  * where each selected expert is computed; enqueues the copies of the experts brought into VRAM;
  * *sid: device slot ids for the expert kernels (-1 where the CPU computes the expert: those rows
  * come out NaN, then cu_tier_end overwrites them). 0 or FLOE_E_* (msg). */
-int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, int64_t n, int ks, bool sh, const float *x,
-                  const uint8_t *xq, size_t xs, bool cpu_ok, void *stream, const int32_t **sid, char *msg,
-                  size_t msglen);
+int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, const int32_t *pred, int64_t n, int ks, bool sh,
+                  const float *x, const uint8_t *xq, size_t xs, bool cpu_ok, void *stream, const int32_t **sid,
+                  char *msg, size_t msglen);
 /* After the expert kernels are enqueued: the CPU computes its experts (the same bits as the GPU's
  * kernels) and their output rows are copied into Y (device, rows of E floats, slot-major). */
 int cu_tier_end(cu_tier_sess *ts, float *Y, void *stream, char *msg, size_t msglen);
@@ -49,6 +50,9 @@ int cu_tier_end(cu_tier_sess *ts, float *Y, void *stream, char *msg, size_t msgl
  * last step held (--mem-budget) go back, so other sessions' steps may use them. */
 void cu_tier_done(cu_tier_sess *ts);
 void cu_tier_stats(const cu_tier *t, model_tier_stats *out);
+/* Whether the next layer's experts are copied ahead (FLOE_TIER_PF=1, page-locked host experts):
+ * cu_tier_begin's pred (device, K ids: the next layer's predicted top-k) is then used. */
+bool cu_tier_pf(const cu_tier *t);
 void cu_tier_stats_reset(cu_tier *t);
 #endif
 #endif

@@ -413,6 +413,7 @@ typedef struct model_tier_stats {
   int cpu_mode;              /* -1 the cost model decides, 0 never the CPU, 1 the CPU whenever it can */
   uint64_t lookups, hits, copies, cpu;
   uint64_t h2d_bytes;        /* expert bytes copied host -> device */
+  uint64_t pf_issued, pf_used; /* next-layer prefetch (FLOE_TIER_PF): experts copied ahead, then used */
   double wait_s;             /* host time blocked on the device (the routing of each layer) */
   double cpu_s;              /* host time computing experts */
   double pcie_gbps;          /* cost model: measured host -> device copy rate */

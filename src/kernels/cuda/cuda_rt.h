@@ -64,6 +64,8 @@ int cuda_rt_event_create(void **ev, char *err, size_t errlen);
 void cuda_rt_event_destroy(void *ev);
 int cuda_rt_event_record(void *ev, void *stream);
 int cuda_rt_event_sync(void *ev, char *err, size_t errlen);
+/* Work enqueued on stream after this waits until ev (as last recorded) has completed. */
+int cuda_rt_stream_wait_event(void *stream, void *ev);
 /* Milliseconds between two recorded, completed events. */
 int cuda_rt_event_ms(void *start, void *stop, float *ms, char *err, size_t errlen);
 

@@ -183,6 +183,9 @@ void cuda_rt_event_destroy(void *ev) {
   if (ev) cudaEventDestroy((cudaEvent_t)ev);
 }
 int cuda_rt_event_record(void *ev, void *stream) { return rt_code(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream)); }
+int cuda_rt_stream_wait_event(void *stream, void *ev) {
+  return rt_code(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0));
+}
 int cuda_rt_event_sync(void *ev, char *err, size_t errlen) {
   RT_TRY(cudaEventSynchronize((cudaEvent_t)ev), "event synchronize");
   return 0;
