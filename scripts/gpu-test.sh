@@ -254,7 +254,7 @@ sec_tier() {
 sec_tier35() {
   local g v rc=0
   for g in ${TIER_MEM:-8G 4G}; do
-    for v in FLOE_TIER_CPU=-1 FLOE_TIER_CPU=0 FLOE_TIER_CPU=1; do
+    for v in FLOE_TIER_CPU=-1 FLOE_TIER_CPU=0 FLOE_TIER_CPU=1 FLOE_TIER_PF=1; do
       echo "== --gpu-mem $g, $v"
       (export "$v"; run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --gpu-mem "$g" -p 512 \
         -n 64 -r 1 --json) || rc=1
@@ -280,6 +280,8 @@ sec_tier80() {
     if [ $first = 1 ]; then
       echo "== --gpu-mem $g, FLOE_TIER_CPU=0"
       FLOE_TIER_CPU=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
+      echo "== --gpu-mem $g, FLOE_TIER_PF=1"
+      FLOE_TIER_PF=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
       first=0
     fi
   done
