@@ -30,6 +30,7 @@ static int run(int64_t NL, int64_t NE, int64_t NS, int steps, int per_step) {
       int64_t rs = -1;
       for (int64_t s = 0; s < NS; s++)
         if (r[s].key == key) rs = s;
+      bad += xv_has(v, l, e) != (rs >= 0);
       const int32_t fs = xv_find(v, l, e);
       bad += (rs >= 0) != (fs >= 0);
       if (fs >= 0) {
@@ -65,6 +66,12 @@ static int run(int64_t NL, int64_t NE, int64_t NS, int steps, int per_step) {
         r[ts].used = clock++;
         r[ts].held = epoch;
       }
+    }
+    if (rnd() % 8 == 0) { /* a slot forgotten (a failed copy): free, not held, used first */
+      const int32_t s = (int32_t)(rnd() % NS);
+      xv_forget(v, s);
+      r[s].key = -1;
+      r[s].held = 0;
     }
     bad += xv_check(v) != 0;
     if (rnd() % 4 != 0) { /* most steps end; some continue into the next layer still held */

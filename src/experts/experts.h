@@ -232,7 +232,8 @@ bool xv_has(const xv_slots *v, int64_t l, int32_t e);
  * a free slot, else the least recently used one not held; held afterwards. *old_l / *old_e: the
  * expert it held before (-1: none). -1 when every slot is held. */
 int32_t xv_take(xv_slots *v, int64_t l, int32_t e, int64_t *old_l, int32_t *old_e);
-/* Slot s holds nothing any more (its contents are not to be trusted: a copy into it failed). */
+/* Slot s holds nothing any more (its contents are not to be trusted: a copy into it failed); it
+ * is not held, and the next take uses it first. */
 void xv_forget(xv_slots *v, int32_t s);
 /* Ends a step: no slot is held any more. */
 void xv_release_all(xv_slots *v);

@@ -11,7 +11,7 @@
  * or unheld slot.
  *
  * Invariants: map[l * n_expert + e] == s  <=>  owner[s] == l * n_expert + e; every slot is in the
- * list exactly once. */
+ * list exactly once; the free slots are a suffix of it. */
 #include <stdlib.h>
 
 #include "base/base.h"
@@ -118,10 +118,22 @@ int32_t xv_take(xv_slots *v, int64_t l, int32_t e, int64_t *old_l, int32_t *old_
   return s;
 }
 
+/* A free slot goes to the tail, not held: free slots stay a suffix of the list (used ones are
+ * always moved to the head), so a take uses every free slot before it evicts. */
 void xv_forget(xv_slots *v, int32_t s) {
   if (s < 0 || s >= v->n_slots || v->owner[s] < 0) return;
   v->map[v->owner[s]] = -1;
   v->owner[s] = -1;
+  v->held[s] = 0;
+  if (v->tail == s) return;
+  const int32_t p = v->prev[s], n = v->next[s];
+  if (p >= 0) v->next[p] = n;
+  else v->head = n;
+  v->prev[n] = p; /* n >= 0: s is not the tail */
+  v->prev[s] = v->tail;
+  v->next[s] = -1;
+  v->next[v->tail] = s;
+  v->tail = s;
 }
 
 void xv_release_all(xv_slots *v) {
@@ -133,8 +145,11 @@ void xv_release_all(xv_slots *v) {
 
 int xv_check(const xv_slots *v) {
   int64_t seen = 0;
+  bool free_seen = false;
   for (int32_t s = v->head, p = -1; s >= 0; p = s, s = v->next[s]) {
     if (v->prev[s] != p || ++seen > v->n_slots) return -1;
+    if (v->owner[s] < 0) free_seen = true;
+    else if (free_seen) return -1; /* a used slot after a free one */
     if (v->next[s] < 0 && v->tail != s) return -1;
     if (v->owner[s] >= 0 && v->map[v->owner[s]] != s) return -1;
   }
