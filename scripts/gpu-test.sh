@@ -263,7 +263,7 @@ sec_tier35() {
   # the experts streamed from the file too (TIER_STREAM: RAM:VRAM budgets; --direct: past the page cache)
   for g in ${TIER_STREAM:-6G:4G}; do
     echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
-    run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" \
+    FLOE_TIER_STREAM=1 run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" \
       --direct -p 0 -n 64 -r 1 --json || rc=1
   done
   return $rc
@@ -287,7 +287,7 @@ sec_tier80() {
   done
   for g in ${TIER80_STREAM:-16G:8G}; do # streamed from the file too (RAM:VRAM budgets)
     echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
-    timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct -p 0 -n 64 \
+    FLOE_TIER_STREAM=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct -p 0 -n 64 \
       -r 1 --json || rc=1
   done
   return $rc
