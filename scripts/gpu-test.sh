@@ -254,7 +254,7 @@ sec_tier() {
 sec_tier35() {
   local g v rc=0
   for g in ${TIER_MEM:-8G 4G}; do
-    for v in FLOE_TIER_CPU=-1 FLOE_TIER_CPU=0 FLOE_TIER_CPU=1 FLOE_TIER_PF=1; do
+    for v in FLOE_TIER_CPU=-1 FLOE_TIER_CPU=0 FLOE_TIER_CPU=1 FLOE_TIER_PF=0; do
       echo "== --gpu-mem $g, $v"
       (export "$v"; run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --gpu-mem "$g" -p 512 \
         -n 64 -r 1 --json) || rc=1
@@ -263,7 +263,7 @@ sec_tier35() {
   # the experts streamed from the file too (TIER_STREAM: RAM:VRAM budgets; --direct: past the page cache)
   for g in ${TIER_STREAM:-6G:4G}; do
     echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
-    FLOE_TIER_STREAM=1 run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" \
+    run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" \
       --direct -p 0 -n 64 -r 1 --json || rc=1
   done
   return $rc
@@ -280,14 +280,14 @@ sec_tier80() {
     if [ $first = 1 ]; then
       echo "== --gpu-mem $g, FLOE_TIER_CPU=0"
       FLOE_TIER_CPU=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
-      echo "== --gpu-mem $g, FLOE_TIER_PF=1"
-      FLOE_TIER_PF=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
+      echo "== --gpu-mem $g, FLOE_TIER_PF=0"
+      FLOE_TIER_PF=0 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
       first=0
     fi
   done
   for g in ${TIER80_STREAM:-16G:8G}; do # streamed from the file too (RAM:VRAM budgets)
     echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
-    FLOE_TIER_STREAM=1 timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct -p 0 -n 64 \
+    timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct -p 0 -n 64 \
       -r 1 --json || rc=1
   done
   return $rc

@@ -107,14 +107,12 @@ bad "unknown tensor (dir)" "no tensor" "$B" info -m "$FX/models/qwen3moe" --tens
 mkdir -p "$T/emptydir"
 bad "directory without safetensors" "emptydir" "$B" info -m "$T/emptydir"
 bad "usage: unknown command" "unknown command" "$B" frobnicate
-# --gpu-mem: a size, the CUDA device; with streaming from disk only when enabled (not yet verified
-# on a GPU); without a GPU, refused
+# --gpu-mem: a size, the CUDA device; without a GPU, refused (with streaming from disk too)
 bad "--gpu-mem needs a size" "gpu-mem needs a size" "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem abc
 bad "--gpu-mem with --device cpu" "needs the CUDA device" "$B" run -m "$T/m.gguf" -p x -n 1 --device cpu --gpu-mem 1G
-bad "--gpu-mem with --mem-budget" "FLOE_TIER_STREAM=1" "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem 1G --mem-budget 1G
 if ! nvidia-smi >/dev/null 2>&1; then
   bad "--gpu-mem without a GPU" "gpu-mem: " "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem 1G
-  FLOE_TIER_STREAM=1 bad "--gpu-mem --mem-budget without a GPU" "gpu-mem: " "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem 1G --mem-budget 1G
+  bad "--gpu-mem --mem-budget without a GPU" "gpu-mem: " "$B" run -m "$T/m.gguf" -p x -n 1 --gpu-mem 1G --mem-budget 1G
 fi
 
 echo "$pass passed, $fail failed"

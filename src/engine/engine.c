@@ -113,11 +113,6 @@ static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, s
   e->info.device = "cpu";
   if (p->gpu_mem && p->device == FLOE_DEVICE_CPU)
     return floe_err(err, errlen, FLOE_E_INVALID, "--gpu-mem needs the CUDA device, not --device cpu");
-  /* opt-in until test_cuda_tier's streamed runs have passed on a GPU (written 2026-12-02) */
-  const char *ts = getenv("FLOE_TIER_STREAM");
-  if (p->gpu_mem && p->mem_budget && !(ts && ts[0] == '1'))
-    return floe_err(err, errlen, FLOE_E_UNSUPPORTED,
-                    "--gpu-mem with --mem-budget is not yet verified on a GPU (FLOE_TIER_STREAM=1 enables it)");
   if (p->device == FLOE_DEVICE_CPU) return 0;
 #ifndef FLOE_HAVE_CUDA
   if (p->device == FLOE_DEVICE_CUDA || p->gpu_mem)

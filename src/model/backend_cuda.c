@@ -64,7 +64,7 @@ typedef struct cu_sess {
   float *mix, *z, *b, *a, *raw, *o; /* GDN */
   float *rlog, *selw, *shg;    /* router logits [B][NE], top-k weights [B][K], shared gate logit [B] */
   int32_t *sel;                /* [B][K] */
-  float *plog, *pselw;         /* tiered, FLOE_TIER_PF: the next layer's router on this layer's input [NE], its top-k */
+  float *plog, *pselw;         /* tiered (cu_tier_pf): the next layer's router on this layer's input [NE], its top-k */
   int32_t *psel;               /* [K + 1] the predicted experts of the next layer */
   float *hr, *hs, *yr, *ys;    /* GLU rows routed [B*K][I], shared [B][Is]; down outputs [B*K][E], [B][E] */
   uint8_t *xq[2];              /* quantized activation rows [B][xq_row] (two inputs alive at once) */
@@ -914,7 +914,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const int ks = L->sh_in_stack ? (int)K + 1 : (int)K;
   /* ids: the experts' places in the stacks (tiered: pool slots, cuda_tier.c) */
   const int32_t *ids = c->sel;
-  /* tiered, one token, FLOE_TIER_PF: the next layer's experts predicted by its router on this
+  /* tiered, one token, cu_tier_pf: the next layer's experts predicted by its router on this
    * layer's input (the CPU's XS_PF_NEXT: 84 % precision on the synth shapes), so the tier copies
    * them ahead while this layer computes; the prediction moves bytes only, never a result */
   const int32_t *pred = NULL;

@@ -50,7 +50,7 @@ int cu_tier_end(cu_tier_sess *ts, float *Y, void *stream, char *msg, size_t msgl
  * last step held (--mem-budget) go back, so other sessions' steps may use them. */
 void cu_tier_done(cu_tier_sess *ts);
 void cu_tier_stats(const cu_tier *t, model_tier_stats *out);
-/* Whether the next layer's experts are copied ahead (FLOE_TIER_PF=1, page-locked host experts):
+/* Whether the next layer's experts are copied ahead (page-locked host experts, unless FLOE_TIER_PF=0):
  * cu_tier_begin's pred (device, K ids: the next layer's predicted top-k) is then used. */
 bool cu_tier_pf(const cu_tier *t);
 void cu_tier_stats_reset(cu_tier *t);
