@@ -23,6 +23,8 @@
 #   tier35    the 35B shape with --gpu-mem $TIER_MEM: decode, cost model vs copies only vs CPU only;
 #             then streamed from the file too (--mem-budget with --gpu-mem, $TIER_STREAM)
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
+#   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
+#             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
 #   kernels35v  the same for a chunk of VROWS (4) tokens: the few-row path of a verify / small batch
@@ -289,6 +291,20 @@ sec_tier80() {
     echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
     timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct -p 0 -n 64 \
       -r 1 --json || rc=1
+  done
+  return $rc
+}
+# tier397: the 397B-A17B shape cut to L397 layers, Q4_K, with --gpu-mem (TIER397_MEM, default 32G):
+# decode, the per-tier hits and the CPU's share in the JSON's "tier"
+SYNTH397=${SYNTH397:-/tmp/floe-q397-q4k.gguf}
+sec_tier397() {
+  local g rc=0
+  rm -f "$SYNTH" "$SYNTH80"
+  [ -f "$SYNTH397" ] || timeout 500 "$BUILD/bin/floe" synth --preset qwen35moe-397b-a17b --type q4_K \
+    --layers "${L397:-12}" --set n_mtp=0 -o "$SYNTH397" || return 1
+  for g in ${TIER397_MEM:-32G}; do
+    echo "== --gpu-mem $g"
+    timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH397" --gpu-mem "$g" -p 0 -n 64 -r 1 --json || rc=1
   done
   return $rc
 }
