@@ -431,7 +431,6 @@ int cu_tier_sess_open(cu_tier *t, int n_threads, int64_t rows, int ks, size_t xq
 /* ---- the CPU's experts ---- */
 typedef struct cpu_run {
   cu_tier_sess *ts;
-  const model_layer *H;
   int phase;   /* 0: gate and up rows; 1: down rows */
   int next;    /* next unit (atomic) */
   size_t xs, ds; /* input row bytes; down input row bytes */
@@ -459,9 +458,9 @@ static void cpu_worker(void *ctx, int ith, int nth) {
   }
 }
 
-static void cpu_compute(cu_tier_sess *ts, const model_layer *H, size_t xs) {
+static void cpu_compute(cu_tier_sess *ts, size_t xs) {
   const int64_t I = ts->t->m->hp.n_ff_exp;
-  cpu_run r = { ts, H, 0, 0, xs, kern_act_bytes(ts->job_m[0][2]) };
+  cpu_run r = { ts, 0, 0, xs, kern_act_bytes(ts->job_m[0][2]) };
   if (ts->pool) floe_pool_run(ts->pool, cpu_worker, &r);
   else cpu_worker(&r, 0, 1);
   for (int j = 0; j < ts->n_job; j++) { /* SiLU-GLU, the down input quantized for its layout */
@@ -485,7 +484,7 @@ static bool cpu_can(const model_layer *H, int64_t e, const floe_mat *lay) {
 
 /* The first step of a session measures the CPU on a real expert (its first CPU expert, computed
  * three times before the real run; the best): the cost model's starting t_cpu. */
-static void calibrate(cu_tier_sess *ts, const model_layer *H, size_t xs) {
+static void calibrate(cu_tier_sess *ts, size_t xs) {
   cu_tier *t = ts->t;
   ts->calibrated = true;
   if (t->st.cpu_expert_s > 0) return;
@@ -494,7 +493,7 @@ static void calibrate(cu_tier_sess *ts, const model_layer *H, size_t xs) {
   double best = 1e9;
   for (int rep = 0; rep < 3; rep++) {
     const double t0 = floe_time_s();
-    cpu_compute(ts, H, xs);
+    cpu_compute(ts, xs);
     const double dt = floe_time_s() - t0;
     if (dt < best) best = dt;
   }
@@ -772,11 +771,10 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, const int32_t
 int cu_tier_end(cu_tier_sess *ts, float *Y, void *stream, char *msg, size_t msglen) {
   if (ts->n_job == 0) return 0;
   cu_tier *t = ts->t;
-  const model_layer *H = &t->m->layers[ts->l];
   const int64_t E = t->m->hp.n_embd;
-  if (!ts->calibrated) calibrate(ts, H, ts->xs);
+  if (!ts->calibrated) calibrate(ts, ts->xs);
   const double t0 = floe_time_s();
-  cpu_compute(ts, H, ts->xs);
+  cpu_compute(ts, ts->xs);
   const double dt = floe_time_s() - t0;
   t->st.cpu_s += dt;
   /* running estimate of one expert's CPU time (the layer's experts run together: per expert) */
