@@ -27,6 +27,8 @@
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
+#   kernelsdm  per-launch ncu times of the default model: 2 decode steps, then a VROWS-row chunk
+#   attns     one 128K decode attention launch at each split of ATTN_SPLITS (bench_cuda_ops)
 #   kernels35v  the same for a chunk of VROWS (4) tokens: the few-row path of a verify / small batch
 #   ncu35p    ncu --set full (speed of light, occupancy, warp stalls) on one launch of each prefill
 #             kernel in NCU_KP (regexes of MANGLED names; default: the MoE gate+up and down of
@@ -377,6 +379,30 @@ sec_kernels35l() {
   FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
     awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-120}
+}
+# kernelsdm: every launch of 2 one-row decode steps, then of one VROWS-row (default 4) chunk, of the
+# default model (ncu, no graph; name|grid|us a row): where a speculative verify's rows cost more
+# than a decode step
+sec_kernelsdm() {
+  local m=$ROOT/models/default.gguf
+  echo "== decode, 1 row"
+  FLOE_CUDA_NO_GRAPH=1 timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    "$BUILD/bin/floe" bench -m "$m" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
+    awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-150}
+  echo "== chunk, ${VROWS:-4} rows"
+  FLOE_CUDA_NO_GRAPH=1 timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    "$BUILD/bin/floe" bench -m "$m" --device cuda -p "${VROWS:-4}" -n 0 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
+    awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-150}
+}
+# attns: one decode attention launch at KV ATTN_KV (default 131072), 8 heads a block, at each
+# split of ATTN_SPLITS (default "128 66"), ATTN_R rounds alternated
+sec_attns() {
+  local r sp
+  for r in $(seq 1 "${ATTN_R:-2}"); do
+    for sp in ${ATTN_SPLITS:-128 66}; do
+      timeout 60 "$BUILD/bin/bench_cuda_ops" attn "${ATTN_KV:-131072}" "$sp" 8 | grep "^attn" || return 1
+    done
+  done
 }
 # attnk: one decode attention launch on random K/V (bench_cuda_ops attn) at KV 8K / 32K / 128K,
 # split 128, with k_attn at most 8 / 4 heads a block and with the row-group kernel (rows)
