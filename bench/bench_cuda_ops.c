@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
 
   /* attention */
   const int64_t ctxs[4] = { 1, 8192, 32768, 131072 };
-  const int splits[3] = { 33, 64, 128 }; /* 33: cuda_attn_split_hint for 132 SMs at this shape */
+  const int splits[3] = { 66, 64, 128 }; /* 66: cuda_attn_split_hint for 132 SMs at this shape */
   const int64_t nctx = 131072 + 16;
   cuda_attn_shape sh = { 16, 2, 256, 64, 1, 1, nctx, 1e-6f, 64 };
   const size_t cb = (size_t)2 * nctx * 256 * 2;

@@ -27,6 +27,8 @@
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
+#   kernels80l  kernels35l for the 80B-A3B shape cut to 4 layers
+#   nsys35    nsys trace of the 4-layer cut's decode graph (each node's start / end: the in-graph step)
 #   kernelsdm  per-launch ncu times of the default model: 2 decode steps, then a VROWS-row chunk
 #   attns     one 128K decode attention launch at each split of ATTN_SPLITS (bench_cuda_ops)
 #   kernels35v  the same for a chunk of VROWS (4) tokens: the few-row path of a verify / small batch
@@ -379,6 +381,31 @@ sec_kernels35l() {
   FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
     awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-120}
+}
+# kernels80l: kernels35l for the Qwen3-Next-80B-A3B shape cut to 4 layers (3 GDN + 1 attention)
+sec_kernels80l() {
+  local small=/tmp/floe-q3n80-4l.gguf
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
+    awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-120}
+}
+# nsys35: the decode step of the 4-layer 35B cut as the graph runs it (programmatic dependent launch
+# on): nsys traces each graph node; the last NS_TAIL kernels' start / end (ns) as CSV, so that each
+# kernel's end minus the previous kernel's end (what it adds to the step) can be read off
+sec_nsys35() {
+  local small=/tmp/floe-q35-4l.gguf n
+  n=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  [ -n "$n" ] || { echo "no nsys on this machine"; return 1; }
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  timeout 200 "$n" profile --cuda-graph-trace=node --trace=cuda -o /tmp/nsys35 --force-overwrite true \
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 16 -r 1 -c 64 >/dev/null 2>&1 || return 1
+  timeout 200 "$n" stats --report cuda_gpu_trace --format csv -o /tmp/nsys35 /tmp/nsys35.nsys-rep >/dev/null 2>&1
+  local f
+  f=$(ls /tmp/nsys35*cuda_gpu_trace*.csv 2>/dev/null | head -1)
+  [ -n "$f" ] || { echo "no trace csv"; return 1; }
+  head -1 "$f"
+  tail -n "${NS_TAIL:-140}" "$f"
 }
 # kernelsdm: every launch of 2 one-row decode steps, then of one VROWS-row (default 4) chunk, of the
 # default model (ncu, no graph; name|grid|us a row): where a speculative verify's rows cost more

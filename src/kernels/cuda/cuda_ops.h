@@ -58,8 +58,10 @@ typedef struct cuda_attn_shape {
  * <= head_dim, n_split in [1, 256]. Call it once at setup, before any graph capture: on a device
  * it also grants the kernel its shared memory (up to ~200 KiB, an opt-in above 48 KiB). */
 int cuda_attn_check(const cuda_attn_shape *sh, char *err, size_t errlen);
-/* A good n_split for a device of n_sm SMs: one wave of blocks at long context (the kernel runs
- * one block per SM). Parts past a row's length exit at once, so it suits every length. */
+/* A good n_split for a device of n_sm SMs (<= 0: the current device; then 0 when it cannot be
+ * asked): one wave of a decode row's blocks at long context (the kernel runs one block per SM).
+ * Parts past a row's length exit at once, so it suits every length. The sessions cap their
+ * n_split with it (H200, 35B-A3B shape at 128K: one launch 175 -> 162 us, decode 240 -> 258 tok/s). */
 int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm);
 /* Tests and benchmarks: 1 = a block per query head where that grid fits in one wave of the device
  * (the default), 0 = always the head batches that read each K/V row once for several heads. The

@@ -65,6 +65,17 @@ static int attn_hb(const cuda_attn_shape *sh) { /* query heads per block: a powe
  * HB-fold. cuda_attn_set_spread(0) / FLOE_CUDA_ATTN_SPREAD=0 keep attn_hb always. */
 static int g_attn_spread = -1, g_attn_nsm = 0, g_attn_hbmax = -1;
 
+/* attn_hb within FLOE_CUDA_ATTN_HB / cuda_attn_set_hb */
+static int attn_hb_capped(const cuda_attn_shape *sh) {
+  if (g_attn_hbmax < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_HB");
+    g_attn_hbmax = e && e[0] ? atoi(e) : 8;
+  }
+  int hb = attn_hb(sh);
+  while (hb > 1 && hb > g_attn_hbmax) hb /= 2;
+  return hb;
+}
+
 static int attn_hb_for(const cuda_attn_shape *sh, int64_t n_tok) {
   if (g_attn_spread < 0) {
     const char *e = getenv("FLOE_CUDA_ATTN_SPREAD");
@@ -78,13 +89,7 @@ static int attn_hb_for(const cuda_attn_shape *sh, int64_t n_tok) {
       (void)cudaGetLastError();
   }
   if (g_attn_spread && g_attn_nsm > 0 && n_tok * sh->n_split * (int64_t)sh->n_head <= g_attn_nsm) return 1;
-  if (g_attn_hbmax < 0) {
-    const char *e = getenv("FLOE_CUDA_ATTN_HB");
-    g_attn_hbmax = e && e[0] ? atoi(e) : 8;
-  }
-  int hb = attn_hb(sh);
-  while (hb > 1 && hb > g_attn_hbmax) hb /= 2;
-  return hb;
+  return attn_hb_capped(sh);
 }
 
 extern "C" void cuda_attn_set_spread(int on) { g_attn_spread = on ? 1 : 0; }
@@ -130,7 +135,14 @@ extern "C" int cuda_attn_check(const cuda_attn_shape *sh, char *err, size_t errl
 }
 
 extern "C" int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm) {
-  const int blocks = sh->n_head_kv * (sh->n_head / sh->n_head_kv / attn_hb(sh));
+  if (n_sm <= 0) {
+    cuda_attn_shape one = *sh;
+    one.n_split = ATT_MAX_SPLIT; /* past the spread test: only the SM count is wanted */
+    (void)attn_hb_for(&one, 1);
+    if (g_attn_nsm <= 0) return 0;
+    n_sm = g_attn_nsm;
+  }
+  const int blocks = sh->n_head_kv * (sh->n_head / sh->n_head_kv / attn_hb_capped(sh));
   int s = n_sm / (blocks > 0 ? blocks : 1);
   return s < 1 ? 1 : (s > ATT_MAX_SPLIT ? ATT_MAX_SPLIT : s);
 }
