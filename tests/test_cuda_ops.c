@@ -865,8 +865,11 @@ int main(void) {
     test_route(100, 6, 0, 4, 2);
     test_route(200, 9, 1, 3, 4);  /* not a multiple of 32 or 16 */
     test_route(40, 32, 1, 2, 3);  /* K = 32: every lane holds a pick */
-    test_route(257, 8, 1, 2, 0);  /* past the warp kernel: the block kernel */
-    test_route(512, 10, 1, 3, 5);
+    test_route(257, 8, 1, 2, 0);  /* the warp kernel's 16 experts a lane */
+    test_route(512, 10, 1, 3, 5); /* Qwen3-Next-80B / Qwen3.5-397B: 512 experts, top-10 */
+    test_route(512, 10, 1, 3, 0);
+    test_route(700, 10, 0, 2, 4); /* 32 a lane, not a multiple of 32 */
+    test_route(1024, 32, 1, 2, 3);
     test_combine(3, 8, 2050, 1, 1);
     test_combine(1, 8, 2048, 1, 1); /* the 35B-A3B shape, one token */
     test_combine(2, 13, 2000, 1, 1); /* two load batches */

@@ -1,6 +1,6 @@
 /* MoE routing and combine, SiLU-GLU (cuda_ops.h); every value bit-identical to layer_moe.
- *   k_moe_route_warp (the default for n_expert <= 256, K <= 32): a warp per token, 8 experts a
- *     lane in registers; the same softmax (the 16-lane sum's lanes gathered by shuffles, in the
+ *   k_moe_route_warp (the default for n_expert <= 1024, K <= 32): a warp per token, 8, 16 or 32
+ *     experts a lane in registers (n_expert <= 256 / 512 / 1024); the same softmax (the 16-lane sum's lanes gathered by shuffles, in the
  *     CPU's order), the top-k as K argmax passes (value descending, ties to the lower index: the
  *     CPU's picks and order) by warp reductions, the renormalisation summed in pick order.
  *     cuda_moe_set_route_impl(0) / FLOE_CUDA_ROUTE_WARP=0 select k_moe_route, the same bits.
@@ -30,10 +30,13 @@ static __global__ void __launch_bounds__(MOE_MAXE)
                   sh_id, sel + t * ks, wout + t * ks);
 }
 
-#define ROUTE_R 8 /* experts a lane holds: k_moe_route_warp takes n_expert <= 32 * ROUTE_R */
+#define ROUTE_RMAX 32 /* experts a lane holds at most: k_moe_route_warp takes n_expert <= 32 * ROUTE_RMAX */
 
-/* A warp per token (blockDim 32). Lane l holds experts e = l + 32 r. No shared memory, no barrier:
- * the serial path is the logits' load, two reductions, K argmax passes and the stores. */
+/* A warp per token (blockDim 32). Lane l holds experts e = l + 32 r, r < ROUTE_R. No shared memory,
+ * no barrier: the serial path is the logits' load, two reductions, K argmax passes and the stores.
+ * (The block kernel's rank count costs n_expert shared-memory reads a thread: 15 us a launch at 512
+ * experts on the H200, Qwen3-Next-80B-A3B, against ~5 here.) */
+template <int ROUTE_R>
 static __global__ void __launch_bounds__(32)
     k_moe_route_warp(const float *logits, int NE, int K, int norm_topk, const float *sh_logit, int sh_id, int32_t *sel,
                      float *wout) {
@@ -112,7 +115,19 @@ static int route_warp_on(int NE, int K) {
     const char *e = getenv("FLOE_CUDA_ROUTE_WARP");
     g_route_warp = !(e && e[0] == '0');
   }
-  return g_route_warp && NE <= 32 * ROUTE_R && K <= 32;
+  return g_route_warp && NE <= 32 * ROUTE_RMAX && K <= 32;
+}
+
+/* k_moe_route_warp with the fewest experts a lane that hold n_expert */
+static void route_warp_launch(const float *logits, int64_t n_tok, int NE, int K, int norm_topk, const float *sh_logit,
+                              int sh_id, int32_t *sel, float *w, void *stream) {
+#define RW_LAUNCH(R)                                                                                             \
+  pdl_launch(k_moe_route_warp<R>, dim3((unsigned)n_tok), dim3(32), (size_t)0, OPS_STREAM(stream), logits, NE, K, \
+             norm_topk, sh_logit, sh_id, sel, w)
+  if (NE <= 256) RW_LAUNCH(8);
+  else if (NE <= 512) RW_LAUNCH(16);
+  else RW_LAUNCH(32);
+#undef RW_LAUNCH
 }
 
 extern "C" void cuda_moe_set_route_impl(int warp) { g_route_warp = warp ? 1 : 0; }
@@ -121,8 +136,7 @@ extern "C" void cuda_moe_route(const float *logits, int64_t n_tok, int n_expert,
                                float *w, void *stream) {
   if (n_tok <= 0) return;
   if (route_warp_on(n_expert, K)) {
-    pdl_launch(k_moe_route_warp, dim3((unsigned)n_tok), dim3(32), (size_t)0, OPS_STREAM(stream), logits, n_expert, K,
-               norm_topk, (const float *)nullptr, 0, sel, w);
+    route_warp_launch(logits, n_tok, n_expert, K, norm_topk, nullptr, 0, sel, w, stream);
     return;
   }
   const int th = (n_expert + 31) / 32 * 32;
@@ -133,8 +147,7 @@ extern "C" void cuda_moe_route_sh(const float *logits, int64_t n_tok, int n_expe
                                   const float *sh_logit, int sh_id, int32_t *sel, float *w, void *stream) {
   if (n_tok <= 0) return;
   if (route_warp_on(n_expert, K)) {
-    pdl_launch(k_moe_route_warp, dim3((unsigned)n_tok), dim3(32), (size_t)0, OPS_STREAM(stream), logits, n_expert, K,
-               norm_topk, sh_logit, sh_id, sel, w);
+    route_warp_launch(logits, n_tok, n_expert, K, norm_topk, sh_logit, sh_id, sel, w, stream);
     return;
   }
   const int th = (n_expert + 31) / 32 * 32;
