@@ -95,7 +95,7 @@ static void test_streamed(const char *path, int64_t n, const int32_t *tok, const
     xp.cache_bytes = (uint64_t)(K + 2) * st->slot_bytes;
     xp.io_kind = XIO_AUTO;
     xp.policy = XS_POLICY_LRU;
-    xp.prefetch = XS_PF_PREV;
+    xp.prefetch = XS_PF_NEXT | XS_PF_PREV; /* both read-aheads (host_prefetch) */
     xp.depth = 8;
     xp.threads = 2;
     xp.chunk = 512 * 1024;
@@ -118,6 +118,12 @@ static void test_streamed(const char *path, int64_t n, const int32_t *tok, const
           (unsigned long long)xst.hits, (unsigned long long)xst.misses, (unsigned long long)xst.pf_issued);
     CHECK(xst.bytes_read > 0 && xst.misses > 0, "streamed, cpu %s, %s: experts read from the file (%llu bytes)", mode,
           pass ? "decode" : "one chunk", (unsigned long long)xst.bytes_read);
+    if (pass == 1) /* decode: the next layer's router prediction came back with each selection */
+      CHECK(xst.pred_n[XS_PF_NEXT] > 0 && xst.pred_n[XS_PF_PREV] > 0,
+            "streamed, cpu %s, decode: read-ahead by the router's prediction (%llu predicted, %llu used) and the "
+            "previous token's (%llu, %llu)", mode, (unsigned long long)xst.pred_n[XS_PF_NEXT],
+            (unsigned long long)xst.pred_hit[XS_PF_NEXT], (unsigned long long)xst.pred_n[XS_PF_PREV],
+            (unsigned long long)xst.pred_hit[XS_PF_PREV]);
     if (mode[0] == '1' && pass == 1)
       CHECK(ts.cpu > 0 && ts.copies == 0, "streamed, cpu 1, decode: every miss on the CPU (%llu; copied %llu)",
             (unsigned long long)ts.cpu, (unsigned long long)ts.copies);

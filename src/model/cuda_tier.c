@@ -97,7 +97,7 @@ struct cu_tier_sess {
   bool calibrated;
   /* --mem-budget (host_fetch): the step's copies (expert, pool slot) read from the expert cache,
    * the cache slots in use, held until the next step has synchronized with its copies */
-  int32_t *cp_e, *cp_r, *xs_e, *xs_slot, *pred;
+  int32_t *cp_e, *cp_r, *xs_e, *xs_slot, *pred, *prev; /* pred / prev: read_ahead's scratch, the previous token's */
   int32_t *pred_h;             /* pinned [K]: the next layer's predicted experts (FLOE_TIER_PF) */
   uint8_t *xs_ready;
   int n_cp, n_held;
@@ -371,6 +371,7 @@ void cu_tier_sess_close(cu_tier_sess *ts) {
   free(ts->xs_e);
   free(ts->xs_slot);
   free(ts->pred);
+  free(ts->prev);
   free(ts->xs_ready);
   if (ts->pool) floe_pool_free(ts->pool);
   cuda_rt_host_free(ts->sel_h);
@@ -418,8 +419,9 @@ int cu_tier_sess_open(cu_tier *t, int n_threads, int64_t rows, int ks, size_t xq
   ts->xs_e = malloc(nsl);
   ts->xs_slot = malloc(nsl);
   ts->pred = malloc((size_t)hp->n_expert * sizeof(int32_t));
+  ts->prev = malloc((size_t)hp->n_expert * sizeof(int32_t));
   ts->xs_ready = malloc((size_t)(rows * ks));
-  if (!ts->g || !ts->u || !ts->qd || !ts->miss || !ts->cp_e || !ts->cp_r || !ts->xs_e || !ts->xs_slot || !ts->pred ||
+  if (!ts->g || !ts->u || !ts->qd || !ts->miss || !ts->cp_e || !ts->cp_r || !ts->xs_e || !ts->xs_slot || !ts->pred || !ts->prev ||
       !ts->xs_ready || (n_threads > 1 && !(ts->pool = floe_pool_create(n_threads)))) {
     cu_tier_sess_close(ts);
     return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
@@ -507,9 +509,11 @@ static void calibrate(cu_tier_sess *ts, size_t xs) {
  * and the CPU's experts are pinned there (read from the file at demand priority when the cache
  * lacks them), each copy enqueued as soon as its bytes arrive, and the slots held until the next
  * step has synchronized with the stream (the copies read them). The next layer's reads are queued
- * behind the demand reads: the previous token's experts there that the pool lacks (XS_PF_PREV; the
- * GPU computes the router, so the CPU's router-on-this-layer prediction is not available). The
- * cache's arena is page-locked once, when first met, so that the copies are DMA. */
+ * behind the demand reads (host_prefetch): the experts there that the pool lacks, as the next
+ * layer's router predicts them on this layer's input (the GPU computes it beside the routing and
+ * the step copies it back with the selection: XS_PF_NEXT, the default), and / or the previous
+ * token's (XS_PF_PREV). The cache's arena is page-locked once, when first met, so that the copies
+ * are DMA. */
 
 /* The layers the expert cache holds (the trunk, and the MTP block unless bound to a pack), or 0. */
 static int64_t xs_layers(const cu_tier *t) { return t->m->xs ? xs_store_of(t->m->xs)->n_layer : 0; }
@@ -580,23 +584,41 @@ static int host_fetch(cu_tier_sess *ts, int64_t l, void *stream, char *msg, size
   return 0;
 }
 
+/* Experts es[0..n) of layer l1 (kind XS_PF_*) noted as a prediction; those the pool lacks read
+ * ahead into the expert cache (ts->pred: scratch). */
+static void read_ahead(cu_tier_sess *ts, int64_t l1, const int32_t *es, int n, int kind) {
+  cu_tier *t = ts->t;
+  xstream *x = t->m->xs;
+  int32_t *q = ts->pred;
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (es[i] >= 0 && es[i] < t->m->hp.n_expert) q[k++] = es[i];
+  xs_predict_note(x, (int)l1, kind, q, k);
+  int j = 0;
+  for (int i = 0; i < k; i++)
+    if (!xv_has(t->xv, l1, q[i])) q[j++] = q[i];
+  if (j > 0) xs_prefetch(x, (int)l1, q, j, kind);
+}
+
 /* One-row steps: layer l's selection noted (the cache's hit statistics, the next token's
- * prediction), the previous token's experts of layer l + 1 that the pool lacks read ahead. */
-static void host_prefetch(cu_tier_sess *ts, int64_t l, int64_t n) {
+ * prediction); the experts of layer l + 1 the pool lacks read ahead into the expert cache, as the
+ * --prefetch mask says: next (the default) the next layer's router on this layer's input (pred_h,
+ * when the step had it: the CPU's XS_PF_NEXT; XS_PF_RESID is not offered here), prev the previous
+ * token's experts there. */
+static void host_prefetch(cu_tier_sess *ts, int64_t l, int64_t n, bool have_pred) {
   cu_tier *t = ts->t;
   xstream *x = t->m->xs;
   const int K = (int)t->m->hp.n_expert_used;
   if (n != 1) return;
   xs_actual_note(x, (int)l, ts->sel_h, K);
-  if (l + 1 >= xs_layers(t) || !xs_params_of(x)->prefetch) return;
-  int np = xs_prev_sel(x, (int)l + 1, ts->pred), k = 0;
-  xs_predict_note(x, (int)l + 1, XS_PF_PREV, ts->pred, np);
-  for (int i = 0; i < np; i++)
-    if (!xv_has(t->xv, l + 1, ts->pred[i])) ts->pred[k++] = ts->pred[i];
-  if (k > 0) {
-    xs_prefetch(x, (int)l + 1, ts->pred, k, XS_PF_PREV);
-    xs_kick(x);
+  const int pf = xs_params_of(x)->prefetch;
+  if (l + 1 >= xs_layers(t) || !pf) return;
+  if (have_pred && (pf & XS_PF_NEXT)) read_ahead(ts, l + 1, ts->pred_h, K, XS_PF_NEXT);
+  if (pf & XS_PF_PREV) {
+    const int np = xs_prev_sel(x, (int)l + 1, ts->prev);
+    read_ahead(ts, l + 1, ts->prev, np, XS_PF_PREV);
   }
+  xs_kick(x);
 }
 
 /* FLOE_TIER_PF: the next layer's predicted experts (ts->pred_h) that the pool lacks copied ahead
@@ -629,7 +651,10 @@ static void vram_prefetch(cu_tier_sess *ts, int64_t l) {
   else if (issued) cuda_rt_stream_sync(t->pf_stream, NULL, 0); /* no event: wait here instead */
 }
 
-bool cu_tier_pf(const cu_tier *t) { return t->pf_stream != NULL; }
+/* the expert cache reads the next layer's experts ahead by the router's prediction */
+static bool xs_next(const cu_tier *t) { return t->m->xs && (xs_params_of(t->m->xs)->prefetch & XS_PF_NEXT); }
+
+bool cu_tier_pf(const cu_tier *t) { return t->pf_stream != NULL || xs_next(t); }
 
 int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, const int32_t *pred, int64_t n, int ks, bool sh,
                   const float *x, const uint8_t *xq, size_t xs, bool cpu_ok, void *stream, const int32_t **sid,
@@ -644,7 +669,7 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, const int32_t
   cpu_ok = cpu_ok && n == 1 && xq && xs <= ts->xq_row && t->cpu_mode != 0 && K <= 64;
   ts->xs = xs;
   const double t0 = floe_time_s();
-  pred = t->pf_stream && n == 1 && l + 1 < m->hp.n_layer ? pred : NULL;
+  pred = cu_tier_pf(t) && n == 1 && l + 1 < m->hp.n_layer ? pred : NULL;
   if (cuda_rt_d2h_async(ts->sel_h, sel, (size_t)ns * sizeof(int32_t), stream) ||
       (pred && cuda_rt_d2h_async(ts->pred_h, pred, (size_t)K * sizeof(int32_t), stream)) ||
       (cpu_ok && (cuda_rt_d2h_async(ts->xq_h, xq, xs, stream) ||
@@ -750,9 +775,9 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, const int32_t
   if (cached) {
     const int rc = host_fetch(ts, l, stream, msg, msglen);
     if (rc) return rc;
-    host_prefetch(ts, l, n);
+    host_prefetch(ts, l, n, pred != NULL);
   }
-  if (pred && !cached) vram_prefetch(ts, l);
+  if (t->pf_stream && pred && !cached) vram_prefetch(ts, l);
   static int dbg = -1; /* FLOE_TIER_DEBUG=N: the first N steps' decisions on stderr */
   if (dbg < 0) dbg = getenv("FLOE_TIER_DEBUG") ? atoi(getenv("FLOE_TIER_DEBUG")) : 0;
   if (dbg > 0) {

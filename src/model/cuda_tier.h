@@ -50,8 +50,9 @@ int cu_tier_end(cu_tier_sess *ts, float *Y, void *stream, char *msg, size_t msgl
  * last step held (--mem-budget) go back, so other sessions' steps may use them. */
 void cu_tier_done(cu_tier_sess *ts);
 void cu_tier_stats(const cu_tier *t, model_tier_stats *out);
-/* Whether the next layer's experts are copied ahead (page-locked host experts, unless FLOE_TIER_PF=0):
- * cu_tier_begin's pred (device, K ids: the next layer's predicted top-k) is then used. */
+/* Whether cu_tier_begin uses pred (device, K ids: the next layer's predicted top-k): the next
+ * layer's experts copied ahead into the pool (page-locked host experts, unless FLOE_TIER_PF=0),
+ * and with --mem-budget read ahead into the expert cache (--prefetch next, the default). */
 bool cu_tier_pf(const cu_tier *t);
 void cu_tier_stats_reset(cu_tier *t);
 #endif
