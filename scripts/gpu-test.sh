@@ -23,6 +23,7 @@
 #   tier35    the 35B shape with --gpu-mem $TIER_MEM: decode, cost model vs copies only vs CPU only;
 #             then streamed from the file too (--mem-budget with --gpu-mem, $TIER_STREAM)
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
+#   stream80  the 80B streamed (--mem-budget + --gpu-mem): read-ahead by the router vs the previous token
 #   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
@@ -295,6 +296,22 @@ sec_tier80() {
     echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
     timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct -p 0 -n 64 \
       -r 1 --json || rc=1
+  done
+  return $rc
+}
+# stream80: the 80B shape streamed from the file (--mem-budget / --gpu-mem as in TIER80_STREAM,
+# --direct), the expert cache's read-ahead by the router's prediction (--prefetch next, the default)
+# against the previous token's (--prefetch prev), STREAM_R rounds alternated
+sec_stream80() {
+  local r p g=${TIER80_STREAM:-16G:8G} rc=0
+  rm -f "$SYNTH"
+  [ -f "$SYNTH80" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --type q4_K -o "$SYNTH80" || return 1
+  for r in $(seq 1 "${STREAM_R:-1}"); do
+    for p in next prev; do
+      echo "== round $r: --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct --prefetch $p"
+      timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct \
+        --prefetch "$p" -p 0 -n "${STREAM_N:-48}" -r 1 --json || rc=1
+    done
   done
   return $rc
 }
