@@ -30,6 +30,7 @@
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
 #   kernels80l  kernels35l for the 80B-A3B shape cut to 4 layers
 #   nsys35    nsys trace of the 4-layer cut's decode graph (each node's start / end: the in-graph step)
+#   trace35   the in-graph cost of each kernel of the decode step (launch trace), 4-layer cut and 35B
 #   kernelsdm  per-launch ncu times of the default model: 2 decode steps, then a VROWS-row chunk
 #   attns     one 128K decode attention launch at each split of ATTN_SPLITS (bench_cuda_ops)
 #   kernels35v  the same for a chunk of VROWS (4) tokens: the few-row path of a verify / small batch
@@ -423,6 +424,25 @@ sec_nsys35() {
   [ -n "$f" ] || { echo "no trace csv"; return 1; }
   head -1 "$f"
   tail -n "${NS_TAIL:-140}" "$f"
+}
+# trace35: the in-graph cost of each kernel of a decode step (FLOE_CUDA_TRACE, scripts/trace_step.py):
+# the 4-layer cut labelled by kernels35l's names, then the whole 35B ($SYNTH when present) by launch
+# shape; TRACE_ENV: settings for both runs (e.g. FLOE_CUDA_NO_PDL=1)
+sec_trace35() {
+  local small=/tmp/floe-q35-4l.gguf rc=0
+  sec_kernels35l >/tmp/names4.txt 2>&1 || rc=1
+  rm -f /tmp/trace4.txt /tmp/trace40.txt
+  env ${TRACE_ENV:-} FLOE_CUDA_TRACE=/tmp/trace4.txt timeout 120 "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 \
+    -n 64 -r 1 -c 128 >/dev/null 2>&1 || rc=1
+  echo "== 4-layer cut"
+  python3 scripts/trace_step.py /tmp/trace4.txt /tmp/names4.txt || rc=1
+  if [ -f "$SYNTH" ]; then
+    env ${TRACE_ENV:-} FLOE_CUDA_TRACE=/tmp/trace40.txt timeout 200 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda \
+      -p 0 -n 64 -r 1 -c 128 >/dev/null 2>&1 || rc=1
+    echo "== 35B, 40 layers"
+    python3 scripts/trace_step.py /tmp/trace40.txt /tmp/names4.txt | sed -n '1p;/^by launch/,$p' || rc=1
+  fi
+  return $rc
 }
 # kernelsdm: every launch of 2 one-row decode steps, then of one VROWS-row (default 4) chunk, of the
 # default model (ncu, no graph; name|grid|us a row): where a speculative verify's rows cost more

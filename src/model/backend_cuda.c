@@ -139,10 +139,24 @@ typedef struct cu_sess {
 } cu_sess;
 
 /* ---- sessions ---- */
+/* FLOE_CUDA_TRACE=FILE: the launch trace (pdl.cuh) armed at each session's start and appended to
+ * FILE when it is freed ("# session" then a line per launch: cuda_rt_trace_dump); for the in-graph
+ * cost of each kernel of a step (scripts/trace_step.py) */
+static void trace_dump(void) {
+  const char *path = getenv("FLOE_CUDA_TRACE");
+  if (!path || !*path) return;
+  FILE *f = fopen(path, "a");
+  if (!f) return;
+  fprintf(f, "# session\n");
+  cuda_rt_trace_dump(f, NULL, 0);
+  fclose(f);
+}
+
 static void cu_session_free(model_session *s) {
   cu_sess *c = s->dev;
   if (!c) return;
   if (c->stream) cuda_rt_stream_sync(c->stream, NULL, 0);
+  trace_dump();
   for (int i = 0; i < G_N + MG_N; i++) cuda_graph_destroy(c->graph[i]);
   for (int i = 0; i < KV_KEEP_MAX; i++)
     for (int j = 0; j < KV_KEEP_MAX; j++) cuda_graph_destroy(c->sgraph[i][j]);
@@ -242,6 +256,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   s->spec_fused = !(mf && mf[0] == '0');
   int rc = cuda_rt_init(cm->dev, err, errlen);
   if (rc || (rc = cuda_rt_stream_create(&c->stream, err, errlen))) return rc;
+  const char *tr = getenv("FLOE_CUDA_TRACE");
+  if (tr && *tr && (rc = cuda_rt_trace_start(err, errlen))) return rc;
   const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
   const int64_t nh = hp->n_head, hd = hp->head_dim, qdim = nh * hd * 2, kvd = hp->n_head_kv * hd;
   const int64_t Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state, vd = hp->ssm_d_inner;

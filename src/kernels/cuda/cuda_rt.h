@@ -15,6 +15,7 @@
 #ifndef FLOE_CUDA_RT_H
 #define FLOE_CUDA_RT_H
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -72,6 +73,13 @@ int cuda_rt_event_ms(void *start, void *stop, float *ms, char *err, size_t errle
 /* The first pending error of the runtime (launch failures, faults), cleared; 0 when none.
  * what names the step in the message ("decode step: ..."). */
 int cuda_rt_check(const char *what, char *err, size_t errlen);
+
+/* The launch trace (pdl.cuh): start (re)arms it, zeroed; dump writes the recorded launches in
+ * order, one line each: index, global timer ns at the kernel's entry (after its wait), grid x y z,
+ * block x. Without a start, dump writes nothing. */
+#define CUDA_RT_TRACE_N 65536 /* launches the ring keeps */
+int cuda_rt_trace_start(char *err, size_t errlen);
+int cuda_rt_trace_dump(FILE *f, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -13,19 +13,53 @@
 #define FLOE_CUDA_PDL_CUH
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cuda_rt.h"
+
 #include <utility>
 
 extern "C" int cuda_rt_pdl(void);
+
+/* The launch trace (FLOE_CUDA_TRACE, cuda_rt_trace_start): when this translation unit's pointer is
+ * set, block (0, 0, 0) of each kernel records, right after its wait, the global timer and its grid
+ * into a ring of CUDA_RT_TRACE_N entries (word 0: the count). In a step of dependent kernels the
+ * next kernel's entry time minus this one's is what this kernel adds to the step, as the graph
+ * runs it. One constant load and a branch per kernel when off. Each translation unit has its own
+ * pointer (no relocatable device code), registered at start-up for cuda_rt_trace_start to set. */
+static __constant__ unsigned long long *c_pdl_trace;
+extern "C" void cuda_rt_trace_register(int (*set)(unsigned long long *));
+static int pdl_trace_set(unsigned long long *p) {
+  return cudaMemcpyToSymbol(c_pdl_trace, &p, sizeof p) == cudaSuccess ? 0 : -1;
+}
+namespace {
+struct PdlTraceReg {
+  PdlTraceReg() { cuda_rt_trace_register(pdl_trace_set); }
+};
+static PdlTraceReg pdl_trace_reg;
+} // namespace
+
+static __device__ __forceinline__ void pdl_trace_mark() {
+  unsigned long long *b = c_pdl_trace;
+  if (b && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned long long i = atomicAdd(b, 1ull) % CUDA_RT_TRACE_N;
+    b[1 + 2 * i] = t;
+    b[2 + 2 * i] = (unsigned long long)gridDim.x | (unsigned long long)(gridDim.y & 0xFFFF) << 24 |
+                   (unsigned long long)(gridDim.z & 0xFF) << 40 | (unsigned long long)blockDim.x << 48;
+  }
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PDL_ENTER()                                           \
   do {                                                        \
     asm volatile("griddepcontrol.wait;" ::: "memory");        \
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); \
+    pdl_trace_mark();                                         \
   } while (0)
 #else
 #define PDL_ENTER() \
   do {              \
+    pdl_trace_mark(); \
   } while (0)
 #endif
 

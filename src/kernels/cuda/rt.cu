@@ -213,3 +213,49 @@ extern "C" int cuda_rt_pdl(void) {
   }
   return on;
 }
+
+/* ---- the launch trace (pdl.cuh) ---- */
+#define TRACE_TU_MAX 64
+static int (*g_trace_set[TRACE_TU_MAX])(unsigned long long *); /* zero-initialized: no order issue */
+static int g_trace_n_set;
+static unsigned long long *g_trace_buf;
+
+extern "C" void cuda_rt_trace_register(int (*set)(unsigned long long *)) {
+  if (g_trace_n_set < TRACE_TU_MAX) g_trace_set[g_trace_n_set++] = set;
+}
+
+extern "C" int cuda_rt_trace_start(char *err, size_t errlen) {
+  const size_t bytes = (1 + 2 * (size_t)CUDA_RT_TRACE_N) * sizeof(unsigned long long);
+  if (!g_trace_buf) {
+    RT_TRY(cudaMalloc((void **)&g_trace_buf, bytes), "cudaMalloc (launch trace)");
+    int ok = 0; /* a unit whose kernels never read the pointer may have lost the symbol: skipped */
+    for (int i = 0; i < g_trace_n_set; i++) {
+      if (g_trace_set[i](g_trace_buf) == 0) ok++;
+      else (void)cudaGetLastError();
+    }
+    if (!ok) return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "CUDA: cannot set the launch trace's pointer");
+  }
+  RT_TRY(cudaMemset(g_trace_buf, 0, bytes), "cudaMemset (launch trace)");
+  return 0;
+}
+
+extern "C" int cuda_rt_trace_dump(FILE *f, char *err, size_t errlen) {
+  if (!g_trace_buf) return 0;
+  const size_t words = 1 + 2 * (size_t)CUDA_RT_TRACE_N;
+  unsigned long long *h = (unsigned long long *)malloc(words * sizeof *h);
+  if (!h) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpy(h, g_trace_buf, words * sizeof *h, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    free(h);
+    return rt_fail(err, errlen, e, "reading the launch trace");
+  }
+  const unsigned long long n = h[0], first = n > CUDA_RT_TRACE_N ? n - CUDA_RT_TRACE_N : 0;
+  for (unsigned long long i = first; i < n; i++) {
+    const unsigned long long *r = h + 1 + 2 * (i % CUDA_RT_TRACE_N);
+    fprintf(f, "%llu %llu %llu %llu %llu %llu\n", i, r[0], r[1] & 0xFFFFFF, (r[1] >> 24) & 0xFFFF, (r[1] >> 40) & 0xFF,
+            r[1] >> 48);
+  }
+  free(h);
+  return 0;
+}
