@@ -5,7 +5,8 @@
 #
 # Sections, run in the order given (default: build test bench-mm):
 #   build     unpack the .debs (scripts/gpu-deps.sh made them) into $DEPS, configure with
-#             -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS=$ARCHS, build everything with -j$JOBS
+#             -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS=$ARCHS, build everything with -j$JOBS (BUILD_TARGETS:
+#             only those targets)
 #   test      ctest -L cuda --output-on-failure (the CUDA tests; each compares with the CPU)
 #   test-all  the whole ctest suite (CPU tests too)
 #   bench-mm  bench_cuda_mm (copy bandwidth, then GB/s and us per launch of each mm kernel)
@@ -69,7 +70,7 @@ sec_build() {
   nvcc --version | tail -1
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS="$ARCHS" \
     -DCMAKE_PREFIX_PATH="$DEPS/usr" || return 1
-  cmake --build "$BUILD" -j"$JOBS"
+  cmake --build "$BUILD" -j"$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS}
 }
 sec_test() { ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 900; }
 sec_test-all() { ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure; }
@@ -301,17 +302,17 @@ sec_tier80() {
   return $rc
 }
 # stream80: the 80B shape streamed from the file (--mem-budget / --gpu-mem as in TIER80_STREAM,
-# --direct), the expert cache's read-ahead by the router's prediction (--prefetch next, the default)
-# against the previous token's (--prefetch prev), STREAM_R rounds alternated
+# --direct), the expert cache's read-ahead by the router's prediction (FLOE_TIER_READAHEAD=1)
+# against the default (the previous token's), STREAM_R rounds alternated
 sec_stream80() {
   local r p g=${TIER80_STREAM:-16G:8G} rc=0
   rm -f "$SYNTH"
   [ -f "$SYNTH80" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --type q4_K -o "$SYNTH80" || return 1
   for r in $(seq 1 "${STREAM_R:-1}"); do
-    for p in next prev; do
-      echo "== round $r: --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct --prefetch $p"
-      timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" --direct \
-        --prefetch "$p" -p 0 -n "${STREAM_N:-48}" -r 1 --json || rc=1
+    for p in 1 0; do
+      echo "== round $r: --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct, FLOE_TIER_READAHEAD=$p"
+      FLOE_TIER_READAHEAD=$p timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH80" --mem-budget "${g%%:*}" \
+        --gpu-mem "${g##*:}" --direct -p 0 -n "${STREAM_N:-48}" -r 1 --json || rc=1
     done
   done
   return $rc
@@ -429,15 +430,20 @@ sec_nsys35() {
 # the 4-layer cut labelled by kernels35l's names, then the whole 35B ($SYNTH when present) by launch
 # shape; TRACE_ENV: settings for both runs (e.g. FLOE_CUDA_NO_PDL=1)
 sec_trace35() {
-  local small=/tmp/floe-q35-4l.gguf rc=0
+  local small=/tmp/floe-q35-4l.gguf rc=0 TB=$BUILD-trace
+  # a measurement build of its own (-DFLOE_CUDA_TRACE=ON: the default build's kernels have no trace code)
+  cmake -S "$ROOT" -B "$TB" -DCMAKE_BUILD_TYPE=Release -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS="$ARCHS" -DFLOE_CUDA_TRACE=ON \
+    -DCMAKE_PREFIX_PATH="$DEPS/usr" >/dev/null && cmake --build "$TB" -j"$JOBS" --target floe_cli test_cuda_ops >/dev/null ||
+    return 1
+  "$TB/bin/test_cuda_ops" | grep -E "launch trace|trace|passed" | tail -4
   sec_kernels35l >/tmp/names4.txt 2>&1 || rc=1
   rm -f /tmp/trace4.txt /tmp/trace40.txt
-  env ${TRACE_ENV:-} FLOE_CUDA_TRACE=/tmp/trace4.txt timeout 120 "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 \
+  env ${TRACE_ENV:-} FLOE_CUDA_TRACE=/tmp/trace4.txt timeout 120 "$TB/bin/floe" bench -m "$small" --device cuda -p 0 \
     -n 64 -r 1 -c 128 >/dev/null 2>&1 || rc=1
   echo "== 4-layer cut"
   python3 scripts/trace_step.py /tmp/trace4.txt /tmp/names4.txt || rc=1
   if [ -f "$SYNTH" ]; then
-    env ${TRACE_ENV:-} FLOE_CUDA_TRACE=/tmp/trace40.txt timeout 200 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda \
+    env ${TRACE_ENV:-} FLOE_CUDA_TRACE=/tmp/trace40.txt timeout 200 "$TB/bin/floe" bench -m "$SYNTH" --device cuda \
       -p 0 -n 64 -r 1 -c 128 >/dev/null 2>&1 || rc=1
     echo "== 35B, 40 layers"
     python3 scripts/trace_step.py /tmp/trace40.txt /tmp/names4.txt | sed -n '1p;/^by launch/,$p' || rc=1

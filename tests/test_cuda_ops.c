@@ -755,6 +755,12 @@ static void test_argmax(void) {
 static void test_trace(void) {
   SECTION("launch trace");
   char err[256];
+  if (!cuda_rt_trace_built()) { /* the default build: a clear refusal */
+    err[0] = 0;
+    CHECK(cuda_rt_trace_start(err, sizeof err) != 0 && strstr(err, "FLOE_CUDA_TRACE"),
+          "a build without the trace refuses it by name (%s)", err);
+    return;
+  }
   CHECK(cuda_rt_trace_start(err, sizeof err) == 0, "trace armed");
   cuda_moe_set_route_impl(1);
   float *dl = dup_dev(NULL, 5 * 64 * 4), *dw = dup_dev(NULL, 5 * 4 * 4);

@@ -82,8 +82,11 @@ static void test_streamed(const char *path, int64_t n, const int32_t *tok, const
   snprintf(slots, sizeof slots, "%lld", (long long)min_slots);
   setenv("FLOE_TIER_SLOTS", slots, 1);
   setenv("FLOE_TIER_CPU", mode, 1);
+  const bool ra = mode[0] != '0'; /* the router's read-ahead (opt-in) with two of the three modes */
+  setenv("FLOE_TIER_READAHEAD", ra ? "1" : "0", 1);
   model *mt = NULL;
   int rc = load(path, (uint64_t)256 << 30, false, &mt, msg, sizeof msg);
+  unsetenv("FLOE_TIER_READAHEAD");
   CHECK(rc == 0, "streamed: tiered load (cpu %s)%s%s", mode, rc ? ": " : "", rc ? msg : "");
   if (rc) return;
   const int64_t V = mt->hp.n_vocab, K = mt->hp.n_expert_used;
@@ -118,10 +121,10 @@ static void test_streamed(const char *path, int64_t n, const int32_t *tok, const
           (unsigned long long)xst.hits, (unsigned long long)xst.misses, (unsigned long long)xst.pf_issued);
     CHECK(xst.bytes_read > 0 && xst.misses > 0, "streamed, cpu %s, %s: experts read from the file (%llu bytes)", mode,
           pass ? "decode" : "one chunk", (unsigned long long)xst.bytes_read);
-    if (pass == 1) /* decode: the next layer's router prediction came back with each selection */
-      CHECK(xst.pred_n[XS_PF_NEXT] > 0 && xst.pred_n[XS_PF_PREV] > 0,
-            "streamed, cpu %s, decode: read-ahead by the router's prediction (%llu predicted, %llu used) and the "
-            "previous token's (%llu, %llu)", mode, (unsigned long long)xst.pred_n[XS_PF_NEXT],
+    if (pass == 1) /* decode: with the read-ahead, the next layer's router prediction came back with each selection */
+      CHECK((ra ? xst.pred_n[XS_PF_NEXT] > 0 : xst.pred_n[XS_PF_NEXT] == 0) && xst.pred_n[XS_PF_PREV] > 0,
+            "streamed, cpu %s, decode: read-ahead by the router's prediction %s (%llu predicted, %llu used), by the "
+            "previous token's (%llu, %llu)", mode, ra ? "on" : "off", (unsigned long long)xst.pred_n[XS_PF_NEXT],
             (unsigned long long)xst.pred_hit[XS_PF_NEXT], (unsigned long long)xst.pred_n[XS_PF_PREV],
             (unsigned long long)xst.pred_hit[XS_PF_PREV]);
     if (mode[0] == '1' && pass == 1)

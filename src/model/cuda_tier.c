@@ -65,6 +65,7 @@ struct cu_tier {
   void *reg;                   /* the page-locked host range (NULL: none) */
   void *reg_xs;                /* --mem-budget: the expert cache's page-locked arena (NULL: none) */
   bool xs_seen;                /* the expert cache was met (its arena registration tried) */
+  bool readahead;              /* FLOE_TIER_READAHEAD=1: the expert cache reads ahead by the router (host_prefetch) */
   /* FLOE_TIER_PF: the prefetch copies' stream, its event (pending: recorded, not yet waited on),
    * and which routed slots a prefetch filled and no step has used yet */
   void *pf_stream, *pf_ev;
@@ -312,6 +313,8 @@ int cu_tier_open(const model *m, int64_t n_l, uint64_t pool_bytes, const bool *s
       goto fail;
     }
   }
+  const char *ra = getenv("FLOE_TIER_READAHEAD");
+  t->readahead = ra && ra[0] == '1';
   t->st.on = true;
   t->st.pool_bytes = (uint64_t)t->n_slots * sbytes;
   t->st.slots = t->n_slots - t->n_res;
@@ -509,10 +512,9 @@ static void calibrate(cu_tier_sess *ts, size_t xs) {
  * and the CPU's experts are pinned there (read from the file at demand priority when the cache
  * lacks them), each copy enqueued as soon as its bytes arrive, and the slots held until the next
  * step has synchronized with the stream (the copies read them). The next layer's reads are queued
- * behind the demand reads (host_prefetch): the experts there that the pool lacks, as the next
- * layer's router predicts them on this layer's input (the GPU computes it beside the routing and
- * the step copies it back with the selection: XS_PF_NEXT, the default), and / or the previous
- * token's (XS_PF_PREV). The cache's arena is page-locked once, when first met, so that the copies
+ * behind the demand reads (host_prefetch): the experts there that the pool lacks, the previous
+ * token's, or with FLOE_TIER_READAHEAD=1 as the next layer's router predicts them on this layer's
+ * input (the GPU computes it beside the routing and the step copies it back with the selection). The cache's arena is page-locked once, when first met, so that the copies
  * are DMA. */
 
 /* The layers the expert cache holds (the trunk, and the MTP block unless bound to a pack), or 0. */
@@ -601,18 +603,23 @@ static void read_ahead(cu_tier_sess *ts, int64_t l1, const int32_t *es, int n, i
 }
 
 /* One-row steps: layer l's selection noted (the cache's hit statistics, the next token's
- * prediction); the experts of layer l + 1 the pool lacks read ahead into the expert cache, as the
- * --prefetch mask says: next (the default) the next layer's router on this layer's input (pred_h,
- * when the step had it: the CPU's XS_PF_NEXT; XS_PF_RESID is not offered here), prev the previous
- * token's experts there. */
+ * prediction); the experts of layer l + 1 the pool lacks read ahead into the expert cache: by
+ * default the previous token's (whatever the --prefetch mask, when it is not none); with
+ * FLOE_TIER_READAHEAD=1 as the mask says: next, the next layer's router on this layer's input
+ * (pred_h, when the step had it: the CPU's XS_PF_NEXT; XS_PF_RESID is not offered here), prev the
+ * previous token's. The router's read-ahead is opt-in because it was slower where measured: H200,
+ * 80B-A3B at --mem-budget 16G --gpu-mem 8G --direct, 4.60 vs 4.91 tok/s (precision 0.84 vs 0.11,
+ * but 365 vs 335 MB read a token: the disk is the floor, and the wrong 16 % and the cache entries
+ * the read-ahead evicts cost more than the overlap gains). */
 static void host_prefetch(cu_tier_sess *ts, int64_t l, int64_t n, bool have_pred) {
   cu_tier *t = ts->t;
   xstream *x = t->m->xs;
   const int K = (int)t->m->hp.n_expert_used;
   if (n != 1) return;
   xs_actual_note(x, (int)l, ts->sel_h, K);
-  const int pf = xs_params_of(x)->prefetch;
+  int pf = xs_params_of(x)->prefetch;
   if (l + 1 >= xs_layers(t) || !pf) return;
+  if (!t->readahead) pf = XS_PF_PREV;
   if (have_pred && (pf & XS_PF_NEXT)) read_ahead(ts, l + 1, ts->pred_h, K, XS_PF_NEXT);
   if (pf & XS_PF_PREV) {
     const int np = xs_prev_sel(x, (int)l + 1, ts->prev);
@@ -652,7 +659,9 @@ static void vram_prefetch(cu_tier_sess *ts, int64_t l) {
 }
 
 /* the expert cache reads the next layer's experts ahead by the router's prediction */
-static bool xs_next(const cu_tier *t) { return t->m->xs && (xs_params_of(t->m->xs)->prefetch & XS_PF_NEXT); }
+static bool xs_next(const cu_tier *t) {
+  return t->readahead && t->m->xs && (xs_params_of(t->m->xs)->prefetch & XS_PF_NEXT);
+}
 
 bool cu_tier_pf(const cu_tier *t) { return t->pf_stream != NULL || xs_next(t); }
 

@@ -52,7 +52,7 @@ void cu_tier_done(cu_tier_sess *ts);
 void cu_tier_stats(const cu_tier *t, model_tier_stats *out);
 /* Whether cu_tier_begin uses pred (device, K ids: the next layer's predicted top-k): the next
  * layer's experts copied ahead into the pool (page-locked host experts, unless FLOE_TIER_PF=0),
- * and with --mem-budget read ahead into the expert cache (--prefetch next, the default). */
+ * and with --mem-budget read ahead into the expert cache (FLOE_TIER_READAHEAD=1, --prefetch next). */
 bool cu_tier_pf(const cu_tier *t);
 void cu_tier_stats_reset(cu_tier *t);
 #endif

@@ -74,9 +74,11 @@ int cuda_rt_event_ms(void *start, void *stop, float *ms, char *err, size_t errle
  * what names the step in the message ("decode step: ..."). */
 int cuda_rt_check(const char *what, char *err, size_t errlen);
 
-/* The launch trace (pdl.cuh): start (re)arms it, zeroed; dump writes the recorded launches in
+/* The launch trace (pdl.cuh; a build with -DFLOE_CUDA_TRACE=ON, else start fails with a one-line
+ * error and dump writes nothing): start (re)arms it, zeroed; dump writes the recorded launches in
  * order, one line each: index, global timer ns at the kernel's entry (after its wait), grid x y z,
- * block x. Without a start, dump writes nothing. */
+ * block x. Without a start, dump writes nothing. built: 1 in such a build. */
+int cuda_rt_trace_built(void);
 #define CUDA_RT_TRACE_N 65536 /* launches the ring keeps */
 int cuda_rt_trace_start(char *err, size_t errlen);
 int cuda_rt_trace_dump(FILE *f, char *err, size_t errlen);

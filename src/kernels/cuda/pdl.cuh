@@ -19,12 +19,14 @@
 
 extern "C" int cuda_rt_pdl(void);
 
-/* The launch trace (FLOE_CUDA_TRACE, cuda_rt_trace_start): when this translation unit's pointer is
- * set, block (0, 0, 0) of each kernel records, right after its wait, the global timer and its grid
- * into a ring of CUDA_RT_TRACE_N entries (word 0: the count). In a step of dependent kernels the
- * next kernel's entry time minus this one's is what this kernel adds to the step, as the graph
- * runs it. One constant load and a branch per kernel when off. Each translation unit has its own
- * pointer (no relocatable device code), registered at start-up for cuda_rt_trace_start to set. */
+/* The launch trace (a build with -DFLOE_CUDA_TRACE=ON; then FLOE_CUDA_TRACE=FILE at run time,
+ * cuda_rt_trace_start): when this translation unit's pointer is set, block (0, 0, 0) of each
+ * kernel records, right after its wait, the global timer and its grid into a ring of
+ * CUDA_RT_TRACE_N entries (word 0: the count). In a step of dependent kernels the next kernel's
+ * entry time minus this one's is what this kernel adds to the step, as the graph runs it. Each
+ * translation unit has its own pointer (no relocatable device code), registered at start-up for
+ * cuda_rt_trace_start to set. Other builds compile none of it: their kernels are unchanged. */
+#ifdef FLOE_CUDA_TRACE
 static __constant__ unsigned long long *c_pdl_trace;
 extern "C" void cuda_rt_trace_register(int (*set)(unsigned long long *));
 static int pdl_trace_set(unsigned long long *p) {
@@ -48,18 +50,24 @@ static __device__ __forceinline__ void pdl_trace_mark() {
                    (unsigned long long)(gridDim.z & 0xFF) << 40 | (unsigned long long)blockDim.x << 48;
   }
 }
+#define PDL_TRACE_MARK() pdl_trace_mark()
+#else
+#define PDL_TRACE_MARK() \
+  do {                   \
+  } while (0)
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PDL_ENTER()                                           \
   do {                                                        \
     asm volatile("griddepcontrol.wait;" ::: "memory");        \
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); \
-    pdl_trace_mark();                                         \
+    PDL_TRACE_MARK();                                         \
   } while (0)
 #else
 #define PDL_ENTER() \
   do {              \
-    pdl_trace_mark(); \
+    PDL_TRACE_MARK(); \
   } while (0)
 #endif
 

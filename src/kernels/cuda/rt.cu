@@ -214,7 +214,9 @@ extern "C" int cuda_rt_pdl(void) {
   return on;
 }
 
-/* ---- the launch trace (pdl.cuh) ---- */
+/* ---- the launch trace (pdl.cuh; built with -DFLOE_CUDA_TRACE=ON) ---- */
+#ifdef FLOE_CUDA_TRACE
+extern "C" int cuda_rt_trace_built(void) { return 1; }
 #define TRACE_TU_MAX 64
 static int (*g_trace_set[TRACE_TU_MAX])(unsigned long long *); /* zero-initialized: no order issue */
 static int g_trace_n_set;
@@ -259,3 +261,14 @@ extern "C" int cuda_rt_trace_dump(FILE *f, char *err, size_t errlen) {
   free(h);
   return 0;
 }
+#else
+extern "C" int cuda_rt_trace_built(void) { return 0; }
+extern "C" int cuda_rt_trace_start(char *err, size_t errlen) {
+  return floe_err(err, errlen, FLOE_E_UNSUPPORTED,
+                  "FLOE_CUDA_TRACE: this build records no launches (configure with -DFLOE_CUDA_TRACE=ON)");
+}
+extern "C" int cuda_rt_trace_dump(FILE *f, char *err, size_t errlen) {
+  (void)f, (void)err, (void)errlen;
+  return 0;
+}
+#endif
