@@ -392,23 +392,17 @@ sec_ab35() {
   done
   return $rc
 }
-# kernels35l: every launch of 2 decode steps of the 4-layer cut (ncu, no graph), one CSV row each
-# (name, grid, us), for a per-launch breakdown of the step
-sec_kernels35l() {
-  local small=/tmp/floe-q35-4l.gguf
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+# kernels_l PRESET FILE: every launch of 2 decode steps of PRESET cut to 4 layers (ncu, no graph),
+# one row each (name|grid|ns), for a per-launch breakdown of the step
+kernels_l() {
+  [ -f "$2" ] || "$BUILD/bin/floe" synth --preset "$1" --layers 4 --type q4_K -o "$2" >/dev/null || return 1
   FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
+    "$BUILD/bin/floe" bench -m "$2" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
     awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-120}
 }
-# kernels80l: kernels35l for the Qwen3-Next-80B-A3B shape cut to 4 layers (3 GDN + 1 attention)
-sec_kernels80l() {
-  local small=/tmp/floe-q3n80-4l.gguf
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
-  FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 2 -r 1 -c 64 2>/dev/null | grep -E '^"[0-9]' |
-    awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' | tail -${KL_TAIL:-120}
-}
+# kernels35l / kernels80l: the 35B-A3B / Qwen3-Next-80B-A3B shapes (3 GDN layers + 1 attention)
+sec_kernels35l() { kernels_l qwen35moe-35b-a3b /tmp/floe-q35-4l.gguf; }
+sec_kernels80l() { kernels_l qwen3next-80b-a3b /tmp/floe-q3n80-4l.gguf; }
 # nsys35: the decode step of the 4-layer 35B cut as the graph runs it (programmatic dependent launch
 # on): nsys traces each graph node; the last NS_TAIL kernels' start / end (ns) as CSV, so that each
 # kernel's end minus the previous kernel's end (what it adds to the step) can be read off

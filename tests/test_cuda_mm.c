@@ -764,8 +764,8 @@ static void check_router_route(uint32_t type, int NE, int K, int norm, int sh, i
   /* a matrix of the wrong shape is refused, nothing launched */
   CHECK(cuda_mm_router_route(&g.M, dx, dl1, NE + 5, K, norm, sh ? NE : -1, ds1, dw1, ctr, NULL) == FLOE_E_UNSUPPORTED,
         "router+route: a row count other than NE (+1) is refused");
-  CHECK(cuda_mm_router_route(&g.M, dx, dl1, 1024, K, norm, -1, ds1, dw1, ctr, NULL) == FLOE_E_UNSUPPORTED,
-        "router+route: more than 512 experts are refused (two launches instead)");
+  CHECK(cuda_mm_router_route(&g.M, dx, dl1, 1025, K, norm, -1, ds1, dw1, ctr, NULL) == FLOE_E_UNSUPPORTED,
+        "router+route: more than 1024 experts are refused (two launches instead)");
   void *fr[] = {dx, dl1, dl2, dw1, dw2, ds1, ds2, ctr};
   for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) cuda_rt_free(fr[i]);
   free(x);
@@ -824,6 +824,9 @@ int main(void) {
   check_router_route(FLOE_TYPE_F32, 256, 8, 1, 0, 2048);
   check_router_route(FLOE_TYPE_F32, 100, 6, 0, 1, 1000);
   check_router_route(FLOE_TYPE_BF16, 512, 10, 1, 1, 2048);
+  check_router_route(FLOE_TYPE_F32, 257, 8, 1, 0, 2048);   /* 16 experts a lane */
+  check_router_route(FLOE_TYPE_F32, 1000, 16, 1, 1, 300);  /* 32 a lane; rows not a multiple of 4 */
+  check_router_route(FLOE_TYPE_F16, 40, 32, 0, 1, 77);     /* K = 32; a 77-value tail */
   check_router_route(FLOE_TYPE_F16, 60, 4, 1, 0, 200);
   check_router_route(FLOE_TYPE_F32, 500, 64, 1, 0, 64);
   SECTION("activation quantization, both implementations");

@@ -647,6 +647,86 @@ static void test_multi(const char *path, bool graph) {
   model_free(m);
 }
 
+/* Deferred logits (FLOE_CUDA_LAZY_LOGITS=1 at session start, model.h lazy_ok): a greedy step leaves
+ * its logits on the device. Against a plain session fed the same tokens: the greedy picks equal
+ * (prompt chunk, then recorded and replayed one-token steps), model_logits_sync brings the same
+ * bits, the buffer stays untouched until then, an evaluation into another buffer fetches the
+ * pending row first, and the engine's greedy generation gives the plain run's ids. */
+static void test_lazy(const char *path) {
+  SECTION("deferred logits (FLOE_CUDA_LAZY_LOGITS=1): greedy picks and fetched logits == a plain session's");
+  char err[256];
+  model *mg = NULL;
+  if (load(path, true, &mg)) {
+    CHECK(0, "loaded %s", path);
+    return;
+  }
+  const int64_t V = mg->hp.n_vocab, T = 7, G = 6;
+  int32_t prompt[7];
+  for (int i = 0; i < T; i++) prompt[i] = (int32_t)((i * 7919 + 11) % V);
+  float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4), *lc = malloc((size_t)V * 4);
+  model_session *a = NULL, *b = NULL;
+  setenv("FLOE_CUDA_LAZY_LOGITS", "1", 1);
+  int rc = model_session_new(mg, 512, KV_BF16, 1, &a, err, sizeof err);
+  unsetenv("FLOE_CUDA_LAZY_LOGITS");
+  if (!rc) rc = model_session_new(mg, 512, KV_BF16, 1, &b, err, sizeof err);
+  CHECK(rc == 0 && a->lazy_allowed && !b->lazy_allowed, "sessions (deferring %d, plain %d)", a ? a->lazy_allowed : -1,
+        b ? b->lazy_allowed : -1);
+  int picks = 0, bits = 0, untouched = 0, deferred = 0;
+  int32_t t = prompt[0];
+  for (int64_t i = 0; i <= G && !rc; i++) { /* i = 0: the prompt chunk, then one token a step */
+    const int32_t *tok = i ? &t : prompt;
+    const int64_t n = i ? 1 : T;
+    for (int64_t j = 0; j < V; j++) la[j] = NAN;
+    a->lazy_ok = true;
+    rc = model_eval(a, tok, n, la, false, err, sizeof err);
+    a->lazy_ok = false;
+    if (!rc) rc = model_eval(b, tok, n, lb, false, err, sizeof err);
+    if (rc) break;
+    deferred += a->lazy_dst == la;
+    untouched += isnan(la[0]) && isnan(la[V - 1]);
+    picks += a->greedy >= 0 && a->greedy == b->greedy && b->greedy == kern_argmax(lb, V);
+    if (i % 2 == 0) { /* fetched now; on odd steps the next evaluation drops them (same buffer) */
+      rc = model_logits_sync(a, err, sizeof err);
+      bits += !rc && memcmp(la, lb, (size_t)V * 4) == 0 && a->lazy_dst == NULL;
+    } else {
+      bits++;
+    }
+    t = (int32_t)b->greedy;
+  }
+  CHECK(rc == 0, "ran%s%s", rc ? ": " : "", rc ? err : "");
+  CHECK(deferred == G + 1 && untouched == G + 1, "every step deferred its logits (%d) and left the buffer alone (%d) of %lld",
+        deferred, untouched, (long long)(G + 1));
+  CHECK(picks == G + 1, "greedy picks equal the plain session's (%d of %lld)", picks, (long long)(G + 1));
+  CHECK(bits == G + 1, "fetched logits bit-identical to the plain session's (%d of %lld)", bits, (long long)(G + 1));
+  if (!rc) { /* pending, then an evaluation into another buffer: the pending row is fetched first */
+    a->lazy_ok = true;
+    rc = model_eval(a, &t, 1, la, false, err, sizeof err);
+    a->lazy_ok = false;
+    if (!rc) rc = model_eval(b, &t, 1, lb, false, err, sizeof err);
+    t = (int32_t)b->greedy;
+    if (!rc) rc = model_eval(a, &t, 1, lc, false, err, sizeof err);
+    CHECK(rc == 0 && a->lazy_dst == NULL && memcmp(la, lb, (size_t)V * 4) == 0,
+          "an evaluation into another buffer fetched the pending logits first");
+  }
+  if (a) model_session_free(a);
+  if (b) model_session_free(b);
+  model_free(mg);
+  free(la), free(lb), free(lc);
+  /* the engine: greedy generation with the deferral on equals the plain run's ids */
+  enum { NG = 32, NP = 2 };
+  int32_t *base = malloc(NG * NP * 4), *got = malloc(NG * NP * 4);
+  double tps = 0;
+  int rc1 = gen_ids(path, FLOE_DEVICE_CUDA, 0, base, NG, NP, &tps);
+  setenv("FLOE_CUDA_LAZY_LOGITS", "1", 1);
+  int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, got, NG, NP, &tps);
+  unsetenv("FLOE_CUDA_LAZY_LOGITS");
+  int64_t eq = 0;
+  while (rc1 == 0 && rc2 == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
+  CHECK(rc1 == 0 && rc2 == 0 && eq == NG * NP, "engine greedy ids with deferred logits == without (%lld of %d)",
+        (long long)eq, NG * NP);
+  free(base), free(got);
+}
+
 int main(void) {
   if (model_cuda_devices() <= 0) {
     printf("skipped: no CUDA device\n");
@@ -660,6 +740,7 @@ int main(void) {
   test_multi(test_fixture("../../models/default.gguf"), true);
   test_spec(test_fixture("../../models/default.gguf"), true);
   test_spec(test_fixture("../../models/default.gguf"), false);
+  test_lazy(test_fixture("../../models/default.gguf"));
   unsetenv("FLOE_CUDA_SPEC_GRAPH");
   const char *synth = getenv("FLOE_TEST_SYNTH");
   if (synth && *synth) test_quantized(synth, synth, 64, false);

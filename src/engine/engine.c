@@ -448,6 +448,7 @@ int32_t floe_argmax(const float *logits, size_t n) { return n > 0 && n <= INT32_
 int32_t floe_session_argmax(const floe_session *s) {
   if (s->n_hist == 0) return -1;
   if (s->ms->greedy >= 0) return (int32_t)s->ms->greedy; /* found while the logits were computed */
+  if (model_logits_sync(s->ms, NULL, 0)) return -1; /* deferred logits (model.h lazy_ok) */
   return floe_argmax(s->last_logits, (size_t)s->e->m->hp.n_vocab);
 }
 
@@ -818,6 +819,12 @@ static bool gen_prefill_next(floe_gen *g, int64_t chunk, int64_t *next) {
   return true;
 }
 
+/* Whether the generation reads only the greedy pick of its logits (no sampling, no logprobs, no
+ * MTP): then an evaluation may leave them on the device (model.h lazy_ok). */
+static bool gen_greedy_only(const floe_gen *g) {
+  return sampler_greedy(g->smp) && !g->p.logprobs && !g->p.n_top_logprobs && !g->use_mtp;
+}
+
 /* Chooses the next token of a decoding generation and emits its text. Returns true when the
  * token must now be evaluated (*id), false when it needs no evaluation (an accepted draft, already
  * in the session) or the generation ended. */
@@ -828,6 +835,14 @@ static bool gen_pick(floe_gen *g, int32_t *id_out) {
   if (p->max_tokens > 0 && g->r.n_gen >= p->max_tokens) {
     gen_finish(g, FLOE_FINISH_LENGTH);
     return false;
+  }
+  if (!gen_greedy_only(g)) { /* the logits themselves are read: a deferred row comes over now */
+    char err[256];
+    const int rc = model_logits_sync(s->ms, err, sizeof err);
+    if (rc) {
+      gen_fail(g, rc, err);
+      return false;
+    }
   }
   int32_t id;
   const float *lg = s->last_logits; /* the logits the token was chosen from */
@@ -911,7 +926,9 @@ static void gen_spec_step(floe_gen *g, int32_t id) {
   char err[384];
   const int k = spec_choose_k(s->spec, g->mtp_k, s->n_ctx - s->n_hist - 1);
   const bool row_logits = g->p.logprobs || g->p.n_top_logprobs;
-  int rc = spec_step(s->spec, s->ms, g->smp, id, k, s->last_logits, g->acc, &g->n_acc, &g->acc_lg, &g->forced, row_logits, err,
+  int rc = model_logits_sync(s->ms, err, sizeof err); /* spec_step reads last_logits */
+  if (!rc)
+    rc = spec_step(s->spec, s->ms, g->smp, id, k, s->last_logits, g->acc, &g->n_acc, &g->acc_lg, &g->forced, row_logits, err,
                      sizeof err);
   if (rc) {
     floe_session_reset(s); /* state is undefined after a failed step */
@@ -956,6 +973,7 @@ int floe_gen_step(floe_gen *const *gens, int n, int64_t prefill_chunk, floe_step
         }
         to[k] = next;
         seg[k] = (model_seg){ s->ms, g->prompt + g->pos, next - g->pos, s->last_logits };
+        s->ms->lazy_ok = gen_greedy_only(g);
         sg[k++] = g;
         continue;
       }
@@ -971,6 +989,7 @@ int floe_gen_step(floe_gen *const *gens, int n, int64_t prefill_chunk, floe_step
     }
     to[k] = -1;
     seg[k] = (model_seg){ s->ms, &tok[i], 1, s->last_logits };
+    s->ms->lazy_ok = gen_greedy_only(g);
     sg[k++] = g;
   }
   if (k == 0) return 0;
@@ -978,6 +997,7 @@ int floe_gen_step(floe_gen *const *gens, int n, int64_t prefill_chunk, floe_step
   int64_t rows = 0;
   int segs = 0;
   int rc = model_eval_multi(seg, k, &rows, &segs, err, sizeof err);
+  for (int i = 0; i < k; i++) seg[i].s->lazy_ok = false;
   if (rows > info->rows) info->rows = rows, info->sessions = segs;
   for (int i = 0; i < k && !rc; i++) info->rows_total += seg[i].n;
   for (int i = 0; i < k; i++) {

@@ -25,7 +25,10 @@ typedef struct kv_ckpt kv_ckpt;
 typedef struct model_rows model_rows;
 
 enum model_device { MODEL_DEV_CPU = 0, MODEL_DEV_CUDA = 1 };
-enum { MODEL_EVAL_LOGITS = 1, MODEL_EVAL_HIDDEN = 2 };
+/* MODEL_EVAL_LAZY (with LOGITS, one row: the greedy pick of the evaluation's last position): the
+ * logits may stay on the device; eval_end then sets s->lazy_dst (the logits buffer they belong
+ * in) and logits_fetch copies them there when the model layer is asked (model_logits_sync). */
+enum { MODEL_EVAL_LOGITS = 1, MODEL_EVAL_HIDDEN = 2, MODEL_EVAL_LAZY = 4 };
 
 typedef struct model_backend {
   const char *name;          /* "cpu", "cuda" */
@@ -64,6 +67,9 @@ typedef struct model_backend {
   /* Rows [first, n) of the chunk: logits[t - first] = output(norm(x[t])) into host memory
    * (n_vocab floats a row). greedy: also the argmax of the last row (s->greedy). */
   void (*logits)(model_session *s, const float *x, int64_t first, int64_t n, float *logits, bool greedy);
+  /* The logits a MODEL_EVAL_LAZY evaluation left on the device (its one row) into dst (host). NULL:
+   * the backend never defers them. 0 or FLOE_E_*. */
+  int (*logits_fetch)(model_session *s, float *dst, char *err, size_t errlen);
   /* Speculative verify (model_verify, kv.h "kept states"): the next chunk of n rows (<= KV_KEEP_MAX)
    * keeps the GatedDeltaNet state (S and conv window) after each of its rows in per-row buffers
    * instead of advancing it in place: row 0 reads the current state, row t reads row t-1's. The

@@ -46,7 +46,7 @@
 /* recorded steps: one token (without logits, with, with logits and its hidden state: a plain step
  * that feeds the MTP), kept verify chunks and MTP evaluations of
  * n = 1..KV_KEEP_MAX rows */
-enum { G_DEC = 0, G_VER = 3, G_MTP = G_VER + KV_KEEP_MAX, G_N = G_MTP + KV_KEEP_MAX };
+enum { G_DEC = 0, G_LAZY = 3, G_VER = 4, G_MTP = G_VER + KV_KEEP_MAX, G_N = G_MTP + KV_KEEP_MAX };
 /* recorded multi-session passes of one-token segments (FLOE_CUDA_MULTI_GRAPH=1): the lead keeps
  * MG_N of them in graph slots G_N.., each keyed by its segments' sessions (their uids, in order)
  * and its first logits row; the least recently used is replaced */
@@ -102,6 +102,11 @@ typedef struct cu_sess {
   int64_t dst_rows;
   bool staged;                 /* logits_h holds dst_rows rows to copy out at eval_end */
   bool want_greedy;
+  /* MODEL_EVAL_LAZY (FLOE_CUDA_LAZY_LOGITS=1): the chunk's logits row stays in c->logits (lazy);
+   * lazy_to: its host buffer, handed to s->lazy_dst at eval_end; lazy_valid: c->logits still holds
+   * it (cleared by anything that may write c->logits), for cu_logits_fetch */
+  bool lazy, lazy_valid;
+  float *lazy_to;
   /* graphs (G_*): one token without / with logits + greedy; kept verify chunks of n rows; MTP
    * evaluations of n rows. gfirst: the first logits row the graph was recorded with. */
   void *graph[G_N + MG_N];
@@ -256,6 +261,10 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   s->spec_fused = !(mf && mf[0] == '0');
   int rc = cuda_rt_init(cm->dev, err, errlen);
   if (rc || (rc = cuda_rt_stream_create(&c->stream, err, errlen))) return rc;
+  /* FLOE_CUDA_LAZY_LOGITS=1: a caller that needs only the greedy pick leaves the logits on the
+   * device (MODEL_EVAL_LAZY: ~1 MB a token less over PCIe and through the host; not yet measured) */
+  const char *lz = getenv("FLOE_CUDA_LAZY_LOGITS");
+  s->lazy_allowed = lz && lz[0] == '1';
   const char *tr = getenv("FLOE_CUDA_TRACE");
   if (tr && *tr && (rc = cuda_rt_trace_start(err, errlen))) return rc;
   const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
@@ -589,6 +598,8 @@ static void mm_own(model_session *s, const dmat *W, int64_t n, const float *X, i
 
 /* The state of an evaluation in flight, cleared at its start (multi: a multi-session pass) */
 static void eval_reset(cu_sess *c, bool multi) {
+  c->lazy = c->lazy_valid = false;
+  c->lazy_to = NULL;
   c->staged = false;
   c->dst = NULL;
   c->hid_dst = NULL;
@@ -632,7 +643,10 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
   } else if (n == 1 && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_HIDDEN) && c->spec_graph) {
     slot = G_DEC + 2;
   }
-  return begin_chunk(s, tokens, n, pos0, slot);
+  if (!c->keep_n && n == 1 && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_LAZY) && c->use_graph) slot = G_LAZY;
+  float *x = begin_chunk(s, tokens, n, pos0, slot);
+  c->lazy = (flags & MODEL_EVAL_LAZY) != 0;
+  return x;
 }
 
 /* FLOE_CUDA_PROFILE: the block's time (synchronized) into phase ph. */
@@ -1003,8 +1017,9 @@ static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n
     }
     c->dst = logits;
     c->dst_rows = n - first;
-    c->staged = true;
+    c->staged = !c->lazy;
     c->want_greedy = greedy;
+    if (c->lazy) c->lazy_to = logits;
     return;
   }
   if (c->capturing >= 0) c->gfirst[c->capturing] = first;
@@ -1015,6 +1030,10 @@ static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n
       cuda_argmax(c->logits + (nb - 1) * V, V, c->greedy, c->amax_scr, c->stream);
       cuda_rt_d2h_async(c->greedy_h, c->greedy, 4, c->stream);
       c->want_greedy = true;
+    }
+    if (c->lazy && greedy && nb == 1) { /* the row stays in c->logits until fetched */
+      c->lazy_to = logits + (r0 - first) * V;
+      continue;
     }
     cuda_rt_d2h_async(c->logits_h, c->logits, (size_t)(nb * V) * 4, c->stream);
     if (c->capturing >= 0) { /* one row: copied out after the replay */
@@ -1218,6 +1237,8 @@ static int cu_spec_greedy(model_session *s, const int32_t *tok, const float *h, 
   c->dst = NULL;
   c->hid_dst = NULL;
   c->want_greedy = false;
+  c->lazy = c->lazy_valid = false; /* c->logits is rewritten */
+  c->lazy_to = NULL;
   memcpy(c->tok_h, tok, (size_t)n * sizeof *tok);
   c->tok_h[n] = tok[n - 1];
   for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
@@ -1276,7 +1297,19 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   if (c->staged && c->dst) memcpy(c->dst, c->logits_h, (size_t)(c->dst_rows * s->m->hp.n_vocab) * 4);
   if (c->hid_dst) memcpy(c->hid_dst, c->hid_h, (size_t)(c->hid_rows * s->m->hp.n_embd) * 4);
   if (c->want_greedy) s->greedy = c->greedy_h[0];
+  if (c->lazy_to) { /* the logits row stays on the device until model_logits_sync */
+    s->lazy_dst = c->lazy_to;
+    c->lazy_valid = true;
+  }
   return 0;
+}
+
+/* backend.h logits_fetch: the row a lazy evaluation left in c->logits */
+static int cu_logits_fetch(model_session *s, float *dst, char *err, size_t errlen) {
+  cu_sess *c = s->dev;
+  if (!c->lazy_valid)
+    return floe_err(err, errlen, FLOE_E_INVALID, "cuda: the deferred logits were overwritten before they were read");
+  return cuda_rt_d2h(dst, c->logits, (size_t)s->m->hp.n_vocab * sizeof(float), err, errlen) ? FLOE_E_IO : 0;
 }
 
 const model_backend model_backend_cuda = {
@@ -1298,6 +1331,7 @@ const model_backend model_backend_cuda = {
   .gdn = cu_gdn,
   .moe = cu_moe,
   .logits = cu_logits,
+  .logits_fetch = cu_logits_fetch,
   .hidden = cu_hidden,
   .keep_begin = cu_keep_begin,
   .keep_accept = cu_keep_accept,

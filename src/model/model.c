@@ -953,7 +953,11 @@ static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float
     s->xs_err = 0;
     const int64_t first = all_logits ? 0 : (last ? nb - 1 : nb);
     const bool greedy = logits && nb - first == 1 && last; /* the evaluation's last position alone */
-    const int flags = (logits && nb - first > 0 ? MODEL_EVAL_LOGITS : 0) | (hidden ? MODEL_EVAL_HIDDEN : 0);
+    /* the caller needs only the greedy pick unless it asks (model_logits_sync): the logits may stay
+     * on the device (one row, no hidden states) */
+    const bool lazy = greedy && s->lazy_ok && s->lazy_allowed && be->logits_fetch && !all_logits && !hidden;
+    const int flags = (logits && nb - first > 0 ? MODEL_EVAL_LOGITS : 0) | (hidden ? MODEL_EVAL_HIDDEN : 0) |
+                      (lazy ? MODEL_EVAL_LAZY : 0);
     float *x = be->eval_begin(s, tokens + c0, nb, pos0, flags);
     be->embed(s, tokens + c0, nb, x);
     for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) {
@@ -1002,7 +1006,9 @@ int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logi
   double t_phases = 0;
   for (int i = 0; i < MODEL_PH_N; i++) t_phases += s->ph[i];
   s->greedy = -1;
-  int rc = eval_chunks(s, tokens, n, logits, all_logits, hidden, err, errlen);
+  int rc = model_logits_settle(s, logits, err, errlen);
+  if (rc) return rc;
+  rc = eval_chunks(s, tokens, n, logits, all_logits, hidden, err, errlen);
   if (rc) return rc;
   /* "other": whatever the timed phases did not cover (embedding, driver) */
   double t_now = 0;
@@ -1123,10 +1129,30 @@ static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, cha
   return 0;
 }
 
+int model_logits_sync(model_session *s, char *err, size_t errlen) {
+  float *dst = s->lazy_dst;
+  if (!dst) return 0;
+  s->lazy_dst = NULL;
+  return s->be->logits_fetch(s, dst, err, errlen);
+}
+
+int model_logits_settle(model_session *s, const float *next, char *err, size_t errlen) {
+  if (!s->lazy_dst) return 0;
+  if (s->lazy_dst == next) { /* rewritten (or deferred again) by the next evaluation */
+    s->lazy_dst = NULL;
+    return 0;
+  }
+  return model_logits_sync(s, err, errlen);
+}
+
 int model_eval_multi(const model_seg *seg, int k, int64_t *rows_out, int *segs_out, char *err, size_t errlen) {
   if (rows_out) *rows_out = 0;
   if (segs_out) *segs_out = 0;
   if (k < 1) return floe_err(err, errlen, FLOE_E_INVALID, "eval: no segments");
+  for (int i = 0; i < k; i++) { /* as model_eval_h: the device's logits are rewritten by this pass */
+    int rc = model_logits_settle(seg[i].s, seg[i].logits, err, errlen);
+    if (rc) return rc;
+  }
   const model *m = seg[0].s->m;
   for (int i = 0; i < k; i++) {
     if (seg[i].s->m != m) return floe_err(err, errlen, FLOE_E_INVALID, "eval: sessions of different models");

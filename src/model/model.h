@@ -218,6 +218,12 @@ struct model_session {
   double ph[8];              /* seconds per enum model_phase, accumulated */
   int64_t n_eval_tok;        /* tokens evaluated since the last stats reset */
   int64_t greedy;            /* kern_argmax of the last evaluated position's logits; -1: not known */
+  /* Deferred logits (backend.h MODEL_EVAL_LAZY): lazy_ok, set by the caller around an evaluation,
+   * says it needs only the greedy pick of the last position unless it asks (model_logits_sync);
+   * lazy_allowed, set by the backend's session_init, that the backend may defer them; lazy_dst:
+   * the buffer whose logits are still on the device (NULL: none pending). */
+  bool lazy_ok, lazy_allowed;
+  float *lazy_dst;
   float *lg_multi;           /* a multi-session pass led by this session: its rows' logits (model_eval_multi),
                               * kept between passes (a fresh 1 MB a row each step was mapped, faulted in
                               * and unmapped again) */
@@ -319,6 +325,12 @@ size_t layer_task_bytes(void);
  * else [n_vocab] for the last token. A prompt that does not fit the context is refused. */
 int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, char *err,
                size_t errlen);
+/* The logits a deferred evaluation (lazy_ok) left on the device, copied into their buffer
+ * (s->lazy_dst); nothing to do when none are pending. 0 or FLOE_E_*. */
+int model_logits_sync(model_session *s, char *err, size_t errlen);
+/* Before an evaluation that rewrites the device's logits: pending deferred logits are dropped when
+ * next (the evaluation's logits buffer) is their buffer, else fetched into it first. */
+int model_logits_settle(model_session *s, const float *next, char *err, size_t errlen);
 /* model_eval that also copies every position's final hidden state (the residual stream after the
  * last layer, before the output norm: what an MTP head reads) into hidden [n][n_embd] when not NULL. */
 int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, float *hidden,

@@ -80,4 +80,79 @@ static __device__ void moe_route_block(LG lg_of, SH sh_of, bool has_sh, int NE, 
     wout[K] = floe_sigmoidf(sh_of());
   }
 }
+#define ROUTE_RMAX 32 /* experts a lane holds at most: moe_route_warp takes n_expert <= 32 * ROUTE_RMAX */
+
+/* The same routing by one warp (every lane calls it; the caller's other warps must not): lane l
+ * holds experts e = l + 32 r, r < ROUTE_R (n_expert <= 32 ROUTE_R). No shared memory, no barrier:
+ * the serial path is the logits' load, two reductions, K argmax passes and the stores. The softmax
+ * sum in the CPU's order (the 16-lane sum's lanes gathered by shuffles), the top-k as K argmax
+ * passes (value descending, ties to the lower index), the renormalisation summed in pick order:
+ * every value bit-identical to moe_route_block. (The block form's rank count costs n_expert
+ * shared-memory reads a thread: 15 us a launch at 512 experts on the H200, ~5 here.) */
+template <int ROUTE_R, typename LG, typename SH>
+static __device__ __forceinline__ void moe_route_warp(LG lg_of, SH sh_of, bool has_sh, int NE, int K, int norm_topk,
+                                                      int sh_id, int32_t *sel, float *wout) {
+  const int lane = threadIdx.x & 31;
+  float p[ROUTE_R];
+#pragma unroll
+  for (int r = 0; r < ROUTE_R; r++) p[r] = lane + 32 * r < NE ? lg_of(lane + 32 * r) : -INFINITY;
+  const float shl = has_sh && lane == 0 ? sh_of() : 0.0f;
+  float mx = p[0];
+#pragma unroll
+  for (int r = 1; r < ROUTE_R; r++) mx = fmaxf(mx, p[r]);
+#pragma unroll
+  for (int s = 16; s >= 1; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+#pragma unroll
+  for (int r = 0; r < ROUTE_R; r++) p[r] = lane + 32 * r < NE ? floe_vexpf(__fsub_rn(p[r], mx)) : 0.0f;
+  /* router_softmax's sum: lane k < 16 adds p[k], p[k+16], p[k+32], ... in order; those are its own
+   * p[r] (e = k + 32 r) and lane k+16's (e = k + 16 + 32 r), alternately */
+  float acc = 0.0f;
+#pragma unroll
+  for (int r = 0; r < ROUTE_R; r++) {
+    const float hi = __shfl_down_sync(0xffffffffu, p[r], 16);
+    if (lane < 16) {
+      if (lane + 32 * r < NE) acc = __fadd_rn(acc, p[r]);
+      if (lane + 16 + 32 * r < NE) acc = __fadd_rn(acc, hi);
+    }
+  }
+  acc = ops_fold16(acc);
+  const float sum = __shfl_sync(0xffffffffu, acc, 0);
+  /* keys: the probability's bits + 1 (probabilities are >= 0, so their bits order as the values);
+   * 0 for no expert or one already picked */
+  uint32_t key[ROUTE_R];
+#pragma unroll
+  for (int r = 0; r < ROUTE_R; r++) key[r] = lane + 32 * r < NE ? __float_as_uint(p[r] / sum) + 1u : 0u;
+  float myw = 0.0f, sw = 0.0f;
+  int mye = 0;
+  for (int j = 0; j < K; j++) {
+    uint32_t km = key[0];
+#pragma unroll
+    for (int r = 1; r < ROUTE_R; r++) km = key[r] > km ? key[r] : km;
+    km = __reduce_max_sync(0xffffffffu, km);
+    uint32_t ei = 0xffffffffu; /* this lane's lowest expert holding the maximum */
+#pragma unroll
+    for (int r = ROUTE_R - 1; r >= 0; r--) ei = key[r] == km ? (uint32_t)(lane + 32 * r) : ei;
+    ei = __reduce_min_sync(0xffffffffu, ei);
+    const float pv = __uint_as_float(km - 1u);
+#pragma unroll
+    for (int r = 0; r < ROUTE_R; r++)
+      if ((uint32_t)(lane + 32 * r) == ei) key[r] = 0u;
+    if (lane == j) {
+      myw = pv;
+      mye = (int)ei;
+    }
+    sw = __fadd_rn(sw, pv); /* the renormalisation's sum, in pick order */
+  }
+  if (norm_topk) myw = myw / sw;
+  int pos = 0; /* the selections in ascending expert order */
+  for (int j = 0; j < K; j++) pos += __shfl_sync(0xffffffffu, mye, j) < mye;
+  if (lane < K) {
+    sel[pos] = mye;
+    wout[pos] = myw;
+  }
+  if (has_sh && lane == 0) {
+    sel[K] = sh_id;
+    wout[K] = floe_sigmoidf(shl);
+  }
+}
 #endif
