@@ -928,8 +928,8 @@ static void gen_spec_step(floe_gen *g, int32_t id) {
   const bool row_logits = g->p.logprobs || g->p.n_top_logprobs;
   int rc = model_logits_sync(s->ms, err, sizeof err); /* spec_step reads last_logits */
   if (!rc)
-    rc = spec_step(s->spec, s->ms, g->smp, id, k, s->last_logits, g->acc, &g->n_acc, &g->acc_lg, &g->forced, row_logits, err,
-                     sizeof err);
+    rc = spec_step(s->spec, s->ms, g->smp, id, k, s->last_logits, g->acc, &g->n_acc, &g->acc_lg, &g->forced,
+                   row_logits, err, sizeof err);
   if (rc) {
     floe_session_reset(s); /* state is undefined after a failed step */
     gen_fail(g, rc, err);
