@@ -65,7 +65,7 @@ struct cu_tier {
   void *reg;                   /* the page-locked host range (NULL: none) */
   void *reg_xs;                /* --mem-budget: the expert cache's page-locked arena (NULL: none) */
   bool xs_seen;                /* the expert cache was met (its arena registration tried) */
-  bool readahead;              /* FLOE_TIER_READAHEAD=1: the expert cache reads ahead by the router (host_prefetch) */
+  bool readahead;              /* FLOE_TIER_READAHEAD=1: the cache reads ahead by the router (host_prefetch) */
   /* FLOE_TIER_PF: the prefetch copies' stream, its event (pending: recorded, not yet waited on),
    * and which routed slots a prefetch filled and no step has used yet */
   void *pf_stream, *pf_ev;
@@ -98,7 +98,8 @@ struct cu_tier_sess {
   bool calibrated;
   /* --mem-budget (host_fetch): the step's copies (expert, pool slot) read from the expert cache,
    * the cache slots in use, held until the next step has synchronized with its copies */
-  int32_t *cp_e, *cp_r, *xs_e, *xs_slot, *pred, *prev; /* pred / prev: read_ahead's scratch, the previous token's */
+  int32_t *cp_e, *cp_r, *xs_e, *xs_slot;
+  int32_t *pred, *prev;        /* [n_expert] each: read_ahead's scratch, the previous token's experts */
   int32_t *pred_h;             /* pinned [K]: the next layer's predicted experts (FLOE_TIER_PF) */
   uint8_t *xs_ready;
   int n_cp, n_held;
@@ -424,8 +425,8 @@ int cu_tier_sess_open(cu_tier *t, int n_threads, int64_t rows, int ks, size_t xq
   ts->pred = malloc((size_t)hp->n_expert * sizeof(int32_t));
   ts->prev = malloc((size_t)hp->n_expert * sizeof(int32_t));
   ts->xs_ready = malloc((size_t)(rows * ks));
-  if (!ts->g || !ts->u || !ts->qd || !ts->miss || !ts->cp_e || !ts->cp_r || !ts->xs_e || !ts->xs_slot || !ts->pred || !ts->prev ||
-      !ts->xs_ready || (n_threads > 1 && !(ts->pool = floe_pool_create(n_threads)))) {
+  if (!ts->g || !ts->u || !ts->qd || !ts->miss || !ts->cp_e || !ts->cp_r || !ts->xs_e || !ts->xs_slot || !ts->pred ||
+      !ts->prev || !ts->xs_ready || (n_threads > 1 && !(ts->pool = floe_pool_create(n_threads)))) {
     cu_tier_sess_close(ts);
     return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   }
@@ -514,8 +515,8 @@ static void calibrate(cu_tier_sess *ts, size_t xs) {
  * step has synchronized with the stream (the copies read them). The next layer's reads are queued
  * behind the demand reads (host_prefetch): the experts there that the pool lacks, the previous
  * token's, or with FLOE_TIER_READAHEAD=1 as the next layer's router predicts them on this layer's
- * input (the GPU computes it beside the routing and the step copies it back with the selection). The cache's arena is page-locked once, when first met, so that the copies
- * are DMA. */
+ * input (the GPU computes it beside the routing and the step copies it back with the selection).
+ * The cache's arena is page-locked once, when first met, so that the copies are DMA. */
 
 /* The layers the expert cache holds (the trunk, and the MTP block unless bound to a pack), or 0. */
 static int64_t xs_layers(const cu_tier *t) { return t->m->xs ? xs_store_of(t->m->xs)->n_layer : 0; }

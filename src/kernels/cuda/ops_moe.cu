@@ -1,8 +1,9 @@
 /* MoE routing and combine, SiLU-GLU (cuda_ops.h); every value bit-identical to layer_moe.
  *   k_moe_route_warp (the default for n_expert <= 1024, K <= 32): a warp per token, 8, 16 or 32
- *     experts a lane in registers (n_expert <= 256 / 512 / 1024); the same softmax (the 16-lane sum's lanes gathered by shuffles, in the
- *     CPU's order), the top-k as K argmax passes (value descending, ties to the lower index: the
- *     CPU's picks and order) by warp reductions, the renormalisation summed in pick order.
+ *     experts a lane in registers (n_expert <= 256 / 512 / 1024; moe_route.cuh moe_route_warp):
+ *     the same softmax (the 16-lane sum's lanes gathered by shuffles, in the CPU's order), the
+ *     top-k as K argmax passes (value descending, ties to the lower index: the CPU's picks and
+ *     order) by warp reductions, the renormalisation summed in pick order.
  *     cuda_moe_set_route_impl(0) / FLOE_CUDA_ROUTE_WARP=0 select k_moe_route, the same bits.
  *   k_moe_route: block per token. router_softmax (max, vexpf, the 16-lane sum folded in halves,
  *     divide), the top-k as ranks (descending probability, ties to the lower index: the picks
