@@ -1149,10 +1149,6 @@ int model_eval_multi(const model_seg *seg, int k, int64_t *rows_out, int *segs_o
   if (rows_out) *rows_out = 0;
   if (segs_out) *segs_out = 0;
   if (k < 1) return floe_err(err, errlen, FLOE_E_INVALID, "eval: no segments");
-  for (int i = 0; i < k; i++) { /* as model_eval_h: the device's logits are rewritten by this pass */
-    int rc = model_logits_settle(seg[i].s, seg[i].logits, err, errlen);
-    if (rc) return rc;
-  }
   const model *m = seg[0].s->m;
   for (int i = 0; i < k; i++) {
     if (seg[i].s->m != m) return floe_err(err, errlen, FLOE_E_INVALID, "eval: sessions of different models");
@@ -1163,6 +1159,10 @@ int model_eval_multi(const model_seg *seg, int k, int64_t *rows_out, int *segs_o
   }
   if (m->gguf && gguf_check_unchanged(m->gguf, err, errlen)) return FLOE_E_IO;
   if (m->st && st_model_check_unchanged(m->st, err, errlen)) return FLOE_E_IO;
+  for (int i = 0; i < k; i++) { /* as model_eval_h: the device's logits are rewritten by this pass */
+    int rc = model_logits_settle(seg[i].s, seg[i].logits, err, errlen);
+    if (rc) return rc;
+  }
   /* Which segments share the pass: all, when the backend can and the rows fit. The rows whose
    * logits are wanted must be a contiguous tail (be->logits takes a row range), so at most one
    * multi-row segment with logits joins; another one, or rows beyond one pass, are evaluated on

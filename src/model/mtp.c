@@ -98,10 +98,10 @@ int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t
   if (n < 1 || n > MODEL_MAX_BATCH || 2 * n > MODEL_MAX_BATCH * hp->n_expert_used || pos0 < 0 || pos0 + n > s->kv.n_ctx || first < 0 || first > n)
     return floe_err(err, errlen, FLOE_E_INVALID, "MTP: %lld rows at position %lld do not fit the context of %lld",
                     (long long)n, (long long)pos0, (long long)s->kv.n_ctx);
-  int rc0 = model_logits_settle(s, logits, err, errlen); /* the device's logits are rewritten */
-  if (rc0) return rc0;
   for (int64_t t = 0; t < n; t++)
     if (tok[t] < 0 || tok[t] >= V) return floe_err(err, errlen, FLOE_E_INVALID, "MTP: token %d out of range", tok[t]);
+  int rc0 = model_logits_settle(s, logits, err, errlen); /* the device's logits are rewritten */
+  if (rc0) return rc0;
   const double t0 = floe_time_s();
   if (dev) {
     const int flags = (logits && n - first > 0 ? MODEL_EVAL_LOGITS : 0) | (h_out ? MODEL_EVAL_HIDDEN : 0);

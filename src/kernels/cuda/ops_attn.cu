@@ -76,11 +76,8 @@ static int attn_hb_capped(const cuda_attn_shape *sh) {
   return hb;
 }
 
-static int attn_hb_for(const cuda_attn_shape *sh, int64_t n_tok) {
-  if (g_attn_spread < 0) {
-    const char *e = getenv("FLOE_CUDA_ATTN_SPREAD");
-    g_attn_spread = !(e && e[0] == '0');
-  }
+/* the current device's SM count, read once (0 when it cannot be asked) */
+static int attn_nsm(void) {
   if (g_attn_nsm <= 0) {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
@@ -88,7 +85,16 @@ static int attn_hb_for(const cuda_attn_shape *sh, int64_t n_tok) {
     else
       (void)cudaGetLastError();
   }
-  if (g_attn_spread && g_attn_nsm > 0 && n_tok * sh->n_split * (int64_t)sh->n_head <= g_attn_nsm) return 1;
+  return g_attn_nsm;
+}
+
+static int attn_hb_for(const cuda_attn_shape *sh, int64_t n_tok) {
+  if (g_attn_spread < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_SPREAD");
+    g_attn_spread = !(e && e[0] == '0');
+  }
+  const int nsm = attn_nsm();
+  if (g_attn_spread && nsm > 0 && n_tok * sh->n_split * (int64_t)sh->n_head <= nsm) return 1;
   return attn_hb_capped(sh);
 }
 
@@ -135,13 +141,7 @@ extern "C" int cuda_attn_check(const cuda_attn_shape *sh, char *err, size_t errl
 }
 
 extern "C" int cuda_attn_split_hint(const cuda_attn_shape *sh, int n_sm) {
-  if (n_sm <= 0) {
-    cuda_attn_shape one = *sh;
-    one.n_split = ATT_MAX_SPLIT; /* past the spread test: only the SM count is wanted */
-    (void)attn_hb_for(&one, 1);
-    if (g_attn_nsm <= 0) return 0;
-    n_sm = g_attn_nsm;
-  }
+  if (n_sm <= 0 && (n_sm = attn_nsm()) <= 0) return 0;
   const int blocks = sh->n_head_kv * (sh->n_head / sh->n_head_kv / attn_hb_capped(sh));
   int s = n_sm / (blocks > 0 ? blocks : 1);
   return s < 1 ? 1 : (s > ATT_MAX_SPLIT ? ATT_MAX_SPLIT : s);
