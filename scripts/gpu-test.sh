@@ -380,13 +380,13 @@ sec_attn35() {
   return $rc
 }
 # ab35: decode of the 35B shape at depth ABD (default 0) with each setting of AB35 (VAR=VALUE
-# words; "-" the defaults), ABR rounds (default 2) alternated in order: one decode_tok_s line each
+# words, several joined by commas; "-" the defaults), ABR rounds (default 2) alternated in order: one decode_tok_s line each
 sec_ab35() {
   local r v rc=0
   for r in $(seq 1 "${ABR:-2}"); do
     for v in ${AB35:--}; do
       printf 'round %s %-28s ' "$r" "$v"
-      env $([ "$v" = - ] || echo "$v") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 \
+      env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 \
         -d "${ABD:-0}" -r 1 --json 2>/dev/null | grep -o '"decode_tok_s":[0-9.]*' | head -1 || rc=1
     done
   done

@@ -241,12 +241,16 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   /* impl 2 (Q4_K / Q5_K, F32 / F16 / BF16): the few-row kernels (k_k4wn, k_plainn; cuda_mm_set_few);
    * impl 3 / 4 (Q4_K / Q5_K, 1..15 rows): k_k4w with its rounds' loads in batches of 2 / 4 and
    * k_k4wn with the next round's weights loaded ahead (cuda_mm_set_k4w_pipe) */
-  const int nimpl = kq ? 5 : pt ? 3 : ab ? 2 : 1;
+  /* impl 5 (Q4_K / Q5_K): k_k4w2, two weight rows a warp at once (cuda_mm_set_k4w_pair; one
+   * activation row, the grid capped at 3 blocks so that warps have several rows) */
+  const int nimpl = kq ? 6 : pt ? 3 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
     if (impl >= 3 && nb > 15) continue;
+    if (impl == 5 && nb > 1) continue;
     cuda_mm_set_k4w_pipe(impl == 3 ? 2 : impl == 4 ? 4 : 1);
+    cuda_mm_set_k4w_pair(impl == 5);
     cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
     cuda_mm_set_plain_tile(!pt || impl >= 1);
     cuda_mm_set_k4w(kq && impl >= 1);
@@ -298,7 +302,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
       CHECK(bad_s < 0, "%s %lldx%lld nb=%d %s path%s: GPU == CPU %s bit for bit (first diff at %lld: gpu %.9g cpu %.9g)",
             nm, (long long)rows, (long long)cols, nb, path ? "float" : "quantized",
             nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : impl == 1 ? " (k_k4w)" : impl == 2 ? " (k_k4wn)"
-                                    : impl == 3 ? " (k_k4w / k_k4wn, loads ahead: 2)" : " (k_k4w / k_k4wn, loads ahead: 4)")
+                                    : impl == 3 ? " (k_k4w / k_k4wn, loads ahead: 2)"
+                                    : impl == 4 ? " (k_k4w / k_k4wn, loads ahead: 4)" : " (k_k4w2, two rows a warp)")
             : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : " (k_plainn)")
             : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
@@ -314,6 +319,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
   cuda_mm_set_k4w(0);
   cuda_mm_set_k4w_pipe(1);
+  cuda_mm_set_k4w_pair(0);
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_plain_tile(1);
   cuda_mm_set_k4s(1);
@@ -766,6 +772,8 @@ static void check_router_route(uint32_t type, int NE, int K, int norm, int sh, i
         "router+route: a row count other than NE (+1) is refused");
   CHECK(cuda_mm_router_route(&g.M, dx, dl1, 1025, K, norm, -1, ds1, dw1, ctr, NULL) == FLOE_E_UNSUPPORTED,
         "router+route: more than 1024 experts are refused (two launches instead)");
+  CHECK(cuda_mm_router_route(&g.M, dx, dl1, NE, 33, norm, sh ? NE : -1, ds1, dw1, ctr, NULL) == FLOE_E_UNSUPPORTED,
+        "router+route: more than 32 experts a token are refused (two launches instead)");
   void *fr[] = {dx, dl1, dl2, dw1, dw2, ds1, ds2, ctr};
   for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) cuda_rt_free(fr[i]);
   free(x);
@@ -828,7 +836,7 @@ int main(void) {
   check_router_route(FLOE_TYPE_F32, 1000, 16, 1, 1, 300);  /* 32 a lane; rows not a multiple of 4 */
   check_router_route(FLOE_TYPE_F16, 40, 32, 0, 1, 77);     /* K = 32; a 77-value tail */
   check_router_route(FLOE_TYPE_F16, 60, 4, 1, 0, 200);
-  check_router_route(FLOE_TYPE_F32, 500, 64, 1, 0, 64);
+  check_router_route(FLOE_TYPE_F32, 500, 32, 1, 0, 64);  /* the largest K */
   SECTION("activation quantization, both implementations");
   check_act(FLOE_TYPE_Q4_K, 256, 3);
   check_act(FLOE_TYPE_Q4_K, 4096, 2);     /* the 35B-A3B's GatedDeltaNet output: 16 chunks */

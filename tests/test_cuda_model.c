@@ -652,6 +652,34 @@ static void test_multi(const char *path, bool graph) {
  * (prompt chunk, then recorded and replayed one-token steps), model_logits_sync brings the same
  * bits, the buffer stays untouched until then, an evaluation into another buffer fetches the
  * pending row first, and the engine's greedy generation gives the plain run's ids. */
+/* floe bench's decode loop through the public API: n greedy steps of floe_session_eval without a
+ * logits buffer and floe_session_argmax (FLOE_CUDA_LAZY_LOGITS=lazy), then one evaluation into
+ * last (its logits). The ids into ids. */
+static int eval_chain(const char *path, int lazy, int32_t *ids, int n, float *last) {
+  char err[256];
+  floe_engine_params ep;
+  floe_engine_params_init(&ep);
+  ep.model = path;
+  ep.n_threads = 1;
+  ep.device = FLOE_DEVICE_CUDA;
+  floe_engine *e = NULL;
+  floe_session *s = NULL;
+  if (lazy) setenv("FLOE_CUDA_LAZY_LOGITS", "1", 1);
+  int rc = floe_engine_open(&ep, &e, err, sizeof err);
+  if (!rc) rc = floe_session_new(e, NULL, &s, err, sizeof err);
+  unsetenv("FLOE_CUDA_LAZY_LOGITS");
+  int32_t t = 11;
+  for (int i = 0; i < n && !rc; i++) {
+    rc = floe_session_eval(s, &t, 1, NULL, false, err, sizeof err);
+    t = ids[i] = floe_session_argmax(s);
+  }
+  if (!rc) rc = floe_session_eval(s, &t, 1, last, false, err, sizeof err);
+  if (rc) printf("  eval chain (lazy %d): %s\n", lazy, err);
+  if (s) floe_session_free(s);
+  if (e) floe_engine_close(e);
+  return rc;
+}
+
 static void test_lazy(const char *path) {
   SECTION("deferred logits (FLOE_CUDA_LAZY_LOGITS=1): greedy picks and fetched logits == a plain session's");
   char err[256];
@@ -725,6 +753,21 @@ static void test_lazy(const char *path) {
   CHECK(rc1 == 0 && rc2 == 0 && eq == NG * NP, "engine greedy ids with deferred logits == without (%lld of %d)",
         (long long)eq, NG * NP);
   free(base), free(got);
+  /* floe_session_eval without a logits buffer (floe bench's decode loop) defers them too: the
+   * argmax chain equals the plain one, and an evaluation that asks for logits gets the right row */
+  float *lg[2] = { malloc((size_t)V * 4), malloc((size_t)V * 4) };
+  int32_t ch[2][NG];
+  int rcs[2];
+  for (int lz = 0; lz < 2; lz++) {
+    rcs[lz] = eval_chain(path, lz, ch[lz], NG, lg[lz]);
+  }
+  int same = 0;
+  while (rcs[0] == 0 && rcs[1] == 0 && same < NG && ch[0][same] == ch[1][same]) same++;
+  CHECK(rcs[0] == 0 && rcs[1] == 0 && same == NG && memcmp(lg[0], lg[1], (size_t)V * 4) == 0,
+        "floe_session_eval (no logits) + floe_session_argmax, deferred == plain (%d of %d ids), then the logits of "
+        "an evaluation that asks for them bit-identical",
+        same, NG);
+  free(lg[0]), free(lg[1]);
 }
 
 int main(void) {

@@ -571,7 +571,11 @@ int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logi
                     (long long)n, (long long)s->n_ctx, (long long)s->n_hist);
   /* the last position's logits always land in last_logits (floe_session_argmax, generation) */
   float *dst = all_logits && logits ? logits : s->last_logits;
+  /* no logits asked for: the caller needs at most the greedy pick (floe_session_argmax), so the
+   * backend may leave them on the device; every reader of last_logits fetches them first */
+  s->ms->lazy_ok = logits == NULL;
   int rc = model_eval(s->ms, ids, (int64_t)n, dst, all_logits && logits, err, errlen);
+  s->ms->lazy_ok = false;
   if (rc) {
     floe_session_reset(s); /* state is undefined after a failed eval */
     return rc;

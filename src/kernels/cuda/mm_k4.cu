@@ -362,6 +362,30 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
   }
 }
 
+/* k_k4w's MM_PLAIN form for matrices with more rows than its warps (the output head: 248320 rows
+ * on 5280 warps): a warp takes its rows r, r + step two at a time, the second as the GLU's up row
+ * (k4w_dot's TWO: both rows' loads in flight together, twice the bytes a warp has outstanding).
+ * Each row is still computed by one warp with k4w_term's operations in its order: k_k4w's bits. */
+template <int T>
+__global__ void __launch_bounds__(128) k_k4w2(KArgs a, const uint8_t *xq, float *Y, int pf) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5), step = (int64_t)gridDim.x * 4;
+  if (pf) k4w_prefetch<MM_PLAIN>(a, a, 0, r0, step, pf, lane);
+  PDL_ENTER();
+  const bool l0 = lane == 0;
+  for (int64_t r = r0; r < a.rows; r += 2 * step) { /* warp-uniform */
+    const int64_t r2 = r + step;
+    float y, y2;
+    if (r2 < a.rows) {
+      k4w_dot<T, true, 1>(a, mm_row(a, 0, r), a, mm_row(a, 0, r2), xq, &y, &y2);
+      if (l0) Y[r] = y, Y[r2] = y2;
+    } else {
+      k4w_dot<T, false, 1>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
+      if (l0) Y[r] = y;
+    }
+  }
+}
+
 /* A few activation rows (MM_PLAIN, nb 2..15: a speculative verify, a small batch): k_k4w with NB
  * activation rows a block (gridDim.y blocks of rows). The warp loads a round's weight bytes once
  * (the block header, its 16 code bytes, Q5_K's qh word) and forms each activation row's term with
@@ -556,6 +580,20 @@ static int k4w_pipe(void) {
   return g_k4w_pipe;
 }
 
+/* k_k4w2 for one-row MM_PLAIN calls whose warps each have two rows or more (cuda_mm_set_k4w_pair;
+ * FLOE_CUDA_K4W_PAIR=1 at the first launch; opt-in until measured on the H200) */
+static int g_k4w_pair = -1;
+
+void cuda_mm_set_k4w_pair(int on) { g_k4w_pair = on ? 1 : 0; }
+
+static int k4w_pair(void) {
+  if (g_k4w_pair < 0) {
+    const char *e = getenv("FLOE_CUDA_K4W_PAIR");
+    g_k4w_pair = e && e[0] == '1';
+  }
+  return g_k4w_pair;
+}
+
 /* k_k4s for rows of one or two superblocks (the default with k_k4w; FLOE_CUDA_K4S=0 or
  * cuda_mm_set_k4s(0): k_k4w, the same bits) */
 static int g_k4s = -1;
@@ -629,6 +667,14 @@ unsigned k4w_grid(int64_t g4, unsigned gy) {
   static int cap = 0; /* per instantiation */
   if (!cap) cap = resident_blocks(k_k4w<T, MODE, NR>);
   return grid_capped(g4, gy, cap);
+}
+
+/* k4w_grid for k_k4w2 */
+template <int T>
+unsigned k4w2_grid(int64_t g4) {
+  static int cap = 0;
+  if (!cap) cap = resident_blocks(k_k4w2<T>);
+  return grid_capped(g4, 1, cap);
 }
 
 /* k4w_grid for k_k4wn */
@@ -715,6 +761,13 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
     const int64_t g4 = (a.rows + 3) / 4;
     const unsigned gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
     const int pf = k4w_pf(a, mode, gy);
+    if (mode == MM_PLAIN && k4w_pair() && k4w_pipe() == 1) {
+      const unsigned gx = k4w2_grid<T>(g4);
+      if (gx < g4) { /* a warp has two rows or more */
+        pdl_launch(k_k4w2<T>, dim3(gx), dim3(128), (size_t)0, st, a, xq, Y, pf);
+        return;
+      }
+    }
 #define K4W_LAUNCH(M, NR)                                                                                     \
   pdl_launch(k_k4w<T, M, NR>, dim3(k4w_grid<T, M, NR>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, \
              Y, ldy, pf)
