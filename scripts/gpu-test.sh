@@ -27,6 +27,7 @@
 #   stream80  the 80B streamed (--mem-budget + --gpu-mem): read-ahead by the router vs the previous token
 #   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
+#   ncuk4w    ncu sections (speed of light, warp states, occupancy, memory) of a GDN layer's decode matmuls
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
 #   kernels80l  kernels35l for the 80B-A3B shape cut to 4 layers
@@ -151,6 +152,17 @@ sec_ncu35() {
     FLOE_CUDA_NO_GRAPH=1 timeout 120 ncu --set full -k "regex:^$k\b|::$k" --launch-skip 8 -c 2 \
       "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" || return 1
   done
+}
+# ncuk4w: ncu's speed of light, warp states, occupancy and memory sections on the decode matmuls of
+# one GatedDeltaNet layer of the 4-layer cut (no graph): qkv|z (grid 1320), ssm_out (512), the MoE
+# gate+up (128 x 9); NCUK_SKIP launches of k_k4w skipped first (13: one decode step)
+sec_ncuk4w() {
+  local small=/tmp/floe-q35-4l.gguf
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  FLOE_CUDA_NO_GRAPH=1 timeout 200 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    --section MemoryWorkloadAnalysis --section SchedulerStats -k regex:k_k4w --launch-skip "${NCUK_SKIP:-13}" -c 3 \
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" |
+    grep -E "^ +[A-Za-z].* {2,}[a-zA-Z%/]* +[0-9.,]+$|k_k4w|Section:" | cut -c1-110
 }
 sec_mma35() {
   local v rc=0 small=/tmp/floe-q35-4l.gguf
