@@ -849,7 +849,7 @@ int main(void) {
   test_attn_case(8, 2, 80, 32, 1, 0, 250, 17, 2);      /* head_dim 80, zero-padded to 128 */
   test_attn_case(16, 2, 256, 64, 1, 1, 7, 1, 2);       /* one row */
   test_attn_case(32, 1, 64, 64, 0, 1, 130, 9, 3);      /* GQA 32: a block of 16 heads of one row */
-  /* dk 128, four settings: one thread per column with the token-by-token conv; the defaults (two
+  /* dk 128 (and 64 where k_gdn_step1 / k_gdn_recur2 take it), five settings: one thread per column with the token-by-token conv; the defaults (two
    * threads per column, the conv a block per token, one token fused into one launch k_gdn_step1,
    * prefill's S columns over several blocks with consecutive tokens overlapped k_gdn_recur_cols2 +
    * k_gdn_gnorm); k_gdn_recur2 for every chunk with two launches a token (the previous defaults);
@@ -882,6 +882,12 @@ int main(void) {
     test_gdn_keep_case(1, 3, 128, 8, 4, 1, 2);
     test_gdn_keep_case(1, 3, 128, 8, 2, 1, 1);
     test_gdn_keep_case(4, 4, 128, 40, 5, 1, 1); /* one value head a key head: no cluster */
+    /* dk 64 (the default model: Nk 4, Nv 4, dv 64, K 4): k_gdn_step1<64> / k_gdn_recur2<64> */
+    test_gdn_case(4, 4, 64, 64, 4, 1, 5, 3);
+    test_gdn_case(2, 6, 64, 40, 3, 0, 4, 2); /* a cluster of 3; a part warp of columns */
+    test_gdn_keep_case(4, 4, 64, 64, 4, 1, 5);
+    test_gdn_keep_case(4, 4, 64, 64, 4, 1, 1);
+    test_gdn_keep_case(2, 6, 64, 40, 3, 0, 1);
   }
   cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(2), cuda_gdn_set_dec_cols(0);
   test_gdn_case(16, 32, 128, 128, 4, 1, 260, 3); /* the 35B-A3B shape, a long chunk (the defaults) */

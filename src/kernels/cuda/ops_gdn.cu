@@ -319,41 +319,48 @@ static __global__ void __launch_bounds__(128)
   }
 }
 
-/* k_gdn_recur2: dk = 128, two threads per column: lane l < 16 of a warp holds rows 0..63 of
- * column 16 w + l of S, lane l + 16 rows 64..127, both in registers. Every float operation and its
- * order is k_gdn_recur's: the decay product and s * k per row, then kv summed over i in order (the
- * lower half's 64 additions, its partial handed to the upper half by a shuffle, which adds its 64),
+/* k_gdn_recur2<DK>: dk = DK (128 or 64), two threads per column: lane l < 16 of a warp holds rows
+ * 0..DK/2-1 of column 16 w + l of S, lane l + 16 rows DK/2..DK-1, both in registers. Every float
+ * operation and its order is k_gdn_recur's: the decay product and s * k per row, then kv summed
+ * over i in order (the lower half's DK/2 additions, its partial handed to the upper half by a
+ * shuffle, which adds its DK/2),
  * delta from the upper half, the rank-1 update and s * q per row, oo summed in order the same
  * way. So the serial chain is unchanged, while each thread issues half the instructions and no
  * shared-memory traffic for S (k_gdn_recur's column thread runs ~5000 instructions a token with
  * one warp per scheduler). The default for dk 128 (H200, 35B-A3B shape: decode 252 -> 274 tok/s,
- * prefill 870 -> 1103); FLOE_CUDA_GDN2=0 / cuda_gdn_set_impl(0) selects k_gdn_recur. */
+ * prefill 870 -> 1103) and dk 64 (the default model); FLOE_CUDA_GDN2=0 / cuda_gdn_set_impl(0)
+ * selects k_gdn_recur. */
 #define G2_HALF 64
 
-/* The ordered sum p[0] + ... + p[127] of a column, its rows split over the two halves: the lower
- * half adds its 64 from 0, the upper half continues from that partial. Valid in the upper half. */
-static __device__ __forceinline__ float g2_chain(const float p[G2_HALF], int lane, int half) {
+/* The ordered sum p[0] + ... + p[2H - 1] of a column, its rows split over the two halves: the lower
+ * half adds its H from 0, the upper half continues from that partial. Valid in the upper half.
+ * g2_chain: dk 128 (H = G2_HALF). */
+template <int H>
+static __device__ __forceinline__ float g2_chain_h(const float p[H], int lane, int half) {
   float acc = 0.0f;
   if (half == 0)
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) acc = __fadd_rn(acc, p[i]);
+    for (int i = 0; i < H; i++) acc = __fadd_rn(acc, p[i]);
   const float lower = __shfl_sync(0xffffffffu, acc, lane & 15);
   if (half == 1) {
     acc = lower;
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) acc = __fadd_rn(acc, p[i]);
+    for (int i = 0; i < H; i++) acc = __fadd_rn(acc, p[i]);
   }
   return acc;
 }
+static __device__ __forceinline__ float g2_chain(const float p[G2_HALF], int lane, int half) {
+  return g2_chain_h<G2_HALF>(p, lane, half);
+}
 
-template <bool KEEP>
+template <int DK, bool KEEP>
 static __global__ void __launch_bounds__(256)
     k_gdn_recur2(const float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
                  const float *ssm_a, const float *norm_w, float *Sg, float *const *Sp, float *const *keep, float *o,
                  int Nk, int Nv, int dv, int v_tiled, float eps, int n_tok) {
   PDL_ENTER();
   if (Sp) Sg = *Sp;
-  constexpr int dk = 128;
+  constexpr int dk = DK, H = DK / 2; /* rows a thread holds */
   __shared__ float qk[2 * dk];
   __shared__ float os[128];
   __shared__ float s_rr;
@@ -362,7 +369,7 @@ static __global__ void __launch_bounds__(256)
   const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * G2_HALF;
+  const int i0 = half * H;
   {
     const float A = ssm_a[hv], dtb = dt_bias[hv];
     for (int t = threadIdx.x; t < n_tok; t += blockDim.x) {
@@ -375,9 +382,9 @@ static __global__ void __launch_bounds__(256)
     __syncthreads();
   }
   float *S = Sg + (int64_t)hv * dk * dv + (col ? jj : 0);
-  float s[G2_HALF], p[G2_HALF];
+  float s[H], p[H];
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) s[i] = col ? S[(int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < H; i++) s[i] = col ? S[(int64_t)(i0 + i) * dv] : 0.0f;
   const float wn = col ? norm_w[jj] : 0.0f;
   for (int t = 0; t < n_tok; t++) {
     const float *c = raw + (int64_t)t * C;
@@ -391,24 +398,24 @@ static __global__ void __launch_bounds__(256)
     const float beta = ot[0], decay = ot[1];
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) {
+    for (int i = 0; i < H; i++) {
       s[i] = __fmul_rn(s[i], decay);
       p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
     }
-    const float kv = g2_chain(p, lane, half);
+    const float kv = g2_chain_h<H>(p, lane, half);
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
     const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) {
+    for (int i = 0; i < H; i++) {
       s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
       p[i] = __fmul_rn(s[i], qk[i0 + i]);
     }
-    const float oo = g2_chain(p, lane, half);
+    const float oo = g2_chain_h<H>(p, lane, half);
     if (half == 1 && col) os[jj] = oo;
     if (KEEP && col) { /* kept chunk: this half's rows of the state after row t */
       float *Kt = keep[t] + (int64_t)hv * dk * dv + jj;
 #pragma unroll
-      for (int i = 0; i < G2_HALF; i++) Kt[(int64_t)(i0 + i) * dv] = s[i];
+      for (int i = 0; i < H; i++) Kt[(int64_t)(i0 + i) * dv] = s[i];
     }
     __syncthreads(); /* os complete; every thread has read beta / decay and qk of token t */
     if (threadIdx.x < 32) {
@@ -421,11 +428,11 @@ static __global__ void __launch_bounds__(256)
   }
   if (!KEEP && col)
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) S[(int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < H; i++) S[(int64_t)(i0 + i) * dv] = s[i];
 }
 
 /* ---- decode: the conv and the recurrence of one token in one launch (k_gdn_step1) ----
- * A block per value head hv in k_gdn_recur2's layout (dk 128, two threads per column). The block
+ * A block per value head hv in k_gdn_recur2's layout (dk DK = 128 or 64, two threads per column). The block
  * first does k_gdn_conv's work for the channels it needs: q and k of its key head kh (2 * dk
  * channels: the conv, SiLU, the L2 norms, q times dk^-0.5) and its own dv channels of v, with
  * k_gdn_conv's operations in its order; then k_gdn_recur2's token with beta / decay from shared
@@ -452,6 +459,7 @@ static __device__ __forceinline__ void gdn_cluster_wait() {
 #define G1_CLUSTER_MAX 8 /* the portable cluster size: r above it takes the two launches */
 #define G1_SLOTS 2       /* conv channels a thread loads at once (dv 128: 384 channels, 256 threads, one pass) */
 
+template <int DK>
 static __global__ void __launch_bounds__(256)
     k_gdn_step1(const float *mix, const float *wt, float *conv_g, float *const *conv_p, float *const *conv_keep,
                 float *raw, const float *z, const float *b, const float *a, const float *dt_bias, const float *ssm_a,
@@ -462,7 +470,7 @@ static __global__ void __launch_bounds__(256)
   if (Sp) Sg = *Sp;
   float *conv_d = conv_keep ? conv_keep[0] : conv_g; /* where the windows after the token go */
   float *Sd = S_keep ? S_keep[0] : Sg;
-  constexpr int dk = 128;
+  constexpr int dk = DK, H = DK / 2; /* rows a thread holds */
   __shared__ float qk[2 * dk];
   __shared__ float vs[128];
   __shared__ float os[128];
@@ -474,12 +482,12 @@ static __global__ void __launch_bounds__(256)
   const int jj = warp * 16 + (lane & 15);
   const bool col = jj < dv;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * G2_HALF;
+  const int i0 = half * H;
   /* S's column first: its loads are in flight while the conv runs */
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
-  float s[G2_HALF], p[G2_HALF];
+  float s[H], p[H];
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
   /* recur2's beta and decay by the last thread (its loads now, its math while the conv's loads
    * are in flight) */
   const bool bd = threadIdx.x == blockDim.x - 1;
@@ -556,23 +564,23 @@ static __global__ void __launch_bounds__(256)
   const float beta = s_beta, decay = s_decay;
   /* k_gdn_recur2's token */
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) {
+  for (int i = 0; i < H; i++) {
     s[i] = __fmul_rn(s[i], decay);
     p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
   }
-  const float kv = g2_chain(p, lane, half);
+  const float kv = g2_chain_h<H>(p, lane, half);
   const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
   const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) {
+  for (int i = 0; i < H; i++) {
     s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
     p[i] = __fmul_rn(s[i], qk[i0 + i]);
   }
-  const float oo = g2_chain(p, lane, half);
+  const float oo = g2_chain_h<H>(p, lane, half);
   if (half == 1 && col) os[jj] = oo;
   if (col)
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) Sd[so + (int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < H; i++) Sd[so + (int64_t)(i0 + i) * dv] = s[i];
   __syncthreads();
   if (threadIdx.x < 32) {
     const float ss = ops_sumsq16_warp(os, dv);
@@ -894,14 +902,19 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
                norm_w, sh->Nv, sh->dv, sh->eps);
     return;
   }
-  if (g_gdn_impl == 1 && sh->dk == 128 && sh->dv <= 128) {
+  if (g_gdn_impl == 1 && (sh->dk == 128 || sh->dk == 64) && sh->dv <= 128) {
     const dim3 grid(sh->Nv), block((sh->dv + 15) / 16 * 32);
-    if (keep)
-      pdl_launch(k_gdn_recur2<true>, grid, block, (size_t)0, OPS_STREAM(stream), raw, z, b, a, dt_bias, ssm_a, norm_w,
-                 S, Sp, keep, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
-    else
-      pdl_launch(k_gdn_recur2<false>, grid, block, (size_t)0, OPS_STREAM(stream), raw, z, b, a, dt_bias, ssm_a, norm_w,
-                 S, Sp, keep, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok);
+#define GDN2_CASE(D, KP)                                                                                        \
+  pdl_launch(k_gdn_recur2<D, KP>, grid, block, (size_t)0, OPS_STREAM(stream), raw, z, b, a, dt_bias, ssm_a, norm_w, \
+             S, Sp, keep, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, sh->eps, (int)n_tok)
+    if (sh->dk == 128) {
+      if (keep) GDN2_CASE(128, true);
+      else GDN2_CASE(128, false);
+    } else {
+      if (keep) GDN2_CASE(64, true);
+      else GDN2_CASE(64, false);
+    }
+#undef GDN2_CASE
     return;
   }
   const int nt = (sh->dv + 31) / 32 * 32, DK = sh->dk <= 16 ? 16 : sh->dk <= 32 ? 32 : sh->dk <= 64 ? 64 : 128;
@@ -954,7 +967,8 @@ static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
     g_gdn_impl = !(e && e[0] == '0');
   }
   const int r = sh->Nv / sh->Nk;
-  if (n_tok != 1 || g_gdn_fused != 1 || g_gdn_impl != 1 || sh->dk != 128 || sh->dv > 128 || r > G1_CLUSTER_MAX)
+  if (n_tok != 1 || g_gdn_fused != 1 || g_gdn_impl != 1 || (sh->dk != 128 && sh->dk != 64) || sh->dv > 128 ||
+      r > G1_CLUSTER_MAX)
     return false;
   if (!keep && gdn_dec_cols_on() && gdn_cols_mode() > 0) return false; /* the column-split recurrence instead */
   if (r > 1) gdn_cluster_query();
@@ -993,7 +1007,7 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   }
   cfg.attrs = at;
   cfg.numAttrs = (unsigned)na;
-  cudaLaunchKernelEx(&cfg, k_gdn_step1, mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
+  cudaLaunchKernelEx(&cfg, sh->dk == 128 ? k_gdn_step1<128> : k_gdn_step1<64>, mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
                      norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
                      (float)(1.0 / sqrt((double)sh->dk)));
 }
