@@ -27,6 +27,7 @@
 #   stream80  the 80B streamed (--mem-budget + --gpu-mem): read-ahead by the router vs the previous token
 #   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
+#   dm        the default model's decode, plain and --mtp 3, per setting of DM_AB
 #   ncuk4w    ncu sections (speed of light, warp states, occupancy, memory) of a GDN layer's decode matmuls
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
@@ -152,6 +153,22 @@ sec_ncu35() {
     FLOE_CUDA_NO_GRAPH=1 timeout 120 ncu --set full -k "regex:^$k\b|::$k" --launch-skip 8 -c 2 \
       "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" || return 1
   done
+}
+# dm: the default model's decode with and without MTP (floe bench --mtp 3: both in one run) for
+# each setting of DM_AB (VAR=VALUE words, several joined by commas; "-" the defaults), DM_R rounds
+# alternated
+sec_dm() {
+  local r v rc=0
+  for r in $(seq 1 "${DM_R:-2}"); do
+    for v in ${DM_AB:--}; do
+      printf 'round %s %-28s ' "$r" "$v"
+      env $([ "$v" = - ] || echo "${v//,/ }") timeout 120 "$BUILD/bin/floe" bench -m "$ROOT/models/default.gguf" \
+        --device cuda -p 0 -n 256 -r 3 --mtp 3 --json 2>/dev/null | grep '"mtp"' |
+        grep -oE '"(decode_tok_s|decode_tok_s_mtp0|speedup|tokens_per_step)":[0-9.]*' | tr '\n' ' ' || rc=1
+      echo
+    done
+  done
+  return $rc
 }
 # ncuk4w: ncu's speed of light, warp states, occupancy and memory sections on the decode matmuls of
 # one GatedDeltaNet layer of the 4-layer cut (no graph): qkv|z (grid 1320), ssm_out (512), the MoE
