@@ -469,19 +469,27 @@ static int on_tok(void *user, const floe_token_event *ev) {
 }
 
 /* floe_generate's greedy ids on device dev with drafts k (0: off) for each prompt. */
-static int gen_ids(const char *path, int dev, int k, int32_t *out, int n_gen, int n_prompts, double *tps) {
-  static const char *const texts[] = { "import os\ndef main():\n    ", "class Node:\n    def __init__(self, value):\n",
-                                       "def fib(n):\n    \"\"\"" };
-  char err[256];
+/* An engine on path (one thread, device dev) and a session of default parameters. */
+static int open_session(const char *path, int dev, floe_engine **e, floe_session **s, char *err, size_t errlen) {
   floe_engine_params ep;
   floe_engine_params_init(&ep);
   ep.model = path;
   ep.n_threads = 1;
   ep.device = dev;
+  *e = NULL;
+  *s = NULL;
+  int rc = floe_engine_open(&ep, e, err, errlen);
+  if (!rc) rc = floe_session_new(*e, NULL, s, err, errlen);
+  return rc;
+}
+
+static int gen_ids(const char *path, int dev, int k, int32_t *out, int n_gen, int n_prompts, double *tps) {
+  static const char *const texts[] = { "import os\ndef main():\n    ", "class Node:\n    def __init__(self, value):\n",
+                                       "def fib(n):\n    \"\"\"" };
+  char err[256];
   floe_engine *e = NULL;
   floe_session *s = NULL;
-  int rc = floe_engine_open(&ep, &e, err, sizeof err);
-  if (!rc) rc = floe_session_new(e, NULL, &s, err, sizeof err);
+  int rc = open_session(path, dev, &e, &s, err, sizeof err);
   int64_t steps = 0, toks = 0;
   for (int pi = 0; pi < n_prompts && !rc; pi++) {
     int32_t *ids = NULL;
@@ -657,16 +665,10 @@ static void test_multi(const char *path, bool graph) {
  * last (its logits). The ids into ids. */
 static int eval_chain(const char *path, int lazy, int32_t *ids, int n, float *last) {
   char err[256];
-  floe_engine_params ep;
-  floe_engine_params_init(&ep);
-  ep.model = path;
-  ep.n_threads = 1;
-  ep.device = FLOE_DEVICE_CUDA;
   floe_engine *e = NULL;
   floe_session *s = NULL;
   if (lazy) setenv("FLOE_CUDA_LAZY_LOGITS", "1", 1);
-  int rc = floe_engine_open(&ep, &e, err, sizeof err);
-  if (!rc) rc = floe_session_new(e, NULL, &s, err, sizeof err);
+  int rc = open_session(path, FLOE_DEVICE_CUDA, &e, &s, err, sizeof err);
   unsetenv("FLOE_CUDA_LAZY_LOGITS");
   int32_t t = 11;
   for (int i = 0; i < n && !rc; i++) {
