@@ -182,6 +182,11 @@ void cuda_mm_set_k4w(int on);
  * until measured on the H200). The same operations in the same order, so the same bits
  * (test_cuda_mm runs each); FLOE_CUDA_K4W_PIPE=2 / 4 sets it at the first launch. */
 void cuda_mm_set_k4w_pipe(int nr);
+/* k_k4w's dot: 1 = 4 lanes a superblock (a round covers 8 superblocks; half the shuffles, a
+ * quarter of k4w's redundant per-superblock scale and float work), 0 = 8 lanes (the default until
+ * measured on the H200). The same bits (test_cuda_mm runs both); FLOE_CUDA_K4V=1 sets 1 at the
+ * first launch. */
+void cuda_mm_set_k4v(int on);
 /* k_k4w's one-row MM_PLAIN calls whose warps have two rows or more (the output head): 1 = two
  * rows a warp at once, their loads in flight together (k_k4w2), 0 = one at a time (the default
  * until measured on the H200). The same bits (test_cuda_mm runs both); FLOE_CUDA_K4W_PAIR=1 sets

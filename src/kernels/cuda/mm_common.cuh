@@ -103,6 +103,18 @@ __device__ __forceinline__ float mm_f16(uint32_t h) {
   }
   return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
 }
+/* mm_f16 of both halves of w (lo: bits 0-15): the hardware conversion (exact for every finite
+ * value and the infinities), NaNs built as mm_f16 builds them (their payload kept), by selects */
+__device__ __forceinline__ void mm_f16x2(uint32_t w, float *lo, float *hi) {
+  float a, b;
+  asm("{.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;}"
+      : "=f"(a), "=f"(b)
+      : "r"(w));
+  const uint32_t hl = w & 0xFFFFu, hh = w >> 16;
+  const bool nl = (hl & 0x7C00u) == 0x7C00u && (hl & 0x3FFu), nh = (hh & 0x7C00u) == 0x7C00u && (hh & 0x3FFu);
+  *lo = nl ? __uint_as_float(((hl & 0x8000u) << 16) | 0x7F800000u | ((hl & 0x3FFu) << 13)) : a;
+  *hi = nh ? __uint_as_float(((hh & 0x8000u) << 16) | 0x7F800000u | ((hh & 0x3FFu) << 13)) : b;
+}
 __device__ __forceinline__ float mm_bf16(uint32_t h) { return __uint_as_float(h << 16); }
 __device__ __forceinline__ float mm_e8m0_half(uint32_t e) {
   return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);

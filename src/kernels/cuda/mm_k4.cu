@@ -284,6 +284,121 @@ __device__ __forceinline__ void k4w_dot(const KArgs &a, const uint8_t *__restric
   if constexpr (TWO) *y2 = k4w_red(acc2);
 }
 
+/* k4w_dot with 4 lanes a superblock (k_k4w<..., V = true>; cuda_mm_set_k4v): ncu puts k_k4w's
+ * decode launches at ~0.6 issued instructions a cycle per scheduler with DRAM at 12-20 %, i.e.
+ * bound by instructions (~160 a lane a round: 8 lanes redo each superblock's scale and float
+ * work, three shuffle levels, the slot choice by predicates). Here lane p = lane & 3 of group
+ * g = lane >> 2 takes k4w's chunks w = 2p and 2p + 1 (code bytes 32p..32p+31: sub-blocks 2p and
+ * 2p + 1 whole, their two bsum words); a round covers 8 superblocks, k = k0 + g, its loads all
+ * issued before the arithmetic; S1 / S2 summed over the group by two shuffle levels (exact
+ * integers); t formed by each lane with k4w_calc's float operations; slot k % 16 is g in even
+ * rounds (acc0) and g + 8 in odd ones (acc1), in superblock order. kred16's tree: a[g] = acc0 +
+ * acc1, b[g] = a[g] + a[g+4] (16 lanes on), c[g] = b[g] + b[g+2] (8 on), c[0] + c[1] (4 on).
+ * Every output is k4w_dot's, and the CPU's, bit for bit. */
+struct K4VIn {
+  uint4 h, q0, q1, qh0, qh1, x0, x1, x2, x3;
+  uint2 bs;
+  float dx;
+};
+template <int T>
+__device__ __forceinline__ void k4v_load(const KArgs &a, const uint8_t *__restrict__ row, const uint8_t *__restrict__ x,
+                                         int k, int p, K4VIn &in) {
+  constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176;
+  constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;
+  const uint4 *blk = (const uint4 *)(row + (size_t)k * BB);
+  in.h = blk[0];
+  in.q0 = blk[QS / 16 + 2 * p];
+  in.q1 = blk[QS / 16 + 2 * p + 1];
+  in.qh0 = in.qh1 = make_uint4(0, 0, 0, 0);
+  if constexpr (T == FLOE_TYPE_Q5_K) { /* qh[q % 32] of chunks 2p (q % 32 < 16) and 2p + 1 */
+    in.qh0 = blk[1];
+    in.qh1 = blk[2];
+  }
+  /* k4w's xl / xh of chunks w = 2p, 2p + 1: xv[8 (w / 4) + w % 4] and 4 on */
+  const uint4 *xv = (const uint4 *)(x + 256 * (size_t)k) + 8 * (p >> 1) + 2 * (p & 1);
+  in.x0 = xv[0];
+  in.x1 = xv[4];
+  in.x2 = xv[1];
+  in.x3 = xv[5];
+  in.bs = ((const uint2 *)(x + a.off_s + 32 * (size_t)k))[p]; /* bsum words 2p, 2p + 1 */
+  in.dx = ((const float *)(x + a.off_d))[k];
+}
+template <int T>
+__device__ __forceinline__ float k4v_calc(const K4VIn &in, int p) {
+  uint32_t lo0[4], hi0[4], lo1[4], hi1[4];
+  k4_unpack<T>(in.q0, in.qh0, 2 * p, lo0, hi0);
+  k4_unpack<T>(in.q1, in.qh1, 2 * p + 1, lo1, hi1);
+  int sl = dp4(lo0[3], in.x0.w, dp4(lo0[2], in.x0.z, dp4(lo0[1], in.x0.y, dp4(lo0[0], in.x0.x, 0))));
+  sl = dp4(lo1[3], in.x2.w, dp4(lo1[2], in.x2.z, dp4(lo1[1], in.x2.y, dp4(lo1[0], in.x2.x, sl))));
+  int shv = dp4(hi0[3], in.x1.w, dp4(hi0[2], in.x1.z, dp4(hi0[1], in.x1.y, dp4(hi0[0], in.x1.x, 0))));
+  shv = dp4(hi1[3], in.x3.w, dp4(hi1[2], in.x3.z, dp4(hi1[1], in.x3.y, dp4(hi1[0], in.x3.x, shv))));
+  const uint4 h = in.h;
+  /* get_scale_min_k4 of sub-blocks j = 2p, 2p + 1 (k4_scale / k4_min without the selects): byte
+   * b = 8 (j % 4) of A & m1, or'ed with bits 6-7 of that byte of h.y (h.z) moved to bits 4-5 where
+   * j >= 4; A = h.y (h.z) for j < 4, else h.w (h.w >> 4); m1 = 63 / 15, m2 = 0 / 0x30 */
+  const bool up = p >= 2;
+  const int b0 = 16 * (p & 1), b1 = b0 + 8;
+  const uint32_t m1 = up ? 15u : 63u, m2 = up ? 0x30u : 0u;
+  const uint32_t As = up ? h.w : h.y, Am = up ? h.w >> 4 : h.z;
+  const int sc0 = (int)(((As >> b0) & m1) | ((h.y >> (b0 + 2)) & m2));
+  const int sc1 = (int)(((As >> b1) & m1) | ((h.y >> (b1 + 2)) & m2));
+  const int mn0 = (int)(((Am >> b0) & m1) | ((h.z >> (b0 + 2)) & m2));
+  const int mn1 = (int)(((Am >> b1) & m1) | ((h.z >> (b1 + 2)) & m2));
+  int S1 = sc0 * sl + sc1 * shv;
+  int S2 = mn0 * ((int)(int16_t)(in.bs.x & 0xFFFF) + (int)(int16_t)(in.bs.x >> 16)) +
+           mn1 * ((int)(int16_t)(in.bs.y & 0xFFFF) + (int)(int16_t)(in.bs.y >> 16));
+#pragma unroll
+  for (int o = 2; o >= 1; o >>= 1) { /* the group's 4 partials: exact integer sums */
+    S1 += __shfl_xor_sync(MM_FULL, S1, o);
+    S2 += __shfl_xor_sync(MM_FULL, S2, o);
+  }
+  float d, dmin;
+  mm_f16x2(h.x, &d, &dmin);
+  const float dd = d * in.dx, dm = dmin * in.dx;
+  return (float)S1 * dd - (float)S2 * dm;
+}
+/* kred16's tail from a group's two slots (valid in lane 0) */
+__device__ __forceinline__ float k4v_red(float acc0, float acc1) {
+  float v = acc0 + acc1;                      /* a[g] = slot g + slot g+8 */
+  v = v + __shfl_down_sync(MM_FULL, v, 16);   /* b[g] = a[g] + a[g+4] */
+  v = v + __shfl_down_sync(MM_FULL, v, 8);    /* c[g] = b[g] + b[g+2] */
+  return v + __shfl_down_sync(MM_FULL, v, 4); /* c[0] + c[1] */
+}
+template <int T, bool TWO>
+__device__ __forceinline__ void k4v_dot(const KArgs &a, const uint8_t *__restrict__ row, const KArgs &a2,
+                                        const uint8_t *__restrict__ row2, const uint8_t *__restrict__ x, float *y,
+                                        float *y2) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, p = lane & 3;
+  const int nsb = (int)(a.cols / 256);
+  float acc0 = 0.0f, acc1 = 0.0f, bcc0 = 0.0f, bcc1 = 0.0f; /* slots g, g + 8 (bcc: row2's) */
+  for (int k0 = 0; k0 < nsb; k0 += 16) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) { /* static: the slot is acc0 or acc1 */
+      const int kb = k0 + 8 * hf;
+      if (kb >= nsb) break; /* warp-uniform */
+      const int k = kb + g;
+      const bool ok = k < nsb; /* past the last superblock: round kb's (valid, cached), nothing added */
+      K4VIn in, in2;
+      k4v_load<T>(a, row, x, ok ? k : kb, p, in);
+      if constexpr (TWO) k4v_load<T>(a2, row2, x, ok ? k : kb, p, in2);
+      const float t = k4v_calc<T>(in, p);
+      float t2 = 0.0f;
+      if constexpr (TWO) t2 = k4v_calc<T>(in2, p);
+      if (ok) {
+        if (hf == 0) {
+          acc0 = acc0 + t;
+          if constexpr (TWO) bcc0 = bcc0 + t2;
+        } else {
+          acc1 = acc1 + t;
+          if constexpr (TWO) bcc1 = bcc1 + t2;
+        }
+      }
+    }
+  }
+  *y = k4v_red(acc0, acc1);
+  if constexpr (TWO) *y2 = k4v_red(bcc0, bcc1);
+}
+
 /* Weight prefetch into L2 before griddepcontrol.wait (pf, from k4w_pf): a decode step is a chain
  * of small kernels, and with programmatic dependent launch this kernel's blocks are resident while
  * the previous kernel (often one latency-bound block: a norm, the routing) still runs. Weights do
@@ -322,7 +437,7 @@ __device__ __forceinline__ void k4w_prefetch(const KArgs &a, const KArgs &a2, in
 /* A warp per weight row; the grid may be smaller than one block per 4 rows (k4w_grid: no more
  * blocks than fit at once, so all of them prefetch), the warps then take rows r, r + 4 gridDim.x,
  * ... Each row is computed by one warp exactly as before. */
-template <int T, int MODE, int NR = 1>
+template <int T, int MODE, int NR = 1, bool V = false>
 __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int32_t *ids, const uint8_t *xq, size_t xs,
                                              float *Y, int64_t ldy, int pf) {
   const int lane = threadIdx.x & 31;
@@ -338,7 +453,8 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
   if constexpr (MODE == MM_PLAIN) {
     for (int64_t r = r0; r < a.rows; r += step) { /* warp-uniform */
       float y;
-      k4w_dot<T, false, NR>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
+      if constexpr (V) k4v_dot<T, false>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
+      else k4w_dot<T, false, NR>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
       if (l0) Y[r] = y;
     }
   } else {
@@ -351,10 +467,12 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
       for (int64_t r = r0; r < a.rows; r += step) {
         float g, up;
         if constexpr (MODE == MM_GLU) {
-          k4w_dot<T, true, NR>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
+          if constexpr (V) k4v_dot<T, true>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
+          else k4w_dot<T, true, NR>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
           if (l0) Y[slot * ldy + r] = floe_siluf(g) * up;
         } else {
-          k4w_dot<T, false, NR>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
+          if constexpr (V) k4v_dot<T, false>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
+          else k4w_dot<T, false, NR>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
           if (l0) Y[slot * ldy + r] = g;
         }
       }
@@ -580,6 +698,20 @@ static int k4w_pipe(void) {
   return g_k4w_pipe;
 }
 
+/* k_k4w with 4 lanes a superblock (k4v_dot; cuda_mm_set_k4v; FLOE_CUDA_K4V=1 at the first launch;
+ * opt-in until measured on the H200) */
+static int g_k4v = -1;
+
+void cuda_mm_set_k4v(int on) { g_k4v = on ? 1 : 0; }
+
+static int k4v_on(void) {
+  if (g_k4v < 0) {
+    const char *e = getenv("FLOE_CUDA_K4V");
+    g_k4v = e && e[0] == '1';
+  }
+  return g_k4v;
+}
+
 /* k_k4w2 for one-row MM_PLAIN calls whose warps each have two rows or more (cuda_mm_set_k4w_pair;
  * FLOE_CUDA_K4W_PAIR=1 at the first launch; opt-in until measured on the H200) */
 static int g_k4w_pair = -1;
@@ -662,10 +794,10 @@ int resident_blocks(F k) {
   return -1;
 }
 
-template <int T, int MODE, int NR = 1>
+template <int T, int MODE, int NR = 1, bool V = false>
 unsigned k4w_grid(int64_t g4, unsigned gy) {
   static int cap = 0; /* per instantiation */
-  if (!cap) cap = resident_blocks(k_k4w<T, MODE, NR>);
+  if (!cap) cap = resident_blocks(k_k4w<T, MODE, NR, V>);
   return grid_capped(g4, gy, cap);
 }
 
@@ -768,19 +900,20 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
         return;
       }
     }
-#define K4W_LAUNCH(M, NR)                                                                                     \
-  pdl_launch(k_k4w<T, M, NR>, dim3(k4w_grid<T, M, NR>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, \
-             Y, ldy, pf)
-#define K4W_MODES(NR)                                                                                            \
+#define K4W_LAUNCH(M, NR, V)                                                                                     \
+  pdl_launch(k_k4w<T, M, NR, V>, dim3(k4w_grid<T, M, NR, V>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, \
+             xs, Y, ldy, pf)
+#define K4W_MODES(NR, V)                                                                                         \
   do {                                                                                                           \
-    if (mode == MM_GLU) K4W_LAUNCH(MM_GLU, NR);                                                                  \
-    else if (mode == MM_DOWN) K4W_LAUNCH(MM_DOWN, NR);                                                           \
-    else K4W_LAUNCH(MM_PLAIN, NR);                                                                               \
+    if (mode == MM_GLU) K4W_LAUNCH(MM_GLU, NR, V);                                                               \
+    else if (mode == MM_DOWN) K4W_LAUNCH(MM_DOWN, NR, V);                                                        \
+    else K4W_LAUNCH(MM_PLAIN, NR, V);                                                                            \
   } while (0)
     const int nr = k4w_pipe();
-    if (nr >= 4) K4W_MODES(4);
-    else if (nr >= 2) K4W_MODES(2);
-    else K4W_MODES(1);
+    if (k4v_on()) K4W_MODES(1, true);
+    else if (nr >= 4) K4W_MODES(4, false);
+    else if (nr >= 2) K4W_MODES(2, false);
+    else K4W_MODES(1, false);
 #undef K4W_MODES
 #undef K4W_LAUNCH
     return;
