@@ -661,13 +661,13 @@ static void test_multi(const char *path, bool graph) {
  * bits, the buffer stays untouched until then, an evaluation into another buffer fetches the
  * pending row first, and the engine's greedy generation gives the plain run's ids. */
 /* floe bench's decode loop through the public API: n greedy steps of floe_session_eval without a
- * logits buffer and floe_session_argmax (FLOE_CUDA_LAZY_LOGITS=lazy), then one evaluation into
+ * logits buffer and floe_session_argmax (deferred logits when lazy, else FLOE_CUDA_LAZY_LOGITS=0), then one evaluation into
  * last (its logits). The ids into ids. */
 static int eval_chain(const char *path, int lazy, int32_t *ids, int n, float *last) {
   char err[256];
   floe_engine *e = NULL;
   floe_session *s = NULL;
-  if (lazy) setenv("FLOE_CUDA_LAZY_LOGITS", "1", 1);
+  if (!lazy) setenv("FLOE_CUDA_LAZY_LOGITS", "0", 1);
   int rc = open_session(path, FLOE_DEVICE_CUDA, &e, &s, err, sizeof err);
   unsetenv("FLOE_CUDA_LAZY_LOGITS");
   int32_t t = 11;
@@ -683,7 +683,7 @@ static int eval_chain(const char *path, int lazy, int32_t *ids, int n, float *la
 }
 
 static void test_lazy(const char *path) {
-  SECTION("deferred logits (FLOE_CUDA_LAZY_LOGITS=1): greedy picks and fetched logits == a plain session's");
+  SECTION("deferred logits (the default; FLOE_CUDA_LAZY_LOGITS=0 off): greedy picks and fetched logits == a plain session's");
   char err[256];
   model *mg = NULL;
   if (load(path, true, &mg)) {
@@ -695,10 +695,10 @@ static void test_lazy(const char *path) {
   for (int i = 0; i < T; i++) prompt[i] = (int32_t)((i * 7919 + 11) % V);
   float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4), *lc = malloc((size_t)V * 4);
   model_session *a = NULL, *b = NULL;
-  setenv("FLOE_CUDA_LAZY_LOGITS", "1", 1);
   int rc = model_session_new(mg, 512, KV_BF16, 1, &a, err, sizeof err);
-  unsetenv("FLOE_CUDA_LAZY_LOGITS");
+  setenv("FLOE_CUDA_LAZY_LOGITS", "0", 1);
   if (!rc) rc = model_session_new(mg, 512, KV_BF16, 1, &b, err, sizeof err);
+  unsetenv("FLOE_CUDA_LAZY_LOGITS");
   CHECK(rc == 0 && a->lazy_allowed && !b->lazy_allowed, "sessions (deferring %d, plain %d)", a ? a->lazy_allowed : -1,
         b ? b->lazy_allowed : -1);
   int picks = 0, bits = 0, untouched = 0, deferred = 0;
@@ -746,10 +746,10 @@ static void test_lazy(const char *path) {
   enum { NG = 32, NP = 2 };
   int32_t *base = malloc(NG * NP * 4), *got = malloc(NG * NP * 4);
   double tps = 0;
+  setenv("FLOE_CUDA_LAZY_LOGITS", "0", 1);
   int rc1 = gen_ids(path, FLOE_DEVICE_CUDA, 0, base, NG, NP, &tps);
-  setenv("FLOE_CUDA_LAZY_LOGITS", "1", 1);
-  int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, got, NG, NP, &tps);
   unsetenv("FLOE_CUDA_LAZY_LOGITS");
+  int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, got, NG, NP, &tps);
   int64_t eq = 0;
   while (rc1 == 0 && rc2 == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
   CHECK(rc1 == 0 && rc2 == 0 && eq == NG * NP, "engine greedy ids with deferred logits == without (%lld of %d)",
