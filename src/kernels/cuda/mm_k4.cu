@@ -295,14 +295,16 @@ __device__ __forceinline__ void k4w_dot(const KArgs &a, const uint8_t *__restric
  * rounds (acc0) and g + 8 in odd ones (acc1), in superblock order. kred16's tree: a[g] = acc0 +
  * acc1, b[g] = a[g] + a[g+4] (16 lanes on), c[g] = b[g] + b[g+2] (8 on), c[0] + c[1] (4 on).
  * Every output is k4w_dot's, and the CPU's, bit for bit. */
-struct K4VIn {
-  uint4 h, q0, q1, qh0, qh1, x0, x1, x2, x3;
+struct K4VW { /* one row's weights for a lane */
+  uint4 h, q0, q1, qh0, qh1;
+};
+struct K4VX { /* the activation's share of a lane (one per superblock, shared by TWO's rows) */
+  uint4 x0, x1, x2, x3;
   uint2 bs;
   float dx;
 };
 template <int T>
-__device__ __forceinline__ void k4v_load(const KArgs &a, const uint8_t *__restrict__ row, const uint8_t *__restrict__ x,
-                                         int k, int p, K4VIn &in) {
+__device__ __forceinline__ void k4v_load_w(const uint8_t *__restrict__ row, int k, int p, K4VW &in) {
   constexpr int BB = T == FLOE_TYPE_Q4_K ? 144 : 176;
   constexpr int QS = T == FLOE_TYPE_Q4_K ? 16 : 48;
   const uint4 *blk = (const uint4 *)(row + (size_t)k * BB);
@@ -314,6 +316,8 @@ __device__ __forceinline__ void k4v_load(const KArgs &a, const uint8_t *__restri
     in.qh0 = blk[1];
     in.qh1 = blk[2];
   }
+}
+__device__ __forceinline__ void k4v_load_x(const KArgs &a, const uint8_t *__restrict__ x, int k, int p, K4VX &in) {
   /* k4w's xl / xh of chunks w = 2p, 2p + 1: xv[8 (w / 4) + w % 4] and 4 on */
   const uint4 *xv = (const uint4 *)(x + 256 * (size_t)k) + 8 * (p >> 1) + 2 * (p & 1);
   in.x0 = xv[0];
@@ -324,14 +328,14 @@ __device__ __forceinline__ void k4v_load(const KArgs &a, const uint8_t *__restri
   in.dx = ((const float *)(x + a.off_d))[k];
 }
 template <int T>
-__device__ __forceinline__ float k4v_calc(const K4VIn &in, int p) {
+__device__ __forceinline__ float k4v_calc(const K4VW &in, const K4VX &xi, int p) {
   uint32_t lo0[4], hi0[4], lo1[4], hi1[4];
   k4_unpack<T>(in.q0, in.qh0, 2 * p, lo0, hi0);
   k4_unpack<T>(in.q1, in.qh1, 2 * p + 1, lo1, hi1);
-  int sl = dp4(lo0[3], in.x0.w, dp4(lo0[2], in.x0.z, dp4(lo0[1], in.x0.y, dp4(lo0[0], in.x0.x, 0))));
-  sl = dp4(lo1[3], in.x2.w, dp4(lo1[2], in.x2.z, dp4(lo1[1], in.x2.y, dp4(lo1[0], in.x2.x, sl))));
-  int shv = dp4(hi0[3], in.x1.w, dp4(hi0[2], in.x1.z, dp4(hi0[1], in.x1.y, dp4(hi0[0], in.x1.x, 0))));
-  shv = dp4(hi1[3], in.x3.w, dp4(hi1[2], in.x3.z, dp4(hi1[1], in.x3.y, dp4(hi1[0], in.x3.x, shv))));
+  int sl = dp4(lo0[3], xi.x0.w, dp4(lo0[2], xi.x0.z, dp4(lo0[1], xi.x0.y, dp4(lo0[0], xi.x0.x, 0))));
+  sl = dp4(lo1[3], xi.x2.w, dp4(lo1[2], xi.x2.z, dp4(lo1[1], xi.x2.y, dp4(lo1[0], xi.x2.x, sl))));
+  int shv = dp4(hi0[3], xi.x1.w, dp4(hi0[2], xi.x1.z, dp4(hi0[1], xi.x1.y, dp4(hi0[0], xi.x1.x, 0))));
+  shv = dp4(hi1[3], xi.x3.w, dp4(hi1[2], xi.x3.z, dp4(hi1[1], xi.x3.y, dp4(hi1[0], xi.x3.x, shv))));
   const uint4 h = in.h;
   /* get_scale_min_k4 of sub-blocks j = 2p, 2p + 1 (k4_scale / k4_min without the selects): byte
    * b = 8 (j % 4) of A & m1, or'ed with bits 6-7 of that byte of h.y (h.z) moved to bits 4-5 where
@@ -345,8 +349,8 @@ __device__ __forceinline__ float k4v_calc(const K4VIn &in, int p) {
   const int mn0 = (int)(((Am >> b0) & m1) | ((h.z >> (b0 + 2)) & m2));
   const int mn1 = (int)(((Am >> b1) & m1) | ((h.z >> (b1 + 2)) & m2));
   int S1 = sc0 * sl + sc1 * shv;
-  int S2 = mn0 * ((int)(int16_t)(in.bs.x & 0xFFFF) + (int)(int16_t)(in.bs.x >> 16)) +
-           mn1 * ((int)(int16_t)(in.bs.y & 0xFFFF) + (int)(int16_t)(in.bs.y >> 16));
+  int S2 = mn0 * ((int)(int16_t)(xi.bs.x & 0xFFFF) + (int)(int16_t)(xi.bs.x >> 16)) +
+           mn1 * ((int)(int16_t)(xi.bs.y & 0xFFFF) + (int)(int16_t)(xi.bs.y >> 16));
 #pragma unroll
   for (int o = 2; o >= 1; o >>= 1) { /* the group's 4 partials: exact integer sums */
     S1 += __shfl_xor_sync(MM_FULL, S1, o);
@@ -354,7 +358,7 @@ __device__ __forceinline__ float k4v_calc(const K4VIn &in, int p) {
   }
   float d, dmin;
   mm_f16x2(h.x, &d, &dmin);
-  const float dd = d * in.dx, dm = dmin * in.dx;
+  const float dd = d * xi.dx, dm = dmin * xi.dx;
   return (float)S1 * dd - (float)S2 * dm;
 }
 /* kred16's tail from a group's two slots (valid in lane 0) */
@@ -378,12 +382,15 @@ __device__ __forceinline__ void k4v_dot(const KArgs &a, const uint8_t *__restric
       if (kb >= nsb) break; /* warp-uniform */
       const int k = kb + g;
       const bool ok = k < nsb; /* past the last superblock: round kb's (valid, cached), nothing added */
-      K4VIn in, in2;
-      k4v_load<T>(a, row, x, ok ? k : kb, p, in);
-      if constexpr (TWO) k4v_load<T>(a2, row2, x, ok ? k : kb, p, in2);
-      const float t = k4v_calc<T>(in, p);
+      const int kk = ok ? k : kb;
+      K4VW in, in2;
+      K4VX xi;
+      k4v_load_w<T>(row, kk, p, in);
+      if constexpr (TWO) k4v_load_w<T>(row2, kk, p, in2);
+      k4v_load_x(a, x, kk, p, xi);
+      const float t = k4v_calc<T>(in, xi, p);
       float t2 = 0.0f;
-      if constexpr (TWO) t2 = k4v_calc<T>(in2, p);
+      if constexpr (TWO) t2 = k4v_calc<T>(in2, xi, p);
       if (ok) {
         if (hf == 0) {
           acc0 = acc0 + t;
