@@ -323,7 +323,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_k4w(0);
   cuda_mm_set_k4w_pipe(1);
   cuda_mm_set_k4w_pair(0);
-  cuda_mm_set_k4v(0);
+  cuda_mm_set_k4v(1); /* the default */
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_plain_tile(1);
   cuda_mm_set_k4s(1);
@@ -917,7 +917,7 @@ int main(void) {
   cuda_mm_set_k4s(1);
   cuda_mm_set_down_qx(0);
   cuda_mm_set_k4w_pipe(1);
-  cuda_mm_set_k4v(0);
+  cuda_mm_set_k4v(1); /* the default */
 
   /* prefill: the tensor-core kernels (mm_mma.cu) against the CPU, and k_k4 (FLOE_CUDA_MMA=0) too;
    * rows not multiples of 16 / 64, activation rows not multiples of 32, 1..16 superblocks, and
