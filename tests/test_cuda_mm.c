@@ -243,7 +243,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
    * k_k4wn with the next round's weights loaded ahead (cuda_mm_set_k4w_pipe) */
   /* impl 5 (Q4_K / Q5_K): k_k4w2, two weight rows a warp at once (cuda_mm_set_k4w_pair; one
    * activation row, the grid capped at 3 blocks so that warps have several rows); impl 6: k_k4w
-   * with 4 lanes a superblock (cuda_mm_set_k4v; one activation row, the same capped grid) */
+   * and k_k4s with 4 lanes a superblock (cuda_mm_set_k4v(2); one activation row, the same capped
+   * grid) */
   const int nimpl = kq ? 7 : pt ? 3 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
@@ -252,7 +253,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
     if (impl >= 5 && nb > 1) continue;
     cuda_mm_set_k4w_pipe(impl == 3 ? 2 : impl == 4 ? 4 : 1);
     cuda_mm_set_k4w_pair(impl == 5);
-    cuda_mm_set_k4v(impl == 6);
+    cuda_mm_set_k4v(impl == 6 ? 2 : 0);
     cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
     cuda_mm_set_plain_tile(!pt || impl >= 1);
     cuda_mm_set_k4w(kq && impl >= 1);
@@ -895,11 +896,12 @@ int main(void) {
         continue; /* one implementation */
       if (im == 2 && moe_types[i] != FLOE_TYPE_Q4_K && moe_types[i] != FLOE_TYPE_Q5_K) continue;
       for (int qx = im == 2 ? 0 : 1; qx < 2; qx++) /* k_k4s: the down input quantized by k_act, then in the launch */
-      for (int pp = 1; pp <= (im == 1 && (moe_types[i] == FLOE_TYPE_Q4_K || moe_types[i] == FLOE_TYPE_Q5_K) ? 8 : 1);
-           pp *= 2) { /* k_k4w: its rounds' loads 1, 2, 4 rounds ahead; 8: 4 lanes a superblock */
+      for (int pp = 1; pp <= (im >= 1 && (moe_types[i] == FLOE_TYPE_Q4_K || moe_types[i] == FLOE_TYPE_Q5_K) ? 8 : 1);
+           pp *= 2) { /* k_k4w: its rounds' loads 1, 2, 4 rounds ahead; 8: 4 lanes a superblock (k_k4s: 8 only) */
+        if (im == 2 && pp != 1 && pp != 8) continue;
         cuda_mm_set_down_qx(qx);
         cuda_mm_set_k4w_pipe(pp == 8 ? 1 : pp);
-        cuda_mm_set_k4v(pp == 8);
+        cuda_mm_set_k4v(pp == 8 ? 2 : 0);
         check_moe(moe_types[i], 0, 0, 0, 512, 256, 3, 2, 0, 0, 5);
         check_moe(moe_types[i], 0, 0, 0, 512, 768, 1, 4, 0, 0, 5);
         check_moe(moe_types[i], 0, 0, 0, 256, 512, 2, 1, 1, 0, 5);

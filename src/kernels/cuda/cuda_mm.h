@@ -182,11 +182,13 @@ void cuda_mm_set_k4w(int on);
  * until measured on the H200). The same operations in the same order, so the same bits
  * (test_cuda_mm runs each); FLOE_CUDA_K4W_PIPE=2 / 4 sets it at the first launch. */
 void cuda_mm_set_k4w_pipe(int nr);
-/* k_k4w's dot: 1 = 4 lanes a superblock (the default: a round covers 8 superblocks; two shuffle
- * levels instead of three, half of k4w's redundant per-superblock scale and float work; 35B decode
- * +4.5 % on the H200), 0 = 8 lanes. The same bits (test_cuda_mm runs both); FLOE_CUDA_K4V=0 sets 0
- * at the first launch. k_k4w's rounds in batches (cuda_mm_set_k4w_pipe 2 / 4) take the 8 lanes. */
-void cuda_mm_set_k4v(int on);
+/* The one-row Q4_K / Q5_K dot: level 1 = 4 lanes a superblock in k_k4w (the default: a round
+ * covers 8 superblocks; two shuffle levels instead of three, half of the 8-lane form's redundant
+ * per-superblock scale and float work; 35B decode +4.5 % on the H200), 2 = in k_k4s too (rows of
+ * one or two superblocks: the MoE down; not yet measured), 0 = 8 lanes. The same bits (test_cuda_mm
+ * runs each); FLOE_CUDA_K4V=0 / 1 / 2 sets it at the first launch. k_k4w's rounds in batches
+ * (cuda_mm_set_k4w_pipe 2 / 4) take the 8 lanes. */
+void cuda_mm_set_k4v(int level);
 /* k_k4w's one-row MM_PLAIN calls whose warps have two rows or more (the output head): 1 = two
  * rows a warp at once, their loads in flight together (k_k4w2), 0 = one at a time (the default
  * until measured on the H200). The same bits (test_cuda_mm runs both); FLOE_CUDA_K4W_PAIR=1 sets

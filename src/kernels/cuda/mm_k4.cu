@@ -607,12 +607,15 @@ __global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t
  * gate/up kernel's SiLU-GLU output), into shared memory with k_act's code (act_row_warp, the same
  * bytes as the k_act launch it replaces), and xq / xs are unused: one launch fewer a MoE block. */
 #define K4S_QX_BYTES 1024 /* a quantized row of up to two superblocks (kern_act_bytes: ~600) */
-template <int T, int MODE, int G, bool QX = false>
+/* V: groups of 4 lanes (k4v_dot's superblock layout and k4v_calc's operations), so R = 8 / G rows
+ * a warp; the group past the last superblock and the tree as above, c[1] from 4 lanes on. */
+template <int T, int MODE, int G, bool QX = false, bool V = false>
 __global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int32_t *ids, const uint8_t *xq, size_t xs,
                                              float *Y, int64_t ldy, int pf, const float *H, int64_t ldh) {
   static_assert(!QX || MODE == MM_DOWN, "QX: the down projection only");
-  constexpr int R = 4 / G; /* rows a warp */
-  const int lane = threadIdx.x & 31, gi = lane >> 3, w = lane & 7, ri = gi / G, s = gi % G;
+  constexpr int GL = V ? 4 : 8; /* lanes a superblock */
+  constexpr int R = 32 / GL / G; /* rows a warp */
+  const int lane = threadIdx.x & 31, gi = lane / GL, w = lane % GL, ri = gi / G, s = gi % G;
   const int64_t wr0 = ((int64_t)blockIdx.x * 4 + (threadIdx.x >> 5)) * R, step = (int64_t)gridDim.x * 4 * R;
   const int64_t slot = MODE == MM_PLAIN ? 0 : blockIdx.y;
   if (pf) { /* as k_k4w: the warp's first rows (all of them when PF_ALL) */
@@ -649,22 +652,32 @@ __global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int
   const bool ok = s < nsb;
   for (int64_t r0 = wr0; r0 < a.rows; r0 += step) { /* warp-uniform */
     const int64_t r = r0 + ri, rc = r < a.rows ? r : a.rows - 1; /* past the end: computed, not written */
-    const float t = k4w_term<T>(a, mm_row(a, e, rc), x, ok ? s : 0, w);
-    float t2 = 0.0f;
-    if constexpr (MODE == MM_GLU) t2 = k4w_term<T>(a2, mm_row(a2, e, rc), x, ok ? s : 0, w);
+    float t, t2 = 0.0f;
+    if constexpr (V) {
+      K4VW in, in2;
+      K4VX xi;
+      k4v_load_w<T>(mm_row(a, e, rc), ok ? s : 0, w, in);
+      if constexpr (MODE == MM_GLU) k4v_load_w<T>(mm_row(a2, e, rc), ok ? s : 0, w, in2);
+      k4v_load_x(a, x, ok ? s : 0, w, xi);
+      t = k4v_calc<T>(in, xi, w);
+      if constexpr (MODE == MM_GLU) t2 = k4v_calc<T>(in2, xi, w);
+    } else {
+      t = k4w_term<T>(a, mm_row(a, e, rc), x, ok ? s : 0, w);
+      if constexpr (MODE == MM_GLU) t2 = k4w_term<T>(a2, mm_row(a2, e, rc), x, ok ? s : 0, w);
+    }
     float y, y2 = 0.0f;
     {
       const float acc0 = ok ? 0.0f + t : 0.0f;
       const float b = (acc0 + 0.0f) + (0.0f + 0.0f);
       const float c = b + 0.0f;
-      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, 8) : 0.0f + 0.0f;
+      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, GL) : 0.0f + 0.0f;
       y = c + c1;
     }
     if constexpr (MODE == MM_GLU) {
       const float acc0 = ok ? 0.0f + t2 : 0.0f;
       const float b = (acc0 + 0.0f) + (0.0f + 0.0f);
       const float c = b + 0.0f;
-      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, 8) : 0.0f + 0.0f;
+      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, GL) : 0.0f + 0.0f;
       y2 = c + c1;
     }
     if (s == 0 && w == 0 && r < a.rows) {
@@ -705,16 +718,17 @@ static int k4w_pipe(void) {
   return g_k4w_pipe;
 }
 
-/* k_k4w with 4 lanes a superblock (k4v_dot; the default: 35B decode +4.5 % on the H200;
- * cuda_mm_set_k4v; FLOE_CUDA_K4V=0 at the first launch: 8 lanes, k4w_dot) */
+/* 4 lanes a superblock (k4v_dot): level 1 (the default: 35B decode +4.5 % on the H200) in k_k4w,
+ * level 2 in k_k4s too (short rows: the MoE down; opt-in until measured); 0: 8 lanes everywhere.
+ * cuda_mm_set_k4v; FLOE_CUDA_K4V=0 / 1 / 2 at the first launch. */
 static int g_k4v = -1;
 
-void cuda_mm_set_k4v(int on) { g_k4v = on ? 1 : 0; }
+void cuda_mm_set_k4v(int level) { g_k4v = level <= 0 ? 0 : level >= 2 ? 2 : 1; }
 
 static int k4v_on(void) {
   if (g_k4v < 0) {
     const char *e = getenv("FLOE_CUDA_K4V");
-    g_k4v = !(e && e[0] == '0');
+    cuda_mm_set_k4v(e && e[0] ? atoi(e) : 1);
   }
   return g_k4v;
 }
@@ -825,10 +839,10 @@ unsigned k4wn_grid(int64_t g4, unsigned gy) {
 }
 
 /* k4w_grid for k_k4s */
-template <int T, int MODE, int G, bool QX = false>
+template <int T, int MODE, int G, bool QX = false, bool V = false>
 unsigned k4s_grid(int64_t g4, unsigned gy) {
   static int cap = 0;
-  if (!cap) cap = resident_blocks(k_k4s<T, MODE, G, QX>);
+  if (!cap) cap = resident_blocks(k_k4s<T, MODE, G, QX, V>);
   return grid_capped(g4, gy, cap);
 }
 
@@ -872,23 +886,29 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
   const int nsb = (int)(a.cols / 256);
   if (k4w_on() && k4s_on() && nsb <= 2 && (mode != MM_PLAIN || nb == 1)) { /* short rows: R rows a warp */
-    const int R = nsb == 1 ? 4 : 2;
+    const bool v = k4v_on() >= 2;
+    const int R = (v ? 8 : 4) / (nsb == 1 ? 1 : 2);
     const int64_t g4 = (a.rows + 4 * R - 1) / (4 * R);
     const unsigned gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
     const int pf = k4w_pf(a, mode, gy);
-#define K4S_LAUNCH(M, G)                                                                                            \
-  pdl_launch(k_k4s<T, M, G>, dim3(k4s_grid<T, M, G>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, xs, Y, \
-             ldy, pf, (const float *)nullptr, (int64_t)0)
-    if (mode == MM_GLU) {
-      if (nsb == 1) K4S_LAUNCH(MM_GLU, 1);
-      else K4S_LAUNCH(MM_GLU, 2);
-    } else if (mode == MM_DOWN) {
-      if (nsb == 1) K4S_LAUNCH(MM_DOWN, 1);
-      else K4S_LAUNCH(MM_DOWN, 2);
-    } else {
-      if (nsb == 1) K4S_LAUNCH(MM_PLAIN, 1);
-      else K4S_LAUNCH(MM_PLAIN, 2);
-    }
+#define K4S_LAUNCH(M, G, V)                                                                                        \
+  pdl_launch(k_k4s<T, M, G, false, V>, dim3(k4s_grid<T, M, G, false, V>(g4, gy), gy), dim3(128), (size_t)0, st, a, \
+             a2, K, ids, xq, xs, Y, ldy, pf, (const float *)nullptr, (int64_t)0)
+#define K4S_NSB(M, V)                 \
+  do {                                \
+    if (nsb == 1) K4S_LAUNCH(M, 1, V); \
+    else K4S_LAUNCH(M, 2, V);          \
+  } while (0)
+#define K4S_MODES(V)                                 \
+  do {                                               \
+    if (mode == MM_GLU) K4S_NSB(MM_GLU, V);          \
+    else if (mode == MM_DOWN) K4S_NSB(MM_DOWN, V);   \
+    else K4S_NSB(MM_PLAIN, V);                       \
+  } while (0)
+    if (v) K4S_MODES(true);
+    else K4S_MODES(false);
+#undef K4S_MODES
+#undef K4S_NSB
 #undef K4S_LAUNCH
     return;
   }
