@@ -244,16 +244,16 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   /* impl 5 (Q4_K / Q5_K): k_k4w2, two weight rows a warp at once (cuda_mm_set_k4w_pair; one
    * activation row, the grid capped at 3 blocks so that warps have several rows); impl 6: k_k4w
    * and k_k4s with 4 lanes a superblock (cuda_mm_set_k4v(2); one activation row, the same capped
-   * grid) */
-  const int nimpl = kq ? 7 : pt ? 3 : ab ? 2 : 1;
+   * grid); impl 7: k_k4w2 with the 4-lane dot */
+  const int nimpl = kq ? 8 : pt ? 3 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
     if (impl >= 3 && nb > 15) continue;
     if (impl >= 5 && nb > 1) continue;
     cuda_mm_set_k4w_pipe(impl == 3 ? 2 : impl == 4 ? 4 : 1);
-    cuda_mm_set_k4w_pair(impl == 5);
-    cuda_mm_set_k4v(impl == 6 ? 2 : 0);
+    cuda_mm_set_k4w_pair(impl == 5 || impl == 7);
+    cuda_mm_set_k4v(impl == 6 ? 2 : impl == 7 ? 1 : 0);
     cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
     cuda_mm_set_plain_tile(!pt || impl >= 1);
     cuda_mm_set_k4w(kq && impl >= 1);
@@ -307,7 +307,9 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
             nimpl == 1 ? "" : kq ? (impl == 0 ? " (k_k4)" : impl == 1 ? " (k_k4w)" : impl == 2 ? " (k_k4wn)"
                                     : impl == 3 ? " (k_k4w / k_k4wn, loads ahead: 2)"
                                     : impl == 4 ? " (k_k4w / k_k4wn, loads ahead: 4)"
-                                    : impl == 5 ? " (k_k4w2, two rows a warp)" : " (k_k4w, 4 lanes a superblock)")
+                                    : impl == 5 ? " (k_k4w2, two rows a warp)"
+                                    : impl == 6 ? " (k_k4w / k_k4s, 4 lanes a superblock)"
+                                                : " (k_k4w2, 4 lanes a superblock)")
             : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : " (k_plainn)")
             : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,

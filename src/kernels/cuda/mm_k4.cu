@@ -489,9 +489,10 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
 
 /* k_k4w's MM_PLAIN form for matrices with more rows than its warps (the output head: 248320 rows
  * on 5280 warps): a warp takes its rows r, r + step two at a time, the second as the GLU's up row
- * (k4w_dot's TWO: both rows' loads in flight together, twice the bytes a warp has outstanding).
- * Each row is still computed by one warp with k4w_term's operations in its order: k_k4w's bits. */
-template <int T>
+ * (k4w_dot's / k4v_dot's (V) TWO: both rows' loads in flight together, twice the bytes a warp has
+ * outstanding). Each row is still computed by one warp with the same operations in the same
+ * order: k_k4w's bits. */
+template <int T, bool V = false>
 __global__ void __launch_bounds__(128) k_k4w2(KArgs a, const uint8_t *xq, float *Y, int pf) {
   const int lane = threadIdx.x & 31;
   const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5), step = (int64_t)gridDim.x * 4;
@@ -502,10 +503,12 @@ __global__ void __launch_bounds__(128) k_k4w2(KArgs a, const uint8_t *xq, float 
     const int64_t r2 = r + step;
     float y, y2;
     if (r2 < a.rows) {
-      k4w_dot<T, true, 1>(a, mm_row(a, 0, r), a, mm_row(a, 0, r2), xq, &y, &y2);
+      if constexpr (V) k4v_dot<T, true>(a, mm_row(a, 0, r), a, mm_row(a, 0, r2), xq, &y, &y2);
+      else k4w_dot<T, true, 1>(a, mm_row(a, 0, r), a, mm_row(a, 0, r2), xq, &y, &y2);
       if (l0) Y[r] = y, Y[r2] = y2;
     } else {
-      k4w_dot<T, false, 1>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
+      if constexpr (V) k4v_dot<T, false>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
+      else k4w_dot<T, false, 1>(a, mm_row(a, 0, r), a, nullptr, xq, &y, nullptr);
       if (l0) Y[r] = y;
     }
   }
@@ -734,7 +737,8 @@ static int k4v_on(void) {
 }
 
 /* k_k4w2 for one-row MM_PLAIN calls whose warps each have two rows or more (cuda_mm_set_k4w_pair;
- * FLOE_CUDA_K4W_PAIR=1 at the first launch; opt-in until measured on the H200) */
+ * FLOE_CUDA_K4W_PAIR=1 at the first launch; opt-in: 1-2 % slower on the H200 with the 8-lane dot,
+ * not yet measured with the 4-lane one, which it takes where cuda_mm_set_k4v says) */
 static int g_k4w_pair = -1;
 
 void cuda_mm_set_k4w_pair(int on) { g_k4w_pair = on ? 1 : 0; }
@@ -823,10 +827,10 @@ unsigned k4w_grid(int64_t g4, unsigned gy) {
 }
 
 /* k4w_grid for k_k4w2 */
-template <int T>
+template <int T, bool V = false>
 unsigned k4w2_grid(int64_t g4) {
   static int cap = 0;
-  if (!cap) cap = resident_blocks(k_k4w2<T>);
+  if (!cap) cap = resident_blocks(k_k4w2<T, V>);
   return grid_capped(g4, 1, cap);
 }
 
@@ -921,9 +925,11 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
     const unsigned gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
     const int pf = k4w_pf(a, mode, gy);
     if (mode == MM_PLAIN && k4w_pair() && k4w_pipe() == 1) {
-      const unsigned gx = k4w2_grid<T>(g4);
+      const bool v = k4v_on() >= 1;
+      const unsigned gx = v ? k4w2_grid<T, true>(g4) : k4w2_grid<T, false>(g4);
       if (gx < g4) { /* a warp has two rows or more */
-        pdl_launch(k_k4w2<T>, dim3(gx), dim3(128), (size_t)0, st, a, xq, Y, pf);
+        if (v) pdl_launch(k_k4w2<T, true>, dim3(gx), dim3(128), (size_t)0, st, a, xq, Y, pf);
+        else pdl_launch(k_k4w2<T, false>, dim3(gx), dim3(128), (size_t)0, st, a, xq, Y, pf);
         return;
       }
     }
