@@ -728,11 +728,14 @@ static int g_k4v = -1;
 
 void cuda_mm_set_k4v(int level) { g_k4v = level <= 0 ? 0 : level >= 2 ? 2 : 1; }
 
+/* the integer value of environment variable name, dflt when it is unset or empty */
+static int env_int(const char *name, int dflt) {
+  const char *e = getenv(name);
+  return e && e[0] ? atoi(e) : dflt;
+}
+
 static int k4v_on(void) {
-  if (g_k4v < 0) {
-    const char *e = getenv("FLOE_CUDA_K4V");
-    cuda_mm_set_k4v(e && e[0] ? atoi(e) : 1);
-  }
+  if (g_k4v < 0) cuda_mm_set_k4v(env_int("FLOE_CUDA_K4V", 1));
   return g_k4v;
 }
 
@@ -744,10 +747,7 @@ static int g_k4w_pair = -1;
 void cuda_mm_set_k4w_pair(int on) { g_k4w_pair = on ? 1 : 0; }
 
 static int k4w_pair(void) {
-  if (g_k4w_pair < 0) {
-    const char *e = getenv("FLOE_CUDA_K4W_PAIR");
-    g_k4w_pair = e && e[0] == '1';
-  }
+  if (g_k4w_pair < 0) cuda_mm_set_k4w_pair(env_int("FLOE_CUDA_K4W_PAIR", 0) == 1);
   return g_k4w_pair;
 }
 
@@ -758,10 +758,7 @@ static int g_k4s = -1;
 void cuda_mm_set_k4s(int on) { g_k4s = on ? 1 : 0; }
 
 static int k4s_on(void) {
-  if (g_k4s < 0) {
-    const char *e = getenv("FLOE_CUDA_K4S");
-    g_k4s = !(e && e[0] == '0');
-  }
+  if (g_k4s < 0) cuda_mm_set_k4s(env_int("FLOE_CUDA_K4S", 1) != 0);
   return g_k4s;
 }
 
