@@ -361,6 +361,19 @@ __device__ __forceinline__ float k4v_calc(const K4VW &in, const K4VX &xi, int p)
   const float dd = d * xi.dx, dm = dmin * xi.dx;
   return (float)S1 * dd - (float)S2 * dm;
 }
+/* Superblock k's term of row (t) and, when TWO, of row2 (t2, the same activation loads) by lane p */
+template <int T, bool TWO>
+__device__ __forceinline__ void k4v_terms(const KArgs &a, const uint8_t *__restrict__ row,
+                                          const uint8_t *__restrict__ row2, const uint8_t *__restrict__ x, int k, int p,
+                                          float *t, float *t2) {
+  K4VW in, in2;
+  K4VX xi;
+  k4v_load_w<T>(row, k, p, in);
+  if constexpr (TWO) k4v_load_w<T>(row2, k, p, in2);
+  k4v_load_x(a, x, k, p, xi);
+  *t = k4v_calc<T>(in, xi, p);
+  if constexpr (TWO) *t2 = k4v_calc<T>(in2, xi, p);
+}
 /* kred16's tail from a group's two slots (valid in lane 0) */
 __device__ __forceinline__ float k4v_red(float acc0, float acc1) {
   float v = acc0 + acc1;                      /* a[g] = slot g + slot g+8 */
@@ -382,15 +395,8 @@ __device__ __forceinline__ void k4v_dot(const KArgs &a, const uint8_t *__restric
       if (kb >= nsb) break; /* warp-uniform */
       const int k = kb + g;
       const bool ok = k < nsb; /* past the last superblock: round kb's (valid, cached), nothing added */
-      const int kk = ok ? k : kb;
-      K4VW in, in2;
-      K4VX xi;
-      k4v_load_w<T>(row, kk, p, in);
-      if constexpr (TWO) k4v_load_w<T>(row2, kk, p, in2);
-      k4v_load_x(a, x, kk, p, xi);
-      const float t = k4v_calc<T>(in, xi, p);
-      float t2 = 0.0f;
-      if constexpr (TWO) t2 = k4v_calc<T>(in2, xi, p);
+      float t, t2 = 0.0f;
+      k4v_terms<T, TWO>(a, row, row2, x, ok ? k : kb, p, &t, &t2);
       if (ok) {
         if (hf == 0) {
           acc0 = acc0 + t;
@@ -657,13 +663,8 @@ __global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int
     const int64_t r = r0 + ri, rc = r < a.rows ? r : a.rows - 1; /* past the end: computed, not written */
     float t, t2 = 0.0f;
     if constexpr (V) {
-      K4VW in, in2;
-      K4VX xi;
-      k4v_load_w<T>(mm_row(a, e, rc), ok ? s : 0, w, in);
-      if constexpr (MODE == MM_GLU) k4v_load_w<T>(mm_row(a2, e, rc), ok ? s : 0, w, in2);
-      k4v_load_x(a, x, ok ? s : 0, w, xi);
-      t = k4v_calc<T>(in, xi, w);
-      if constexpr (MODE == MM_GLU) t2 = k4v_calc<T>(in2, xi, w);
+      k4v_terms<T, MODE == MM_GLU>(a, mm_row(a, e, rc), MODE == MM_GLU ? mm_row(a2, e, rc) : nullptr, x, ok ? s : 0, w,
+                                   &t, &t2);
     } else {
       t = k4w_term<T>(a, mm_row(a, e, rc), x, ok ? s : 0, w);
       if constexpr (MODE == MM_GLU) t2 = k4w_term<T>(a2, mm_row(a2, e, rc), x, ok ? s : 0, w);
