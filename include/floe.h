@@ -351,7 +351,8 @@ typedef struct floe_step_info {
 } floe_step_info;
 /* One step of the generations g[0..n) (on distinct sessions of one engine; those already done are
  * skipped): each emits its next token (callbacks run here) or takes its next prompt chunk of at
- * most prefill_chunk tokens (<= 0: the engine's default, 512), then all rows are evaluated.
+ * most prefill_chunk tokens (<= 0 or more than the session's chunk: the session's chunk, 512 rows
+ * on the CPU, up to FLOE_CUDA_CHUNK on a GPU), then all rows are evaluated.
  * info may be NULL. An evaluation error ends the generations of that pass (floe_gen_end returns
  * it). Returns 0. */
 int floe_gen_step(floe_gen *const *g, int n, int64_t prefill_chunk, floe_step_info *info);

@@ -27,6 +27,7 @@
 #   stream80  the 80B streamed (--mem-budget + --gpu-mem): read-ahead by the router vs the previous token
 #   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
+#   abp35     prefill of the 35B shape (ABPN tokens, default 4096) per setting of ABP35, ABR rounds
 #   dm        the default model's decode, plain and --mtp 3, per setting of DM_AB
 #   ncuk4w    ncu sections (speed of light, warp states, occupancy, memory) of a GDN layer's decode matmuls
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
@@ -417,6 +418,19 @@ sec_ab35() {
       printf 'round %s %-28s ' "$r" "$v"
       env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 \
         -d "${ABD:-0}" -r 1 --json 2>/dev/null | grep -o '"decode_tok_s":[0-9.]*' | head -1 || rc=1
+    done
+  done
+  return $rc
+}
+# abp35: prefill of the 35B shape, ABPN tokens (default 4096), with each setting of ABP35 (as AB35),
+# ABR rounds alternated: one prefill_tok_s line each
+sec_abp35() {
+  local r v rc=0
+  for r in $(seq 1 "${ABR:-2}"); do
+    for v in ${ABP35:--}; do
+      printf 'round %s %-28s ' "$r" "$v"
+      env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda \
+        -p "${ABPN:-4096}" -n 0 -r 1 --json 2>/dev/null | grep -o '"prefill_tok_s":[0-9.]*' | head -1 || rc=1
     done
   done
   return $rc

@@ -242,6 +242,59 @@ done:
   model_free(mc);
 }
 
+/* ---- the prefill chunk ----
+ * A prompt longer than one chunk, evaluated by sessions whose chunk is 512 rows (the default),
+ * 1024 and 4096 (FLOE_CUDA_CHUNK, read at session creation: 1300 rows in one chunk): every row's
+ * final hidden state, the last row's logits and the next decode step's logits are bit-identical
+ * (rows are row-exact, so the chunk never changes a bit). */
+static void test_chunk(const char *path) {
+  SECTION("prefill chunk rows: %s", path);
+  model *m = NULL;
+  CHECK(load(path, true, &m) == 0, "%s: loaded on the GPU", path);
+  if (!m) return;
+  const int64_t V = m->hp.n_vocab, E = m->hp.n_embd, n = 1300;
+  int32_t *tok = malloc((size_t)n * 4);
+  for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)((i * 7919 + 13) % V);
+  float *h[2], *lg[2], *dl[2];
+  for (int k = 0; k < 2; k++) {
+    h[k] = malloc((size_t)(n * E) * 4);
+    lg[k] = malloc((size_t)V * 4);
+    dl[k] = malloc((size_t)V * 4);
+  }
+  const char *set[] = { NULL, "1024", "4096" };
+  for (int k = 0; k < 3; k++) {
+    const int j = k ? 1 : 0;
+    char err[256];
+    model_session *s = NULL;
+    if (set[k]) setenv("FLOE_CUDA_CHUNK", set[k], 1);
+    int rc = model_session_new(m, 2048, KV_BF16, 1, &s, err, sizeof err);
+    unsetenv("FLOE_CUDA_CHUNK");
+    const int64_t want = set[k] ? atoll(set[k]) : MODEL_MAX_BATCH;
+    CHECK(rc == 0 && s->max_batch == want, "session chunk %lld rows (FLOE_CUDA_CHUNK=%s)", rc ? -1LL : (long long)s->max_batch,
+          set[k] ? set[k] : "unset");
+    if (rc) {
+      printf("  session: %s\n", err);
+      continue;
+    }
+    rc = model_eval_h(s, tok, n, lg[j], false, h[j], err, sizeof err);
+    int32_t t = rc ? 0 : (int32_t)kern_argmax(lg[j], V);
+    if (!rc) rc = model_eval(s, &t, 1, dl[j], false, err, sizeof err);
+    if (rc) printf("  eval: %s\n", err);
+    CHECK(rc == 0, "%s rows evaluated in chunks of %lld", "1300", (long long)s->max_batch);
+    if (k && !rc) {
+      int64_t dh = 0;
+      for (int64_t i = 0; i < n; i++) dh += memcmp(h[0] + i * E, h[1] + i * E, (size_t)E * 4) != 0;
+      CHECK(dh == 0 && !memcmp(lg[0], lg[1], (size_t)V * 4) && !memcmp(dl[0], dl[1], (size_t)V * 4),
+            "chunk %lld: hidden rows (%lld differ), last logits and the next step's bit-identical to chunk 512",
+            (long long)want, (long long)dh);
+    }
+    model_session_free(s);
+  }
+  for (int k = 0; k < 2; k++) free(h[k]), free(lg[k]), free(dl[k]);
+  free(tok);
+  model_free(m);
+}
+
 /* ---- speculative decoding on the GPU ---- */
 #define SPEC_N 5 /* verify rows */
 
@@ -786,15 +839,22 @@ int main(void) {
   test_spec(test_fixture("../../models/default.gguf"), true);
   test_spec(test_fixture("../../models/default.gguf"), false);
   test_lazy(test_fixture("../../models/default.gguf"));
+  test_chunk(test_fixture("../../models/default.gguf"));
   unsetenv("FLOE_CUDA_SPEC_GRAPH");
   const char *synth = getenv("FLOE_TEST_SYNTH");
-  if (synth && *synth) test_quantized(synth, synth, 64, false);
+  if (synth && *synth) {
+    test_quantized(synth, synth, 64, false);
+    test_chunk(synth);
+  }
   /* FLOE_TEST_SYNTH_CPU="F1 F2 ...": small `floe synth` models (e.g. the tiny presets in Q4_K /
    * Q5_K: one superblock a row, the shared expert as a routed slot), GPU against the CPU end to end */
   const char *sc = getenv("FLOE_TEST_SYNTH_CPU");
   if (sc && *sc) {
     char *list = strdup(sc), *save = NULL;
-    for (char *f = strtok_r(list, " ", &save); f; f = strtok_r(NULL, " ", &save)) test_quantized(f, f, 32, true);
+    for (char *f = strtok_r(list, " ", &save); f; f = strtok_r(NULL, " ", &save)) {
+      test_quantized(f, f, 32, true);
+      test_chunk(f);
+    }
     free(list);
   }
   return TEST_DONE();

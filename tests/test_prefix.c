@@ -29,7 +29,7 @@
 
 #include "base/base.h"
 #include "floe.h"
-#include "model/model.h" /* MODEL_MAX_BATCH: the engine's prefill step (engine.c PREFILL_STEP) */
+#include "model/model.h" /* MODEL_MAX_BATCH: the engine's prefill step on the CPU (model.h max_batch) */
 #include "test.h"
 
 #define NCTX 1024

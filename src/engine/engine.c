@@ -10,9 +10,10 @@
  * <|im_start|> tokens (where a re-rendered turn starts) and every checkpoint_every tokens. Every
  * op is row-exact (model.h), so a resumed run is bit-identical to a cold one.
  *
- * Generation is a state machine (floe_gen): the prompt in chunks of at most PREFILL_STEP tokens
- * (smaller when a server steps it beside others), asking should_stop between them (a stopped
- * prefill leaves history = the tokens evaluated, and their last logits), then one token per step.
+ * Generation is a state machine (floe_gen): the prompt in chunks of at most one model_eval chunk
+ * (model.h max_batch: 512 tokens on the CPU, up to FLOE_CUDA_CHUNK on a GPU; smaller when a
+ * server steps it beside others), asking should_stop between them (a stopped prefill leaves
+ * history = the tokens evaluated, and their last logits), then one token per step.
  * floe_gen_step steps several generations of distinct sessions together and evaluates their rows
  * in one batched pass (model_eval_multi); floe_generate steps one alone.
  *
@@ -79,7 +80,6 @@ struct floe_session {
   bool from_reserve;   /* its budget came from budget_reserved (returned there when freed) */
 };
 
-#define PREFILL_STEP MODEL_MAX_BATCH /* one model_eval chunk: no throughput lost by stepping */
 #define DEFAULT_CHECKPOINTS 8
 #define DEFAULT_CHECKPOINT_EVERY 1024
 
@@ -952,7 +952,6 @@ int floe_gen_step(floe_gen *const *gens, int n, int64_t prefill_chunk, floe_step
   if (!info) info = &dummy;
   memset(info, 0, sizeof *info);
   if (n < 1) return 0;
-  if (prefill_chunk < 1 || prefill_chunk > PREFILL_STEP) prefill_chunk = PREFILL_STEP;
   int active = 0;
   for (int i = 0; i < n; i++) active += gens[i]->phase != GEN_DONE;
   model_seg seg[n];
@@ -965,7 +964,9 @@ int floe_gen_step(floe_gen *const *gens, int n, int64_t prefill_chunk, floe_step
     floe_session *s = g->s;
     if (g->phase == GEN_PREFILL) {
       int64_t next;
-      if (gen_prefill_next(g, prefill_chunk, &next)) {
+      /* at most one model_eval chunk of this session (model.h max_batch) */
+      const int64_t cap = s->ms->max_batch;
+      if (gen_prefill_next(g, prefill_chunk < 1 || prefill_chunk > cap ? cap : prefill_chunk, &next)) {
         if (g->use_mtp && active == 1) { /* alone: feed the MTP's rows too (spec_eval) */
           if (next - g->pos > info->rows) info->rows = next - g->pos, info->sessions = 1;
           info->rows_total += next - g->pos;
@@ -1037,6 +1038,6 @@ int floe_generate(floe_session *s, const int32_t *prompt, size_t n_prompt, const
   floe_gen *g;
   int rc = floe_gen_begin(s, prompt, n_prompt, p, cb, user, &g, err, errlen);
   if (rc) return rc;
-  while (!floe_gen_done(g)) floe_gen_step(&g, 1, PREFILL_STEP, NULL);
+  while (!floe_gen_done(g)) floe_gen_step(&g, 1, 0, NULL);
   return floe_gen_end(g, res, err, errlen);
 }

@@ -25,8 +25,8 @@
  * FLOE_CUDA_MTP_FUSED=0: not used).
  *
  * Memory: the model's device copies (weights, expert stacks with a fixed stride per expert) belong
- * to cu_model (model->dev; uploaded by backend_cuda_load.c); a session's (KV cache, recurrent state, scratch for MODEL_MAX_BATCH
- * rows, rope table, graphs) to cu_sess (session->dev). */
+ * to cu_model (model->dev; uploaded by backend_cuda_load.c); a session's (KV cache, recurrent state,
+ * scratch for s->max_batch rows, rope table, graphs) to cu_sess (session->dev). */
 #ifdef FLOE_HAVE_CUDA
 #include <math.h>
 #include <stdio.h>
@@ -240,6 +240,29 @@ static int tab_upload(model_session *s) {
   return cuda_rt_h2d_async(c->tab, c->tab_h, tab_bytes(s), c->stream) ? FLOE_E_IO : 0;
 }
 
+/* Prefill chunk rows of a session (s->max_batch). Larger chunks give each routed expert's weights
+ * more rows a launch (the grouped MoE kernels fill their slot tiles) and cut the per-chunk launches;
+ * the rows themselves are computed as before (row-exact), so the chunk never changes a bit.
+ * FLOE_CUDA_CHUNK=N (MODEL_MAX_BATCH..CU_CHUNK_MAX) sets it; the default is CU_CHUNK_DEF. Only
+ * resident sessions (tiered: the expert pool is sized for MODEL_MAX_BATCH rows) and only while the
+ * extra scratch (row_bytes a row) takes at most an eighth of the device memory left after the KV
+ * cache (kv_bytes). */
+#define CU_CHUNK_MAX 8192
+#ifndef CU_CHUNK_DEF
+#define CU_CHUNK_DEF MODEL_MAX_BATCH
+#endif
+static int64_t cu_chunk_rows(bool resident, size_t row_bytes, size_t kv_bytes) {
+  const char *e = getenv("FLOE_CUDA_CHUNK");
+  int64_t want = e && *e ? atoll(e) : CU_CHUNK_DEF;
+  if (want > CU_CHUNK_MAX) want = CU_CHUNK_MAX;
+  if (!resident || want <= MODEL_MAX_BATCH) return MODEL_MAX_BATCH;
+  size_t fr = 0, tot = 0;
+  if (cuda_rt_mem_info(&fr, &tot, NULL, 0)) return MODEL_MAX_BATCH;
+  const size_t avail = fr > kv_bytes ? fr - kv_bytes : 0;
+  while (want > MODEL_MAX_BATCH && (size_t)(want - MODEL_MAX_BATCH) * row_bytes > avail / 8) want /= 2;
+  return want > MODEL_MAX_BATCH ? want : MODEL_MAX_BATCH;
+}
+
 static int cu_session_init(model_session *s, int n_threads, char *err, size_t errlen) {
   (void)n_threads;
   const model *m = s->m;
@@ -268,7 +291,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   s->lazy_allowed = !(lz && lz[0] == '0');
   const char *tr = getenv("FLOE_CUDA_TRACE");
   if (tr && *tr && (rc = cuda_rt_trace_start(err, errlen))) return rc;
-  const int64_t B = MODEL_MAX_BATCH, E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
+  const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
   const int64_t nh = hp->n_head, hd = hp->head_dim, qdim = nh * hd * 2, kvd = hp->n_head_kv * hd;
   const int64_t Nk = hp->ssm_n_group, Nv = hp->ssm_dt_rank, dk = hp->ssm_d_state, vd = hp->ssm_d_inner;
   const int64_t C = 2 * Nk * dk + vd, I = hp->n_ff_exp, Is = hp->n_ff_shexp, V = hp->n_vocab;
@@ -307,6 +330,15 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if (act_bytes_of(&cm->output) > xr) xr = act_bytes_of(&cm->output);
   if (act_bytes_of(&cm->mtp_fc) > xr) xr = act_bytes_of(&cm->mtp_fc);
   c->xq_row = (xr + 255) / 256 * 256;
+  const int64_t ffm = I > Is ? I : Is;
+  /* the rows of one model_eval chunk (s->max_batch; the scratch below holds that many) */
+  const size_t row_bytes = (size_t)(4 * E + qdim + 2 * kvd + nh * hd + 2 * C + 2 * vd + 2 * Nv + NE + 2 * (K + 1) + 3 +
+                                    (K + 1) * ffm + Is + (K + 1) * E) * 4 + (size_t)(K + 3) * c->xq_row;
+  size_t kv_total = 0; /* the KV cache, allocated below */
+  for (int64_t l = 0; l < cm->n_l; l++)
+    if (l >= hp->n_layer || !hp->recurrent[l]) kv_total += (size_t)(n_ctx * kvd) * (s->kv.kv_type == KV_BF16 ? 2 : 4) * 2;
+  s->max_batch = cu_chunk_rows(!cm->tier, row_bytes, kv_total);
+  const int64_t B = s->max_batch;
   /* prefill attention: the row-group kernel covers a whole chunk in one launch where its scratch
    * fits ATT_SCR_MAX (at long contexts, with many split parts a row, several launches of fewer rows) */
   c->arows = AB;
@@ -314,7 +346,6 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     c->arows = B;
     while (c->arows > AB && cuda_attn_scratch_bytes(&c->ash, c->arows) > ATT_SCR_MAX) c->arows -= AB;
   }
-  const int64_t ffm = I > Is ? I : Is;
   /* the stacks' expert count the MoE grouping may see (tiered: the pool's slots, grouped only up
    * to CUDA_MM_GROUP_MAX_EXPERT) */
   int grp_experts = (int)NE + 1;

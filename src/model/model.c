@@ -777,6 +777,7 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
   s->be = m->be;
   s->greedy = -1;
   s->act_q = true;
+  s->max_batch = MODEL_MAX_BATCH;
   int rc = kv_init_dims(&s->kv, hp, n_ctx, kv_type, err, errlen);
   if (!rc) rc = s->be->session_init(s, n_threads, err, errlen);
   if (rc) {
@@ -945,8 +946,9 @@ static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float
   const model_backend *be = s->be;
   const floe_hparams *hp = &m->hp;
   const int64_t V = hp->n_vocab, E = hp->n_embd;
-  for (int64_t c0 = 0; c0 < n; c0 += MODEL_MAX_BATCH) {
-    const int64_t nb = n - c0 < MODEL_MAX_BATCH ? n - c0 : MODEL_MAX_BATCH;
+  const int64_t B = s->max_batch;
+  for (int64_t c0 = 0; c0 < n; c0 += B) {
+    const int64_t nb = n - c0 < B ? n - c0 : B;
     const int64_t pos0 = s->kv.n_past;
     const bool last = c0 + nb == n;
     if (m->xs) xs_lock(m->xs);

@@ -228,6 +228,8 @@ struct model_session {
                               * kept between passes (a fresh 1 MB a row each step was mapped, faulted in
                               * and unmapped again) */
   int64_t lg_multi_rows;     /* rows lg_multi holds */
+  int64_t max_batch;         /* rows of one model_eval chunk: MODEL_MAX_BATCH, or more where the backend's
+                              * session_init raised it (its scratch holds that many rows; CUDA, resident) */
   size_t bytes;              /* everything this session allocated (KV, state, scratch) */
   /* streaming (layers.c): the experts of one wave, their cache slots and readiness; an I/O error
    * met inside a layer (layers return void) is kept here and returned by model_eval */
