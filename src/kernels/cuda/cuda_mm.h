@@ -182,17 +182,17 @@ void cuda_mm_set_k4w(int on);
  * until measured on the H200). The same operations in the same order, so the same bits
  * (test_cuda_mm runs each); FLOE_CUDA_K4W_PIPE=2 / 4 sets it at the first launch. */
 void cuda_mm_set_k4w_pipe(int nr);
-/* The one-row Q4_K / Q5_K dot: level 1 = 4 lanes a superblock in k_k4w (the default: a round
- * covers 8 superblocks; two shuffle levels instead of three, half of the 8-lane form's redundant
+/* The one-row Q4_K / Q5_K dot: level 1 = 4 lanes a superblock in k_k4w (a round covers 8
+ * superblocks; two shuffle levels instead of three, half of the 8-lane form's redundant
  * per-superblock scale and float work; 35B decode +4.5 % on the H200), 2 = in k_k4s too (rows of
- * one or two superblocks: the MoE down; not yet measured), 0 = 8 lanes. The same bits (test_cuda_mm
+ * one or two superblocks: the MoE down; the default, a further +2.1 %), 0 = 8 lanes. The same bits (test_cuda_mm
  * runs each); FLOE_CUDA_K4V=0 / 1 / 2 sets it at the first launch. k_k4w's rounds in batches
  * (cuda_mm_set_k4w_pipe 2 / 4) take the 8 lanes. */
 void cuda_mm_set_k4v(int level);
 /* k_k4w's one-row MM_PLAIN calls whose warps have two rows or more (the output head): 1 = two
  * rows a warp at once, their loads in flight together (k_k4w2, with the dot cuda_mm_set_k4v
  * picks), 0 = one at a time (the default: with the 8-lane dot the pairs were 1-2 % slower on the
- * H200; with the 4-lane dot not yet measured). The same bits (test_cuda_mm runs both);
+ * H200; with the 4-lane dot +1.6-1.9 % over level 1, on top of level 2 not yet measured). The same bits (test_cuda_mm runs both);
  * FLOE_CUDA_K4W_PAIR=1 sets 1 at the first launch. */
 void cuda_mm_set_k4w_pair(int on);
 /* With k_k4w: rows of one or two superblocks with 2 or 4 rows a warp (k_k4s, the default), 0 =

@@ -722,8 +722,8 @@ static int k4w_pipe(void) {
   return g_k4w_pipe;
 }
 
-/* 4 lanes a superblock (k4v_dot): level 1 (the default: 35B decode +4.5 % on the H200) in k_k4w,
- * level 2 in k_k4s too (short rows: the MoE down; opt-in until measured); 0: 8 lanes everywhere.
+/* 4 lanes a superblock (k4v_dot): level 1 (35B decode +4.5 % on the H200) in k_k4w, level 2 in
+ * k_k4s too (short rows: the MoE down; the default, +2.1 % more); 0: 8 lanes everywhere.
  * cuda_mm_set_k4v; FLOE_CUDA_K4V=0 / 1 / 2 at the first launch. */
 static int g_k4v = -1;
 
@@ -736,13 +736,13 @@ static int env_int(const char *name, int dflt) {
 }
 
 static int k4v_on(void) {
-  if (g_k4v < 0) cuda_mm_set_k4v(env_int("FLOE_CUDA_K4V", 1));
+  if (g_k4v < 0) cuda_mm_set_k4v(env_int("FLOE_CUDA_K4V", 2));
   return g_k4v;
 }
 
 /* k_k4w2 for one-row MM_PLAIN calls whose warps each have two rows or more (cuda_mm_set_k4w_pair;
  * FLOE_CUDA_K4W_PAIR=1 at the first launch; opt-in: 1-2 % slower on the H200 with the 8-lane dot,
- * not yet measured with the 4-lane one, which it takes where cuda_mm_set_k4v says) */
+ * +1.6-1.9 % with the 4-lane one (which it takes where cuda_mm_set_k4v says) at level 1) */
 static int g_k4w_pair = -1;
 
 void cuda_mm_set_k4w_pair(int on) { g_k4w_pair = on ? 1 : 0; }

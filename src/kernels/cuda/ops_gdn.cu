@@ -18,6 +18,7 @@
  * token also stored into that token's own buffer and the state read at entry left as it was.
  * The state lives in registers across the loop either way, so row t's kept state is bit for bit
  * the in-place state after t + 1 tokens. The in-place instantiations are unchanged code. */
+#include <cooperative_groups.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -951,6 +952,183 @@ extern "C" void cuda_gdn_recur_p(const cuda_gdn_shape *sh, const float *raw, con
   gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, NULL, S, keep, o, n_tok, stream);
 }
 
+/* ---- decode: k_gdn_step1 with each value head's columns split over SP blocks (k_gdn_step1s) ----
+ * k_gdn_step1 runs one block per value head: Nv blocks (32 on the 35B-A3B shape) stream the whole
+ * state (2 MB a layer, read and written) through a quarter of the SMs. Here value head hv's dv
+ * columns go to SP blocks of cw columns each (two threads a column, as in k_gdn_step1), so the
+ * state's traffic spreads over SP times the SMs. Each block does the conv of its key head's q / k
+ * (as every block of k_gdn_step1 does) and of its own cw v channels, then the recurrence of its
+ * columns with k_gdn_step1's operations in its order. The gated norm needs the sum of squares of
+ * all dv outputs of the head: each block leaves its outputs in shared memory, and after a cluster
+ * barrier every block of the head reads the others' through distributed shared memory and forms
+ * the same ordered 16-lane sum (ops_sumsq16_warp's order), so every column gets k_gdn_step1's
+ * bits. The r * SP blocks of a key head are one cluster (r * SP <= 8): cluster rank
+ * c = vrank * SP + part, hv from vrank as in k_gdn_step1. Rank 0 writes the key head's q / k
+ * windows once every block has passed the first barrier (all window reads done); a second barrier
+ * keeps each block's shared memory alive until the others have read its outputs. */
+#define G1S_SLOTS 5 /* conv channels a thread loads at once (dk 128, cw 32: 288 channels, 64 threads) */
+
+template <int DK>
+static __global__ void __launch_bounds__(128)
+    k_gdn_step1s(const float *mix, const float *wt, float *conv_g, float *const *conv_p, float *const *conv_keep,
+                 float *raw, const float *z, const float *b, const float *a, const float *dt_bias, const float *ssm_a,
+                 const float *norm_w, float *Sg, float *const *Sp, float *const *S_keep, float *o, int Nk, int Nv,
+                 int dv, int K, int v_tiled, float eps, float qscale, int SP, int cw) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  PDL_ENTER();
+  if (conv_p) conv_g = *conv_p;
+  if (Sp) Sg = *Sp;
+  float *conv_d = conv_keep ? conv_keep[0] : conv_g;
+  float *Sd = S_keep ? S_keep[0] : Sg;
+  constexpr int dk = DK, H = DK / 2;
+  __shared__ float qk[2 * dk];
+  __shared__ float vs[64];
+  __shared__ float os[64];
+  __shared__ float wq[(GDN_KMAX - 1) * 2 * dk];
+  __shared__ float s_rr, s_beta, s_decay, s_rn[2];
+  const int r = Nv / Nk, cs = r * SP;
+  const int kh = blockIdx.x / cs, crank = blockIdx.x % cs, vrank = crank / SP, part = crank % SP;
+  const int hv = v_tiled ? kh + vrank * Nk : kh * r + vrank;
+  const int lane = threadIdx.x & 31, half = lane >> 4, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  const int jl = warp * 16 + (lane & 15), jj = part * cw + jl;
+  const bool col = jl < cw && jj < dv;
+  const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  const int i0 = half * H;
+  const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
+  float s[H], p[H];
+#pragma unroll
+  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  const bool bd = threadIdx.x == blockDim.x - 1;
+  const float b_in = bd ? b[hv] : 0.0f, a_in = bd ? a[hv] : 0.0f, A_in = bd ? ssm_a[hv] : 0.0f;
+  const float dtb_in = bd ? dt_bias[hv] : 0.0f;
+  /* the conv of channels u < 2 dk (q | k of kh) and 2 dk + j (v of hv, this block's columns) */
+  const int nv = dv - part * cw < cw ? dv - part * cw : cw, nch = 2 * dk + nv;
+  for (int u0 = threadIdx.x; u0 < nch; u0 += G1S_SLOTS * blockDim.x) {
+    float win[G1S_SLOTS][GDN_KMAX - 1], w[G1S_SLOTS][GDN_KMAX - 1], wl[G1S_SLOTS], m[G1S_SLOTS];
+    int64_t chs[G1S_SLOTS];
+#pragma unroll
+    for (int sl = 0; sl < G1S_SLOTS; sl++) {
+      const int u = u0 + sl * blockDim.x;
+      const int64_t ch = u < dk ? (int64_t)kh * dk + u
+                         : u < 2 * dk ? kd + (int64_t)kh * dk + (u - dk)
+                                      : 2 * kd + (int64_t)hv * dv + part * cw + (u - 2 * dk);
+      const bool ok = u < nch;
+      chs[sl] = ch;
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++) {
+        win[sl][q] = ok && q < K - 1 ? conv_g[(int64_t)q * C + ch] : 0.0f;
+        w[sl][q] = ok && q < K - 1 ? wt[(int64_t)q * C + ch] : 0.0f;
+      }
+      wl[sl] = ok ? wt[(int64_t)(K - 1) * C + ch] : 0.0f;
+      m[sl] = ok ? mix[ch] : 0.0f;
+    }
+    if (bd && u0 == threadIdx.x) {
+      s_beta = floe_sigmoidf(b_in);
+      s_decay = gdn_expf(__fmul_rn(A_in, gdn_softplus(__fadd_rn(a_in, dtb_in))));
+    }
+#pragma unroll
+    for (int sl = 0; sl < G1S_SLOTS; sl++) {
+      const int u = u0 + sl * blockDim.x;
+      if (u >= nch) break;
+      const int64_t ch = chs[sl];
+      float c = 0.0f;
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++)
+        if (q < K - 1) c = __fadd_rn(c, __fmul_rn(w[sl][q], win[sl][q]));
+      c = floe_siluf(__fadd_rn(c, __fmul_rn(wl[sl], m[sl])));
+      if (u < 2 * dk) {
+        qk[u] = c;
+        if (crank == 0)
+#pragma unroll
+          for (int q = 0; q < GDN_KMAX - 1; q++)
+            if (q < K - 1) wq[q * 2 * dk + u] = q < K - 2 ? win[sl][q + 1] : m[sl];
+      } else {
+        vs[u - 2 * dk] = c;
+        raw[ch] = c;
+#pragma unroll
+        for (int q = 0; q < GDN_KMAX - 1; q++)
+          if (q < K - 1) conv_d[(int64_t)q * C + ch] = q < K - 2 ? win[sl][q + 1] : m[sl];
+      }
+    }
+  }
+  __syncthreads();
+  for (int h = warp; h < 2; h += nwarp) { /* the L2 norms of q (h 0) and k (h 1) */
+    const float ss = ops_sumsq16_warp(qk + h * dk, dk);
+    if (lane == 0) s_rn[h] = 1.0f / sqrtf(__fadd_rn(ss, 1e-6f));
+  }
+  __syncthreads();
+  for (int u = threadIdx.x; u < 2 * dk; u += blockDim.x) {
+    const float c = qk[u];
+    const float y = u < dk ? __fmul_rn(__fmul_rn(c, s_rn[0]), qscale) : __fmul_rn(c, s_rn[1]);
+    qk[u] = y;
+    if (crank == 0) raw[u < dk ? (int64_t)kh * dk + u : kd + (int64_t)kh * dk + (u - dk)] = y;
+  }
+  const float vv = col ? vs[jl] : 0.0f;
+  const float zz = col ? z[(int64_t)hv * dv + jj] : 0.0f;
+  const float wn = col ? norm_w[jj] : 0.0f;
+  __syncthreads();
+  const float beta = s_beta, decay = s_decay;
+#pragma unroll
+  for (int i = 0; i < H; i++) {
+    s[i] = __fmul_rn(s[i], decay);
+    p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
+  }
+  const float kv = g2_chain_h<H>(p, lane, half);
+  const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
+  const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+#pragma unroll
+  for (int i = 0; i < H; i++) {
+    s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
+    p[i] = __fmul_rn(s[i], qk[i0 + i]);
+  }
+  const float oo = g2_chain_h<H>(p, lane, half);
+  if (half == 1 && col) os[jl] = oo;
+  if (col)
+#pragma unroll
+    for (int i = 0; i < H; i++) Sd[so + (int64_t)(i0 + i) * dv] = s[i];
+  cl.sync(); /* every block's outputs are in its shared memory; every window read is done */
+  if (threadIdx.x < 32) { /* ops_sumsq16_warp over the head's dv outputs, from the SP blocks */
+    float acc = 0.0f;
+    if (lane < 16)
+      for (int i = lane; i < dv; i += 16) {
+        const float *src = cl.map_shared_rank(os, (unsigned)(vrank * SP + i / cw));
+        const float v = src[i % cw];
+        acc = __fadd_rn(acc, __fmul_rn(v, v));
+      }
+    acc = ops_fold16(acc);
+    acc = __shfl_sync(0xffffffffu, acc, 0);
+    if (threadIdx.x == 0) s_rr = 1.0f / sqrtf(__fadd_rn(acc / (float)dv, eps));
+  }
+  __syncthreads();
+  gdn_cluster_arrive(); /* this block is done reading the others' outputs */
+  if (col && half == 1) o[(int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
+  if (crank == 0)
+    for (int u = threadIdx.x; u < 2 * dk; u += blockDim.x) {
+      const int64_t ch = u < dk ? (int64_t)kh * dk + u : kd + (int64_t)kh * dk + (u - dk);
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++)
+        if (q < K - 1) conv_d[(int64_t)q * C + ch] = wq[q * 2 * dk + u];
+    }
+  __syncwarp();
+  gdn_cluster_wait(); /* no block leaves while another may still read its outputs */
+}
+
+/* the column split of k_gdn_step1s (cuda_gdn_set_step_split; 0 or 1: k_gdn_step1; -1: from
+ * FLOE_CUDA_GDN_SPLIT at the first call, default 0 until measured) */
+static int g_gdn_split = -1;
+
+extern "C" void cuda_gdn_set_step_split(int sp) { g_gdn_split = sp < 0 ? 0 : sp; }
+
+static int gdn_split(void) {
+  if (g_gdn_split < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_SPLIT");
+    g_gdn_split = e && e[0] ? atoi(e) : 0;
+    if (g_gdn_split < 0) g_gdn_split = 0;
+  }
+  return g_gdn_split;
+}
+
 /* 1: one-token steps through k_gdn_step1 where it applies (the default); 0: k_gdn_conv then the
  * recurrence; -1: from FLOE_CUDA_GDN_FUSED (=0 selects the two launches) */
 static int g_gdn_fused = -1;
@@ -987,6 +1165,34 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
     return;
   }
   const int r = sh->Nv / sh->Nk;
+  /* k_gdn_step1s: SP blocks a value head of cw <= 64 columns each, r * SP <= the cluster limit */
+  int sp = gdn_split();
+  while (sp > 1 && r * sp > G1_CLUSTER_MAX) sp--;
+  const int cw = sp > 1 ? ((sh->dv + sp - 1) / sp + 15) / 16 * 16 : 0;
+  if (sp > 1 && cw <= 64 && g_cluster_ok == 1) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(sh->Nv * sp));
+    cfg.blockDim = dim3((unsigned)(2 * cw));
+    cfg.stream = OPS_STREAM(stream);
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    at[na].id = cudaLaunchAttributeClusterDimension;
+    at[na].val.clusterDim.x = (unsigned)(r * sp);
+    at[na].val.clusterDim.y = 1;
+    at[na].val.clusterDim.z = 1;
+    na++;
+    if (cuda_rt_pdl()) {
+      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[na].val.programmaticStreamSerializationAllowed = 1;
+      na++;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = (unsigned)na;
+    cudaLaunchKernelEx(&cfg, sh->dk == 128 ? k_gdn_step1s<128> : k_gdn_step1s<64>, mix, conv_wt, conv_state, conv_p,
+                       conv_keep, raw, z, b, a, dt_bias, ssm_a, norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv,
+                       sh->conv_k, sh->v_tiled, sh->eps, (float)(1.0 / sqrt((double)sh->dk)), sp, cw);
+    return;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(sh->Nv);
   cfg.blockDim = dim3((sh->dv + 15) / 16 * 32);
