@@ -31,7 +31,7 @@
 #   dm        the default model's decode, plain and --mtp 3, per setting of DM_AB
 #   ncuk4w    ncu sections (speed of light, warp states, occupancy, memory) of a GDN layer's decode matmuls
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
-#   kernels35p  per-kernel ncu times of one 512-token prefill chunk, 4-layer shape
+#   kernels35p  per-kernel ncu times of a KP_N-token prefill (default 512), 4-layer shape
 #   kernels80l  kernels35l for the 80B-A3B shape cut to 4 layers
 #   nsys35    nsys trace of the 4-layer cut's decode graph (each node's start / end: the in-graph step)
 #   trace35   the in-graph cost of each kernel of the decode step (launch trace), 4-layer cut and 35B
@@ -126,7 +126,7 @@ sec_kernels35p() {
   local small=/tmp/floe-q35-4l.gguf
   [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
   timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p "${KP_N:-512}" -n 0 -r 1 -c "$((2 * ${KP_N:-512}))"
 }
 # kernels35v: the same for a chunk of VROWS (default 4) tokens: the few-row path a speculative
 # verify or a small batch takes (compare each kernel with kernels35's one-row step)
