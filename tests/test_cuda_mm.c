@@ -244,16 +244,18 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   /* impl 5 (Q4_K / Q5_K): k_k4w2, two weight rows a warp at once (cuda_mm_set_k4w_pair; one
    * activation row, the grid capped at 3 blocks so that warps have several rows); impl 6: k_k4w
    * and k_k4s with 4 lanes a superblock (cuda_mm_set_k4v(2); one activation row, the same capped
-   * grid); impl 7: k_k4w2 with the 4-lane dot */
-  const int nimpl = kq ? 8 : pt ? 3 : ab ? 2 : 1;
+   * grid); impl 7: k_k4w2 with the 4-lane dot; impl 8: the few-row kernel with 4 lanes a
+   * superblock (k_k4vn, cuda_mm_set_k4v(3); 2..15 rows) */
+  const int nimpl = kq ? 9 : pt ? 3 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
     if (impl >= 3 && nb > 15) continue;
-    if (impl >= 5 && nb > 1) continue;
+    if (impl >= 5 && impl <= 7 && nb > 1) continue;
+    if (impl == 8 && nb < 2) continue;
     cuda_mm_set_k4w_pipe(impl == 3 ? 2 : impl == 4 ? 4 : 1);
     cuda_mm_set_k4w_pair(impl == 5 || impl == 7);
-    cuda_mm_set_k4v(impl == 6 ? 2 : impl == 7 ? 1 : 0);
+    cuda_mm_set_k4v(impl == 6 ? 2 : impl == 7 ? 1 : impl == 8 ? 3 : 0);
     cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
     cuda_mm_set_plain_tile(!pt || impl >= 1);
     cuda_mm_set_k4w(kq && impl >= 1);
@@ -309,7 +311,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
                                     : impl == 4 ? " (k_k4w / k_k4wn, loads ahead: 4)"
                                     : impl == 5 ? " (k_k4w2, two rows a warp)"
                                     : impl == 6 ? " (k_k4w / k_k4s, 4 lanes a superblock)"
-                                                : " (k_k4w2, 4 lanes a superblock)")
+                                    : impl == 7 ? " (k_k4w2, 4 lanes a superblock)"
+                                                : " (k_k4vn, 4 lanes a superblock)")
             : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : " (k_plainn)")
             : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
@@ -326,7 +329,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_k4w(0);
   cuda_mm_set_k4w_pipe(1);
   cuda_mm_set_k4w_pair(0);
-  cuda_mm_set_k4v(1); /* the default */
+  cuda_mm_set_k4v(2); /* the default */
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_plain_tile(1);
   cuda_mm_set_k4s(1);
@@ -921,7 +924,7 @@ int main(void) {
   cuda_mm_set_k4s(1);
   cuda_mm_set_down_qx(0);
   cuda_mm_set_k4w_pipe(1);
-  cuda_mm_set_k4v(1); /* the default */
+  cuda_mm_set_k4v(2); /* the default */
 
   /* prefill: the tensor-core kernels (mm_mma.cu) against the CPU, and k_k4 (FLOE_CUDA_MMA=0) too;
    * rows not multiples of 16 / 64, activation rows not multiples of 32, 1..16 superblocks, and

@@ -185,8 +185,9 @@ void cuda_mm_set_k4w_pipe(int nr);
 /* The one-row Q4_K / Q5_K dot: level 1 = 4 lanes a superblock in k_k4w (a round covers 8
  * superblocks; two shuffle levels instead of three, half of the 8-lane form's redundant
  * per-superblock scale and float work; 35B decode +4.5 % on the H200), 2 = in k_k4s too (rows of
- * one or two superblocks: the MoE down; the default, a further +2.1 %), 0 = 8 lanes. The same bits (test_cuda_mm
- * runs each); FLOE_CUDA_K4V=0 / 1 / 2 sets it at the first launch. k_k4w's rounds in batches
+ * one or two superblocks: the MoE down; the default, a further +2.1 %), 3 = in the few-row kernel
+ * too (k_k4vn: 2..15 activation rows, a speculative verify; opt-in until measured), 0 = 8 lanes. The same bits (test_cuda_mm
+ * runs each); FLOE_CUDA_K4V=0 / 1 / 2 / 3 sets it at the first launch. k_k4w's rounds in batches
  * (cuda_mm_set_k4w_pipe 2 / 4) take the 8 lanes. */
 void cuda_mm_set_k4v(int level);
 /* k_k4w's one-row MM_PLAIN calls whose warps have two rows or more (the output head): 1 = two

@@ -604,6 +604,53 @@ __global__ void __launch_bounds__(128) k_k4wn(KArgs a, int64_t nb, const uint8_t
   }
 }
 
+/* k_k4wn with 4 lanes a superblock (cuda_mm_set_k4v level 3): a warp loads a round's weights once
+ * (k4v_load_w: 8 superblocks, a lane's two chunks) and forms each activation row's term with
+ * k4v_calc, the same slots and k4v_red tail as k4v_dot: k_k4w's 4-lane bits for every row, which
+ * are the CPU's. */
+template <int T, int NB>
+__global__ void __launch_bounds__(128) k_k4vn(KArgs a, int64_t nb, const uint8_t *xq, size_t xs, MMOut o, int pf) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, p = lane & 3;
+  const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5), step = (int64_t)gridDim.x * 4;
+  const int64_t b0 = (int64_t)blockIdx.y * NB;
+  const int nbt = (int)(nb - b0 < NB ? nb - b0 : NB);
+  if (pf) k4w_prefetch<MM_PLAIN>(a, a, 0, r0, step, pf, lane);
+  PDL_ENTER();
+  const uint8_t *__restrict__ x0 = xq + (size_t)b0 * xs;
+  const int nsb = (int)(a.cols / 256);
+  for (int64_t r = r0; r < a.rows; r += step) { /* warp-uniform */
+    const uint8_t *__restrict__ row = mm_row(a, 0, r);
+    float acc[NB][2];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = 0.0f;
+    for (int k0 = 0; k0 < nsb; k0 += 16) {
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        const int kb = k0 + 8 * hf;
+        if (kb >= nsb) break; /* warp-uniform */
+        const int k = kb + g;
+        const bool ok = k < nsb;
+        K4VW in;
+        k4v_load_w<T>(row, ok ? k : kb, p, in);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+          if (b >= nbt) break; /* block-uniform */
+          K4VX xi;
+          k4v_load_x(a, x0 + (size_t)b * xs, ok ? k : kb, p, xi);
+          const float t = k4v_calc<T>(in, xi, p);
+          if (ok) acc[b][hf] = acc[b][hf] + t;
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      if (b >= nbt) break;
+      const float y = k4v_red(acc[b][0], acc[b][1]);
+      if (lane == 0) *mm_out(o, b0 + b, r) = y;
+    }
+  }
+}
+
 /* Short rows (one or two superblocks: the MoE down projection of the 35B-A3B and 80B-A3B shapes,
  * 512 columns): k_k4w would leave the groups past the last superblock idle, half or three quarters
  * of the warp, and need twice or four times the warps. Here a warp takes R = 4 / G rows with G
@@ -723,11 +770,12 @@ static int k4w_pipe(void) {
 }
 
 /* 4 lanes a superblock (k4v_dot): level 1 (35B decode +4.5 % on the H200) in k_k4w, level 2 in
- * k_k4s too (short rows: the MoE down; the default, +2.1 % more); 0: 8 lanes everywhere.
+ * k_k4s too (short rows: the MoE down; the default, +2.1 % more), level 3 in the few-row k_k4wn
+ * too (k_k4vn: a verify's rows; opt-in until measured); 0: 8 lanes everywhere.
  * cuda_mm_set_k4v; FLOE_CUDA_K4V=0 / 1 / 2 at the first launch. */
 static int g_k4v = -1;
 
-void cuda_mm_set_k4v(int level) { g_k4v = level <= 0 ? 0 : level >= 2 ? 2 : 1; }
+void cuda_mm_set_k4v(int level) { g_k4v = level <= 0 ? 0 : level >= 3 ? 3 : level; }
 
 /* the integer value of environment variable name, dflt when it is unset or empty */
 static int env_int(const char *name, int dflt) {
@@ -840,6 +888,14 @@ unsigned k4wn_grid(int64_t g4, unsigned gy) {
   return grid_capped(g4, gy, cap);
 }
 
+/* k4w_grid for k_k4vn */
+template <int T, int NB>
+unsigned k4vn_grid(int64_t g4, unsigned gy) {
+  static int cap = 0;
+  if (!cap) cap = resident_blocks(k_k4vn<T, NB>);
+  return grid_capped(g4, gy, cap);
+}
+
 /* k4w_grid for k_k4s */
 template <int T, int MODE, int G, bool QX = false, bool V = false>
 unsigned k4s_grid(int64_t g4, unsigned gy) {
@@ -869,7 +925,10 @@ bool few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut
 #define K4WN_LAUNCH(NB)                                                                                          \
   do {                                                                                                           \
     const unsigned gy = (unsigned)((nb + (NB)-1) / (NB));                                                        \
-    if (k4w_pipe() > 1)                                                                                          \
+    if (k4v_on() >= 3 && k4w_pipe() == 1)                                                                        \
+      pdl_launch(k_k4vn<T, NB>, dim3(k4vn_grid<T, NB>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o,   \
+                 k4w_pf(a, MM_PLAIN, gy));                                                                       \
+    else if (k4w_pipe() > 1)                                                                                     \
       pdl_launch(k_k4wn<T, NB, true>, dim3(k4wn_grid<T, NB, true>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, \
                  xq, xs, o, k4w_pf(a, MM_PLAIN, gy));                                                            \
     else                                                                                                         \
