@@ -328,8 +328,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
   cuda_mm_set_k4w(0);
   cuda_mm_set_k4w_pipe(1);
-  cuda_mm_set_k4w_pair(0);
-  cuda_mm_set_k4v(2); /* the default */
+  cuda_mm_set_k4w_pair(1);
+  cuda_mm_set_k4v(2); /* the defaults */
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_plain_tile(1);
   cuda_mm_set_k4s(1);

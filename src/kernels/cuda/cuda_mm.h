@@ -190,11 +190,11 @@ void cuda_mm_set_k4w_pipe(int nr);
  * runs each); FLOE_CUDA_K4V=0 / 1 / 2 / 3 sets it at the first launch. k_k4w's rounds in batches
  * (cuda_mm_set_k4w_pipe 2 / 4) take the 8 lanes. */
 void cuda_mm_set_k4v(int level);
-/* k_k4w's one-row MM_PLAIN calls whose warps have two rows or more (the output head): 1 = two
- * rows a warp at once, their loads in flight together (k_k4w2, with the dot cuda_mm_set_k4v
- * picks), 0 = one at a time (the default: with the 8-lane dot the pairs were 1-2 % slower on the
- * H200; with the 4-lane dot +1.6-1.9 % over level 1, on top of level 2 not yet measured). The same bits (test_cuda_mm runs both);
- * FLOE_CUDA_K4W_PAIR=1 sets 1 at the first launch. */
+/* k_k4w's one-row MM_PLAIN calls whose warps have two rows or more (the output head, the GDN
+ * input q|k|v|z|b|a): 1 = two rows a warp at once, their loads in flight together (k_k4w2, with
+ * the dot cuda_mm_set_k4v picks; the default: +2-4 % 35B decode on the H200 with the 4-lane dot,
+ * where with the 8-lane dot it was 1-2 % slower), 0 = one at a time. The same bits (test_cuda_mm
+ * runs both); FLOE_CUDA_K4W_PAIR=0 sets 0 at the first launch. */
 void cuda_mm_set_k4w_pair(int on);
 /* With k_k4w: rows of one or two superblocks with 2 or 4 rows a warp (k_k4s, the default), 0 =
  * k_k4w for them too. The same bits (test_cuda_mm runs both); FLOE_CUDA_K4S=0 sets 0 at the

@@ -789,14 +789,14 @@ static int k4v_on(void) {
 }
 
 /* k_k4w2 for one-row MM_PLAIN calls whose warps each have two rows or more (cuda_mm_set_k4w_pair;
- * FLOE_CUDA_K4W_PAIR=1 at the first launch; opt-in: 1-2 % slower on the H200 with the 8-lane dot,
- * +1.6-1.9 % with the 4-lane one (which it takes where cuda_mm_set_k4v says) at level 1) */
+ * FLOE_CUDA_K4W_PAIR=0 at the first launch turns it off): 1-2 % slower on the H200 with the 8-lane
+ * dot, +2-4 % with the 4-lane one (which it takes where cuda_mm_set_k4v says): the default */
 static int g_k4w_pair = -1;
 
 void cuda_mm_set_k4w_pair(int on) { g_k4w_pair = on ? 1 : 0; }
 
 static int k4w_pair(void) {
-  if (g_k4w_pair < 0) cuda_mm_set_k4w_pair(env_int("FLOE_CUDA_K4W_PAIR", 0) == 1);
+  if (g_k4w_pair < 0) cuda_mm_set_k4w_pair(env_int("FLOE_CUDA_K4W_PAIR", 1) == 1);
   return g_k4w_pair;
 }
 
