@@ -409,32 +409,25 @@ sec_attn35() {
   timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 1 --json || rc=1
   return $rc
 }
-# ab35: decode of the 35B shape at depth ABD (default 0) with each setting of AB35 (VAR=VALUE
-# words, several joined by commas; "-" the defaults), ABR rounds (default 2) alternated in order: one decode_tok_s line each
-sec_ab35() {
-  local r v rc=0
+# ab_rounds SETTINGS KEY BENCH-ARGS...: floe bench on $SYNTH with each setting (VAR=VALUE words,
+# several joined by commas; "-" the defaults), ABR rounds (default 2) alternated in order, the
+# value of KEY from each run's JSON on one line
+ab_rounds() {
+  local set=$1 key=$2 r v rc=0
+  shift 2
   for r in $(seq 1 "${ABR:-2}"); do
-    for v in ${AB35:--}; do
+    for v in $set; do
       printf 'round %s %-28s ' "$r" "$v"
-      env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 \
-        -d "${ABD:-0}" -r 1 --json 2>/dev/null | grep -o '"decode_tok_s":[0-9.]*' | head -1 || rc=1
+      env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda "$@" -r 1 \
+        --json 2>/dev/null | grep -o "\"$key\":[0-9.]*" | head -1 || rc=1
     done
   done
   return $rc
 }
-# abp35: prefill of the 35B shape, ABPN tokens (default 4096), with each setting of ABP35 (as AB35),
-# ABR rounds alternated: one prefill_tok_s line each
-sec_abp35() {
-  local r v rc=0
-  for r in $(seq 1 "${ABR:-2}"); do
-    for v in ${ABP35:--}; do
-      printf 'round %s %-28s ' "$r" "$v"
-      env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda \
-        -p "${ABPN:-4096}" -n 0 -r 1 --json 2>/dev/null | grep -o '"prefill_tok_s":[0-9.]*' | head -1 || rc=1
-    done
-  done
-  return $rc
-}
+# ab35: decode of the 35B shape at depth ABD (default 0) with each setting of AB35: decode_tok_s
+sec_ab35() { ab_rounds "${AB35:--}" decode_tok_s -p 0 -n 128 -d "${ABD:-0}"; }
+# abp35: prefill of the 35B shape, ABPN tokens (default 4096), with each setting of ABP35: prefill_tok_s
+sec_abp35() { ab_rounds "${ABP35:--}" prefill_tok_s -p "${ABPN:-4096}" -n 0; }
 # kernels_l PRESET FILE: every launch of 2 decode steps of PRESET cut to 4 layers (ncu, no graph),
 # one row each (name|grid|ns), for a per-launch breakdown of the step
 kernels_l() {

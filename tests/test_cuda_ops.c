@@ -856,20 +856,17 @@ int main(void) {
    * the fused step with k_gdn_recur_cols (no overlap). Decode steps go through cuda_gdn_step,
    * compared with the CPU and with the prefill rows, whose token-by-token rerun takes the two
    * launches. */
-  for (int impl = 0; impl < 7; impl++) {
+  for (int impl = 0; impl < 5; impl++) {
     printf("-- gdn: %s\n", impl == 0   ? "one thread per column, serial conv"
                           : impl == 1 ? "the defaults: fused decode step, prefill S columns split, tokens overlapped"
                           : impl == 2 ? "k_gdn_recur2 everywhere, decode as two launches"
                           : impl == 3 ? "fused decode step, prefill S columns split, tokens not overlapped"
-                          : impl == 4 ? "decode steps too with S columns split (conv, k_gdn_recur_cols2, gnorm)"
-                          : impl == 5 ? "fused decode step with a value head over 4 blocks (k_gdn_step1s)"
-                                      : "fused decode step with a value head over 2 blocks (k_gdn_step1s)");
+                                      : "decode steps too with S columns split (conv, k_gdn_recur_cols2, gnorm)");
     cuda_gdn_set_impl(impl > 0);
     cuda_gdn_set_conv_par(impl > 0);
     cuda_gdn_set_fused(impl != 2);
-    cuda_gdn_set_cols(impl == 1 || impl >= 4 ? 2 : impl == 3 ? 1 : 0);
+    cuda_gdn_set_cols(impl == 1 || impl == 4 ? 2 : impl == 3 ? 1 : 0);
     cuda_gdn_set_dec_cols(impl == 4);
-    cuda_gdn_set_step_split(impl == 5 ? 4 : impl == 6 ? 2 : 0);
     test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
     test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
     test_gdn_case(2, 2, 128, 100, 8, 1, 3, 2);
@@ -893,7 +890,6 @@ int main(void) {
     test_gdn_keep_case(2, 6, 64, 40, 3, 0, 1);
   }
   cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(2), cuda_gdn_set_dec_cols(0);
-  cuda_gdn_set_step_split(0);
   test_gdn_case(16, 32, 128, 128, 4, 1, 260, 3); /* the 35B-A3B shape, a long chunk (the defaults) */
   cuda_gdn_set_impl(0);
   test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);

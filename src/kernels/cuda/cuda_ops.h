@@ -162,11 +162,6 @@ void cuda_gdn_set_cols(int mode);
  * the GPU's SMs). 0 (the default): k_gdn_step1. The same bits; FLOE_CUDA_GDN_DEC_COLS=1 sets 1 at
  * the first call. */
 void cuda_gdn_set_dec_cols(int on);
-/* sp >= 2: one-token steps through k_gdn_step1s, each value head's columns over sp blocks (fewer
- * where the key head's r * sp blocks would pass the cluster limit of 8), so the state streams
- * through sp times the SMs; 0 or 1: k_gdn_step1 (the default until measured). The same bits;
- * FLOE_CUDA_GDN_SPLIT=N sets N at the first call. */
-void cuda_gdn_set_step_split(int sp);
 
 /* ---- MoE (ops_moe.cu) ---- */
 /* logits [n_tok][n_expert] -> softmax -> the K largest (descending, ties to the lower index) ->
