@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/gdn_sum.h"
 #include "base/vexp.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda_mm.h"
@@ -355,26 +356,35 @@ static void gdn_ref_token(gdn_ref *g, const float *mix, const float *z, const fl
     const float rn = 1.0f / sqrtf(sumsq16(v, dk) + 1e-6f);
     for (int64_t i = 0; i < dk; i++) v[i] = h0 < kd ? (v[i] * rn) * qscale : v[i] * rn;
   }
-  float kvv[1024];
+  float kvv[1024], ka[GDN_ACC][128], oa[GDN_ACC][128];
   for (int64_t hv = 0; hv < Nv; hv++) {
     const int64_t kh = s->v_tiled ? hv % Nk : hv / r;
     const float *kk = raw + kd + kh * dk, *qq = raw + kh * dk, *vv = raw + 2 * kd + hv * dv;
     const float beta = floe_sigmoidf(b[hv]);
     const float decay = expf(g->A[hv] * softplusf_(a[hv] + g->dtb[hv]));
     float *S = g->S + hv * dk * dv, *oh = o + hv * dv;
-    for (int64_t j = 0; j < dv; j++) kvv[j] = 0.0f;
-    for (int64_t i = 0; i < dk; i++)
+    memset(ka, 0, sizeof ka);
+    memset(oa, 0, sizeof oa);
+    for (int64_t i = 0; i < dk; i++) /* row i into accumulator i % GDN_ACC (base/gdn_sum.h) */
       for (int64_t j = 0; j < dv; j++) {
         S[i * dv + j] *= decay;
-        kvv[j] += S[i * dv + j] * kk[i];
+        ka[i % GDN_ACC][j] += S[i * dv + j] * kk[i];
       }
-    for (int64_t j = 0; j < dv; j++) kvv[j] = (vv[j] - kvv[j]) * beta;
-    for (int64_t j = 0; j < dv; j++) oh[j] = 0.0f;
+    for (int64_t j = 0; j < dv; j++) {
+      float t[GDN_ACC];
+      for (int u = 0; u < GDN_ACC; u++) t[u] = ka[u][j];
+      kvv[j] = (vv[j] - floe_gdn_fold8(t)) * beta;
+    }
     for (int64_t i = 0; i < dk; i++)
       for (int64_t j = 0; j < dv; j++) {
         S[i * dv + j] += kk[i] * kvv[j];
-        oh[j] += S[i * dv + j] * qq[i];
+        oa[i % GDN_ACC][j] += S[i * dv + j] * qq[i];
       }
+    for (int64_t j = 0; j < dv; j++) {
+      float t[GDN_ACC];
+      for (int u = 0; u < GDN_ACC; u++) t[u] = oa[u][j];
+      oh[j] = floe_gdn_fold8(t);
+    }
     const float rr = 1.0f / sqrtf(sumsq16(oh, dv) / (float)dv + s->eps);
     for (int64_t j = 0; j < dv; j++) oh[j] = (g->nw[j] * (oh[j] * rr)) * floe_siluf(z[hv * dv + j]);
   }

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/gdn_sum.h"
 #include "base/vexp.h"
 #include "experts/experts.h"
 #include "kernels/cpu/kernels.h"
@@ -583,7 +584,9 @@ VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
 
 /* Delta-rule recurrence and gated RMSNorm for value heads [h0, h1), every token in order.
  * Two passes over S per token: (decay, S^T k) then (rank-1 update, S^T q); each element sees
- * the same operations in the same order as the four-pass form of the reference. */
+ * the same operations in the same order as the four-pass form of the reference. The sums over
+ * the key dimension take base/gdn_sum.h's order (row i into accumulator row i % GDN_ACC, then
+ * floe_gdn_fold8), which the CUDA kernels share. */
 VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
   const gdn_job *j = ctx;
   model_session *s = j->s;
@@ -592,7 +595,9 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
   const int64_t Nk = j->Nk, Nv = j->Nv, dk = j->dk, dv = j->dv, r = j->r, C = j->C;
   const int64_t kd = Nk * dk, vd = Nv * dv;
   const float eps = m->hp.rms_eps;
-  float *kv = tscratch(s, ith);
+  /* the sums over the key dimension in GDN_ACC rows of accumulators each (base/gdn_sum.h):
+   * ka for S^T k (row 0 then holds the delta), oa for S^T q */
+  float *ka = tscratch(s, ith), *oa = ka + GDN_ACC * dv, *kv = ka;
   int64_t h0, h1;
   floe_split_range(Nv, 1, ith, nth, &h0, &h1);
   for (int64_t t = 0; t < j->n; t++) {
@@ -616,39 +621,47 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
        * during the second pass, which works from cache, as before: 94; no prefetch: 100) */
       const float *Sn = hv + 1 < h1 && !Sin ? S + dk * dv : NULL;
       const int64_t hpf = dv / 2;
-      for (int64_t jj = 0; jj < dv; jj++) kv[jj] = 0.0f;
+      memset(ka, 0, (size_t)(2 * GDN_ACC * dv) * sizeof(float));
       if (Sin)
         for (int64_t i = 0; i < dk; i++) {
-          float *restrict Si = S + i * dv;
+          float *restrict Si = S + i * dv, *restrict kr = ka + (i % GDN_ACC) * dv;
           const float *restrict Ii = Sin + i * dv;
           const float ki = kk[i];
           for (int64_t jj = 0; jj < dv; jj++) {
             Si[jj] = Ii[jj] * decay;
-            kv[jj] += Si[jj] * ki;
+            kr[jj] += Si[jj] * ki;
           }
         }
       else
       for (int64_t i = 0; i < dk; i++) {
-        float *Si = S + i * dv;
+        float *restrict Si = S + i * dv, *restrict kr = ka + (i % GDN_ACC) * dv;
         const float ki = kk[i];
         if (Sn)
           for (int64_t jj = 0; jj < hpf; jj += 16) __builtin_prefetch(Sn + i * hpf + jj, 0, 2);
         for (int64_t jj = 0; jj < dv; jj++) {
           Si[jj] *= decay;
-          kv[jj] += Si[jj] * ki;
+          kr[jj] += Si[jj] * ki;
         }
       }
-      for (int64_t jj = 0; jj < dv; jj++) kv[jj] = (vv[jj] - kv[jj]) * beta; /* delta */
-      for (int64_t jj = 0; jj < dv; jj++) oh[jj] = 0.0f;
+      for (int64_t jj = 0; jj < dv; jj++) { /* the delta, into row 0 */
+        float a[GDN_ACC];
+        for (int u = 0; u < GDN_ACC; u++) a[u] = ka[u * dv + jj];
+        kv[jj] = (vv[jj] - floe_gdn_fold8(a)) * beta;
+      }
       for (int64_t i = 0; i < dk; i++) {
-        float *Si = S + i * dv;
+        float *restrict Si = S + i * dv, *restrict orow = oa + (i % GDN_ACC) * dv;
         const float ki = kk[i], qi = qq[i];
         if (Sn)
           for (int64_t jj = 0; jj < hpf; jj += 16) __builtin_prefetch(Sn + (dk + i) * hpf + jj, 0, 2);
         for (int64_t jj = 0; jj < dv; jj++) {
           Si[jj] += ki * kv[jj];
-          oh[jj] += Si[jj] * qi;
+          orow[jj] += Si[jj] * qi;
         }
+      }
+      for (int64_t jj = 0; jj < dv; jj++) {
+        float a[GDN_ACC];
+        for (int u = 0; u < GDN_ACC; u++) a[u] = oa[u * dv + jj];
+        oh[jj] = floe_gdn_fold8(a);
       }
       /* gated RMSNorm per value head: (w * (o * rsqrt(mean(o^2)+eps))) * silu(z) */
       const float ss = sumsq16(oh, dv);

@@ -9,8 +9,9 @@
  *     (kept in registers across tokens), and for q / k heads the L2 norm (sumsq16 order, eps
  *     1e-6; q also times dk^-0.5). Same operations and order as gdn_conv_worker.
  *   k_gdn_recur: block per value head, a thread per column jj of S (its dk values in registers
- *     and shared memory across tokens): decay and S^T k summed over i in order, the delta, the rank-1 update and
- *     S^T q in order, then the gated RMSNorm with silu(z) (warp 0, sumsq16 order). Same
+ *     and shared memory across tokens): decay and S^T k summed over i (base/gdn_sum.h's
+ *     order: eight accumulators by i % 8, a fixed tree), the delta, the rank-1 update and S^T q
+ *     the same way, then the gated RMSNorm with silu(z) (warp 0, sumsq16 order). Same
  *     operations and order as gdn_heads_worker; the columns are independent, so a thread per
  *     column is the CPU's loop order exactly. The decay's exp / log1p are computed in double and
  *     rounded (libm expf / log1pf on the CPU): see cuda_ops.h.
@@ -23,6 +24,7 @@
 
 extern "C" {
 #include "base/base.h"
+#include "base/gdn_sum.h"
 }
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/ops_common.cuh"
@@ -267,33 +269,45 @@ static __global__ void __launch_bounds__(128)
     const float zz = col ? z[(int64_t)t * vd + (int64_t)hv * dv + jj] : 0.0f;
     const float beta = ot[0], decay = ot[1];
     __syncthreads();
-    float kv = 0.0f, oo = 0.0f;
-    if (col) {
+    float oo = 0.0f;
+    if (col) { /* the sums in base/gdn_sum.h's order: row i into accumulator i % GDN_ACC (SR is a multiple of it) */
+      float ka[GDN_ACC], oa[GDN_ACC];
+#pragma unroll
+      for (int u = 0; u < GDN_ACC; u++) ka[u] = oa[u] = 0.0f;
 #pragma unroll
       for (int i = 0; i < SR; i++)
         if (i < dk) {
           s[i] = __fmul_rn(s[i], decay);
-          kv = __fadd_rn(kv, __fmul_rn(s[i], qk[DK + i]));
+          ka[i % GDN_ACC] = __fadd_rn(ka[i % GDN_ACC], __fmul_rn(s[i], qk[DK + i]));
         }
-#pragma unroll 8
-      for (int i = SR; i < dk; i++) {
-        const float v = __fmul_rn(ssh[(i - SR) * dv + jj], decay);
-        ssh[(i - SR) * dv + jj] = v;
-        kv = __fadd_rn(kv, __fmul_rn(v, qk[DK + i]));
-      }
-      const float delta = __fmul_rn(__fsub_rn(vv, kv), beta);
+      for (int i0 = SR; i0 < dk; i0 += GDN_ACC)
+#pragma unroll
+        for (int u = 0; u < GDN_ACC; u++) {
+          const int i = i0 + u;
+          if (i < dk) {
+            const float v = __fmul_rn(ssh[(i - SR) * dv + jj], decay);
+            ssh[(i - SR) * dv + jj] = v;
+            ka[u] = __fadd_rn(ka[u], __fmul_rn(v, qk[DK + i]));
+          }
+        }
+      const float delta = __fmul_rn(__fsub_rn(vv, floe_gdn_fold8(ka)), beta);
 #pragma unroll
       for (int i = 0; i < SR; i++)
         if (i < dk) {
           s[i] = __fadd_rn(s[i], __fmul_rn(qk[DK + i], delta));
-          oo = __fadd_rn(oo, __fmul_rn(s[i], qk[i]));
+          oa[i % GDN_ACC] = __fadd_rn(oa[i % GDN_ACC], __fmul_rn(s[i], qk[i]));
         }
-#pragma unroll 8
-      for (int i = SR; i < dk; i++) {
-        const float v = __fadd_rn(ssh[(i - SR) * dv + jj], __fmul_rn(qk[DK + i], delta));
-        ssh[(i - SR) * dv + jj] = v;
-        oo = __fadd_rn(oo, __fmul_rn(v, qk[i]));
-      }
+      for (int i0 = SR; i0 < dk; i0 += GDN_ACC)
+#pragma unroll
+        for (int u = 0; u < GDN_ACC; u++) {
+          const int i = i0 + u;
+          if (i < dk) {
+            const float v = __fadd_rn(ssh[(i - SR) * dv + jj], __fmul_rn(qk[DK + i], delta));
+            ssh[(i - SR) * dv + jj] = v;
+            oa[u] = __fadd_rn(oa[u], __fmul_rn(v, qk[i]));
+          }
+        }
+      oo = floe_gdn_fold8(oa);
       os[jj] = oo;
       if (KEEP) { /* kept chunk: the state after row t into row t's buffer */
         float *Kt = keep[t] + (int64_t)hv * dk * dv + jj;
@@ -322,32 +336,39 @@ static __global__ void __launch_bounds__(128)
 /* k_gdn_recur2<DK>: dk = DK (128 or 64), two threads per column: lane l < 16 of a warp holds rows
  * 0..DK/2-1 of column 16 w + l of S, lane l + 16 rows DK/2..DK-1, both in registers. Every float
  * operation and its order is k_gdn_recur's: the decay product and s * k per row, then kv summed
- * over i in order (the lower half's DK/2 additions, its partial handed to the upper half by a
- * shuffle, which adds its DK/2),
- * delta from the upper half, the rank-1 update and s * q per row, oo summed in order the same
- * way. So the serial chain is unchanged, while each thread issues half the instructions and no
+ * over i in base/gdn_sum.h's order (g2_chain_h: the lower half's DK/2 rows into the eight
+ * accumulators, the partials handed to the upper half by shuffles, which adds its DK/2), the
+ * delta from the upper half, the rank-1 update and s * q per row, oo summed the same way. So the
+ * chains are k_gdn_recur's, while each thread issues half the instructions and no
  * shared-memory traffic for S (k_gdn_recur's column thread runs ~5000 instructions a token with
  * one warp per scheduler). The default for dk 128 (H200, 35B-A3B shape: decode 252 -> 274 tok/s,
  * prefill 870 -> 1103) and dk 64 (the default model); FLOE_CUDA_GDN2=0 / cuda_gdn_set_impl(0)
  * selects k_gdn_recur. */
 #define G2_HALF 64
 
-/* The ordered sum p[0] + ... + p[2H - 1] of a column, its rows split over the two halves: the lower
- * half adds its H from 0, the upper half continues from that partial. Valid in the upper half.
- * g2_chain: dk 128 (H = G2_HALF). */
+/* The sum of p[0..2H-1] over a column's rows in base/gdn_sum.h's order (row i into accumulator
+ * i % GDN_ACC, then floe_gdn_fold8), the rows split over the two halves: the lower half adds its
+ * H rows into the GDN_ACC accumulators, the upper half continues from those partials (H is a
+ * multiple of GDN_ACC, so its row i0 + i goes to accumulator i % GDN_ACC too). Chains of H / 8
+ * adds each instead of one of 2H. Valid in the upper half. g2_chain: dk 128 (H = G2_HALF). */
 template <int H>
 static __device__ __forceinline__ float g2_chain_h(const float p[H], int lane, int half) {
-  float acc = 0.0f;
+  static_assert(H % GDN_ACC == 0, "rows per half: a multiple of GDN_ACC");
+  float acc[GDN_ACC];
+#pragma unroll
+  for (int u = 0; u < GDN_ACC; u++) acc[u] = 0.0f;
   if (half == 0)
 #pragma unroll
-    for (int i = 0; i < H; i++) acc = __fadd_rn(acc, p[i]);
-  const float lower = __shfl_sync(0xffffffffu, acc, lane & 15);
-  if (half == 1) {
-    acc = lower;
+    for (int i = 0; i < H; i++) acc[i % GDN_ACC] = __fadd_rn(acc[i % GDN_ACC], p[i]);
 #pragma unroll
-    for (int i = 0; i < H; i++) acc = __fadd_rn(acc, p[i]);
+  for (int u = 0; u < GDN_ACC; u++) {
+    const float lower = __shfl_sync(0xffffffffu, acc[u], lane & 15);
+    if (half == 1) acc[u] = lower;
   }
-  return acc;
+  if (half == 1)
+#pragma unroll
+    for (int i = 0; i < H; i++) acc[i % GDN_ACC] = __fadd_rn(acc[i % GDN_ACC], p[i]);
+  return floe_gdn_fold8(acc);
 }
 static __device__ __forceinline__ float g2_chain(const float p[G2_HALF], int lane, int half) {
   return g2_chain_h<G2_HALF>(p, lane, half);
@@ -698,37 +719,40 @@ static __global__ void __launch_bounds__(64)
     for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)(i0 + i) * dv] = s[i];
 }
 
-/* The ordered sums of two columns' products at once (g2_chain twice, interleaved: two independent
- * add chains share each step's latency). Valid in the upper half. */
+/* g2_chain of two columns' products at once, interleaved (independent add chains share each
+ * step's latency). Valid in the upper half. */
 static __device__ __forceinline__ void g2_chain2(const float pa[G2_HALF], const float pb[G2_HALF], int lane,
                                                  int half, float &ra, float &rb) {
-  float x = 0.0f, y = 0.0f;
+  float x[GDN_ACC], y[GDN_ACC];
+#pragma unroll
+  for (int u = 0; u < GDN_ACC; u++) x[u] = y[u] = 0.0f;
   if (half == 0)
 #pragma unroll
     for (int i = 0; i < G2_HALF; i++) {
-      x = __fadd_rn(x, pa[i]);
-      y = __fadd_rn(y, pb[i]);
+      x[i % GDN_ACC] = __fadd_rn(x[i % GDN_ACC], pa[i]);
+      y[i % GDN_ACC] = __fadd_rn(y[i % GDN_ACC], pb[i]);
     }
-  const float lx = __shfl_sync(0xffffffffu, x, lane & 15), ly = __shfl_sync(0xffffffffu, y, lane & 15);
-  if (half == 1) {
-    x = lx;
-    y = ly;
+#pragma unroll
+  for (int u = 0; u < GDN_ACC; u++) {
+    const float lx = __shfl_sync(0xffffffffu, x[u], lane & 15), ly = __shfl_sync(0xffffffffu, y[u], lane & 15);
+    if (half == 1) x[u] = lx, y[u] = ly;
+  }
+  if (half == 1)
 #pragma unroll
     for (int i = 0; i < G2_HALF; i++) {
-      x = __fadd_rn(x, pa[i]);
-      y = __fadd_rn(y, pb[i]);
+      x[i % GDN_ACC] = __fadd_rn(x[i % GDN_ACC], pa[i]);
+      y[i % GDN_ACC] = __fadd_rn(y[i % GDN_ACC], pb[i]);
     }
-  }
-  ra = x;
-  rb = y;
+  ra = floe_gdn_fold8(x);
+  rb = floe_gdn_fold8(y);
 }
 
 /* k_gdn_recur_cols with consecutive tokens overlapped: token t's output sum S^T q needs S after
  * token t's update, and so does token t+1's S^T k (after its decay); neither depends on the other,
- * so one pass over the rows forms both products and runs the two ordered add chains side by side.
- * Per token the chain is then one ordered sum (S^T k, then the delta) instead of two. The
- * operations of every output and of S are k_gdn_recur2's, in its order: s = s + k_t delta_t,
- * oo_t += s q_t in row order; then s = s * decay_{t+1}, kv_{t+1} += s k_{t+1} in row order. The
+ * so one pass over the rows forms both products and runs the two sums' add chains side by side.
+ * Per token the chain is then one sum (S^T k, then the delta) instead of two. The operations of
+ * every output and of S are k_gdn_recur2's, in its order: s = s + k_t delta_t, oo_t += s q_t
+ * (g2_chain's order); then s = s * decay_{t+1}, kv_{t+1} += s k_{t+1} (the same order). The
  * token loop reads q / k of tokens t and t+1, so three shared buffers: token t+2's is stored at the
  * start of token t (the buffer token t-1 read, before the barrier that ended it). Beta / decay as
  * in k_gdn_recur_cols, refilled one token ahead (token t+1's decay is read at token t). */
