@@ -582,6 +582,14 @@ VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
   }
 }
 
+/* dst[j] = floe_gdn_fold8 of the GDN_ACC accumulator rows acc[u][j] (rows dv floats apart), as
+ * one loop over j that vectorizes */
+VEC_FN static void gdn_fold_rows(float *restrict dst, const float *restrict acc, int64_t dv) {
+  const float *a0 = acc, *a1 = a0 + dv, *a2 = a1 + dv, *a3 = a2 + dv, *a4 = a3 + dv, *a5 = a4 + dv, *a6 = a5 + dv,
+              *a7 = a6 + dv;
+  for (int64_t j = 0; j < dv; j++) dst[j] = ((a0[j] + a1[j]) + (a2[j] + a3[j])) + ((a4[j] + a5[j]) + (a6[j] + a7[j]));
+}
+
 /* Delta-rule recurrence and gated RMSNorm for value heads [h0, h1), every token in order.
  * Two passes over S per token: (decay, S^T k) then (rank-1 update, S^T q); each element sees
  * the same operations in the same order as the four-pass form of the reference. The sums over
@@ -595,9 +603,9 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
   const int64_t Nk = j->Nk, Nv = j->Nv, dk = j->dk, dv = j->dv, r = j->r, C = j->C;
   const int64_t kd = Nk * dk, vd = Nv * dv;
   const float eps = m->hp.rms_eps;
-  /* the sums over the key dimension in GDN_ACC rows of accumulators each (base/gdn_sum.h):
-   * ka for S^T k (row 0 then holds the delta), oa for S^T q */
-  float *ka = tscratch(s, ith), *oa = ka + GDN_ACC * dv, *kv = ka;
+  /* the sums over the key dimension in GDN_ACC rows of accumulators each (base/gdn_sum.h): ka
+   * for S^T k, oa for S^T q; kv the delta */
+  float *ka = tscratch(s, ith), *oa = ka + GDN_ACC * dv, *kv = oa + GDN_ACC * dv;
   int64_t h0, h1;
   floe_split_range(Nv, 1, ith, nth, &h0, &h1);
   for (int64_t t = 0; t < j->n; t++) {
@@ -643,11 +651,8 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
           kr[jj] += Si[jj] * ki;
         }
       }
-      for (int64_t jj = 0; jj < dv; jj++) { /* the delta, into row 0 */
-        float a[GDN_ACC];
-        for (int u = 0; u < GDN_ACC; u++) a[u] = ka[u * dv + jj];
-        kv[jj] = (vv[jj] - floe_gdn_fold8(a)) * beta;
-      }
+      gdn_fold_rows(kv, ka, dv);
+      for (int64_t jj = 0; jj < dv; jj++) kv[jj] = (vv[jj] - kv[jj]) * beta; /* delta */
       for (int64_t i = 0; i < dk; i++) {
         float *restrict Si = S + i * dv, *restrict orow = oa + (i % GDN_ACC) * dv;
         const float ki = kk[i], qi = qq[i];
@@ -658,11 +663,7 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
           orow[jj] += Si[jj] * qi;
         }
       }
-      for (int64_t jj = 0; jj < dv; jj++) {
-        float a[GDN_ACC];
-        for (int u = 0; u < GDN_ACC; u++) a[u] = oa[u * dv + jj];
-        oh[jj] = floe_gdn_fold8(a);
-      }
+      gdn_fold_rows(oh, oa, dv);
       /* gated RMSNorm per value head: (w * (o * rsqrt(mean(o^2)+eps))) * silu(z) */
       const float ss = sumsq16(oh, dv);
       const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
