@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/gdn_sum.h"
 #include "kernels/cpu/kernels.h"
 #include "model/model.h"
 
@@ -40,10 +39,10 @@ static int cpu_session_init(model_session *s, int n_threads, char *err, size_t e
     { &s->contrib, B * K * E }, { &s->eg, (B * K + B) * s->ff_max }, { &s->eu, (B * K + B) * s->ff_max },
     { &s->ein, B * K * E }, { &s->eout, B * E }, { &s->shg, B }, { &s->x, B * E }, { &s->tscr, 0 },
   };
-  /* per-thread scratch: attention scores [grp][n_ctx]; GDN [2 GDN_ACC + 1][dv] (accumulators, delta) */
+  /* per-thread scratch: attention scores [grp][n_ctx]; GDN [dv] */
   const int64_t grp = hp->n_head / hp->n_head_kv, nth = n_threads > 1 ? n_threads : 1;
-  const int64_t att_scr = grp * n_ctx, gdn_scr = (2 * GDN_ACC + 1) * dv;
-  s->tscr_n = (att_scr > gdn_scr ? att_scr : gdn_scr) + 16;
+  const int64_t att_scr = grp * n_ctx;
+  s->tscr_n = (att_scr > dv ? att_scr : dv) + 16;
   s->tscr_n = (s->tscr_n + 15) / 16 * 16;
   parts[sizeof parts / sizeof parts[0] - 1].n = nth * s->tscr_n;
   /* quantized activation rows: at most ~2.3 bytes per value for any layout (kernels_internal.h) */
