@@ -333,42 +333,41 @@ static __global__ void __launch_bounds__(128)
   }
 }
 
-/* k_gdn_recur2<DK>: dk = DK (128 or 64), two threads per column: lane l < 16 of a warp holds rows
- * 0..DK/2-1 of column 16 w + l of S, lane l + 16 rows DK/2..DK-1, both in registers. Every float
- * operation and its order is k_gdn_recur's: the decay product and s * k per row, then kv summed
- * over i in base/gdn_sum.h's order (g2_chain_h: the lower half's DK/2 rows into the eight
- * accumulators, the partials handed to the upper half by shuffles, which adds its DK/2), the
- * delta from the upper half, the rank-1 update and s * q per row, oo summed the same way. So the
- * chains are k_gdn_recur's, while each thread issues half the instructions and no
+/* k_gdn_recur2<DK>: dk = DK (128 or 64), two threads per column: lane l < 16 of a warp holds half
+ * 0 of the rows of column 16 w + l of S, lane l + 16 half 1 (g2_row: rows 8m..8m+3 and
+ * 8m+4..8m+7), both in registers. Every float operation and its order is k_gdn_recur's: the decay
+ * product and s * k per row, then kv summed over i in base/gdn_sum.h's order (g2_chain_h: each
+ * half its four accumulators, one exchange for the tree's last add), the delta (in both halves),
+ * the rank-1 update and s * q per row, oo summed the same way. So the operations are
+ * k_gdn_recur's, while each thread issues half the instructions and no
  * shared-memory traffic for S (k_gdn_recur's column thread runs ~5000 instructions a token with
  * one warp per scheduler). The default for dk 128 (H200, 35B-A3B shape: decode 252 -> 274 tok/s,
  * prefill 870 -> 1103) and dk 64 (the default model); FLOE_CUDA_GDN2=0 / cuda_gdn_set_impl(0)
  * selects k_gdn_recur. */
 #define G2_HALF 64
 
-/* The sum of p[0..2H-1] over a column's rows in base/gdn_sum.h's order (row i into accumulator
- * i % GDN_ACC, then floe_gdn_fold8), the rows split over the two halves: the lower half adds its
- * H rows into the GDN_ACC accumulators, the upper half continues from those partials (H is a
- * multiple of GDN_ACC, so its row i0 + i goes to accumulator i % GDN_ACC too). Chains of H / 8
- * adds each instead of one of 2H. Valid in the upper half. g2_chain: dk 128 (H = G2_HALF). */
+/* The rows of a column's two threads: half h holds the rows i with (i / 4) % 2 == h, its p[i]
+ * being row g2_row(h, i) = 8 (i / 4) + 4 h + i % 4. So half 0 holds the rows of accumulators
+ * 0-3 of base/gdn_sum.h's order (row i into accumulator i % GDN_ACC) and half 1 those of
+ * accumulators 4-7: each half sums its four accumulators alone (chains of 2H / 8 adds side by
+ * side), forms its half of floe_gdn_fold8's tree, and one exchange adds the two halves. Neither
+ * half waits for the other's chain, and both branches of the warp are one path. */
+static __device__ __forceinline__ int g2_row(int half, int i) { return 8 * (i >> 2) + 4 * half + (i & 3); }
+
+/* The sum of a column's 2H products p (this thread's H, rows g2_row) in base/gdn_sum.h's order;
+ * valid in both halves. */
 template <int H>
 static __device__ __forceinline__ float g2_chain_h(const float p[H], int lane, int half) {
-  static_assert(H % GDN_ACC == 0, "rows per half: a multiple of GDN_ACC");
-  float acc[GDN_ACC];
+  static_assert(GDN_ACC == 8 && H % 4 == 0, "g2_row: eight accumulators, four a half");
+  (void)lane;
+  float acc[4];
 #pragma unroll
-  for (int u = 0; u < GDN_ACC; u++) acc[u] = 0.0f;
-  if (half == 0)
+  for (int u = 0; u < 4; u++) acc[u] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < H; i++) acc[i % GDN_ACC] = __fadd_rn(acc[i % GDN_ACC], p[i]);
-#pragma unroll
-  for (int u = 0; u < GDN_ACC; u++) {
-    const float lower = __shfl_sync(0xffffffffu, acc[u], lane & 15);
-    if (half == 1) acc[u] = lower;
-  }
-  if (half == 1)
-#pragma unroll
-    for (int i = 0; i < H; i++) acc[i % GDN_ACC] = __fadd_rn(acc[i % GDN_ACC], p[i]);
-  return floe_gdn_fold8(acc);
+  for (int i = 0; i < H; i++) acc[i & 3] = __fadd_rn(acc[i & 3], p[i]);
+  const float mine = __fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3]));
+  const float other = __shfl_xor_sync(0xffffffffu, mine, 16);
+  return half ? __fadd_rn(other, mine) : __fadd_rn(mine, other);
 }
 static __device__ __forceinline__ float g2_chain(const float p[G2_HALF], int lane, int half) {
   return g2_chain_h<G2_HALF>(p, lane, half);
@@ -390,7 +389,6 @@ static __global__ void __launch_bounds__(256)
   const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * H;
   {
     const float A = ssm_a[hv], dtb = dt_bias[hv];
     for (int t = threadIdx.x; t < n_tok; t += blockDim.x) {
@@ -405,7 +403,7 @@ static __global__ void __launch_bounds__(256)
   float *S = Sg + (int64_t)hv * dk * dv + (col ? jj : 0);
   float s[H], p[H];
 #pragma unroll
-  for (int i = 0; i < H; i++) s[i] = col ? S[(int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < H; i++) s[i] = col ? S[(int64_t)g2_row(half, i) * dv] : 0.0f;
   const float wn = col ? norm_w[jj] : 0.0f;
   for (int t = 0; t < n_tok; t++) {
     const float *c = raw + (int64_t)t * C;
@@ -421,22 +419,22 @@ static __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int i = 0; i < H; i++) {
       s[i] = __fmul_rn(s[i], decay);
-      p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
+      p[i] = __fmul_rn(s[i], qk[dk + g2_row(half, i)]);
     }
     const float kv = g2_chain_h<H>(p, lane, half);
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+    const float delta = delta_u; /* kv is valid in both halves */
 #pragma unroll
     for (int i = 0; i < H; i++) {
-      s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
-      p[i] = __fmul_rn(s[i], qk[i0 + i]);
+      s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + g2_row(half, i)], delta));
+      p[i] = __fmul_rn(s[i], qk[g2_row(half, i)]);
     }
     const float oo = g2_chain_h<H>(p, lane, half);
     if (half == 1 && col) os[jj] = oo;
     if (KEEP && col) { /* kept chunk: this half's rows of the state after row t */
       float *Kt = keep[t] + (int64_t)hv * dk * dv + jj;
 #pragma unroll
-      for (int i = 0; i < H; i++) Kt[(int64_t)(i0 + i) * dv] = s[i];
+      for (int i = 0; i < H; i++) Kt[(int64_t)g2_row(half, i) * dv] = s[i];
     }
     __syncthreads(); /* os complete; every thread has read beta / decay and qk of token t */
     if (threadIdx.x < 32) {
@@ -449,7 +447,7 @@ static __global__ void __launch_bounds__(256)
   }
   if (!KEEP && col)
 #pragma unroll
-    for (int i = 0; i < H; i++) S[(int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < H; i++) S[(int64_t)g2_row(half, i) * dv] = s[i];
 }
 
 /* ---- decode: the conv and the recurrence of one token in one launch (k_gdn_step1) ----
@@ -503,12 +501,11 @@ static __global__ void __launch_bounds__(256)
   const int jj = warp * 16 + (lane & 15);
   const bool col = jj < dv;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * H;
   /* S's column first: its loads are in flight while the conv runs */
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   float s[H], p[H];
 #pragma unroll
-  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)g2_row(half, i) * dv] : 0.0f;
   /* recur2's beta and decay by the last thread (its loads now, its math while the conv's loads
    * are in flight) */
   const bool bd = threadIdx.x == blockDim.x - 1;
@@ -587,21 +584,21 @@ static __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int i = 0; i < H; i++) {
     s[i] = __fmul_rn(s[i], decay);
-    p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
+    p[i] = __fmul_rn(s[i], qk[dk + g2_row(half, i)]);
   }
   const float kv = g2_chain_h<H>(p, lane, half);
   const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-  const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+  const float delta = delta_u; /* kv is valid in both halves */
 #pragma unroll
   for (int i = 0; i < H; i++) {
-    s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
-    p[i] = __fmul_rn(s[i], qk[i0 + i]);
+    s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + g2_row(half, i)], delta));
+    p[i] = __fmul_rn(s[i], qk[g2_row(half, i)]);
   }
   const float oo = g2_chain_h<H>(p, lane, half);
   if (half == 1 && col) os[jj] = oo;
   if (col)
 #pragma unroll
-    for (int i = 0; i < H; i++) Sd[so + (int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < H; i++) Sd[so + (int64_t)g2_row(half, i) * dv] = s[i];
   __syncthreads();
   if (threadIdx.x < 32) {
     const float ss = ops_sumsq16_warp(os, dv);
@@ -651,11 +648,10 @@ static __global__ void __launch_bounds__(64)
   const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * G2_HALF;
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   float s[G2_HALF], p[G2_HALF];
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)g2_row(half, i) * dv] : 0.0f;
   /* element u = threadIdx.x + e * NT of a token's q | k */
   const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk - dk;
   float pf[PF];
@@ -699,15 +695,15 @@ static __global__ void __launch_bounds__(64)
 #pragma unroll
     for (int i = 0; i < G2_HALF; i++) {
       s[i] = __fmul_rn(s[i], decay);
-      p[i] = __fmul_rn(s[i], q[dk + i0 + i]);
+      p[i] = __fmul_rn(s[i], q[dk + g2_row(half, i)]);
     }
     const float kv = g2_chain(p, lane, half);
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+    const float delta = delta_u; /* kv is valid in both halves */
 #pragma unroll
     for (int i = 0; i < G2_HALF; i++) {
-      s[i] = __fadd_rn(s[i], __fmul_rn(q[dk + i0 + i], delta));
-      p[i] = __fmul_rn(s[i], q[i0 + i]);
+      s[i] = __fadd_rn(s[i], __fmul_rn(q[dk + g2_row(half, i)], delta));
+      p[i] = __fmul_rn(s[i], q[g2_row(half, i)]);
     }
     const float oo = g2_chain(p, lane, half);
     if (col && half == 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
@@ -716,35 +712,27 @@ static __global__ void __launch_bounds__(64)
   }
   if (col)
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)g2_row(half, i) * dv] = s[i];
 }
 
 /* g2_chain of two columns' products at once, interleaved (independent add chains share each
- * step's latency). Valid in the upper half. */
+ * step's latency). Valid in both halves. */
 static __device__ __forceinline__ void g2_chain2(const float pa[G2_HALF], const float pb[G2_HALF], int lane,
                                                  int half, float &ra, float &rb) {
-  float x[GDN_ACC], y[GDN_ACC];
+  (void)lane;
+  float x[4], y[4];
 #pragma unroll
-  for (int u = 0; u < GDN_ACC; u++) x[u] = y[u] = 0.0f;
-  if (half == 0)
+  for (int u = 0; u < 4; u++) x[u] = y[u] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) {
-      x[i % GDN_ACC] = __fadd_rn(x[i % GDN_ACC], pa[i]);
-      y[i % GDN_ACC] = __fadd_rn(y[i % GDN_ACC], pb[i]);
-    }
-#pragma unroll
-  for (int u = 0; u < GDN_ACC; u++) {
-    const float lx = __shfl_sync(0xffffffffu, x[u], lane & 15), ly = __shfl_sync(0xffffffffu, y[u], lane & 15);
-    if (half == 1) x[u] = lx, y[u] = ly;
+  for (int i = 0; i < G2_HALF; i++) {
+    x[i & 3] = __fadd_rn(x[i & 3], pa[i]);
+    y[i & 3] = __fadd_rn(y[i & 3], pb[i]);
   }
-  if (half == 1)
-#pragma unroll
-    for (int i = 0; i < G2_HALF; i++) {
-      x[i % GDN_ACC] = __fadd_rn(x[i % GDN_ACC], pa[i]);
-      y[i % GDN_ACC] = __fadd_rn(y[i % GDN_ACC], pb[i]);
-    }
-  ra = floe_gdn_fold8(x);
-  rb = floe_gdn_fold8(y);
+  const float mx = __fadd_rn(__fadd_rn(x[0], x[1]), __fadd_rn(x[2], x[3]));
+  const float my = __fadd_rn(__fadd_rn(y[0], y[1]), __fadd_rn(y[2], y[3]));
+  const float ox = __shfl_xor_sync(0xffffffffu, mx, 16), oy = __shfl_xor_sync(0xffffffffu, my, 16);
+  ra = half ? __fadd_rn(ox, mx) : __fadd_rn(mx, ox);
+  rb = half ? __fadd_rn(oy, my) : __fadd_rn(my, oy);
 }
 
 /* k_gdn_recur_cols with consecutive tokens overlapped: token t's output sum S^T q needs S after
@@ -770,12 +758,11 @@ static __global__ void __launch_bounds__(64)
   const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * G2_HALF;
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   const float A = ssm_a[hv], dtb = dt_bias[hv];
   float s[G2_HALF], po[G2_HALF], pk[G2_HALF];
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)g2_row(half, i) * dv] : 0.0f;
   const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk - dk;
   float pf[PF];
   for (int t = 0; t < 2 && t < n_tok; t++) /* tokens 0 and 1 straight into their buffers */
@@ -805,7 +792,7 @@ static __global__ void __launch_bounds__(64)
 #pragma unroll
     for (int i = 0; i < G2_HALF; i++) {
       s[i] = __fmul_rn(s[i], decay);
-      pk[i] = __fmul_rn(s[i], k0[i0 + i]);
+      pk[i] = __fmul_rn(s[i], k0[g2_row(half, i)]);
     }
   }
   float kv = g2_chain(pk, lane, half);
@@ -830,24 +817,24 @@ static __global__ void __launch_bounds__(64)
       }
     const float *q = qk[t % 3], *k = q + dk;
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+    const float delta = delta_u; /* kv is valid in both halves */
     float oo;
     if (t + 1 < n_tok) { /* block-uniform */
       const float decay = s_decay[(t + 1) % G2_BD];
       const float *kn = qk[(t + 1) % 3] + dk;
 #pragma unroll
       for (int i = 0; i < G2_HALF; i++) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(k[i0 + i], delta));
-        po[i] = __fmul_rn(s[i], q[i0 + i]);
+        s[i] = __fadd_rn(s[i], __fmul_rn(k[g2_row(half, i)], delta));
+        po[i] = __fmul_rn(s[i], q[g2_row(half, i)]);
         s[i] = __fmul_rn(s[i], decay);
-        pk[i] = __fmul_rn(s[i], kn[i0 + i]);
+        pk[i] = __fmul_rn(s[i], kn[g2_row(half, i)]);
       }
       g2_chain2(po, pk, lane, half, oo, kv);
     } else {
 #pragma unroll
       for (int i = 0; i < G2_HALF; i++) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(k[i0 + i], delta));
-        po[i] = __fmul_rn(s[i], q[i0 + i]);
+        s[i] = __fadd_rn(s[i], __fmul_rn(k[g2_row(half, i)], delta));
+        po[i] = __fmul_rn(s[i], q[g2_row(half, i)]);
       }
       oo = g2_chain(po, lane, half);
     }
@@ -858,7 +845,7 @@ static __global__ void __launch_bounds__(64)
   }
   if (col)
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)g2_row(half, i) * dv] = s[i];
 }
 
 /* The gated RMSNorm of k_gdn_recur2's token tail, in place over o (the recurrence's outputs): a
