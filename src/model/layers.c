@@ -642,6 +642,17 @@ static inline __attribute__((always_inline)) void gdn_pass(const int two, float 
   for (int64_t j = 16 * nb; j < dv; j++) gdn_pass_1(two, S, Sin, dk, dv, j, decay, kk, qq, delta, out, NULL, 0);
 }
 
+VEC_FN void layer_gdn_head(float *S, const float *Sin, int64_t dk, int64_t dv, float decay, float beta, const float *k,
+                           const float *q, const float *v, float *kv, float *o, const float *Sn) {
+  /* the next head's state is fetched into L2 while this head runs, half during each pass, spread
+   * over the row groups (microbenchmark of the row-at-a-time form, 16 cold heads a thread, 2
+   * threads: 94 -> 82 us; all of it during the second pass: 94; none: 100) */
+  const int64_t half = dk * (dv / 2);
+  gdn_pass(0, S, Sin, dk, dv, decay, k, q, NULL, kv, Sn, half);
+  for (int64_t jj = 0; jj < dv; jj++) kv[jj] = (v[jj] - kv[jj]) * beta; /* delta */
+  gdn_pass(1, S, NULL, dk, dv, decay, k, q, kv, o, Sn ? Sn + half : NULL, half);
+}
+
 /* Delta-rule recurrence and gated RMSNorm for value heads [h0, h1), every token in order.
  * Two passes over S per token: (decay, S^T k) then (rank-1 update, S^T q); each element sees
  * the same operations in the same order as the four-pass form of the reference. The sums over
@@ -672,16 +683,8 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
       /* a kept chunk (kv.h): the first pass reads row t-1's state and writes row t's; the same
        * arithmetic as the in-place pass below (-ffp-contract=off: no fusing either way) */
       const float *Sin = s->kv.keep_n ? kv_ssm_in(&s->kv, j->l, t) + hv * dk * dv : NULL;
-      /* the next head's state (64 KiB for dk = dv = 128) is fetched into L2 while this head runs,
-       * spread evenly over both passes (half a row's worth per row of each pass), so the memory
-       * pipe stays busy: its first half during the first pass, the rest during the second
-       * (microbenchmark of this loop, 16 cold heads a thread, 2 threads: 94 -> 82 us; all of it
-       * during the second pass, which works from cache, as before: 94; no prefetch: 100) */
-      const float *Sn = hv + 1 < h1 && !Sin ? S + dk * dv : NULL;
-      const int64_t hpf = dv / 2;
-      gdn_pass(0, S, Sin, dk, dv, decay, kk, qq, NULL, kv, Sn, dk * hpf);
-      for (int64_t jj = 0; jj < dv; jj++) kv[jj] = (vv[jj] - kv[jj]) * beta; /* delta */
-      gdn_pass(1, S, NULL, dk, dv, decay, kk, qq, kv, oh, Sn ? Sn + dk * hpf : NULL, dk * hpf);
+      const float *Sn = hv + 1 < h1 && !Sin ? S + dk * dv : NULL; /* the next head's state */
+      layer_gdn_head(S, Sin, dk, dv, decay, beta, kk, qq, vv, kv, oh, Sn);
       /* gated RMSNorm per value head: (w * (o * rsqrt(mean(o^2)+eps))) * silu(z) */
       const float ss = sumsq16(oh, dv);
       const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
