@@ -346,28 +346,69 @@ static __global__ void __launch_bounds__(128)
  * selects k_gdn_recur. */
 #define G2_HALF 64
 
-/* The rows of a column's two threads: half h holds the rows i with (i / 4) % 2 == h, its p[i]
- * being row g2_row(h, i) = 8 (i / 4) + 4 h + i % 4. So half 0 holds the rows of accumulators
- * 0-3 of base/gdn_sum.h's order (row i into accumulator i % GDN_ACC) and half 1 those of
- * accumulators 4-7: each half sums its four accumulators alone (chains of 2H / 8 adds side by
- * side), forms its half of floe_gdn_fold8's tree, and one exchange adds the two halves. Neither
- * half waits for the other's chain, and both branches of the warp are one path. */
-static __device__ __forceinline__ int g2_row(int half, int i) { return 8 * (i >> 2) + 4 * half + (i & 3); }
+/* The rows of a column's NQ threads (2 or 4; lanes of a warp: thread qi = lane / (32 / NQ) of
+ * column lane % (32 / NQ)): thread qi holds the rows of accumulators R qi .. R qi + R - 1 of
+ * base/gdn_sum.h's order (row i into accumulator i % GDN_ACC), R = 8 / NQ of them: its p[i] is
+ * row gq_row(qi, i) = 8 (i / R) + R qi + i % R. Each thread sums its R accumulators alone (chains
+ * of dk / 8 adds side by side) and forms their subtree of floe_gdn_fold8; log2(NQ) exchanges add
+ * the subtrees in the tree's order (the lower group's first). No thread waits for another's
+ * chain, and the warp runs one path. NQ = 2: g2_row(h, i) = 8 (i / 4) + 4 h + i % 4. */
+template <int NQ>
+static __device__ __forceinline__ int gq_row(int qi, int i) {
+  constexpr int R = GDN_ACC / NQ;
+  return GDN_ACC * (i / R) + R * qi + i % R;
+}
+static __device__ __forceinline__ int g2_row(int half, int i) { return gq_row<2>(half, i); }
 
-/* The sum of a column's 2H products p (this thread's H, rows g2_row) in base/gdn_sum.h's order;
- * valid in both halves. */
+/* floe_gdn_fold8's subtree of a thread's R accumulators, then the exchanges up the tree */
+template <int NQ>
+static __device__ __forceinline__ float gq_fold(const float *acc, int qi) {
+  static_assert(GDN_ACC == 8 && (NQ == 2 || NQ == 4), "eight accumulators over 2 or 4 threads");
+  float v = NQ == 2 ? __fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])) : __fadd_rn(acc[0], acc[1]);
+#pragma unroll
+  for (int b = 1; b < NQ; b <<= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, b * (32 / NQ));
+    v = qi & b ? __fadd_rn(o, v) : __fadd_rn(v, o);
+  }
+  return v;
+}
+
+/* The sum of a column's NQ H products p (this thread's H, rows gq_row) in base/gdn_sum.h's
+ * order; valid in every thread of the column. */
+template <int NQ, int H>
+static __device__ __forceinline__ float gq_chain(const float p[H], int qi) {
+  constexpr int R = GDN_ACC / NQ;
+  static_assert(H % R == 0, "whole accumulator groups");
+  float acc[R];
+#pragma unroll
+  for (int u = 0; u < R; u++) acc[u] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < H; i++) acc[i % R] = __fadd_rn(acc[i % R], p[i]);
+  return gq_fold<NQ>(acc, qi);
+}
+
+/* gq_chain of two columns' products at once, interleaved (independent add chains share each
+ * step's latency) */
+template <int NQ, int H>
+static __device__ __forceinline__ void gq_chain2(const float pa[H], const float pb[H], int qi, float &ra, float &rb) {
+  constexpr int R = GDN_ACC / NQ;
+  float x[R], y[R];
+#pragma unroll
+  for (int u = 0; u < R; u++) x[u] = y[u] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < H; i++) {
+    x[i % R] = __fadd_rn(x[i % R], pa[i]);
+    y[i % R] = __fadd_rn(y[i % R], pb[i]);
+  }
+  ra = gq_fold<NQ>(x, qi);
+  rb = gq_fold<NQ>(y, qi);
+}
+
+/* two threads a column (k_gdn_recur2, k_gdn_step1, k_gdn_recur_cols) */
 template <int H>
 static __device__ __forceinline__ float g2_chain_h(const float p[H], int lane, int half) {
-  static_assert(GDN_ACC == 8 && H % 4 == 0, "g2_row: eight accumulators, four a half");
   (void)lane;
-  float acc[4];
-#pragma unroll
-  for (int u = 0; u < 4; u++) acc[u] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < H; i++) acc[i & 3] = __fadd_rn(acc[i & 3], p[i]);
-  const float mine = __fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3]));
-  const float other = __shfl_xor_sync(0xffffffffu, mine, 16);
-  return half ? __fadd_rn(other, mine) : __fadd_rn(mine, other);
+  return gq_chain<2, H>(p, half);
 }
 static __device__ __forceinline__ float g2_chain(const float p[G2_HALF], int lane, int half) {
   return g2_chain_h<G2_HALF>(p, lane, half);
@@ -715,26 +756,6 @@ static __global__ void __launch_bounds__(64)
     for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)g2_row(half, i) * dv] = s[i];
 }
 
-/* g2_chain of two columns' products at once, interleaved (independent add chains share each
- * step's latency). Valid in both halves. */
-static __device__ __forceinline__ void g2_chain2(const float pa[G2_HALF], const float pb[G2_HALF], int lane,
-                                                 int half, float &ra, float &rb) {
-  (void)lane;
-  float x[4], y[4];
-#pragma unroll
-  for (int u = 0; u < 4; u++) x[u] = y[u] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < G2_HALF; i++) {
-    x[i & 3] = __fadd_rn(x[i & 3], pa[i]);
-    y[i & 3] = __fadd_rn(y[i & 3], pb[i]);
-  }
-  const float mx = __fadd_rn(__fadd_rn(x[0], x[1]), __fadd_rn(x[2], x[3]));
-  const float my = __fadd_rn(__fadd_rn(y[0], y[1]), __fadd_rn(y[2], y[3]));
-  const float ox = __shfl_xor_sync(0xffffffffu, mx, 16), oy = __shfl_xor_sync(0xffffffffu, my, 16);
-  ra = half ? __fadd_rn(ox, mx) : __fadd_rn(mx, ox);
-  rb = half ? __fadd_rn(oy, my) : __fadd_rn(my, oy);
-}
-
 /* k_gdn_recur_cols with consecutive tokens overlapped: token t's output sum S^T q needs S after
  * token t's update, and so does token t+1's S^T k (after its decay); neither depends on the other,
  * so one pass over the rows forms both products and runs the two sums' add chains side by side.
@@ -743,26 +764,29 @@ static __device__ __forceinline__ void g2_chain2(const float pa[G2_HALF], const 
  * (g2_chain's order); then s = s * decay_{t+1}, kv_{t+1} += s k_{t+1} (the same order). The
  * token loop reads q / k of tokens t and t+1, so three shared buffers: token t+2's is stored at the
  * start of token t (the buffer token t-1 read, before the barrier that ended it). Beta / decay as
- * in k_gdn_recur_cols, refilled one token ahead (token t+1's decay is read at token t). */
-static __global__ void __launch_bounds__(64)
+ * in k_gdn_recur_cols, refilled one token ahead (token t+1's decay is read at token t).
+ * NQ threads a column (gq_row): 2 (the default, two warps a block of G2_COLS columns) or 4
+ * (cuda_gdn_set_cols(3): four warps, half the rows and registers a thread, twice the warps an SM). */
+template <int NQ>
+static __global__ void __launch_bounds__(G2_COLS * NQ)
     k_gdn_recur_cols2(const float *__restrict__ raw, const float *__restrict__ b, const float *__restrict__ a,
                       const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, float *Sg, float *const *Sp,
                       float *__restrict__ o, int Nk, int Nv, int dv, int v_tiled, int n_tok) {
   PDL_ENTER();
   if (Sp) Sg = *Sp;
-  constexpr int dk = 128, NT = 64, PF = 2 * dk / NT;
+  constexpr int dk = 128, NT = G2_COLS * NQ, PF = 2 * dk / NT, HR = dk / NQ, CPW = 32 / NQ;
   __shared__ float qk[3][2 * dk];
   __shared__ float s_beta[G2_BD], s_decay[G2_BD];
-  const int hv = blockIdx.x, lane = threadIdx.x & 31, half = lane >> 4, r = Nv / Nk;
-  const int jj = blockIdx.y * G2_COLS + (threadIdx.x >> 5) * 16 + (lane & 15);
+  const int hv = blockIdx.x, lane = threadIdx.x & 31, qi = lane / CPW, r = Nv / Nk;
+  const int jj = blockIdx.y * G2_COLS + (threadIdx.x >> 5) * CPW + lane % CPW;
   const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   const float A = ssm_a[hv], dtb = dt_bias[hv];
-  float s[G2_HALF], po[G2_HALF], pk[G2_HALF];
+  float s[HR], po[HR], pk[HR];
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)g2_row(half, i) * dv] : 0.0f;
+  for (int i = 0; i < HR; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
   const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk - dk;
   float pf[PF];
   for (int t = 0; t < 2 && t < n_tok; t++) /* tokens 0 and 1 straight into their buffers */
@@ -790,12 +814,12 @@ static __global__ void __launch_bounds__(64)
     const float decay = s_decay[0];
     const float *k0 = qk[0] + dk;
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) {
+    for (int i = 0; i < HR; i++) {
       s[i] = __fmul_rn(s[i], decay);
-      pk[i] = __fmul_rn(s[i], k0[g2_row(half, i)]);
+      pk[i] = __fmul_rn(s[i], k0[gq_row<NQ>(qi, i)]);
     }
   }
-  float kv = g2_chain(pk, lane, half);
+  float kv = gq_chain<NQ, HR>(pk, qi);
   for (int t = 0; t < n_tok; t++) {
     const float beta = s_beta[t % G2_BD];
     if ((t + 1) % G2_BD == 0 && t + 1 < n_tok) { /* the next G2_BD tokens' beta / decay */
@@ -823,29 +847,29 @@ static __global__ void __launch_bounds__(64)
       const float decay = s_decay[(t + 1) % G2_BD];
       const float *kn = qk[(t + 1) % 3] + dk;
 #pragma unroll
-      for (int i = 0; i < G2_HALF; i++) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(k[g2_row(half, i)], delta));
-        po[i] = __fmul_rn(s[i], q[g2_row(half, i)]);
+      for (int i = 0; i < HR; i++) {
+        s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+        po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
         s[i] = __fmul_rn(s[i], decay);
-        pk[i] = __fmul_rn(s[i], kn[g2_row(half, i)]);
+        pk[i] = __fmul_rn(s[i], kn[gq_row<NQ>(qi, i)]);
       }
-      g2_chain2(po, pk, lane, half, oo, kv);
+      gq_chain2<NQ, HR>(po, pk, qi, oo, kv);
     } else {
 #pragma unroll
-      for (int i = 0; i < G2_HALF; i++) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(k[g2_row(half, i)], delta));
-        po[i] = __fmul_rn(s[i], q[g2_row(half, i)]);
+      for (int i = 0; i < HR; i++) {
+        s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+        po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
       }
-      oo = g2_chain(po, lane, half);
+      oo = gq_chain<NQ, HR>(po, qi);
     }
-    if (col && half == 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
+    if (col && qi == NQ - 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
     vv = vn;
     if (t + 2 < n_tok) vn = col ? raw[(int64_t)(t + 2) * C + vo] : 0.0f;
     __syncthreads(); /* token t+2's q | k stored; everyone is done with buffer t % 3 */
   }
   if (col)
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)g2_row(half, i) * dv] = s[i];
+    for (int i = 0; i < HR; i++) Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] = s[i];
 }
 
 /* The gated RMSNorm of k_gdn_recur2's token tail, in place over o (the recurrence's outputs): a
@@ -868,16 +892,16 @@ static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur;
 extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
 
 /* Prefill chunks (not kept) where k_gdn_recur2 applies: 2 = k_gdn_recur_cols2 + k_gdn_gnorm (the
- * default), 1 = k_gdn_recur_cols + k_gdn_gnorm, 0 = k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (0 or
- * 1 select those, anything else 2) */
+ * default), 3 = the same with four threads a column, 1 = k_gdn_recur_cols + k_gdn_gnorm, 0 =
+ * k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (0, 1 or 3 select those, anything else 2) */
 static int g_gdn_cols = -1;
 
-extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 2 ? 2 : mode; }
+extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 3 ? 2 : mode; }
 
 static int gdn_cols_mode(void) {
   if (g_gdn_cols < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_COLS");
-    g_gdn_cols = e && (e[0] == '0' || e[0] == '1') && !e[1] ? e[0] - '0' : 2;
+    g_gdn_cols = e && (e[0] == '0' || e[0] == '1' || e[0] == '3') && !e[1] ? e[0] - '0' : 2;
   }
   return g_gdn_cols;
 }
@@ -906,9 +930,14 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
   }
   if (g_gdn_impl == 1 && gdn_cols_mode() > 0 && !keep && (n_tok > 1 || gdn_dec_cols_on()) && n_tok <= 65535 &&
       sh->dk == 128 && sh->dv <= 128) {
-    pdl_launch(g_gdn_cols == 2 ? k_gdn_recur_cols2 : k_gdn_recur_cols, dim3(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS), dim3(64), (size_t)0,
-               OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled,
-               (int)n_tok);
+    const dim3 grid(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS);
+    if (g_gdn_cols == 3)
+      pdl_launch(k_gdn_recur_cols2<4>, grid, dim3(G2_COLS * 4), (size_t)0, OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a,
+                 S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, (int)n_tok);
+    else
+      pdl_launch(g_gdn_cols == 2 ? k_gdn_recur_cols2<2> : k_gdn_recur_cols, grid, dim3(G2_COLS * 2), (size_t)0,
+                 OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled,
+                 (int)n_tok);
     pdl_launch(k_gdn_gnorm, dim3((sh->Nv + 3) / 4, (unsigned)n_tok), dim3(128), (size_t)0, OPS_STREAM(stream), o, z,
                norm_w, sh->Nv, sh->dv, sh->eps);
     return;
