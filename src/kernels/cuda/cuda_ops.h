@@ -156,6 +156,9 @@ void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, const float *co
  * threads a column instead of two; 1 without the overlap; 0 k_gdn_recur2, a block per value head
  * (FLOE_CUDA_GDN_COLS=0 / 1 / 3). */
 void cuda_gdn_set_fused(int on);
+/* Threads a column of the fused one-token step (k_gdn_step1): 2 (the default) or 4 (twice the warps,
+ * half the rows a thread; FLOE_CUDA_GDN_STEP_NQ=4). The same bits either way. */
+void cuda_gdn_set_step_nq(int nq);
 void cuda_gdn_set_cols(int mode);
 /* 1: one-token steps (not kept) as the conv, the recurrence with S's columns over several blocks
  * (cuda_gdn_set_cols' kernel) and the gated norm: three launches over 4x the blocks of

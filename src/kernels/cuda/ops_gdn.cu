@@ -492,7 +492,8 @@ static __global__ void __launch_bounds__(256)
 }
 
 /* ---- decode: the conv and the recurrence of one token in one launch (k_gdn_step1) ----
- * A block per value head hv in k_gdn_recur2's layout (dk DK = 128 or 64, two threads per column). The block
+ * A block per value head hv in k_gdn_recur2's layout (dk DK = 128 or 64, NQ threads per column: 2,
+ * or 4 with cuda_gdn_set_step_nq(4) / FLOE_CUDA_GDN_STEP_NQ=4, twice the warps). The block
  * first does k_gdn_conv's work for the channels it needs: q and k of its key head kh (2 * dk
  * channels: the conv, SiLU, the L2 norms, q times dk^-0.5) and its own dv channels of v, with
  * k_gdn_conv's operations in its order; then k_gdn_recur2's token with beta / decay from shared
@@ -519,8 +520,8 @@ static __device__ __forceinline__ void gdn_cluster_wait() {
 #define G1_CLUSTER_MAX 8 /* the portable cluster size: r above it takes the two launches */
 #define G1_SLOTS 2       /* conv channels a thread loads at once (dv 128: 384 channels, 256 threads, one pass) */
 
-template <int DK>
-static __global__ void __launch_bounds__(256)
+template <int DK, int NQ>
+static __global__ void __launch_bounds__(128 * NQ)
     k_gdn_step1(const float *mix, const float *wt, float *conv_g, float *const *conv_p, float *const *conv_keep,
                 float *raw, const float *z, const float *b, const float *a, const float *dt_bias, const float *ssm_a,
                 const float *norm_w, float *Sg, float *const *Sp, float *const *S_keep, float *o, int Nk, int Nv,
@@ -530,7 +531,7 @@ static __global__ void __launch_bounds__(256)
   if (Sp) Sg = *Sp;
   float *conv_d = conv_keep ? conv_keep[0] : conv_g; /* where the windows after the token go */
   float *Sd = S_keep ? S_keep[0] : Sg;
-  constexpr int dk = DK, H = DK / 2; /* rows a thread holds */
+  constexpr int dk = DK, H = DK / NQ, CPW = 32 / NQ; /* rows a thread holds, columns a warp */
   __shared__ float qk[2 * dk];
   __shared__ float vs[128];
   __shared__ float os[128];
@@ -538,15 +539,15 @@ static __global__ void __launch_bounds__(256)
   __shared__ float s_rr, s_beta, s_decay, s_rn[2];
   const int r = Nv / Nk, kh = blockIdx.x / r, rank = blockIdx.x % r;
   const int hv = v_tiled ? kh + rank * Nk : kh * r + rank;
-  const int lane = threadIdx.x & 31, half = lane >> 4, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
-  const int jj = warp * 16 + (lane & 15);
+  const int lane = threadIdx.x & 31, qi = lane / CPW, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  const int jj = warp * CPW + lane % CPW;
   const bool col = jj < dv;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
   /* S's column first: its loads are in flight while the conv runs */
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   float s[H], p[H];
 #pragma unroll
-  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)g2_row(half, i) * dv] : 0.0f;
+  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
   /* recur2's beta and decay by the last thread (its loads now, its math while the conv's loads
    * are in flight) */
   const bool bd = threadIdx.x == blockDim.x - 1;
@@ -625,28 +626,28 @@ static __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int i = 0; i < H; i++) {
     s[i] = __fmul_rn(s[i], decay);
-    p[i] = __fmul_rn(s[i], qk[dk + g2_row(half, i)]);
+    p[i] = __fmul_rn(s[i], qk[dk + gq_row<NQ>(qi, i)]);
   }
-  const float kv = g2_chain_h<H>(p, lane, half);
+  const float kv = gq_chain<NQ, H>(p, qi);
   const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-  const float delta = delta_u; /* kv is valid in both halves */
+  const float delta = delta_u; /* kv is valid in every thread of the column */
 #pragma unroll
   for (int i = 0; i < H; i++) {
-    s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + g2_row(half, i)], delta));
-    p[i] = __fmul_rn(s[i], qk[g2_row(half, i)]);
+    s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + gq_row<NQ>(qi, i)], delta));
+    p[i] = __fmul_rn(s[i], qk[gq_row<NQ>(qi, i)]);
   }
-  const float oo = g2_chain_h<H>(p, lane, half);
-  if (half == 1 && col) os[jj] = oo;
+  const float oo = gq_chain<NQ, H>(p, qi);
+  if (qi == NQ - 1 && col) os[jj] = oo;
   if (col)
 #pragma unroll
-    for (int i = 0; i < H; i++) Sd[so + (int64_t)g2_row(half, i) * dv] = s[i];
+    for (int i = 0; i < H; i++) Sd[so + (int64_t)gq_row<NQ>(qi, i) * dv] = s[i];
   __syncthreads();
   if (threadIdx.x < 32) {
     const float ss = ops_sumsq16_warp(os, dv);
     if (threadIdx.x == 0) s_rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
   }
   __syncthreads();
-  if (col && half == 1) o[(int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
+  if (col && qi == NQ - 1) o[(int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
   __syncwarp(); /* the .aligned barrier wants each warp converged */
   if (r > 1) gdn_cluster_wait(); /* every block of this key head has read its windows */
   if (rank == 0)
@@ -997,6 +998,19 @@ static int g_gdn_fused = -1;
 
 extern "C" void cuda_gdn_set_fused(int on) { g_gdn_fused = on ? 1 : 0; }
 
+/* threads a column of k_gdn_step1: 2 (the default) or 4; -1: from FLOE_CUDA_GDN_STEP_NQ (=4 selects 4) */
+static int g_gdn_step_nq = -1;
+
+extern "C" void cuda_gdn_set_step_nq(int nq) { g_gdn_step_nq = nq == 4 ? 4 : 2; }
+
+static int gdn_step_nq(void) {
+  if (g_gdn_step_nq < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_STEP_NQ");
+    g_gdn_step_nq = e && e[0] == '4' && !e[1] ? 4 : 2;
+  }
+  return g_gdn_step_nq;
+}
+
 static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
   if (g_gdn_fused < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_FUSED");
@@ -1029,7 +1043,8 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   const int r = sh->Nv / sh->Nk;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(sh->Nv);
-  cfg.blockDim = dim3((sh->dv + 15) / 16 * 32);
+  const int nq = gdn_step_nq();
+  cfg.blockDim = dim3((sh->dv + 32 / nq - 1) / (32 / nq) * 32);
   cfg.stream = OPS_STREAM(stream);
   cudaLaunchAttribute at[2];
   int na = 0;
@@ -1047,7 +1062,8 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   }
   cfg.attrs = at;
   cfg.numAttrs = (unsigned)na;
-  cudaLaunchKernelEx(&cfg, sh->dk == 128 ? k_gdn_step1<128> : k_gdn_step1<64>, mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
+  cudaLaunchKernelEx(&cfg, sh->dk == 128 ? (nq == 4 ? k_gdn_step1<128, 4> : k_gdn_step1<128, 2>)
+                                          : (nq == 4 ? k_gdn_step1<64, 4> : k_gdn_step1<64, 2>), mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
                      norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
                      (float)(1.0 / sqrt((double)sh->dk)));
 }
