@@ -28,6 +28,10 @@
 #   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
 #   abp35     prefill of the 35B shape (ABPN tokens, default 4096) per setting of ABP35, ABR rounds
+#   build-base  build floe_cli from the source snapshot .ab-base (scripts/ab-base.sh REV made it
+#             here; carry .ab-base) into $BUILD_BASE, with the same dependencies
+#   abb35     this tree against the base build: 35B decode (-p 0 -n 128) and prefill (ABPN tokens),
+#             ABR rounds alternated, the base first in odd rounds
 #   dm        the default model's decode, plain and --mtp 3, per setting of DM_AB
 #   ncuk4w    ncu sections (speed of light, warp states, occupancy, memory) of a GDN layer's decode matmuls
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
@@ -420,6 +424,30 @@ ab_rounds() {
       printf 'round %s %-28s ' "$r" "$v"
       env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda "$@" -r 1 \
         --json 2>/dev/null | grep -o "\"$key\":[0-9.]*" | head -1 || rc=1
+    done
+  done
+  return $rc
+}
+# build-base / abb35: a whole other revision against this one in the same call (a change that
+# cannot be switched off by an environment variable, e.g. a new summation order)
+BUILD_BASE=${BUILD_BASE:-$ROOT/build-gpu-base}
+sec_build-base() {
+  [ -f "$ROOT/.ab-base/CMakeLists.txt" ] || { echo "no .ab-base (run scripts/ab-base.sh REV here, carry .ab-base)"; return 1; }
+  cat "$ROOT/.ab-base/REV" 2>/dev/null
+  cmake -S "$ROOT/.ab-base" -B "$BUILD_BASE" -DCMAKE_BUILD_TYPE=Release -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS="$ARCHS" \
+    -DCMAKE_PREFIX_PATH="$DEPS/usr" >/dev/null || return 1
+  cmake --build "$BUILD_BASE" -j"$JOBS" --target floe_cli
+}
+sec_abb35() {
+  local r b rc=0
+  for r in $(seq 1 "${ABR:-2}"); do
+    for b in $([ $((r % 2)) = 1 ] && echo "$BUILD_BASE $BUILD" || echo "$BUILD $BUILD_BASE"); do
+      printf 'round %s %-5s decode ' "$r" "$([ "$b" = "$BUILD" ] && echo this || echo base)"
+      timeout 300 "$b/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 128 -r 1 --json 2>/dev/null |
+        grep -o '"decode_tok_s":[0-9.]*' | head -1 || rc=1
+      printf 'round %s %-5s prefill ' "$r" "$([ "$b" = "$BUILD" ] && echo this || echo base)"
+      timeout 300 "$b/bin/floe" bench -m "$SYNTH" --device cuda -p "${ABPN:-4096}" -n 0 -r 1 --json 2>/dev/null |
+        grep -o '"prefill_tok_s":[0-9.]*' | head -1 || rc=1
     done
   done
   return $rc
