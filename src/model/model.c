@@ -1050,6 +1050,19 @@ void model_mixer_multi(model_session *lead, const model_rows *r, int k, int64_t 
   for (int i = 0; i < k; i++) lead->m->arch->mixer(r[i].s, l, x + r[i].off * E, r[i].n, r[i].s->kv.n_past);
 }
 
+void model_hybrid_mixer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
+  if (s->m->hp.recurrent[l])
+    s->be->gdn(s, l, x, n);
+  else
+    s->be->attention(s, l, x, n, pos0, true);
+}
+
+void model_hybrid_mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N) {
+  model_mixer_multi(lead, r, k, l, x, N, true);
+}
+
+void model_moe_ffn(model_session *s, int64_t l, float *x, int64_t n) { s->be->moe(s, l, x, n); }
+
 /* Checks one segment like model_eval_h does (the model file check is made once per call). */
 static int seg_check(const model_seg *g, char *err, size_t errlen) {
   const model_session *s = g->s;

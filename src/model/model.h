@@ -134,6 +134,12 @@ extern const model_arch model_arch_qwen3moe, model_arch_qwen3next, model_arch_qw
  * layer, attention_multi (with the output gate when gated) for an attention layer, or, where the
  * backend has none, m->arch->mixer per segment. */
 void model_mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N, bool gated);
+/* The hybrid architectures' (Qwen3-Next, Qwen3.5-MoE) table entries: GatedDeltaNet on a recurrent
+ * layer, gated attention on the others (model_mixer_multi with the gate for several sessions); and
+ * every architecture's MoE feed-forward (the backend's moe). */
+void model_hybrid_mixer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0);
+void model_hybrid_mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N);
+void model_moe_ffn(model_session *s, int64_t l, float *x, int64_t n);
 
 struct model {
   floe_hparams hp;

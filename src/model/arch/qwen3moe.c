@@ -22,11 +22,9 @@ static void mixer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0
   s->be->attention(s, l, x, n, pos0, false);
 }
 
-static void ffn(model_session *s, int64_t l, float *x, int64_t n) { s->be->moe(s, l, x, n); }
-
 /* no layer is recurrent (bind), so this is always the attention branch */
 static void mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N) {
   model_mixer_multi(lead, r, k, l, x, N, false);
 }
 
-const model_arch model_arch_qwen3moe = { FLOE_ARCH_QWEN3MOE, bind, mixer, ffn, mixer_multi };
+const model_arch model_arch_qwen3moe = { FLOE_ARCH_QWEN3MOE, bind, mixer, model_moe_ffn, mixer_multi };

@@ -41,17 +41,5 @@ static int bind(model *m, const model_src *src, char *err, size_t errlen) {
   return 0;
 }
 
-static void mixer(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0) {
-  if (s->m->hp.recurrent[l])
-    s->be->gdn(s, l, x, n);
-  else
-    s->be->attention(s, l, x, n, pos0, true);
-}
-
-static void ffn(model_session *s, int64_t l, float *x, int64_t n) { s->be->moe(s, l, x, n); }
-
-static void mixer_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N) {
-  model_mixer_multi(lead, r, k, l, x, N, true);
-}
-
-const model_arch model_arch_qwen3next = { FLOE_ARCH_QWEN3NEXT, bind, mixer, ffn, mixer_multi };
+const model_arch model_arch_qwen3next = { FLOE_ARCH_QWEN3NEXT, bind, model_hybrid_mixer, model_moe_ffn,
+                                          model_hybrid_mixer_multi };
