@@ -247,6 +247,25 @@ static long json_string_end(const char *b, size_t n, size_t i) {
   return 0;
 }
 
+/* At b[*io..n): whitespace, the string "key", whitespace, ':' and whitespace. 1: all there (*io
+ * moved past them); 0: the text ends first (wait for more); -1: something else is there. */
+static int json_key(const char *b, size_t n, size_t *io, const char *key) {
+  size_t i = *io;
+  const size_t kl = strlen(key);
+  while (i < n && is_ws(b[i])) i++;
+  const long e = json_string_end(b, n, i);
+  if (e == 0) return 0;
+  if (e < 0 || (size_t)e - i != kl + 2 || memcmp(b + i + 1, key, kl)) return -1;
+  i = (size_t)e;
+  while (i < n && is_ws(b[i])) i++;
+  if (i == n) return 0;
+  if (b[i] != ':') return -1;
+  i++;
+  while (i < n && is_ws(b[i])) i++;
+  *io = i;
+  return 1;
+}
+
 /* JSON form, incremental: header when "name" is known, then the raw arguments bytes. Returns
  * false when the text cannot be parsed this way (the final parse then decides). */
 static bool json_step(outp *p) {
@@ -258,17 +277,9 @@ static bool json_step(outp *p) {
     if (i == n) return true;
     if (b[i] != '{') return false;
     i++;
-    WS();
+    const int k = json_key(b, n, &i, "name");
+    if (k <= 0) return k == 0;
     long e = json_string_end(b, n, i);
-    if (e == 0) return true;
-    if (e < 0 || (size_t)e - i != 6 || memcmp(b + i, "\"name\"", 6)) return false;
-    i = (size_t)e;
-    WS();
-    if (i == n) return true;
-    if (b[i] != ':') return false;
-    i++;
-    WS();
-    e = json_string_end(b, n, i);
     if (e == 0) return true;
     if (e < 0) return false;
     cJSON *nm = cJSON_ParseWithLength(b + i, (size_t)e - i);
@@ -285,16 +296,8 @@ static bool json_step(outp *p) {
     if (i == n) return true;
     if (b[i] != ',') return false;
     i++;
-    WS();
-    long e = json_string_end(b, n, i);
-    if (e == 0) return true;
-    if (e < 0 || (size_t)e - i != 11 || memcmp(b + i, "\"arguments\"", 11)) return false;
-    i = (size_t)e;
-    WS();
-    if (i == n) return true;
-    if (b[i] != ':') return false;
-    i++;
-    WS();
+    const int k = json_key(b, n, &i, "arguments");
+    if (k <= 0) return k == 0;
     if (i == n) return true;
     if (b[i] != '{') return false;
     p->args_at = i;
