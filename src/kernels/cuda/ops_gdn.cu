@@ -548,14 +548,15 @@ static __global__ void __launch_bounds__(128 * NQ)
   float s[H], p[H];
 #pragma unroll
   for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
-  /* recur2's beta and decay by the last thread (its loads now, its math while the conv's loads
-   * are in flight) */
-  const bool bd = threadIdx.x == blockDim.x - 1;
+  const int nch = 2 * dk + dv; /* conv channels: q | k of kh, v of hv */
+  /* recur2's beta and decay by the last thread that has a conv channel (its loads now, its math
+   * in its first conv round, while the conv's loads are in flight; with four threads a column
+   * the block can have more threads than channels) */
+  const bool bd = threadIdx.x == ((int)blockDim.x < nch ? (int)blockDim.x : nch) - 1;
   const float b_in = bd ? b[hv] : 0.0f, a_in = bd ? a[hv] : 0.0f, A_in = bd ? ssm_a[hv] : 0.0f;
   const float dtb_in = bd ? dt_bias[hv] : 0.0f;
   /* the conv of channels u < 2 dk (q | k of kh) and 2 dk + j (v of hv), as k_gdn_conv; G1_SLOTS
    * channels a thread at a time, all their loads issued before any use (one latency, not two) */
-  const int nch = 2 * dk + dv;
   for (int u0 = threadIdx.x; u0 < nch; u0 += G1_SLOTS * blockDim.x) {
     float win[G1_SLOTS][GDN_KMAX - 1], w[G1_SLOTS][GDN_KMAX - 1], wl[G1_SLOTS], m[G1_SLOTS];
     int64_t chs[G1_SLOTS];
