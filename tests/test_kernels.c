@@ -169,7 +169,7 @@ static void check_mat(const char *name, const floe_mat *W, floe_pool *pool, tsta
   if (xq) kern_act_quantize_rows(W, NBMAX, X, cols, xq, ab);
   float *Y1 = malloc(sizeof(float) * (size_t)(NBMAX * rows)), *Yn = malloc(sizeof(float) * (size_t)(NBMAX * rows));
   float *Yscalar_q = malloc(sizeof(float) * (size_t)(NBMAX * rows));
-  static const int nbs[] = {2, 3, 4, 7, 8, 16};
+  static const int nbs[] = {2, 3, 4, 7, 8, 9, 16};
   for (int path = 0; path < (xq ? 2 : 1); path++) {
     const void *xqp = path ? xq : NULL;
     const double tol = path ? 1e-2 : 1e-5;

@@ -479,6 +479,94 @@ static void q8_pairs(const floe_mat *W, const kact_layout *L, int64_t r0, int64_
   }
 }
 
+/* Q8_0, several activation rows (nb >= 2: a verify's rows, a batch), weight rows in pairs. The
+ * sign trick of q8_pairs (w ^ 0x80, with C = -128 * sum4(x) formed once per activation row and step
+ * for both weight rows) instead of a32_rows' |w|, sign mask and masked negation of x per (weight
+ * row, activation row); the scale vectors as a32_rows makes them. Every output is a32_rows' chain:
+ * the same integers, S = dw * dx, the conversion, the multiply and the add per step, an odd last
+ * block in lanes 0-7, red16: the same bits. NB: activation rows at once (a compile-time constant,
+ * <= NBG, so the 2 x NB accumulators stay in registers). */
+static inline __attribute__((always_inline)) void q8_multi(const int NB, const floe_mat *W, const kact_layout *L,
+                                                           int64_t r, const uint8_t *xq, size_t xs, float *Y,
+                                                           int64_t ldy) {
+  const int64_t nblk = L->nblk;
+  const __m512i k80 = _mm512_set1_epi8((char)0x80);
+  const uint8_t *row[2] = { kw_row(W, r), kw_row(W, r + 1) };
+  __m512 acc[2][NBG];
+  for (int rr = 0; rr < 2; rr++)
+    for (int b = 0; b < NB; b++) acc[rr][b] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < nblk; k += 2) {
+    const int two = k + 1 < nblk;
+    __m512i WX[2];
+    __m512 DW[2];
+#pragma GCC unroll 2
+    for (int rr = 0; rr < 2; rr++) {
+      const uint8_t *b0 = row[rr] + k * 34;
+      pf_row(row[rr], k * 34, W->row_bytes, 2, 2, 0);
+      const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+      const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(b0 + 36)) : _mm256_setzero_si256();
+      WX[rr] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), k80);
+      uint16_t h0, h1 = 0;
+      memcpy(&h0, b0, 2);
+      if (two) memcpy(&h1, b0 + 34, 2);
+      DW[rr] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1));
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) {
+      const uint8_t *x = xq + b * xs;
+      const float *dexp = (const float *)(x + L->off_s) + 8 * k;
+      const __m512i x0 = two ? _mm512_loadu_si512(x + 32 * k) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x + 32 * k);
+      const __m512 dx = two ? _mm512_loadu_ps(dexp) : _mm512_maskz_loadu_ps(0x00FF, dexp);
+      const __m512i C = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, _mm512_sub_epi8(_mm512_setzero_si512(), x0));
+#pragma GCC unroll 2
+      for (int rr = 0; rr < 2; rr++) {
+        const __m512i Lv = _mm512_dpbusd_epi32(C, WX[rr], x0);
+        const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(Lv), _mm512_mul_ps(DW[rr], dx));
+        acc[rr][b] = two ? _mm512_add_ps(acc[rr][b], p) : _mm512_mask_add_ps(acc[rr][b], 0x00FF, acc[rr][b], p);
+      }
+    }
+  }
+  for (int rr = 0; rr < 2; rr++)
+    for (int b = 0; b < NB; b++) Y[b * ldy + r + rr] = red16(acc[rr][b]) + 0.0f;
+}
+
+/* Q8_0 with nb >= 2 activation rows: weight row pairs by q8_multi, NBG activation rows at a time;
+ * an odd last weight row by a32_rows. nb = 1 is q8_pairs' (run_q8_0). */
+static void run_q8_0_rows(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, float *Y,
+                          int64_t ldy, int64_t r0, int64_t r1) {
+  if (nb >= 2)
+    for (; r0 + 1 < r1; r0 += 2)
+      for (int b0 = 0; b0 < nb; b0 += NBG) {
+        const uint8_t *x = xq + (size_t)b0 * xs;
+        float *y = Y + b0 * ldy;
+        switch (nb - b0) {
+          case 1: a32_rows(FLOE_TYPE_Q8_0, 1, 2, W, L, r0, x, xs, y, ldy); break;
+          case 2: q8_multi(2, W, L, r0, x, xs, y, ldy); break;
+          case 3: q8_multi(3, W, L, r0, x, xs, y, ldy); break;
+          case 4: q8_multi(4, W, L, r0, x, xs, y, ldy); break;
+          case 5: q8_multi(5, W, L, r0, x, xs, y, ldy); break;
+          case 6: q8_multi(6, W, L, r0, x, xs, y, ldy); break;
+          case 7: q8_multi(7, W, L, r0, x, xs, y, ldy); break;
+          default: q8_multi(8, W, L, r0, x, xs, y, ldy); break;
+        }
+      }
+  for (int64_t r = r0; r < r1; r++)
+    for (int b0 = 0; b0 < nb; b0 += NBG) {
+      const uint8_t *x = xq + (size_t)b0 * xs;
+      float *y = Y + b0 * ldy;
+      switch (nb - b0) {
+        case 1: a32_row(FLOE_TYPE_Q8_0, 1, W, L, r, x, xs, y, ldy); break;
+        case 2: a32_row(FLOE_TYPE_Q8_0, 2, W, L, r, x, xs, y, ldy); break;
+        case 3: a32_row(FLOE_TYPE_Q8_0, 3, W, L, r, x, xs, y, ldy); break;
+        case 4: a32_row(FLOE_TYPE_Q8_0, 4, W, L, r, x, xs, y, ldy); break;
+        case 5: a32_row(FLOE_TYPE_Q8_0, 5, W, L, r, x, xs, y, ldy); break;
+        case 6: a32_row(FLOE_TYPE_Q8_0, 6, W, L, r, x, xs, y, ldy); break;
+        case 7: a32_row(FLOE_TYPE_Q8_0, 7, W, L, r, x, xs, y, ldy); break;
+        default: a32_row(FLOE_TYPE_Q8_0, 8, W, L, r, x, xs, y, ldy); break;
+      }
+    }
+}
+
 /* ================= quantized path: A256 types (Q4_K, Q5_K, Q6_K, IQ4_XS) ================= */
 
 /* Scale words of the Q4_K/Q5_K row-pair chain (k4_sb) as vpermb byte indices into the decoded
@@ -1424,7 +1512,6 @@ static inline __attribute__((always_inline)) void mlx_rows(const int BITS, const
     rows_fn(W, L, nb, xq, xs, Y, ldy, r0, r1);                                                      \
   }
 
-DEF_RUN(run_q8_0_rows, a32_row, FLOE_TYPE_Q8_0)
 DEF_RUN_PAIRS(run_q8_0, q8_pairs, run_q8_0_rows)
 DEF_RUN(run_q4_0, a32_row, FLOE_TYPE_Q4_0)
 DEF_RUN(run_iq4_nl, a32_row, FLOE_TYPE_IQ4_NL)
