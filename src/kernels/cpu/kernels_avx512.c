@@ -362,6 +362,24 @@ static inline __m256i a32_dec(const int T, const uint8_t *b, float *d) {
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_mxfp4)), nib);
 }
 
+/* The f16 scales of a step's two blocks (at b0 and b0 + bytes) in one conversion: lanes 0-7 = d0,
+ * 8-15 = d1 (+0 when the step has one block) */
+static inline __attribute__((always_inline)) __m512 a32_dw2(const uint8_t *b0, int bytes, int two) {
+  uint16_t h0, h1 = 0;
+  memcpy(&h0, b0, 2);
+  if (two) memcpy(&h1, b0 + bytes, 2);
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1));
+}
+
+/* An A32 activation row's step k (blocks k, k+1): its 64 (or 32) quantized values and its scales
+ * as laid out (each block's repeated 8x) */
+static inline __attribute__((always_inline)) void a32_xstep(const uint8_t *x, const kact_layout *L, int64_t k, int two,
+                                                            __m512i *x0, __m512 *dx) {
+  const float *dexp = (const float *)(x + L->off_s) + 8 * k;
+  *x0 = two ? _mm512_loadu_si512(x + 32 * k) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x + 32 * k);
+  *dx = two ? _mm512_loadu_ps(dexp) : _mm512_maskz_loadu_ps(0x00FF, dexp);
+}
+
 static inline __attribute__((always_inline)) void a32_rows(const int T, const int NB, const int RR,
                                                            const floe_mat *W, const kact_layout *L, int64_t r,
                                                            const uint8_t *xq, size_t xs, float *Y, int64_t ldy) {
@@ -389,21 +407,15 @@ static inline __attribute__((always_inline)) void a32_rows(const int T, const in
       if (T == FLOE_TYPE_MXFP4) {
         DW[rr] = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
       } else {
-        /* both f16 scales in one conversion: words 0-7 = d0, 8-15 = d1 (d1 = +0 past the end) */
-        const uint8_t *b0 = row + k * bytes;
-        uint16_t h0, h1 = 0;
-        memcpy(&h0, b0, 2);
-        if (two) memcpy(&h1, b0 + bytes, 2);
         (void)d0, (void)d1;
-        DW[rr] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1));
+        DW[rr] = a32_dw2(row + k * bytes, bytes, two);
       }
     }
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
-      const uint8_t *x = xq + b * xs;
-      const float *dexp = (const float *)(x + L->off_s) + 8 * k;
-      const __m512i x0 = two ? _mm512_loadu_si512(x + 32 * k) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x + 32 * k);
-      const __m512 dx = two ? _mm512_loadu_ps(dexp) : _mm512_maskz_loadu_ps(0x00FF, dexp);
+      __m512i x0;
+      __m512 dx;
+      a32_xstep(xq + b * xs, L, k, two, &x0, &dx);
 #pragma GCC unroll 2
       for (int rr = 0; rr < RR; rr++) {
         const __m512i xv = _mm512_mask_sub_epi8(x0, NEG[rr], _mm512_setzero_si512(), x0);
@@ -506,17 +518,13 @@ static inline __attribute__((always_inline)) void q8_multi(const int NB, const f
       const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
       const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(b0 + 36)) : _mm256_setzero_si256();
       WX[rr] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), k80);
-      uint16_t h0, h1 = 0;
-      memcpy(&h0, b0, 2);
-      if (two) memcpy(&h1, b0 + 34, 2);
-      DW[rr] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1));
+      DW[rr] = a32_dw2(b0, 34, two);
     }
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
-      const uint8_t *x = xq + b * xs;
-      const float *dexp = (const float *)(x + L->off_s) + 8 * k;
-      const __m512i x0 = two ? _mm512_loadu_si512(x + 32 * k) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x + 32 * k);
-      const __m512 dx = two ? _mm512_loadu_ps(dexp) : _mm512_maskz_loadu_ps(0x00FF, dexp);
+      __m512i x0;
+      __m512 dx;
+      a32_xstep(xq + b * xs, L, k, two, &x0, &dx);
       const __m512i C = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, _mm512_sub_epi8(_mm512_setzero_si512(), x0));
 #pragma GCC unroll 2
       for (int rr = 0; rr < 2; rr++) {
@@ -528,43 +536,6 @@ static inline __attribute__((always_inline)) void q8_multi(const int NB, const f
   }
   for (int rr = 0; rr < 2; rr++)
     for (int b = 0; b < NB; b++) Y[b * ldy + r + rr] = red16(acc[rr][b]) + 0.0f;
-}
-
-/* Q8_0 with nb >= 2 activation rows: weight row pairs by q8_multi, NBG activation rows at a time;
- * an odd last weight row by a32_rows. nb = 1 is q8_pairs' (run_q8_0). */
-static void run_q8_0_rows(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, float *Y,
-                          int64_t ldy, int64_t r0, int64_t r1) {
-  if (nb >= 2)
-    for (; r0 + 1 < r1; r0 += 2)
-      for (int b0 = 0; b0 < nb; b0 += NBG) {
-        const uint8_t *x = xq + (size_t)b0 * xs;
-        float *y = Y + b0 * ldy;
-        switch (nb - b0) {
-          case 1: a32_rows(FLOE_TYPE_Q8_0, 1, 2, W, L, r0, x, xs, y, ldy); break;
-          case 2: q8_multi(2, W, L, r0, x, xs, y, ldy); break;
-          case 3: q8_multi(3, W, L, r0, x, xs, y, ldy); break;
-          case 4: q8_multi(4, W, L, r0, x, xs, y, ldy); break;
-          case 5: q8_multi(5, W, L, r0, x, xs, y, ldy); break;
-          case 6: q8_multi(6, W, L, r0, x, xs, y, ldy); break;
-          case 7: q8_multi(7, W, L, r0, x, xs, y, ldy); break;
-          default: q8_multi(8, W, L, r0, x, xs, y, ldy); break;
-        }
-      }
-  for (int64_t r = r0; r < r1; r++)
-    for (int b0 = 0; b0 < nb; b0 += NBG) {
-      const uint8_t *x = xq + (size_t)b0 * xs;
-      float *y = Y + b0 * ldy;
-      switch (nb - b0) {
-        case 1: a32_row(FLOE_TYPE_Q8_0, 1, W, L, r, x, xs, y, ldy); break;
-        case 2: a32_row(FLOE_TYPE_Q8_0, 2, W, L, r, x, xs, y, ldy); break;
-        case 3: a32_row(FLOE_TYPE_Q8_0, 3, W, L, r, x, xs, y, ldy); break;
-        case 4: a32_row(FLOE_TYPE_Q8_0, 4, W, L, r, x, xs, y, ldy); break;
-        case 5: a32_row(FLOE_TYPE_Q8_0, 5, W, L, r, x, xs, y, ldy); break;
-        case 6: a32_row(FLOE_TYPE_Q8_0, 6, W, L, r, x, xs, y, ldy); break;
-        case 7: a32_row(FLOE_TYPE_Q8_0, 7, W, L, r, x, xs, y, ldy); break;
-        default: a32_row(FLOE_TYPE_Q8_0, 8, W, L, r, x, xs, y, ldy); break;
-      }
-    }
 }
 
 /* ================= quantized path: A256 types (Q4_K, Q5_K, Q6_K, IQ4_XS) ================= */
@@ -1511,6 +1482,30 @@ static inline __attribute__((always_inline)) void mlx_rows(const int BITS, const
     }                                                                                               \
     rows_fn(W, L, nb, xq, xs, Y, ldy, r0, r1);                                                      \
   }
+
+/* Q8_0 with nb >= 2 activation rows: weight row pairs by q8_multi, NBG activation rows at a time;
+ * an odd last weight row (and nb = 1's, after q8_pairs: run_q8_0) by a32_rows' dispatch. */
+DEF_RUN(run_q8_0_a32, a32_row, FLOE_TYPE_Q8_0)
+static void run_q8_0_rows(const floe_mat *W, const kact_layout *L, int nb, const uint8_t *xq, size_t xs, float *Y,
+                          int64_t ldy, int64_t r0, int64_t r1) {
+  if (nb >= 2)
+    for (; r0 + 1 < r1; r0 += 2)
+      for (int b0 = 0; b0 < nb; b0 += NBG) {
+        const uint8_t *x = xq + (size_t)b0 * xs;
+        float *y = Y + b0 * ldy;
+        switch (nb - b0) {
+          case 1: a32_rows(FLOE_TYPE_Q8_0, 1, 2, W, L, r0, x, xs, y, ldy); break;
+          case 2: q8_multi(2, W, L, r0, x, xs, y, ldy); break;
+          case 3: q8_multi(3, W, L, r0, x, xs, y, ldy); break;
+          case 4: q8_multi(4, W, L, r0, x, xs, y, ldy); break;
+          case 5: q8_multi(5, W, L, r0, x, xs, y, ldy); break;
+          case 6: q8_multi(6, W, L, r0, x, xs, y, ldy); break;
+          case 7: q8_multi(7, W, L, r0, x, xs, y, ldy); break;
+          default: q8_multi(8, W, L, r0, x, xs, y, ldy); break;
+        }
+      }
+  run_q8_0_a32(W, L, nb, xq, xs, Y, ldy, r0, r1);
+}
 
 DEF_RUN_PAIRS(run_q8_0, q8_pairs, run_q8_0_rows)
 DEF_RUN(run_q4_0, a32_row, FLOE_TYPE_Q4_0)
