@@ -5,7 +5,7 @@
  *  - quantized path: Y from cuda_mm_matmul equals kern_matmul_batch with the same quantized rows
  *    bit for bit, with the CPU's best ISA and with the scalar ISA, nb in {1,2,3,7,11,16,33}, with each
  *    kernel choice (Q4_K / Q5_K: k_k4, k_k4w, the few-row k_k4wn; F32 / F16 / BF16: k_plain,
- *    k_plain_tile, the few-row k_plainn);
+ *    k_plain_tile (its float4 staging with aligned activation rows too), the few-row k_plainn);
  *  - float path (every type, incl. those with a quantized path): bit-identical to the CPU's scalar
  *    float path, except F32/F16/BF16: bit-identical to the AVX-512 float path's order
  *    (kern_mm_float_lanes_ref, which test_kernels holds equal to that kernel); within 1e-5 *
@@ -199,13 +199,17 @@ static const int NBS[] = {1, 2, 3, 7, 11, 16, 33};
 /* F32/F16/BF16: the GPU follows the AVX-512 float order (kern_mm_float_lanes_ref) */
 static int plain_type(uint32_t t) { return t == FLOE_TYPE_F32 || t == FLOE_TYPE_F16 || t == FLOE_TYPE_BF16; }
 
+/* activation row padding of check_matrix: 3 makes the rows' starts unaligned; 4 keeps them 16-byte
+ * aligned where cols is a multiple of 4 (k_plain_tile's float4 staging) */
+static int64_t g_ldx_pad = 3;
+
 static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64_t rows, int64_t cols) {
   tmat m = make_mat(type, bits, group, sbt, rows, cols, 1);
   const floe_mat *W = &m.W;
   char nm[64];
   tname(W, nm, sizeof nm);
   dmat g = upload(&m, 1);
-  const int64_t ldx = cols + 3, ldy = rows + 5;
+  const int64_t ldx = cols + g_ldx_pad, ldy = rows + 5;
   float *X = malloc(sizeof(float) * (size_t)(ldx * NBMAX));
   fill_x(X, ldx * NBMAX);
   float *dX = dev_put(X, sizeof(float) * (size_t)(ldx * NBMAX));
@@ -837,6 +841,10 @@ int main(void) {
   SECTION("float matrices of the router's shape (k_plain_tile: whole chunks, rows past the last tile)");
   check_matrix(FLOE_TYPE_F32, 0, 0, 0, 257, 2048);
   check_matrix(FLOE_TYPE_BF16, 0, 0, 0, 1, 2048 + 64);
+  g_ldx_pad = 4; /* aligned rows: k_plain_tile stages whole chunks by float4, a partial last chunk as before */
+  check_matrix(FLOE_TYPE_F32, 0, 0, 0, 257, 2048);
+  check_matrix(FLOE_TYPE_F16, 0, 0, 0, 33, 1000);
+  g_ldx_pad = 3;
   SECTION("router with the routing fused");
   check_router_route(FLOE_TYPE_F32, 256, 8, 1, 1, 2048);
   check_router_route(FLOE_TYPE_F32, 256, 8, 1, 0, 2048);

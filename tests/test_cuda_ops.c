@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/gdn_sum.h"
 #include "base/vexp.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda_mm.h"
@@ -355,26 +356,35 @@ static void gdn_ref_token(gdn_ref *g, const float *mix, const float *z, const fl
     const float rn = 1.0f / sqrtf(sumsq16(v, dk) + 1e-6f);
     for (int64_t i = 0; i < dk; i++) v[i] = h0 < kd ? (v[i] * rn) * qscale : v[i] * rn;
   }
-  float kvv[1024];
+  float kvv[1024], ka[GDN_ACC][128], oa[GDN_ACC][128];
   for (int64_t hv = 0; hv < Nv; hv++) {
     const int64_t kh = s->v_tiled ? hv % Nk : hv / r;
     const float *kk = raw + kd + kh * dk, *qq = raw + kh * dk, *vv = raw + 2 * kd + hv * dv;
     const float beta = floe_sigmoidf(b[hv]);
     const float decay = expf(g->A[hv] * softplusf_(a[hv] + g->dtb[hv]));
     float *S = g->S + hv * dk * dv, *oh = o + hv * dv;
-    for (int64_t j = 0; j < dv; j++) kvv[j] = 0.0f;
-    for (int64_t i = 0; i < dk; i++)
+    memset(ka, 0, sizeof ka);
+    memset(oa, 0, sizeof oa);
+    for (int64_t i = 0; i < dk; i++) /* row i into accumulator i % GDN_ACC (base/gdn_sum.h) */
       for (int64_t j = 0; j < dv; j++) {
         S[i * dv + j] *= decay;
-        kvv[j] += S[i * dv + j] * kk[i];
+        ka[i % GDN_ACC][j] += S[i * dv + j] * kk[i];
       }
-    for (int64_t j = 0; j < dv; j++) kvv[j] = (vv[j] - kvv[j]) * beta;
-    for (int64_t j = 0; j < dv; j++) oh[j] = 0.0f;
+    for (int64_t j = 0; j < dv; j++) {
+      float t[GDN_ACC];
+      for (int u = 0; u < GDN_ACC; u++) t[u] = ka[u][j];
+      kvv[j] = (vv[j] - floe_gdn_fold8(t)) * beta;
+    }
     for (int64_t i = 0; i < dk; i++)
       for (int64_t j = 0; j < dv; j++) {
         S[i * dv + j] += kk[i] * kvv[j];
-        oh[j] += S[i * dv + j] * qq[i];
+        oa[i % GDN_ACC][j] += S[i * dv + j] * qq[i];
       }
+    for (int64_t j = 0; j < dv; j++) {
+      float t[GDN_ACC];
+      for (int u = 0; u < GDN_ACC; u++) t[u] = oa[u][j];
+      oh[j] = floe_gdn_fold8(t);
+    }
     const float rr = 1.0f / sqrtf(sumsq16(oh, dv) / (float)dv + s->eps);
     for (int64_t j = 0; j < dv; j++) oh[j] = (g->nw[j] * (oh[j] * rr)) * floe_siluf(z[hv * dv + j]);
   }
@@ -849,24 +859,29 @@ int main(void) {
   test_attn_case(8, 2, 80, 32, 1, 0, 250, 17, 2);      /* head_dim 80, zero-padded to 128 */
   test_attn_case(16, 2, 256, 64, 1, 1, 7, 1, 2);       /* one row */
   test_attn_case(32, 1, 64, 64, 0, 1, 130, 9, 3);      /* GQA 32: a block of 16 heads of one row */
-  /* dk 128 (and 64 where k_gdn_step1 / k_gdn_recur2 take it), five settings: one thread per column with the token-by-token conv; the defaults (two
+  /* dk 128 (and 64 where k_gdn_step1 / k_gdn_recur2 take it), seven settings: one thread per column with the token-by-token conv; the defaults (two
    * threads per column, the conv a block per token, one token fused into one launch k_gdn_step1,
    * prefill's S columns over several blocks with consecutive tokens overlapped k_gdn_recur_cols2 +
    * k_gdn_gnorm); k_gdn_recur2 for every chunk with two launches a token (the previous defaults);
-   * the fused step with k_gdn_recur_cols (no overlap). Decode steps go through cuda_gdn_step,
+   * the fused step with k_gdn_recur_cols (no overlap); the column-split recurrence for decode
+   * steps too, with two and with four threads a column; the fused step and the prefill with four
+   * threads a column (k_gdn_step1<DK, 4>, k_gdn_recur_cols2<4>). Decode steps go through cuda_gdn_step,
    * compared with the CPU and with the prefill rows, whose token-by-token rerun takes the two
    * launches. */
-  for (int impl = 0; impl < 5; impl++) {
+  for (int impl = 0; impl < 7; impl++) {
     printf("-- gdn: %s\n", impl == 0   ? "one thread per column, serial conv"
                           : impl == 1 ? "the defaults: fused decode step, prefill S columns split, tokens overlapped"
                           : impl == 2 ? "k_gdn_recur2 everywhere, decode as two launches"
                           : impl == 3 ? "fused decode step, prefill S columns split, tokens not overlapped"
-                                      : "decode steps too with S columns split (conv, k_gdn_recur_cols2, gnorm)");
+                          : impl == 4 ? "decode steps too with S columns split (conv, k_gdn_recur_cols2, gnorm)"
+                          : impl == 5 ? "prefill and decode with S columns split, four threads a column (k_gdn_recur_cols2<4>)"
+                                      : "four threads a column: the fused step k_gdn_step1<DK, 4>, prefill k_gdn_recur_cols2<4>");
     cuda_gdn_set_impl(impl > 0);
     cuda_gdn_set_conv_par(impl > 0);
     cuda_gdn_set_fused(impl != 2);
-    cuda_gdn_set_cols(impl == 1 || impl == 4 ? 2 : impl == 3 ? 1 : 0);
-    cuda_gdn_set_dec_cols(impl == 4);
+    cuda_gdn_set_cols(impl == 1 || impl == 4 ? 2 : impl == 3 ? 1 : impl >= 5 ? 3 : 0);
+    cuda_gdn_set_dec_cols(impl == 4 || impl == 5);
+    cuda_gdn_set_step_nq(impl == 6 ? 4 : 2);
     test_gdn_case(16, 32, 128, 128, 4, 1, 9, 4);
     test_gdn_case(4, 12, 128, 96, 4, 0, 5, 3);
     test_gdn_case(2, 2, 128, 100, 8, 1, 3, 2);
@@ -889,7 +904,7 @@ int main(void) {
     test_gdn_keep_case(4, 4, 64, 64, 4, 1, 1);
     test_gdn_keep_case(2, 6, 64, 40, 3, 0, 1);
   }
-  cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(2), cuda_gdn_set_dec_cols(0);
+  cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(2), cuda_gdn_set_dec_cols(0), cuda_gdn_set_step_nq(2);
   test_gdn_case(16, 32, 128, 128, 4, 1, 260, 3); /* the 35B-A3B shape, a long chunk (the defaults) */
   cuda_gdn_set_impl(0);
   test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/gdn_sum.h"
 #include "base/vexp.h"
 #include "experts/experts.h"
 #include "kernels/cpu/kernels.h"
@@ -581,9 +582,82 @@ VEC_FN static void gdn_conv_worker(void *ctx, int ith, int nth) {
   }
 }
 
+/* The two passes over one value head's state S (dk rows of dv) for the columns [j0, j0 + W), W
+ * a compile-time width (16: one AVX-512 vector), with the GDN_ACC accumulators of each column in
+ * registers (acc[u] takes rows i = u mod GDN_ACC, in row order; base/gdn_sum.h):
+ *   pass 1: S = (Sin ? Sin : S) * decay, out = fold8(sum S k)      (S^T k, before the delta)
+ *   pass 2: S = S + k * delta, out = fold8(sum S q)                (S^T q)
+ * Row-major S is walked a column block at a time (W floats of each row), so the accumulators
+ * never leave the registers; the rows' order and every operation are those of the row-at-a-time
+ * form. pf / pf_n: this block's share of the next head's state to prefetch (pf_n floats, spread
+ * over the row groups). */
+typedef float gdn_v16 __attribute__((vector_size(64), aligned(4))); /* 16 floats, unaligned access */
+
+/* T: float (W = 1) or gdn_v16 (W = 16 lanes); each lane is one column, so both are the same
+ * per-column operations. */
+#define GDN_PASS_BLK(NAME, T)                                                                                      \
+  static inline __attribute__((always_inline)) void NAME(const int two, float *restrict S, const float *restrict Sin, \
+                                                         int64_t dk, int64_t dv, int64_t j0, float decay,            \
+                                                         const float *restrict kk, const float *restrict qq,         \
+                                                         const float *restrict delta, float *restrict out,           \
+                                                         const float *pf, int64_t pf_n) {                            \
+    T acc[GDN_ACC], d = (T){0};                                                                                  \
+    for (int u = 0; u < GDN_ACC; u++) acc[u] = (T){0};                                                           \
+    if (two) d = *(const T *)(delta + j0);                                                                       \
+    const int64_t ng = (dk + GDN_ACC - 1) / GDN_ACC, per = pf ? (pf_n + ng - 1) / ng : 0;                       \
+    for (int64_t g = 0; g < ng; g++) {                                                                           \
+      for (int64_t p = g * per; p < (g + 1) * per && p < pf_n; p += 16) __builtin_prefetch(pf + p, 0, 2);       \
+      _Pragma("GCC unroll 8") for (int u = 0; u < GDN_ACC; u++) {                                                \
+        const int64_t i = g * GDN_ACC + u;                                                                       \
+        if (i < dk) {                                                                                            \
+          T *row = (T *)(S + i * dv + j0);                                                                       \
+          T x;                                                                                                   \
+          if (two) {                                                                                             \
+            x = *row + kk[i] * d;                                                                                \
+            acc[u] += x * qq[i];                                                                                 \
+          } else {                                                                                               \
+            x = (Sin ? *(const T *)(Sin + i * dv + j0) : *row) * decay;                                          \
+            acc[u] += x * kk[i];                                                                                 \
+          }                                                                                                      \
+          *row = x;                                                                                              \
+        }                                                                                                        \
+      }                                                                                                          \
+    }                                                                                                            \
+    *(T *)(out + j0) = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));        \
+  }
+_Static_assert(GDN_ACC == 8, "the fold below is floe_gdn_fold8's tree");
+GDN_PASS_BLK(gdn_pass_v16, gdn_v16)
+GDN_PASS_BLK(gdn_pass_1, float)
+#undef GDN_PASS_BLK
+
+/* One pass over a head's columns: blocks of 16, then single columns. pf: the next head's state
+ * slice for this pass (pf_n floats, shared out over the blocks), or NULL. */
+static inline __attribute__((always_inline)) void gdn_pass(const int two, float *restrict S, const float *restrict Sin,
+                                                           int64_t dk, int64_t dv, float decay, const float *kk,
+                                                           const float *qq, const float *delta, float *out,
+                                                           const float *pf, int64_t pf_n) {
+  const int64_t nb = dv / 16, share = nb ? pf_n / nb : 0;
+  for (int64_t b = 0; b < nb; b++)
+    gdn_pass_v16(two, S, Sin, dk, dv, 16 * b, decay, kk, qq, delta, out, pf ? pf + b * share : NULL, share);
+  for (int64_t j = 16 * nb; j < dv; j++) gdn_pass_1(two, S, Sin, dk, dv, j, decay, kk, qq, delta, out, NULL, 0);
+}
+
+VEC_FN void layer_gdn_head(float *S, const float *Sin, int64_t dk, int64_t dv, float decay, float beta, const float *k,
+                           const float *q, const float *v, float *kv, float *o, const float *Sn) {
+  /* the next head's state is fetched into L2 while this head runs, half during each pass, spread
+   * over the row groups (microbenchmark of the row-at-a-time form, 16 cold heads a thread, 2
+   * threads: 94 -> 82 us; all of it during the second pass: 94; none: 100) */
+  const int64_t half = dk * (dv / 2);
+  gdn_pass(0, S, Sin, dk, dv, decay, k, q, NULL, kv, Sn, half);
+  for (int64_t jj = 0; jj < dv; jj++) kv[jj] = (v[jj] - kv[jj]) * beta; /* delta */
+  gdn_pass(1, S, NULL, dk, dv, decay, k, q, kv, o, Sn ? Sn + half : NULL, half);
+}
+
 /* Delta-rule recurrence and gated RMSNorm for value heads [h0, h1), every token in order.
  * Two passes over S per token: (decay, S^T k) then (rank-1 update, S^T q); each element sees
- * the same operations in the same order as the four-pass form of the reference. */
+ * the same operations in the same order as the four-pass form of the reference. The sums over
+ * the key dimension take base/gdn_sum.h's order (row i into accumulator row i % GDN_ACC, then
+ * floe_gdn_fold8), which the CUDA kernels share. */
 VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
   const gdn_job *j = ctx;
   model_session *s = j->s;
@@ -592,7 +666,7 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
   const int64_t Nk = j->Nk, Nv = j->Nv, dk = j->dk, dv = j->dv, r = j->r, C = j->C;
   const int64_t kd = Nk * dk, vd = Nv * dv;
   const float eps = m->hp.rms_eps;
-  float *kv = tscratch(s, ith);
+  float *kv = tscratch(s, ith); /* S^T k, then the delta */
   int64_t h0, h1;
   floe_split_range(Nv, 1, ith, nth, &h0, &h1);
   for (int64_t t = 0; t < j->n; t++) {
@@ -609,47 +683,8 @@ VEC_FN static void gdn_heads_worker(void *ctx, int ith, int nth) {
       /* a kept chunk (kv.h): the first pass reads row t-1's state and writes row t's; the same
        * arithmetic as the in-place pass below (-ffp-contract=off: no fusing either way) */
       const float *Sin = s->kv.keep_n ? kv_ssm_in(&s->kv, j->l, t) + hv * dk * dv : NULL;
-      /* the next head's state (64 KiB for dk = dv = 128) is fetched into L2 while this head runs,
-       * spread evenly over both passes (half a row's worth per row of each pass), so the memory
-       * pipe stays busy: its first half during the first pass, the rest during the second
-       * (microbenchmark of this loop, 16 cold heads a thread, 2 threads: 94 -> 82 us; all of it
-       * during the second pass, which works from cache, as before: 94; no prefetch: 100) */
-      const float *Sn = hv + 1 < h1 && !Sin ? S + dk * dv : NULL;
-      const int64_t hpf = dv / 2;
-      for (int64_t jj = 0; jj < dv; jj++) kv[jj] = 0.0f;
-      if (Sin)
-        for (int64_t i = 0; i < dk; i++) {
-          float *restrict Si = S + i * dv;
-          const float *restrict Ii = Sin + i * dv;
-          const float ki = kk[i];
-          for (int64_t jj = 0; jj < dv; jj++) {
-            Si[jj] = Ii[jj] * decay;
-            kv[jj] += Si[jj] * ki;
-          }
-        }
-      else
-      for (int64_t i = 0; i < dk; i++) {
-        float *Si = S + i * dv;
-        const float ki = kk[i];
-        if (Sn)
-          for (int64_t jj = 0; jj < hpf; jj += 16) __builtin_prefetch(Sn + i * hpf + jj, 0, 2);
-        for (int64_t jj = 0; jj < dv; jj++) {
-          Si[jj] *= decay;
-          kv[jj] += Si[jj] * ki;
-        }
-      }
-      for (int64_t jj = 0; jj < dv; jj++) kv[jj] = (vv[jj] - kv[jj]) * beta; /* delta */
-      for (int64_t jj = 0; jj < dv; jj++) oh[jj] = 0.0f;
-      for (int64_t i = 0; i < dk; i++) {
-        float *Si = S + i * dv;
-        const float ki = kk[i], qi = qq[i];
-        if (Sn)
-          for (int64_t jj = 0; jj < hpf; jj += 16) __builtin_prefetch(Sn + (dk + i) * hpf + jj, 0, 2);
-        for (int64_t jj = 0; jj < dv; jj++) {
-          Si[jj] += ki * kv[jj];
-          oh[jj] += Si[jj] * qi;
-        }
-      }
+      const float *Sn = hv + 1 < h1 && !Sin ? S + dk * dv : NULL; /* the next head's state */
+      layer_gdn_head(S, Sin, dk, dv, decay, beta, kk, qq, vv, kv, oh, Sn);
       /* gated RMSNorm per value head: (w * (o * rsqrt(mean(o^2)+eps))) * silu(z) */
       const float ss = sumsq16(oh, dv);
       const float rr = 1.0f / sqrtf(ss / (float)dv + eps);

@@ -503,6 +503,12 @@ void layer_rope_table(float *cs, int64_t n_rot, float theta, int64_t pos);
 void layer_attention(model_session *s, int64_t l, float *x, int64_t n, int64_t pos0, bool gated);
 /* GatedDeltaNet layer. x += gdn(norm(x)). */
 void layer_gdn(model_session *s, int64_t l, float *x, int64_t n);
+/* One value head's delta-rule step on its state S [dk][dv] (row-major), before the gated norm:
+ *   S = (Sin ? Sin : S) * decay; kv = S^T k; delta = (v - kv) * beta; S += k delta^T; o = S^T q,
+ * the sums over the key dimension in base/gdn_sum.h's order. kv: dv floats of scratch (left
+ * holding delta). Sn: the next head's state, prefetched while this one runs (or NULL). */
+void layer_gdn_head(float *S, const float *Sin, int64_t dk, int64_t dv, float decay, float beta, const float *k,
+                    const float *q, const float *v, float *kv, float *o, const float *Sn);
 /* The same two over the rows of several sessions (backend.h attention_multi, gdn_multi): the
  * projections once over all N rows in lead's scratch, the per-session part (cache / recurrent
  * state) per segment. Row for row the arithmetic of the single-session functions. */

@@ -794,9 +794,9 @@ __global__ void __launch_bounds__(128) k_router(KArgs a, const float *__restrict
 #define PT_CH 512 /* values a chunk: 8 steps of 64 */
 
 template <int T>
-__global__ void __launch_bounds__(32 * PT_WARPS) k_plain_tile(KArgs a, int64_t nb, const float *__restrict__ X,
-                                                              int64_t ldx, float *__restrict__ Y, int64_t ldy) {
-  __shared__ float xs[PT_NB][PT_CH];
+__global__ void __launch_bounds__(32 * PT_WARPS, 2) k_plain_tile(KArgs a, int64_t nb, const float *__restrict__ X,
+                                                              int64_t ldx, float *__restrict__ Y, int64_t ldy, int vec) {
+  __shared__ __align__(16) float xs[PT_NB][PT_CH];
   PDL_ENTER();
   const int t = threadIdx.x & 31, wp = threadIdx.x >> 5;
   const int64_t r0 = ((int64_t)blockIdx.x * PT_WARPS + wp) * PT_ROWS;
@@ -818,10 +818,28 @@ __global__ void __launch_bounds__(32 * PT_WARPS) k_plain_tile(KArgs a, int64_t n
   for (int64_t j0 = 0; j0 < m64; j0 += PT_CH) {
     const int ch = (int)(m64 - j0 < PT_CH ? m64 - j0 : PT_CH); /* a multiple of 64 */
     __syncthreads(); /* the previous chunk is consumed */
-    for (int i = threadIdx.x; i < PT_NB * ch; i += blockDim.x) {
-      const int b = i / ch, c = i - b * ch;
-      xs[b][c] = b < nbt ? X[(b0 + b) * ldx + j0 + c] : 0.0f;
-    }
+    if (vec && ch == PT_CH) { /* a whole chunk, 16-byte aligned rows: a thread's loads in two batches of NV */
+      constexpr int NV = PT_NB * PT_CH / 4 / (32 * PT_WARPS) / 2;
+      static_assert(2 * NV * 4 * 32 * PT_WARPS == PT_NB * PT_CH, "whole float4 rounds");
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float4 v[NV];
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+          const int i = threadIdx.x + (h * NV + k) * 32 * PT_WARPS, b = i / (PT_CH / 4), c = 4 * (i % (PT_CH / 4));
+          v[k] = b < nbt ? *(const float4 *)(X + (b0 + b) * ldx + j0 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+          const int i = threadIdx.x + (h * NV + k) * 32 * PT_WARPS, b = i / (PT_CH / 4), c = 4 * (i % (PT_CH / 4));
+          *(float4 *)&xs[b][c] = v[k];
+        }
+      }
+    } else
+      for (int i = threadIdx.x; i < PT_NB * ch; i += blockDim.x) {
+        const int b = i / ch, c = i - b * ch;
+        xs[b][c] = b < nbt ? X[(b0 + b) * ldx + j0 + c] : 0.0f;
+      }
     __syncthreads();
     float2 w[PT_ROWS][PT_CH / 64];
 #pragma unroll
@@ -878,6 +896,18 @@ static int plain_tile_on(void) {
     g_plain_tile = !(e && e[0] == '0');
   }
   return g_plain_tile;
+}
+
+/* k_plain_tile stages whole chunks of 16-byte aligned activation rows with float4 loads, all
+ * issued before the stores (FLOE_CUDA_PT_VEC=0: one float at a time, the first form; the same
+ * values either way) */
+static int pt_vec_on(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("FLOE_CUDA_PT_VEC");
+    on = !(e && e[0] == '0');
+  }
+  return on;
 }
 
 static int plain1_on(void) {
@@ -961,9 +991,10 @@ void mm_float_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int 
     }
     if (mode == MM_PLAIN && nb >= PT_MIN_NB && plain_tile_on()) {
       const dim3 g((unsigned)((a.rows + PT_WARPS * PT_ROWS - 1) / (PT_WARPS * PT_ROWS)), (unsigned)((nb + PT_NB - 1) / PT_NB));
-      if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain_tile<FLOE_TYPE_F32>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy);
-      else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain_tile<FLOE_TYPE_F16>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy);
-      else pdl_launch(k_plain_tile<FLOE_TYPE_BF16>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy);
+      const int vec = pt_vec_on() && (ldx & 3) == 0 && ((uintptr_t)X & 15) == 0;
+      if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain_tile<FLOE_TYPE_F32>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy, vec);
+      else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain_tile<FLOE_TYPE_F16>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy, vec);
+      else pdl_launch(k_plain_tile<FLOE_TYPE_BF16>, g, dim3(32 * PT_WARPS), (size_t)0, st, a, nb, X, ldx, Y, ldy, vec);
       return;
     }
     pdl_launch(k_plain, dim3(dim3((unsigned)((a.rows + PL_WARPS - 1) / PL_WARPS), gy)), dim3(32 * PL_WARPS), (size_t)(0), st, a, a2, mode, nb, K, ids, X, ldx, Y, ldy);

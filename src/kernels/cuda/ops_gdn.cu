@@ -9,8 +9,9 @@
  *     (kept in registers across tokens), and for q / k heads the L2 norm (sumsq16 order, eps
  *     1e-6; q also times dk^-0.5). Same operations and order as gdn_conv_worker.
  *   k_gdn_recur: block per value head, a thread per column jj of S (its dk values in registers
- *     and shared memory across tokens): decay and S^T k summed over i in order, the delta, the rank-1 update and
- *     S^T q in order, then the gated RMSNorm with silu(z) (warp 0, sumsq16 order). Same
+ *     and shared memory across tokens): decay and S^T k summed over i (base/gdn_sum.h's
+ *     order: eight accumulators by i % 8, a fixed tree), the delta, the rank-1 update and S^T q
+ *     the same way, then the gated RMSNorm with silu(z) (warp 0, sumsq16 order). Same
  *     operations and order as gdn_heads_worker; the columns are independent, so a thread per
  *     column is the CPU's loop order exactly. The decay's exp / log1p are computed in double and
  *     rounded (libm expf / log1pf on the CPU): see cuda_ops.h.
@@ -23,6 +24,7 @@
 
 extern "C" {
 #include "base/base.h"
+#include "base/gdn_sum.h"
 }
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/ops_common.cuh"
@@ -267,33 +269,45 @@ static __global__ void __launch_bounds__(128)
     const float zz = col ? z[(int64_t)t * vd + (int64_t)hv * dv + jj] : 0.0f;
     const float beta = ot[0], decay = ot[1];
     __syncthreads();
-    float kv = 0.0f, oo = 0.0f;
-    if (col) {
+    float oo = 0.0f;
+    if (col) { /* the sums in base/gdn_sum.h's order: row i into accumulator i % GDN_ACC (SR is a multiple of it) */
+      float ka[GDN_ACC], oa[GDN_ACC];
+#pragma unroll
+      for (int u = 0; u < GDN_ACC; u++) ka[u] = oa[u] = 0.0f;
 #pragma unroll
       for (int i = 0; i < SR; i++)
         if (i < dk) {
           s[i] = __fmul_rn(s[i], decay);
-          kv = __fadd_rn(kv, __fmul_rn(s[i], qk[DK + i]));
+          ka[i % GDN_ACC] = __fadd_rn(ka[i % GDN_ACC], __fmul_rn(s[i], qk[DK + i]));
         }
-#pragma unroll 8
-      for (int i = SR; i < dk; i++) {
-        const float v = __fmul_rn(ssh[(i - SR) * dv + jj], decay);
-        ssh[(i - SR) * dv + jj] = v;
-        kv = __fadd_rn(kv, __fmul_rn(v, qk[DK + i]));
-      }
-      const float delta = __fmul_rn(__fsub_rn(vv, kv), beta);
+      for (int i0 = SR; i0 < dk; i0 += GDN_ACC)
+#pragma unroll
+        for (int u = 0; u < GDN_ACC; u++) {
+          const int i = i0 + u;
+          if (i < dk) {
+            const float v = __fmul_rn(ssh[(i - SR) * dv + jj], decay);
+            ssh[(i - SR) * dv + jj] = v;
+            ka[u] = __fadd_rn(ka[u], __fmul_rn(v, qk[DK + i]));
+          }
+        }
+      const float delta = __fmul_rn(__fsub_rn(vv, floe_gdn_fold8(ka)), beta);
 #pragma unroll
       for (int i = 0; i < SR; i++)
         if (i < dk) {
           s[i] = __fadd_rn(s[i], __fmul_rn(qk[DK + i], delta));
-          oo = __fadd_rn(oo, __fmul_rn(s[i], qk[i]));
+          oa[i % GDN_ACC] = __fadd_rn(oa[i % GDN_ACC], __fmul_rn(s[i], qk[i]));
         }
-#pragma unroll 8
-      for (int i = SR; i < dk; i++) {
-        const float v = __fadd_rn(ssh[(i - SR) * dv + jj], __fmul_rn(qk[DK + i], delta));
-        ssh[(i - SR) * dv + jj] = v;
-        oo = __fadd_rn(oo, __fmul_rn(v, qk[i]));
-      }
+      for (int i0 = SR; i0 < dk; i0 += GDN_ACC)
+#pragma unroll
+        for (int u = 0; u < GDN_ACC; u++) {
+          const int i = i0 + u;
+          if (i < dk) {
+            const float v = __fadd_rn(ssh[(i - SR) * dv + jj], __fmul_rn(qk[DK + i], delta));
+            ssh[(i - SR) * dv + jj] = v;
+            oa[u] = __fadd_rn(oa[u], __fmul_rn(v, qk[i]));
+          }
+        }
+      oo = floe_gdn_fold8(oa);
       os[jj] = oo;
       if (KEEP) { /* kept chunk: the state after row t into row t's buffer */
         float *Kt = keep[t] + (int64_t)hv * dk * dv + jj;
@@ -319,35 +333,82 @@ static __global__ void __launch_bounds__(128)
   }
 }
 
-/* k_gdn_recur2<DK>: dk = DK (128 or 64), two threads per column: lane l < 16 of a warp holds rows
- * 0..DK/2-1 of column 16 w + l of S, lane l + 16 rows DK/2..DK-1, both in registers. Every float
- * operation and its order is k_gdn_recur's: the decay product and s * k per row, then kv summed
- * over i in order (the lower half's DK/2 additions, its partial handed to the upper half by a
- * shuffle, which adds its DK/2),
- * delta from the upper half, the rank-1 update and s * q per row, oo summed in order the same
- * way. So the serial chain is unchanged, while each thread issues half the instructions and no
+/* k_gdn_recur2<DK>: dk = DK (128 or 64), two threads per column: lane l < 16 of a warp holds half
+ * 0 of the rows of column 16 w + l of S, lane l + 16 half 1 (g2_row: rows 8m..8m+3 and
+ * 8m+4..8m+7), both in registers. Every float operation and its order is k_gdn_recur's: the decay
+ * product and s * k per row, then kv summed over i in base/gdn_sum.h's order (g2_chain_h: each
+ * half its four accumulators, one exchange for the tree's last add), the delta (in both halves),
+ * the rank-1 update and s * q per row, oo summed the same way. So the operations are
+ * k_gdn_recur's, while each thread issues half the instructions and no
  * shared-memory traffic for S (k_gdn_recur's column thread runs ~5000 instructions a token with
  * one warp per scheduler). The default for dk 128 (H200, 35B-A3B shape: decode 252 -> 274 tok/s,
  * prefill 870 -> 1103) and dk 64 (the default model); FLOE_CUDA_GDN2=0 / cuda_gdn_set_impl(0)
  * selects k_gdn_recur. */
 #define G2_HALF 64
 
-/* The ordered sum p[0] + ... + p[2H - 1] of a column, its rows split over the two halves: the lower
- * half adds its H from 0, the upper half continues from that partial. Valid in the upper half.
- * g2_chain: dk 128 (H = G2_HALF). */
+/* The rows of a column's NQ threads (2 or 4; lanes of a warp: thread qi = lane / (32 / NQ) of
+ * column lane % (32 / NQ)): thread qi holds the rows of accumulators R qi .. R qi + R - 1 of
+ * base/gdn_sum.h's order (row i into accumulator i % GDN_ACC), R = 8 / NQ of them: its p[i] is
+ * row gq_row(qi, i) = 8 (i / R) + R qi + i % R. Each thread sums its R accumulators alone (chains
+ * of dk / 8 adds side by side) and forms their subtree of floe_gdn_fold8; log2(NQ) exchanges add
+ * the subtrees in the tree's order (the lower group's first). No thread waits for another's
+ * chain, and the warp runs one path. NQ = 2: g2_row(h, i) = 8 (i / 4) + 4 h + i % 4. */
+template <int NQ>
+static __device__ __forceinline__ int gq_row(int qi, int i) {
+  constexpr int R = GDN_ACC / NQ;
+  return GDN_ACC * (i / R) + R * qi + i % R;
+}
+static __device__ __forceinline__ int g2_row(int half, int i) { return gq_row<2>(half, i); }
+
+/* floe_gdn_fold8's subtree of a thread's R accumulators, then the exchanges up the tree */
+template <int NQ>
+static __device__ __forceinline__ float gq_fold(const float *acc, int qi) {
+  static_assert(GDN_ACC == 8 && (NQ == 2 || NQ == 4), "eight accumulators over 2 or 4 threads");
+  float v = NQ == 2 ? __fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])) : __fadd_rn(acc[0], acc[1]);
+#pragma unroll
+  for (int b = 1; b < NQ; b <<= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, b * (32 / NQ));
+    v = qi & b ? __fadd_rn(o, v) : __fadd_rn(v, o);
+  }
+  return v;
+}
+
+/* The sum of a column's NQ H products p (this thread's H, rows gq_row) in base/gdn_sum.h's
+ * order; valid in every thread of the column. */
+template <int NQ, int H>
+static __device__ __forceinline__ float gq_chain(const float p[H], int qi) {
+  constexpr int R = GDN_ACC / NQ;
+  static_assert(H % R == 0, "whole accumulator groups");
+  float acc[R];
+#pragma unroll
+  for (int u = 0; u < R; u++) acc[u] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < H; i++) acc[i % R] = __fadd_rn(acc[i % R], p[i]);
+  return gq_fold<NQ>(acc, qi);
+}
+
+/* gq_chain of two columns' products at once, interleaved (independent add chains share each
+ * step's latency) */
+template <int NQ, int H>
+static __device__ __forceinline__ void gq_chain2(const float pa[H], const float pb[H], int qi, float &ra, float &rb) {
+  constexpr int R = GDN_ACC / NQ;
+  float x[R], y[R];
+#pragma unroll
+  for (int u = 0; u < R; u++) x[u] = y[u] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < H; i++) {
+    x[i % R] = __fadd_rn(x[i % R], pa[i]);
+    y[i % R] = __fadd_rn(y[i % R], pb[i]);
+  }
+  ra = gq_fold<NQ>(x, qi);
+  rb = gq_fold<NQ>(y, qi);
+}
+
+/* two threads a column (k_gdn_recur2, k_gdn_step1, k_gdn_recur_cols) */
 template <int H>
 static __device__ __forceinline__ float g2_chain_h(const float p[H], int lane, int half) {
-  float acc = 0.0f;
-  if (half == 0)
-#pragma unroll
-    for (int i = 0; i < H; i++) acc = __fadd_rn(acc, p[i]);
-  const float lower = __shfl_sync(0xffffffffu, acc, lane & 15);
-  if (half == 1) {
-    acc = lower;
-#pragma unroll
-    for (int i = 0; i < H; i++) acc = __fadd_rn(acc, p[i]);
-  }
-  return acc;
+  (void)lane;
+  return gq_chain<2, H>(p, half);
 }
 static __device__ __forceinline__ float g2_chain(const float p[G2_HALF], int lane, int half) {
   return g2_chain_h<G2_HALF>(p, lane, half);
@@ -369,7 +430,6 @@ static __global__ void __launch_bounds__(256)
   const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * H;
   {
     const float A = ssm_a[hv], dtb = dt_bias[hv];
     for (int t = threadIdx.x; t < n_tok; t += blockDim.x) {
@@ -384,7 +444,7 @@ static __global__ void __launch_bounds__(256)
   float *S = Sg + (int64_t)hv * dk * dv + (col ? jj : 0);
   float s[H], p[H];
 #pragma unroll
-  for (int i = 0; i < H; i++) s[i] = col ? S[(int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < H; i++) s[i] = col ? S[(int64_t)g2_row(half, i) * dv] : 0.0f;
   const float wn = col ? norm_w[jj] : 0.0f;
   for (int t = 0; t < n_tok; t++) {
     const float *c = raw + (int64_t)t * C;
@@ -400,22 +460,22 @@ static __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int i = 0; i < H; i++) {
       s[i] = __fmul_rn(s[i], decay);
-      p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
+      p[i] = __fmul_rn(s[i], qk[dk + g2_row(half, i)]);
     }
     const float kv = g2_chain_h<H>(p, lane, half);
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+    const float delta = delta_u; /* kv is valid in both halves */
 #pragma unroll
     for (int i = 0; i < H; i++) {
-      s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
-      p[i] = __fmul_rn(s[i], qk[i0 + i]);
+      s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + g2_row(half, i)], delta));
+      p[i] = __fmul_rn(s[i], qk[g2_row(half, i)]);
     }
     const float oo = g2_chain_h<H>(p, lane, half);
     if (half == 1 && col) os[jj] = oo;
     if (KEEP && col) { /* kept chunk: this half's rows of the state after row t */
       float *Kt = keep[t] + (int64_t)hv * dk * dv + jj;
 #pragma unroll
-      for (int i = 0; i < H; i++) Kt[(int64_t)(i0 + i) * dv] = s[i];
+      for (int i = 0; i < H; i++) Kt[(int64_t)g2_row(half, i) * dv] = s[i];
     }
     __syncthreads(); /* os complete; every thread has read beta / decay and qk of token t */
     if (threadIdx.x < 32) {
@@ -428,11 +488,12 @@ static __global__ void __launch_bounds__(256)
   }
   if (!KEEP && col)
 #pragma unroll
-    for (int i = 0; i < H; i++) S[(int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < H; i++) S[(int64_t)g2_row(half, i) * dv] = s[i];
 }
 
 /* ---- decode: the conv and the recurrence of one token in one launch (k_gdn_step1) ----
- * A block per value head hv in k_gdn_recur2's layout (dk DK = 128 or 64, two threads per column). The block
+ * A block per value head hv in k_gdn_recur2's layout (dk DK = 128 or 64, NQ threads per column: 2,
+ * or 4 with cuda_gdn_set_step_nq(4) / FLOE_CUDA_GDN_STEP_NQ=4, twice the warps). The block
  * first does k_gdn_conv's work for the channels it needs: q and k of its key head kh (2 * dk
  * channels: the conv, SiLU, the L2 norms, q times dk^-0.5) and its own dv channels of v, with
  * k_gdn_conv's operations in its order; then k_gdn_recur2's token with beta / decay from shared
@@ -459,8 +520,8 @@ static __device__ __forceinline__ void gdn_cluster_wait() {
 #define G1_CLUSTER_MAX 8 /* the portable cluster size: r above it takes the two launches */
 #define G1_SLOTS 2       /* conv channels a thread loads at once (dv 128: 384 channels, 256 threads, one pass) */
 
-template <int DK>
-static __global__ void __launch_bounds__(256)
+template <int DK, int NQ>
+static __global__ void __launch_bounds__(128 * NQ)
     k_gdn_step1(const float *mix, const float *wt, float *conv_g, float *const *conv_p, float *const *conv_keep,
                 float *raw, const float *z, const float *b, const float *a, const float *dt_bias, const float *ssm_a,
                 const float *norm_w, float *Sg, float *const *Sp, float *const *S_keep, float *o, int Nk, int Nv,
@@ -470,7 +531,7 @@ static __global__ void __launch_bounds__(256)
   if (Sp) Sg = *Sp;
   float *conv_d = conv_keep ? conv_keep[0] : conv_g; /* where the windows after the token go */
   float *Sd = S_keep ? S_keep[0] : Sg;
-  constexpr int dk = DK, H = DK / 2; /* rows a thread holds */
+  constexpr int dk = DK, H = DK / NQ, CPW = 32 / NQ; /* rows a thread holds, columns a warp */
   __shared__ float qk[2 * dk];
   __shared__ float vs[128];
   __shared__ float os[128];
@@ -478,24 +539,24 @@ static __global__ void __launch_bounds__(256)
   __shared__ float s_rr, s_beta, s_decay, s_rn[2];
   const int r = Nv / Nk, kh = blockIdx.x / r, rank = blockIdx.x % r;
   const int hv = v_tiled ? kh + rank * Nk : kh * r + rank;
-  const int lane = threadIdx.x & 31, half = lane >> 4, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
-  const int jj = warp * 16 + (lane & 15);
+  const int lane = threadIdx.x & 31, qi = lane / CPW, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  const int jj = warp * CPW + lane % CPW;
   const bool col = jj < dv;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * H;
   /* S's column first: its loads are in flight while the conv runs */
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   float s[H], p[H];
 #pragma unroll
-  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
-  /* recur2's beta and decay by the last thread (its loads now, its math while the conv's loads
-   * are in flight) */
-  const bool bd = threadIdx.x == blockDim.x - 1;
+  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
+  const int nch = 2 * dk + dv; /* conv channels: q | k of kh, v of hv */
+  /* recur2's beta and decay by the last thread that has a conv channel (its loads now, its math
+   * in its first conv round, while the conv's loads are in flight; with four threads a column
+   * the block can have more threads than channels) */
+  const bool bd = threadIdx.x == ((int)blockDim.x < nch ? (int)blockDim.x : nch) - 1;
   const float b_in = bd ? b[hv] : 0.0f, a_in = bd ? a[hv] : 0.0f, A_in = bd ? ssm_a[hv] : 0.0f;
   const float dtb_in = bd ? dt_bias[hv] : 0.0f;
   /* the conv of channels u < 2 dk (q | k of kh) and 2 dk + j (v of hv), as k_gdn_conv; G1_SLOTS
    * channels a thread at a time, all their loads issued before any use (one latency, not two) */
-  const int nch = 2 * dk + dv;
   for (int u0 = threadIdx.x; u0 < nch; u0 += G1_SLOTS * blockDim.x) {
     float win[G1_SLOTS][GDN_KMAX - 1], w[G1_SLOTS][GDN_KMAX - 1], wl[G1_SLOTS], m[G1_SLOTS];
     int64_t chs[G1_SLOTS];
@@ -566,28 +627,28 @@ static __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int i = 0; i < H; i++) {
     s[i] = __fmul_rn(s[i], decay);
-    p[i] = __fmul_rn(s[i], qk[dk + i0 + i]);
+    p[i] = __fmul_rn(s[i], qk[dk + gq_row<NQ>(qi, i)]);
   }
-  const float kv = g2_chain_h<H>(p, lane, half);
+  const float kv = gq_chain<NQ, H>(p, qi);
   const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-  const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+  const float delta = delta_u; /* kv is valid in every thread of the column */
 #pragma unroll
   for (int i = 0; i < H; i++) {
-    s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + i0 + i], delta));
-    p[i] = __fmul_rn(s[i], qk[i0 + i]);
+    s[i] = __fadd_rn(s[i], __fmul_rn(qk[dk + gq_row<NQ>(qi, i)], delta));
+    p[i] = __fmul_rn(s[i], qk[gq_row<NQ>(qi, i)]);
   }
-  const float oo = g2_chain_h<H>(p, lane, half);
-  if (half == 1 && col) os[jj] = oo;
+  const float oo = gq_chain<NQ, H>(p, qi);
+  if (qi == NQ - 1 && col) os[jj] = oo;
   if (col)
 #pragma unroll
-    for (int i = 0; i < H; i++) Sd[so + (int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < H; i++) Sd[so + (int64_t)gq_row<NQ>(qi, i) * dv] = s[i];
   __syncthreads();
   if (threadIdx.x < 32) {
     const float ss = ops_sumsq16_warp(os, dv);
     if (threadIdx.x == 0) s_rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
   }
   __syncthreads();
-  if (col && half == 1) o[(int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
+  if (col && qi == NQ - 1) o[(int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
   __syncwarp(); /* the .aligned barrier wants each warp converged */
   if (r > 1) gdn_cluster_wait(); /* every block of this key head has read its windows */
   if (rank == 0)
@@ -630,11 +691,10 @@ static __global__ void __launch_bounds__(64)
   const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * G2_HALF;
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   float s[G2_HALF], p[G2_HALF];
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)g2_row(half, i) * dv] : 0.0f;
   /* element u = threadIdx.x + e * NT of a token's q | k */
   const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk - dk;
   float pf[PF];
@@ -678,15 +738,15 @@ static __global__ void __launch_bounds__(64)
 #pragma unroll
     for (int i = 0; i < G2_HALF; i++) {
       s[i] = __fmul_rn(s[i], decay);
-      p[i] = __fmul_rn(s[i], q[dk + i0 + i]);
+      p[i] = __fmul_rn(s[i], q[dk + g2_row(half, i)]);
     }
     const float kv = g2_chain(p, lane, half);
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+    const float delta = delta_u; /* kv is valid in both halves */
 #pragma unroll
     for (int i = 0; i < G2_HALF; i++) {
-      s[i] = __fadd_rn(s[i], __fmul_rn(q[dk + i0 + i], delta));
-      p[i] = __fmul_rn(s[i], q[i0 + i]);
+      s[i] = __fadd_rn(s[i], __fmul_rn(q[dk + g2_row(half, i)], delta));
+      p[i] = __fmul_rn(s[i], q[g2_row(half, i)]);
     }
     const float oo = g2_chain(p, lane, half);
     if (col && half == 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
@@ -695,63 +755,40 @@ static __global__ void __launch_bounds__(64)
   }
   if (col)
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)(i0 + i) * dv] = s[i];
-}
-
-/* The ordered sums of two columns' products at once (g2_chain twice, interleaved: two independent
- * add chains share each step's latency). Valid in the upper half. */
-static __device__ __forceinline__ void g2_chain2(const float pa[G2_HALF], const float pb[G2_HALF], int lane,
-                                                 int half, float &ra, float &rb) {
-  float x = 0.0f, y = 0.0f;
-  if (half == 0)
-#pragma unroll
-    for (int i = 0; i < G2_HALF; i++) {
-      x = __fadd_rn(x, pa[i]);
-      y = __fadd_rn(y, pb[i]);
-    }
-  const float lx = __shfl_sync(0xffffffffu, x, lane & 15), ly = __shfl_sync(0xffffffffu, y, lane & 15);
-  if (half == 1) {
-    x = lx;
-    y = ly;
-#pragma unroll
-    for (int i = 0; i < G2_HALF; i++) {
-      x = __fadd_rn(x, pa[i]);
-      y = __fadd_rn(y, pb[i]);
-    }
-  }
-  ra = x;
-  rb = y;
+    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)g2_row(half, i) * dv] = s[i];
 }
 
 /* k_gdn_recur_cols with consecutive tokens overlapped: token t's output sum S^T q needs S after
  * token t's update, and so does token t+1's S^T k (after its decay); neither depends on the other,
- * so one pass over the rows forms both products and runs the two ordered add chains side by side.
- * Per token the chain is then one ordered sum (S^T k, then the delta) instead of two. The
- * operations of every output and of S are k_gdn_recur2's, in its order: s = s + k_t delta_t,
- * oo_t += s q_t in row order; then s = s * decay_{t+1}, kv_{t+1} += s k_{t+1} in row order. The
+ * so one pass over the rows forms both products and runs the two sums' add chains side by side.
+ * Per token the chain is then one sum (S^T k, then the delta) instead of two. The operations of
+ * every output and of S are k_gdn_recur2's, in its order: s = s + k_t delta_t, oo_t += s q_t
+ * (g2_chain's order); then s = s * decay_{t+1}, kv_{t+1} += s k_{t+1} (the same order). The
  * token loop reads q / k of tokens t and t+1, so three shared buffers: token t+2's is stored at the
  * start of token t (the buffer token t-1 read, before the barrier that ended it). Beta / decay as
- * in k_gdn_recur_cols, refilled one token ahead (token t+1's decay is read at token t). */
-static __global__ void __launch_bounds__(64)
+ * in k_gdn_recur_cols, refilled one token ahead (token t+1's decay is read at token t).
+ * NQ threads a column (gq_row): 2 (the default, two warps a block of G2_COLS columns) or 4
+ * (cuda_gdn_set_cols(3): four warps, half the rows and registers a thread, twice the warps an SM). */
+template <int NQ>
+static __global__ void __launch_bounds__(G2_COLS * NQ)
     k_gdn_recur_cols2(const float *__restrict__ raw, const float *__restrict__ b, const float *__restrict__ a,
                       const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, float *Sg, float *const *Sp,
                       float *__restrict__ o, int Nk, int Nv, int dv, int v_tiled, int n_tok) {
   PDL_ENTER();
   if (Sp) Sg = *Sp;
-  constexpr int dk = 128, NT = 64, PF = 2 * dk / NT;
+  constexpr int dk = 128, NT = G2_COLS * NQ, PF = 2 * dk / NT, HR = dk / NQ, CPW = 32 / NQ;
   __shared__ float qk[3][2 * dk];
   __shared__ float s_beta[G2_BD], s_decay[G2_BD];
-  const int hv = blockIdx.x, lane = threadIdx.x & 31, half = lane >> 4, r = Nv / Nk;
-  const int jj = blockIdx.y * G2_COLS + (threadIdx.x >> 5) * 16 + (lane & 15);
+  const int hv = blockIdx.x, lane = threadIdx.x & 31, qi = lane / CPW, r = Nv / Nk;
+  const int jj = blockIdx.y * G2_COLS + (threadIdx.x >> 5) * CPW + lane % CPW;
   const bool col = jj < dv;
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  const int i0 = half * G2_HALF;
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   const float A = ssm_a[hv], dtb = dt_bias[hv];
-  float s[G2_HALF], po[G2_HALF], pk[G2_HALF];
+  float s[HR], po[HR], pk[HR];
 #pragma unroll
-  for (int i = 0; i < G2_HALF; i++) s[i] = col ? Sg[so + (int64_t)(i0 + i) * dv] : 0.0f;
+  for (int i = 0; i < HR; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
   const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk - dk;
   float pf[PF];
   for (int t = 0; t < 2 && t < n_tok; t++) /* tokens 0 and 1 straight into their buffers */
@@ -779,12 +816,12 @@ static __global__ void __launch_bounds__(64)
     const float decay = s_decay[0];
     const float *k0 = qk[0] + dk;
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) {
+    for (int i = 0; i < HR; i++) {
       s[i] = __fmul_rn(s[i], decay);
-      pk[i] = __fmul_rn(s[i], k0[i0 + i]);
+      pk[i] = __fmul_rn(s[i], k0[gq_row<NQ>(qi, i)]);
     }
   }
-  float kv = g2_chain(pk, lane, half);
+  float kv = gq_chain<NQ, HR>(pk, qi);
   for (int t = 0; t < n_tok; t++) {
     const float beta = s_beta[t % G2_BD];
     if ((t + 1) % G2_BD == 0 && t + 1 < n_tok) { /* the next G2_BD tokens' beta / decay */
@@ -806,35 +843,35 @@ static __global__ void __launch_bounds__(64)
       }
     const float *q = qk[t % 3], *k = q + dk;
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
-    const float delta = __shfl_sync(0xffffffffu, delta_u, (lane & 15) + 16);
+    const float delta = delta_u; /* kv is valid in both halves */
     float oo;
     if (t + 1 < n_tok) { /* block-uniform */
       const float decay = s_decay[(t + 1) % G2_BD];
       const float *kn = qk[(t + 1) % 3] + dk;
 #pragma unroll
-      for (int i = 0; i < G2_HALF; i++) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(k[i0 + i], delta));
-        po[i] = __fmul_rn(s[i], q[i0 + i]);
+      for (int i = 0; i < HR; i++) {
+        s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+        po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
         s[i] = __fmul_rn(s[i], decay);
-        pk[i] = __fmul_rn(s[i], kn[i0 + i]);
+        pk[i] = __fmul_rn(s[i], kn[gq_row<NQ>(qi, i)]);
       }
-      g2_chain2(po, pk, lane, half, oo, kv);
+      gq_chain2<NQ, HR>(po, pk, qi, oo, kv);
     } else {
 #pragma unroll
-      for (int i = 0; i < G2_HALF; i++) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(k[i0 + i], delta));
-        po[i] = __fmul_rn(s[i], q[i0 + i]);
+      for (int i = 0; i < HR; i++) {
+        s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+        po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
       }
-      oo = g2_chain(po, lane, half);
+      oo = gq_chain<NQ, HR>(po, qi);
     }
-    if (col && half == 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
+    if (col && qi == NQ - 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
     vv = vn;
     if (t + 2 < n_tok) vn = col ? raw[(int64_t)(t + 2) * C + vo] : 0.0f;
     __syncthreads(); /* token t+2's q | k stored; everyone is done with buffer t % 3 */
   }
   if (col)
 #pragma unroll
-    for (int i = 0; i < G2_HALF; i++) Sg[so + (int64_t)(i0 + i) * dv] = s[i];
+    for (int i = 0; i < HR; i++) Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] = s[i];
 }
 
 /* The gated RMSNorm of k_gdn_recur2's token tail, in place over o (the recurrence's outputs): a
@@ -857,16 +894,16 @@ static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur;
 extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
 
 /* Prefill chunks (not kept) where k_gdn_recur2 applies: 2 = k_gdn_recur_cols2 + k_gdn_gnorm (the
- * default), 1 = k_gdn_recur_cols + k_gdn_gnorm, 0 = k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (0 or
- * 1 select those, anything else 2) */
+ * default), 3 = the same with four threads a column, 1 = k_gdn_recur_cols + k_gdn_gnorm, 0 =
+ * k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (0, 1 or 3 select those, anything else 2) */
 static int g_gdn_cols = -1;
 
-extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 2 ? 2 : mode; }
+extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 3 ? 2 : mode; }
 
 static int gdn_cols_mode(void) {
   if (g_gdn_cols < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_COLS");
-    g_gdn_cols = e && (e[0] == '0' || e[0] == '1') && !e[1] ? e[0] - '0' : 2;
+    g_gdn_cols = e && (e[0] == '0' || e[0] == '1' || e[0] == '3') && !e[1] ? e[0] - '0' : 2;
   }
   return g_gdn_cols;
 }
@@ -895,9 +932,14 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
   }
   if (g_gdn_impl == 1 && gdn_cols_mode() > 0 && !keep && (n_tok > 1 || gdn_dec_cols_on()) && n_tok <= 65535 &&
       sh->dk == 128 && sh->dv <= 128) {
-    pdl_launch(g_gdn_cols == 2 ? k_gdn_recur_cols2 : k_gdn_recur_cols, dim3(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS), dim3(64), (size_t)0,
-               OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled,
-               (int)n_tok);
+    const dim3 grid(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS);
+    if (g_gdn_cols == 3)
+      pdl_launch(k_gdn_recur_cols2<4>, grid, dim3(G2_COLS * 4), (size_t)0, OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a,
+                 S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, (int)n_tok);
+    else
+      pdl_launch(g_gdn_cols == 2 ? k_gdn_recur_cols2<2> : k_gdn_recur_cols, grid, dim3(G2_COLS * 2), (size_t)0,
+                 OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled,
+                 (int)n_tok);
     pdl_launch(k_gdn_gnorm, dim3((sh->Nv + 3) / 4, (unsigned)n_tok), dim3(128), (size_t)0, OPS_STREAM(stream), o, z,
                norm_w, sh->Nv, sh->dv, sh->eps);
     return;
@@ -957,6 +999,19 @@ static int g_gdn_fused = -1;
 
 extern "C" void cuda_gdn_set_fused(int on) { g_gdn_fused = on ? 1 : 0; }
 
+/* threads a column of k_gdn_step1: 2 (the default) or 4; -1: from FLOE_CUDA_GDN_STEP_NQ (=4 selects 4) */
+static int g_gdn_step_nq = -1;
+
+extern "C" void cuda_gdn_set_step_nq(int nq) { g_gdn_step_nq = nq == 4 ? 4 : 2; }
+
+static int gdn_step_nq(void) {
+  if (g_gdn_step_nq < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_STEP_NQ");
+    g_gdn_step_nq = e && e[0] == '4' && !e[1] ? 4 : 2;
+  }
+  return g_gdn_step_nq;
+}
+
 static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
   if (g_gdn_fused < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_FUSED");
@@ -989,7 +1044,8 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   const int r = sh->Nv / sh->Nk;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(sh->Nv);
-  cfg.blockDim = dim3((sh->dv + 15) / 16 * 32);
+  const int nq = gdn_step_nq();
+  cfg.blockDim = dim3((sh->dv + 32 / nq - 1) / (32 / nq) * 32);
   cfg.stream = OPS_STREAM(stream);
   cudaLaunchAttribute at[2];
   int na = 0;
@@ -1007,7 +1063,8 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   }
   cfg.attrs = at;
   cfg.numAttrs = (unsigned)na;
-  cudaLaunchKernelEx(&cfg, sh->dk == 128 ? k_gdn_step1<128> : k_gdn_step1<64>, mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
+  cudaLaunchKernelEx(&cfg, sh->dk == 128 ? (nq == 4 ? k_gdn_step1<128, 4> : k_gdn_step1<128, 2>)
+                                          : (nq == 4 ? k_gdn_step1<64, 4> : k_gdn_step1<64, 2>), mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
                      norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
                      (float)(1.0 / sqrt((double)sh->dk)));
 }
