@@ -233,13 +233,6 @@ extern "C" void cuda_attn_prep(const cuda_attn_shape *sh, float *q, const float 
 }
 
 /* ---- attention ---- */
-static __device__ __forceinline__ void att_cp16(void *smem, const void *g) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g));
-}
-static __device__ __forceinline__ void att_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-static __device__ __forceinline__ void att_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 /* Positions tp0 .. tp0 + npos - 1 of one kv head's K and V (K, V: its rows, hd elements each) into
  * a stage's K rows ks and V rows vs, RB bytes apart: with hd == HD (exact) 16-byte cp.async copies
@@ -256,8 +249,8 @@ static __device__ __forceinline__ void att_load_tile(unsigned char *ks, unsigned
     for (int e = tid; e < npos * CPR; e += ATT_THREADS) {
       const int p = e / CPR, ch = e % CPR;
       const size_t g = (size_t)(tp0 + p) * HD * ES + (size_t)ch * 16;
-      att_cp16(ks + p * RB + ch * 16, K + g);
-      att_cp16(vs + p * RB + ch * 16, V + g);
+      ops_cp16(ks + p * RB + ch * 16, K + g);
+      ops_cp16(vs + p * RB + ch * 16, V + g);
     }
   } else {
     for (int e = tid; e < npos * HD; e += ATT_THREADS) {
@@ -379,7 +372,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, att_minb(HB, HD))
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
       if (s < ntiles) issue(s, s);
-      att_commit();
+      ops_cp_commit();
     }
     float qr[HB][LPT];
 #pragma unroll
@@ -400,10 +393,10 @@ static __global__ void __launch_bounds__(ATT_THREADS, att_minb(HB, HD))
       s_l[tid] = 0.0f;
     }
     for (int it = 0; it < ntiles; it++) {
-      att_wait<ST - 2>();
+      ops_cp_wait<ST - 2>();
       __syncthreads(); /* tile it landed for every thread; everyone is done with tile it - 1 */
       if (it + ST - 1 < ntiles) issue(it + ST - 1, (it + ST - 1) % ST);
-      att_commit();
+      ops_cp_commit();
       const int64_t tp0 = p0 + (int64_t)it * TP;
       const int npos = (int)(p1 - tp0 < TP ? p1 - tp0 : TP);
       const unsigned char *ks = att_sm + (size_t)(it % ST) * 2 * TB, *vs = ks + TB;
@@ -488,7 +481,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, att_minb(HB, HD))
           for (int u = 0; u < DPT; u++) o[h][u] = fmaf(e[h], vv[u], o[h][u]);
       }
     }
-    att_wait<0>();
+    ops_cp_wait<0>();
     __syncthreads(); /* every tile consumed: the stages are free for the group sums */
     /* the position groups' sums, in group order */
     float *red = (float *)att_sm; /* [NPG - 1][HB][HD] */
@@ -691,7 +684,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
 #pragma unroll
     for (int s = 0; s < ATT_STAGES - 1; s++) {
       if (s < ntiles) issue(s, s);
-      att_commit();
+      ops_cp_commit();
     }
     float o[QR][DPT];
 #pragma unroll
@@ -703,10 +696,10 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       s_l[tid] = 0.0f;
     }
     for (int it = 0; it < ntiles; it++) {
-      att_wait<ATT_STAGES - 2>();
+      ops_cp_wait<ATT_STAGES - 2>();
       __syncthreads(); /* tile it landed; everyone is done with tile it - 1 (and s_np) */
       if (it + ATT_STAGES - 1 < ntiles) issue(it + ATT_STAGES - 1, (it + ATT_STAGES - 1) % ATT_STAGES);
-      att_commit();
+      ops_cp_commit();
       const int64_t tp0 = p0 + (int64_t)it * TP;
       const int ntp = (int)(pend - tp0 < TP ? pend - tp0 : TP);
       const unsigned char *ks = att_sm + (size_t)(it % ATT_STAGES) * 2 * TB, *vs = ks + TB;
@@ -852,7 +845,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
         }
       }
     }
-    att_wait<0>();
+    ops_cp_wait<0>();
     __syncthreads(); /* every tile consumed: the stages are free for the group sums */
     float *red = (float *)att_sm; /* [NPG - 1][QR][HD] */
     auto has_part = [&](int i) { return i >= i0 && i < i1 && p0 < base + t0 + i / HBH + 1; };

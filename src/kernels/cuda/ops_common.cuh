@@ -45,4 +45,19 @@ static __device__ __forceinline__ float ops_sumsq16_warp(const float *xs, int n)
   acc = ops_fold16(acc);
   return __shfl_sync(0xffffffffu, acc, 0);
 }
+
+/* cp.async (sm_80+): a 16-byte (cg: L2 only) or 4-byte (ca) copy global -> shared that completes
+ * in the background; ops_cp_commit closes a group of them, ops_cp_wait<N> waits until at most N
+ * groups are in flight (then a barrier makes the copies visible to the whole block). */
+static __device__ __forceinline__ void ops_cp16(void *smem, const void *g) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g));
+}
+static __device__ __forceinline__ void ops_cp4(void *smem, const void *g) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(g));
+}
+static __device__ __forceinline__ void ops_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void ops_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 #endif

@@ -346,7 +346,7 @@ static __global__ void __launch_bounds__(128)
  * selects k_gdn_recur. */
 #define G2_HALF 64
 
-/* The rows of a column's NQ threads (2 or 4; lanes of a warp: thread qi = lane / (32 / NQ) of
+/* The rows of a column's NQ threads (2, 4 or 8; lanes of a warp: thread qi = lane / (32 / NQ) of
  * column lane % (32 / NQ)): thread qi holds the rows of accumulators R qi .. R qi + R - 1 of
  * base/gdn_sum.h's order (row i into accumulator i % GDN_ACC), R = 8 / NQ of them: its p[i] is
  * row gq_row(qi, i) = 8 (i / R) + R qi + i % R. Each thread sums its R accumulators alone (chains
@@ -363,8 +363,10 @@ static __device__ __forceinline__ int g2_row(int half, int i) { return gq_row<2>
 /* floe_gdn_fold8's subtree of a thread's R accumulators, then the exchanges up the tree */
 template <int NQ>
 static __device__ __forceinline__ float gq_fold(const float *acc, int qi) {
-  static_assert(GDN_ACC == 8 && (NQ == 2 || NQ == 4), "eight accumulators over 2 or 4 threads");
-  float v = NQ == 2 ? __fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])) : __fadd_rn(acc[0], acc[1]);
+  static_assert(GDN_ACC == 8 && (NQ == 2 || NQ == 4 || NQ == 8), "eight accumulators over 2, 4 or 8 threads");
+  float v = NQ == 2   ? __fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3]))
+            : NQ == 4 ? __fadd_rn(acc[0], acc[1])
+                      : acc[0];
 #pragma unroll
   for (int b = 1; b < NQ; b <<= 1) {
     const float o = __shfl_xor_sync(0xffffffffu, v, b * (32 / NQ));
@@ -874,6 +876,141 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
     for (int i = 0; i < HR; i++) Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] = s[i];
 }
 
+/* k_gdn_recur_cols3<NQ>: k_gdn_recur_cols2's recurrence (the same operations on every output and
+ * on S, in its order) with its inputs loaded G3_TC tokens at a time by cp.async, two chunks ahead.
+ * k_gdn_recur_cols2 stores each token's q | k into shared memory from loads it issued one token
+ * earlier, so every token waits out what is left of a DRAM latency (~0.5 us) behind a barrier:
+ * the eight-accumulator order cut its add chain and the 4096-token prefill did not move. Here
+ * chunk c + 2's q | k and v are copied while chunk c computes, and the block meets at a barrier
+ * once a chunk. Shared: q | k of three chunks (token t reads token t+1's k, so chunks c and c+1
+ * are resident while c+2 arrives), v of the block's columns for three chunks, beta / decay of two
+ * G2_BD-token tables (the next filled a whole table ahead). NQ threads a column: 2, 4 or 8
+ * (cuda_gdn_set_cols(4 / 5 / 6)); with 8 a thread holds one accumulator's 16 rows. */
+#define G3_TC 8
+
+/* chunk c's q | k (16-byte copies where raw's rows allow them) and v of columns j0 .. j0 + ncol - 1
+ * into buffer c % 3, one cp.async group */
+template <int NT>
+static __device__ __forceinline__ void g3_load_chunk(float (*qk)[G3_TC][256], float (*vs)[G3_TC][G2_COLS],
+                                                     const float *raw, int c, int n_tok, int64_t C, int64_t qo,
+                                                     int64_t ko, int64_t vo, int ncol, bool vec) {
+  constexpr int dk = 128;
+  const int t0 = c * G3_TC, nt = min(G3_TC, n_tok - t0);
+  float(*dq)[256] = qk[c % 3];
+  float(*dv)[G2_COLS] = vs[c % 3];
+  if (vec)
+    for (int e = threadIdx.x; e < nt * (2 * dk / 4); e += NT) {
+      const int tt = e / (2 * dk / 4), u = e % (2 * dk / 4) * 4;
+      ops_cp16(&dq[tt][u], raw + (int64_t)(t0 + tt) * C + (u < dk ? qo + u : ko + (u - dk)));
+    }
+  else
+    for (int e = threadIdx.x; e < nt * 2 * dk; e += NT) {
+      const int tt = e / (2 * dk), u = e % (2 * dk);
+      ops_cp4(&dq[tt][u], raw + (int64_t)(t0 + tt) * C + (u < dk ? qo + u : ko + (u - dk)));
+    }
+  for (int e = threadIdx.x; e < nt * G2_COLS; e += NT) {
+    const int tt = e / G2_COLS, cc = e % G2_COLS;
+    if (cc < ncol) ops_cp4(&dv[tt][cc], raw + (int64_t)(t0 + tt) * C + vo + cc);
+  }
+  ops_cp_commit();
+}
+
+template <int NQ>
+static __global__ void __launch_bounds__(G2_COLS * NQ)
+    k_gdn_recur_cols3(const float *__restrict__ raw, const float *__restrict__ b, const float *__restrict__ a,
+                      const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, float *Sg, float *const *Sp,
+                      float *__restrict__ o, int Nk, int Nv, int dv, int v_tiled, int n_tok) {
+  PDL_ENTER();
+  if (Sp) Sg = *Sp;
+  constexpr int dk = 128, NT = G2_COLS * NQ, HR = dk / NQ, CPW = 32 / NQ;
+  __shared__ __align__(16) float qk[3][G3_TC][2 * dk];
+  __shared__ float vs[3][G3_TC][G2_COLS];
+  __shared__ float s_beta[2][G2_BD], s_decay[2][G2_BD];
+  const int hv = blockIdx.x, lane = threadIdx.x & 31, qi = lane / CPW, r = Nv / Nk;
+  const int j0 = blockIdx.y * G2_COLS, cl = (threadIdx.x >> 5) * CPW + lane % CPW, jj = j0 + cl;
+  const bool col = jj < dv;
+  const int ncol = min(G2_COLS, dv - j0);
+  const int kh = v_tiled ? hv % Nk : hv / r;
+  const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
+  const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk, vo = 2 * kd + (int64_t)hv * dv + j0;
+  const bool vec = ((uintptr_t)raw & 15) == 0 && C % 4 == 0;
+  const int nch = (n_tok + G3_TC - 1) / G3_TC;
+  const float A = ssm_a[hv], dtb = dt_bias[hv];
+  g3_load_chunk<NT>(qk, vs, raw, 0, n_tok, C, qo, ko, vo, ncol, vec);
+  if (nch > 1) g3_load_chunk<NT>(qk, vs, raw, 1, n_tok, C, qo, ko, vo, ncol, vec);
+  float s[HR], po[HR], pk[HR];
+#pragma unroll
+  for (int i = 0; i < HR; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
+  /* tokens t0 .. t0 + G2_BD - 1's beta / decay into table (t0 / G2_BD) & 1, as k_gdn_recur2's prologue */
+  auto fill_bd = [&](int t0) {
+    const int h = (t0 / G2_BD) & 1;
+    for (int u = threadIdx.x; u < G2_BD && t0 + u < n_tok; u += NT) {
+      s_beta[h][u] = floe_sigmoidf(b[(int64_t)(t0 + u) * Nv + hv]);
+      s_decay[h][u] = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a[(int64_t)(t0 + u) * Nv + hv], dtb))));
+    }
+  };
+  fill_bd(0);
+  if (n_tok > G2_BD) fill_bd(G2_BD);
+  ops_cp_wait<0>();
+  __syncthreads();
+  float kv;
+  { /* token 0's decay and S^T k */
+    const float decay = s_decay[0][0];
+    const float *k0 = qk[0][0] + dk;
+#pragma unroll
+    for (int i = 0; i < HR; i++) {
+      s[i] = __fmul_rn(s[i], decay);
+      pk[i] = __fmul_rn(s[i], k0[gq_row<NQ>(qi, i)]);
+    }
+    kv = gq_chain<NQ, HR>(pk, qi);
+  }
+  for (int c = 0; c < nch; c++) {
+    const int t0 = c * G3_TC;
+    if (c > 0) {
+      ops_cp_wait<0>(); /* chunk c + 1 (issued at chunk c - 1's start) has landed */
+      __syncthreads();  /* ... for every thread, and chunk c - 1's buffers and table entries are done with */
+    }
+    if (c + 2 < nch) g3_load_chunk<NT>(qk, vs, raw, c + 2, n_tok, C, qo, ko, vo, ncol, vec);
+    /* the table of tokens t0 - G2_BD .. t0 - 1 (all read by now) takes t0 + G2_BD ..; its first
+     * reader, token t0 + G2_BD - 1, is many barriers away */
+    if (c > 0 && t0 % G2_BD == 0 && t0 + G2_BD < n_tok) fill_bd(t0 + G2_BD);
+    const int te = min(t0 + G3_TC, n_tok);
+    for (int t = t0; t < te; t++) {
+      const float beta = s_beta[(t / G2_BD) & 1][t % G2_BD];
+      const float *q = qk[c % 3][t - t0], *k = q + dk;
+      const float vv = col ? vs[c % 3][t - t0][cl] : 0.0f;
+      const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
+      const float delta = delta_u; /* kv is valid in every thread of the column */
+      float oo;
+      if (t + 1 < n_tok) { /* block-uniform */
+        const int tn = t + 1;
+        const float decay = s_decay[(tn / G2_BD) & 1][tn % G2_BD];
+        const float *kn = qk[(tn / G3_TC) % 3][tn % G3_TC] + dk;
+#pragma unroll
+        for (int i = 0; i < HR; i++) {
+          s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+          po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
+          s[i] = __fmul_rn(s[i], decay);
+          pk[i] = __fmul_rn(s[i], kn[gq_row<NQ>(qi, i)]);
+        }
+        gq_chain2<NQ, HR>(po, pk, qi, oo, kv);
+      } else {
+#pragma unroll
+        for (int i = 0; i < HR; i++) {
+          s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+          po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
+        }
+        oo = gq_chain<NQ, HR>(po, qi);
+      }
+      if (col && qi == NQ - 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
+    }
+  }
+  if (col)
+#pragma unroll
+    for (int i = 0; i < HR; i++) Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] = s[i];
+}
+
 /* The gated RMSNorm of k_gdn_recur2's token tail, in place over o (the recurrence's outputs): a
  * warp per (token, value head), k_gdn_recur2's operations in its order. */
 static __global__ void __launch_bounds__(128)
@@ -894,16 +1031,17 @@ static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur;
 extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
 
 /* Prefill chunks (not kept) where k_gdn_recur2 applies: 2 = k_gdn_recur_cols2 + k_gdn_gnorm (the
- * default), 3 = the same with four threads a column, 1 = k_gdn_recur_cols + k_gdn_gnorm, 0 =
- * k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (0, 1 or 3 select those, anything else 2) */
+ * default), 3 = the same with four threads a column, 4 / 5 / 6 = k_gdn_recur_cols3 (chunked
+ * cp.async loads) with 2 / 4 / 8 threads a column, 1 = k_gdn_recur_cols + k_gdn_gnorm, 0 =
+ * k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (one digit 0..6, anything else 2) */
 static int g_gdn_cols = -1;
 
-extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 3 ? 2 : mode; }
+extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 6 ? 2 : mode; }
 
 static int gdn_cols_mode(void) {
   if (g_gdn_cols < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_COLS");
-    g_gdn_cols = e && (e[0] == '0' || e[0] == '1' || e[0] == '3') && !e[1] ? e[0] - '0' : 2;
+    g_gdn_cols = e && e[0] >= '0' && e[0] <= '6' && !e[1] ? e[0] - '0' : 2;
   }
   return g_gdn_cols;
 }
@@ -933,7 +1071,14 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
   if (g_gdn_impl == 1 && gdn_cols_mode() > 0 && !keep && (n_tok > 1 || gdn_dec_cols_on()) && n_tok <= 65535 &&
       sh->dk == 128 && sh->dv <= 128) {
     const dim3 grid(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS);
-    if (g_gdn_cols == 3)
+    if (g_gdn_cols >= 4) {
+      const int nq = g_gdn_cols == 4 ? 2 : g_gdn_cols == 5 ? 4 : 8;
+      pdl_launch(nq == 2   ? k_gdn_recur_cols3<2>
+                 : nq == 4 ? k_gdn_recur_cols3<4>
+                           : k_gdn_recur_cols3<8>,
+                 grid, dim3(G2_COLS * nq), (size_t)0, OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk,
+                 sh->Nv, sh->dv, sh->v_tiled, (int)n_tok);
+    } else if (g_gdn_cols == 3)
       pdl_launch(k_gdn_recur_cols2<4>, grid, dim3(G2_COLS * 4), (size_t)0, OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a,
                  S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled, (int)n_tok);
     else
