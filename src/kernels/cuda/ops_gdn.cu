@@ -406,6 +406,32 @@ static __device__ __forceinline__ void gq_chain2(const float pa[H], const float 
   rb = gq_fold<NQ>(y, qi);
 }
 
+/* One token of the column recurrence with consecutive tokens overlapped (k_gdn_recur_cols2 / 3):
+ * s += k delta and oo = S^T q; where a next token exists (kn, its k; block-uniform) also its decay
+ * s *= decay and kv = S^T kn, both sums in one pass (gq_chain2). */
+template <int NQ, int HR>
+static __device__ __forceinline__ void gq_token(float s[HR], const float *q, const float *k, const float *kn,
+                                                float delta, float decay, int qi, float &oo, float &kv) {
+  float po[HR], pk[HR];
+  if (kn) {
+#pragma unroll
+    for (int i = 0; i < HR; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+      po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
+      s[i] = __fmul_rn(s[i], decay);
+      pk[i] = __fmul_rn(s[i], kn[gq_row<NQ>(qi, i)]);
+    }
+    gq_chain2<NQ, HR>(po, pk, qi, oo, kv);
+  } else {
+#pragma unroll
+    for (int i = 0; i < HR; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+      po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
+    }
+    oo = gq_chain<NQ, HR>(po, qi);
+  }
+}
+
 /* two threads a column (k_gdn_recur2, k_gdn_step1, k_gdn_recur_cols) */
 template <int H>
 static __device__ __forceinline__ float g2_chain_h(const float p[H], int lane, int half) {
@@ -788,7 +814,7 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
   const float A = ssm_a[hv], dtb = dt_bias[hv];
-  float s[HR], po[HR], pk[HR];
+  float s[HR], pk[HR];
 #pragma unroll
   for (int i = 0; i < HR; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
   const int64_t qo = (int64_t)kh * dk, ko = kd + (int64_t)kh * dk - dk;
@@ -847,25 +873,10 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
     const float delta_u = __fmul_rn(__fsub_rn(vv, kv), beta);
     const float delta = delta_u; /* kv is valid in both halves */
     float oo;
-    if (t + 1 < n_tok) { /* block-uniform */
-      const float decay = s_decay[(t + 1) % G2_BD];
-      const float *kn = qk[(t + 1) % 3] + dk;
-#pragma unroll
-      for (int i = 0; i < HR; i++) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
-        po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
-        s[i] = __fmul_rn(s[i], decay);
-        pk[i] = __fmul_rn(s[i], kn[gq_row<NQ>(qi, i)]);
-      }
-      gq_chain2<NQ, HR>(po, pk, qi, oo, kv);
-    } else {
-#pragma unroll
-      for (int i = 0; i < HR; i++) {
-        s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
-        po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
-      }
-      oo = gq_chain<NQ, HR>(po, qi);
-    }
+    if (t + 1 < n_tok) /* block-uniform */
+      gq_token<NQ, HR>(s, q, k, qk[(t + 1) % 3] + dk, delta, s_decay[(t + 1) % G2_BD], qi, oo, kv);
+    else
+      gq_token<NQ, HR>(s, q, k, nullptr, delta, 0.0f, qi, oo, kv);
     if (col && qi == NQ - 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
     vv = vn;
     if (t + 2 < n_tok) vn = col ? raw[(int64_t)(t + 2) * C + vo] : 0.0f;
@@ -939,7 +950,7 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
   const float A = ssm_a[hv], dtb = dt_bias[hv];
   g3_load_chunk<NT>(qk, vs, raw, 0, n_tok, C, qo, ko, vo, ncol, vec);
   if (nch > 1) g3_load_chunk<NT>(qk, vs, raw, 1, n_tok, C, qo, ko, vo, ncol, vec);
-  float s[HR], po[HR], pk[HR];
+  float s[HR], pk[HR];
 #pragma unroll
   for (int i = 0; i < HR; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
   /* tokens t0 .. t0 + G2_BD - 1's beta / decay into table (t0 / G2_BD) & 1, as k_gdn_recur2's prologue */
@@ -985,24 +996,10 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
       float oo;
       if (t + 1 < n_tok) { /* block-uniform */
         const int tn = t + 1;
-        const float decay = s_decay[(tn / G2_BD) & 1][tn % G2_BD];
-        const float *kn = qk[(tn / G3_TC) % 3][tn % G3_TC] + dk;
-#pragma unroll
-        for (int i = 0; i < HR; i++) {
-          s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
-          po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
-          s[i] = __fmul_rn(s[i], decay);
-          pk[i] = __fmul_rn(s[i], kn[gq_row<NQ>(qi, i)]);
-        }
-        gq_chain2<NQ, HR>(po, pk, qi, oo, kv);
-      } else {
-#pragma unroll
-        for (int i = 0; i < HR; i++) {
-          s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
-          po[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
-        }
-        oo = gq_chain<NQ, HR>(po, qi);
-      }
+        gq_token<NQ, HR>(s, q, k, qk[(tn / G3_TC) % 3][tn % G3_TC] + dk, delta, s_decay[(tn / G2_BD) & 1][tn % G2_BD],
+                         qi, oo, kv);
+      } else
+        gq_token<NQ, HR>(s, q, k, nullptr, delta, 0.0f, qi, oo, kv);
       if (col && qi == NQ - 1) o[(int64_t)t * vd + (int64_t)hv * dv + jj] = oo;
     }
   }
