@@ -859,19 +859,20 @@ int main(void) {
   test_attn_case(8, 2, 80, 32, 1, 0, 250, 17, 2);      /* head_dim 80, zero-padded to 128 */
   test_attn_case(16, 2, 256, 64, 1, 1, 7, 1, 2);       /* one row */
   test_attn_case(32, 1, 64, 64, 0, 1, 130, 9, 3);      /* GQA 32: a block of 16 heads of one row */
-  /* dk 128 (and 64 where k_gdn_step1 / k_gdn_recur2 take it), ten settings: one thread per column with the token-by-token conv; the defaults (two
-   * threads per column, the conv a block per token, one token fused into one launch k_gdn_step1,
-   * prefill's S columns over several blocks with consecutive tokens overlapped k_gdn_recur_cols2 +
-   * k_gdn_gnorm); k_gdn_recur2 for every chunk with two launches a token (the previous defaults);
-   * the fused step with k_gdn_recur_cols (no overlap); the column-split recurrence for decode
-   * steps too, with two and with four threads a column; the fused step and the prefill with four
-   * threads a column (k_gdn_step1<DK, 4>, k_gdn_recur_cols2<4>); the chunked loads of
-   * k_gdn_recur_cols3 with 2 / 4 / 8 threads a column (with 2 and 8 decode steps too). Decode steps go through cuda_gdn_step,
-   * compared with the CPU and with the prefill rows, whose token-by-token rerun takes the two
-   * launches. */
+  /* dk 128 (and 64 where k_gdn_step1 / k_gdn_recur2 take it), ten settings: one thread per column
+   * with the token-by-token conv; two threads per column, the conv a block per token, one token
+   * fused into one launch k_gdn_step1, prefill's S columns over several blocks with consecutive
+   * tokens overlapped (k_gdn_recur_cols2 + k_gdn_gnorm); k_gdn_recur2 for every chunk with two
+   * launches a token; the fused step with k_gdn_recur_cols (no overlap); the column-split
+   * recurrence for decode steps too, with two and with four threads a column; the fused step and
+   * the prefill with four threads a column (k_gdn_step1<DK, 4>, k_gdn_recur_cols2<4>); the chunked
+   * loads of k_gdn_recur_cols3 with 2 / 4 / 8 threads a column (8: the default prefill; with 2 and
+   * 8 decode steps too). Decode steps go through cuda_gdn_step, compared with the CPU and with the
+   * prefill rows, whose token-by-token rerun takes the two launches (k_gdn_recur2 where the decode
+   * steps are not column-split: then the prefill kernel is checked bit for bit against it). */
   for (int impl = 0; impl < 10; impl++) {
     printf("-- gdn: %s\n", impl == 0   ? "one thread per column, serial conv"
-                          : impl == 1 ? "the defaults: fused decode step, prefill S columns split, tokens overlapped"
+                          : impl == 1 ? "fused decode step, prefill S columns split, tokens overlapped (k_gdn_recur_cols2)"
                           : impl == 2 ? "k_gdn_recur2 everywhere, decode as two launches"
                           : impl == 3 ? "fused decode step, prefill S columns split, tokens not overlapped"
                           : impl == 4 ? "decode steps too with S columns split (conv, k_gdn_recur_cols2, gnorm)"
@@ -879,7 +880,7 @@ int main(void) {
                           : impl == 6 ? "four threads a column: the fused step k_gdn_step1<DK, 4>, prefill k_gdn_recur_cols2<4>"
                           : impl == 7 ? "chunked loads, two threads a column (k_gdn_recur_cols3<2>), decode steps too"
                           : impl == 8 ? "chunked loads, four threads a column (k_gdn_recur_cols3<4>)"
-                                      : "chunked loads, eight threads a column (k_gdn_recur_cols3<8>), decode steps too");
+                                      : "chunked loads, eight threads a column (k_gdn_recur_cols3<8>: the default), decode steps too");
     cuda_gdn_set_impl(impl > 0);
     cuda_gdn_set_conv_par(impl > 0);
     cuda_gdn_set_fused(impl != 2);
@@ -915,7 +916,7 @@ int main(void) {
     test_gdn_case(2, 4, 128, 72, 4, 1, 700, 1);
     test_gdn_case(1, 3, 128, 7, 4, 0, 20, 1); /* rows of 277 floats: 4-byte copies */
   }
-  cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(2), cuda_gdn_set_dec_cols(0), cuda_gdn_set_step_nq(2);
+  cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(6), cuda_gdn_set_dec_cols(0), cuda_gdn_set_step_nq(2);
   test_gdn_case(16, 32, 128, 128, 4, 1, 260, 3); /* the 35B-A3B shape, a long chunk (the defaults) */
   cuda_gdn_set_impl(0);
   test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);

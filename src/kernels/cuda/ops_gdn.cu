@@ -896,7 +896,7 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
  * once a chunk. Shared: q | k of three chunks (token t reads token t+1's k, so chunks c and c+1
  * are resident while c+2 arrives), v of the block's columns for three chunks, beta / decay of two
  * G2_BD-token tables (the next filled a whole table ahead). NQ threads a column: 2, 4 or 8
- * (cuda_gdn_set_cols(4 / 5 / 6)); with 8 a thread holds one accumulator's 16 rows. */
+ * (cuda_gdn_set_cols(4 / 5 / 6); 6 is the default); with 8 a thread holds one accumulator's 16 rows. */
 #define G3_TC 8
 
 /* chunk c's q | k (16-byte copies where raw's rows allow them) and v of columns j0 .. j0 + ncol - 1
@@ -1027,18 +1027,20 @@ static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur;
 
 extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
 
-/* Prefill chunks (not kept) where k_gdn_recur2 applies: 2 = k_gdn_recur_cols2 + k_gdn_gnorm (the
- * default), 3 = the same with four threads a column, 4 / 5 / 6 = k_gdn_recur_cols3 (chunked
- * cp.async loads) with 2 / 4 / 8 threads a column, 1 = k_gdn_recur_cols + k_gdn_gnorm, 0 =
- * k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (one digit 0..6, anything else 2) */
+/* Prefill chunks (not kept) where k_gdn_recur2 applies: 6 = k_gdn_recur_cols3 (chunked cp.async
+ * loads) with 8 threads a column + k_gdn_gnorm (the default: on the H200 the 35B-A3B shape's
+ * 4096-token prefill 7010-7043 -> 7737-7972 tok/s, the recurrence 1.19 -> 0.47 us a token a
+ * layer; 4 and 5, with 2 and 4 threads a column, measured the same within the drift), 2 =
+ * k_gdn_recur_cols2 (loads one token ahead), 3 = the same with four threads a column, 1 =
+ * k_gdn_recur_cols, 0 = k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (one digit 0..6, anything else 6) */
 static int g_gdn_cols = -1;
 
-extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 6 ? 2 : mode; }
+extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 6 ? 6 : mode; }
 
 static int gdn_cols_mode(void) {
   if (g_gdn_cols < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_COLS");
-    g_gdn_cols = e && e[0] >= '0' && e[0] <= '6' && !e[1] ? e[0] - '0' : 2;
+    g_gdn_cols = e && e[0] >= '0' && e[0] <= '6' && !e[1] ? e[0] - '0' : 6;
   }
   return g_gdn_cols;
 }
