@@ -910,11 +910,12 @@ int main(void) {
     test_gdn_keep_case(2, 6, 64, 40, 3, 0, 1);
   }
   /* chunked loads over three beta / decay tables (700 tokens) and a part column group (dv 72) */
-  for (int mode = 4; mode <= 6; mode++) {
+  for (int mode = 4; mode <= 7; mode++) { /* 7: eight threads a column, 16 columns a block */
     cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(mode), cuda_gdn_set_dec_cols(0);
     cuda_gdn_set_step_nq(2);
     test_gdn_case(2, 4, 128, 72, 4, 1, 700, 1);
     test_gdn_case(1, 3, 128, 7, 4, 0, 20, 1); /* rows of 277 floats: 4-byte copies */
+    test_gdn_case(16, 32, 128, 128, 4, 1, 40, 1); /* the 35B-A3B shape */
   }
   cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(6), cuda_gdn_set_dec_cols(0), cuda_gdn_set_step_nq(2);
   test_gdn_case(16, 32, 128, 128, 4, 1, 260, 3); /* the 35B-A3B shape, a long chunk (the defaults) */

@@ -154,8 +154,9 @@ void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, const float *co
  * dk 128): cuda_gdn_set_cols(2) runs the recurrence with S's columns split over several blocks,
  * consecutive tokens overlapped, and the gated norm after it; 3 the same with four threads a
  * column instead of two; 4 / 5 / 6 with each chunk of 8 tokens' inputs copied two chunks ahead
- * (k_gdn_recur_cols3) and 2 / 4 / 8 threads a column (6: the default); 1 without the overlap; 0
- * k_gdn_recur2, a block per value head (FLOE_CUDA_GDN_COLS=0 .. 6). */
+ * (k_gdn_recur_cols3) and 2 / 4 / 8 threads a column (6: the default), 7 the same as 6 with 16
+ * columns a block instead of 32; 1 without the overlap; 0 k_gdn_recur2, a block per value head
+ * (FLOE_CUDA_GDN_COLS=0 .. 7). */
 void cuda_gdn_set_fused(int on);
 /* Threads a column of the fused one-token step (k_gdn_step1): 2 (the default) or 4 (twice the warps,
  * half the rows a thread; FLOE_CUDA_GDN_STEP_NQ=4). The same bits either way. */

@@ -896,19 +896,21 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
  * once a chunk. Shared: q | k of three chunks (token t reads token t+1's k, so chunks c and c+1
  * are resident while c+2 arrives), v of the block's columns for three chunks, beta / decay of two
  * G2_BD-token tables (the next filled a whole table ahead). NQ threads a column: 2, 4 or 8
- * (cuda_gdn_set_cols(4 / 5 / 6); 6 is the default); with 8 a thread holds one accumulator's 16 rows. */
+ * (cuda_gdn_set_cols(4 / 5 / 6); 6 is the default); with 8 a thread holds one accumulator's 16 rows.
+ * NC columns a block: G2_COLS (32), or 16 (cuda_gdn_set_cols(7), eight threads a column: 256
+ * blocks for the 35B-A3B shape instead of 128, two an SM, each copying its head's q | k). */
 #define G3_TC 8
 
 /* chunk c's q | k (16-byte copies where raw's rows allow them) and v of columns j0 .. j0 + ncol - 1
  * into buffer c % 3, one cp.async group */
-template <int NT>
-static __device__ __forceinline__ void g3_load_chunk(float (*qk)[G3_TC][256], float (*vs)[G3_TC][G2_COLS],
+template <int NT, int NC>
+static __device__ __forceinline__ void g3_load_chunk(float (*qk)[G3_TC][256], float (*vs)[G3_TC][NC],
                                                      const float *raw, int c, int n_tok, int64_t C, int64_t qo,
                                                      int64_t ko, int64_t vo, int ncol, bool vec) {
   constexpr int dk = 128;
   const int t0 = c * G3_TC, nt = min(G3_TC, n_tok - t0);
   float(*dq)[256] = qk[c % 3];
-  float(*dv)[G2_COLS] = vs[c % 3];
+  float(*dv)[NC] = vs[c % 3];
   if (vec)
     for (int e = threadIdx.x; e < nt * (2 * dk / 4); e += NT) {
       const int tt = e / (2 * dk / 4), u = e % (2 * dk / 4) * 4;
@@ -919,28 +921,29 @@ static __device__ __forceinline__ void g3_load_chunk(float (*qk)[G3_TC][256], fl
       const int tt = e / (2 * dk), u = e % (2 * dk);
       ops_cp4(&dq[tt][u], raw + (int64_t)(t0 + tt) * C + (u < dk ? qo + u : ko + (u - dk)));
     }
-  for (int e = threadIdx.x; e < nt * G2_COLS; e += NT) {
-    const int tt = e / G2_COLS, cc = e % G2_COLS;
+  for (int e = threadIdx.x; e < nt * NC; e += NT) {
+    const int tt = e / NC, cc = e % NC;
     if (cc < ncol) ops_cp4(&dv[tt][cc], raw + (int64_t)(t0 + tt) * C + vo + cc);
   }
   ops_cp_commit();
 }
 
-template <int NQ>
-static __global__ void __launch_bounds__(G2_COLS * NQ)
+template <int NQ, int NC>
+static __global__ void __launch_bounds__(NC * NQ)
     k_gdn_recur_cols3(const float *__restrict__ raw, const float *__restrict__ b, const float *__restrict__ a,
                       const float *__restrict__ dt_bias, const float *__restrict__ ssm_a, float *Sg, float *const *Sp,
                       float *__restrict__ o, int Nk, int Nv, int dv, int v_tiled, int n_tok) {
   PDL_ENTER();
   if (Sp) Sg = *Sp;
-  constexpr int dk = 128, NT = G2_COLS * NQ, HR = dk / NQ, CPW = 32 / NQ;
+  constexpr int dk = 128, NT = NC * NQ, HR = dk / NQ, CPW = 32 / NQ;
+  static_assert(NC % CPW == 0, "whole warps of columns");
   __shared__ __align__(16) float qk[3][G3_TC][2 * dk];
-  __shared__ float vs[3][G3_TC][G2_COLS];
+  __shared__ float vs[3][G3_TC][NC];
   __shared__ float s_beta[2][G2_BD], s_decay[2][G2_BD];
   const int hv = blockIdx.x, lane = threadIdx.x & 31, qi = lane / CPW, r = Nv / Nk;
-  const int j0 = blockIdx.y * G2_COLS, cl = (threadIdx.x >> 5) * CPW + lane % CPW, jj = j0 + cl;
+  const int j0 = blockIdx.y * NC, cl = (threadIdx.x >> 5) * CPW + lane % CPW, jj = j0 + cl;
   const bool col = jj < dv;
-  const int ncol = min(G2_COLS, dv - j0);
+  const int ncol = min(NC, dv - j0);
   const int kh = v_tiled ? hv % Nk : hv / r;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
@@ -948,8 +951,8 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
   const bool vec = ((uintptr_t)raw & 15) == 0 && C % 4 == 0;
   const int nch = (n_tok + G3_TC - 1) / G3_TC;
   const float A = ssm_a[hv], dtb = dt_bias[hv];
-  g3_load_chunk<NT>(qk, vs, raw, 0, n_tok, C, qo, ko, vo, ncol, vec);
-  if (nch > 1) g3_load_chunk<NT>(qk, vs, raw, 1, n_tok, C, qo, ko, vo, ncol, vec);
+  g3_load_chunk<NT, NC>(qk, vs, raw, 0, n_tok, C, qo, ko, vo, ncol, vec);
+  if (nch > 1) g3_load_chunk<NT, NC>(qk, vs, raw, 1, n_tok, C, qo, ko, vo, ncol, vec);
   float s[HR], pk[HR];
 #pragma unroll
   for (int i = 0; i < HR; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
@@ -982,7 +985,7 @@ static __global__ void __launch_bounds__(G2_COLS * NQ)
       ops_cp_wait<0>(); /* chunk c + 1 (issued at chunk c - 1's start) has landed */
       __syncthreads();  /* ... for every thread, and chunk c - 1's buffers and table entries are done with */
     }
-    if (c + 2 < nch) g3_load_chunk<NT>(qk, vs, raw, c + 2, n_tok, C, qo, ko, vo, ncol, vec);
+    if (c + 2 < nch) g3_load_chunk<NT, NC>(qk, vs, raw, c + 2, n_tok, C, qo, ko, vo, ncol, vec);
     /* the table of tokens t0 - G2_BD .. t0 - 1 (all read by now) takes t0 + G2_BD ..; its first
      * reader, token t0 + G2_BD - 1, is many barriers away */
     if (c > 0 && t0 % G2_BD == 0 && t0 + G2_BD < n_tok) fill_bd(t0 + G2_BD);
@@ -1032,15 +1035,16 @@ extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
  * 4096-token prefill 7010-7043 -> 7737-7972 tok/s, the recurrence 1.19 -> 0.47 us a token a
  * layer; 4 and 5, with 2 and 4 threads a column, measured the same within the drift), 2 =
  * k_gdn_recur_cols2 (loads one token ahead), 3 = the same with four threads a column, 1 =
- * k_gdn_recur_cols, 0 = k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (one digit 0..6, anything else 6) */
+ * k_gdn_recur_cols, 0 = k_gdn_recur2, 7 = 6 with 16 columns a block (not yet measured); -1: from
+ * FLOE_CUDA_GDN_COLS (one digit 0..7, anything else 6) */
 static int g_gdn_cols = -1;
 
-extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 6 ? 6 : mode; }
+extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 7 ? 6 : mode; }
 
 static int gdn_cols_mode(void) {
   if (g_gdn_cols < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_COLS");
-    g_gdn_cols = e && e[0] >= '0' && e[0] <= '6' && !e[1] ? e[0] - '0' : 6;
+    g_gdn_cols = e && e[0] >= '0' && e[0] <= '7' && !e[1] ? e[0] - '0' : 6;
   }
   return g_gdn_cols;
 }
@@ -1070,11 +1074,15 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
   if (g_gdn_impl == 1 && gdn_cols_mode() > 0 && !keep && (n_tok > 1 || gdn_dec_cols_on()) && n_tok <= 65535 &&
       sh->dk == 128 && sh->dv <= 128) {
     const dim3 grid(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS);
-    if (g_gdn_cols >= 4) {
+    if (g_gdn_cols == 7)
+      pdl_launch(k_gdn_recur_cols3<8, 16>, dim3(sh->Nv, (sh->dv + 15) / 16), dim3(16 * 8), (size_t)0,
+                 OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk, sh->Nv, sh->dv, sh->v_tiled,
+                 (int)n_tok);
+    else if (g_gdn_cols >= 4) {
       const int nq = g_gdn_cols == 4 ? 2 : g_gdn_cols == 5 ? 4 : 8;
-      pdl_launch(nq == 2   ? k_gdn_recur_cols3<2>
-                 : nq == 4 ? k_gdn_recur_cols3<4>
-                           : k_gdn_recur_cols3<8>,
+      pdl_launch(nq == 2   ? k_gdn_recur_cols3<2, G2_COLS>
+                 : nq == 4 ? k_gdn_recur_cols3<4, G2_COLS>
+                           : k_gdn_recur_cols3<8, G2_COLS>,
                  grid, dim3(G2_COLS * nq), (size_t)0, OPS_STREAM(stream), raw, b, a, dt_bias, ssm_a, S, Sp, o, sh->Nk,
                  sh->Nv, sh->dv, sh->v_tiled, (int)n_tok);
     } else if (g_gdn_cols == 3)
