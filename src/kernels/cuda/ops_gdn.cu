@@ -1030,21 +1030,22 @@ static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur;
 
 extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
 
-/* Prefill chunks (not kept) where k_gdn_recur2 applies: 6 = k_gdn_recur_cols3 (chunked cp.async
- * loads) with 8 threads a column + k_gdn_gnorm (the default: on the H200 the 35B-A3B shape's
- * 4096-token prefill 7010-7043 -> 7737-7972 tok/s, the recurrence 1.19 -> 0.47 us a token a
- * layer; 4 and 5, with 2 and 4 threads a column, measured the same within the drift), 2 =
- * k_gdn_recur_cols2 (loads one token ahead), 3 = the same with four threads a column, 1 =
- * k_gdn_recur_cols, 0 = k_gdn_recur2, 7 = 6 with 16 columns a block (not yet measured); -1: from
- * FLOE_CUDA_GDN_COLS (one digit 0..7, anything else 6) */
+/* Prefill chunks (not kept) where k_gdn_recur2 applies: 7 = k_gdn_recur_cols3 (chunked cp.async
+ * loads) with 8 threads a column and 16 columns a block + k_gdn_gnorm (the default: on the H200
+ * the 35B-A3B shape's 4096-token prefill 7837-8063 -> 8225-8324 tok/s against 6, alternated in one
+ * call), 6 = the same with 32 columns a block (one block an SM: issue-bound; it took the
+ * recurrence from 1.19 to 0.47 us a token a layer against 2), 4 and 5 = 6 with 2 and 4 threads a
+ * column, 2 = k_gdn_recur_cols2 (loads one token ahead), 3 = the same with four threads a column,
+ * 1 = k_gdn_recur_cols, 0 = k_gdn_recur2; -1: from FLOE_CUDA_GDN_COLS (one digit 0..7, anything
+ * else 7) */
 static int g_gdn_cols = -1;
 
-extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 7 ? 6 : mode; }
+extern "C" void cuda_gdn_set_cols(int mode) { g_gdn_cols = mode < 0 || mode > 7 ? 7 : mode; }
 
 static int gdn_cols_mode(void) {
   if (g_gdn_cols < 0) {
     const char *e = getenv("FLOE_CUDA_GDN_COLS");
-    g_gdn_cols = e && e[0] >= '0' && e[0] <= '7' && !e[1] ? e[0] - '0' : 6;
+    g_gdn_cols = e && e[0] >= '0' && e[0] <= '7' && !e[1] ? e[0] - '0' : 7;
   }
   return g_gdn_cols;
 }
