@@ -171,6 +171,70 @@ static void attn_ref(const cuda_attn_shape *sh, const float *q, const void *K, c
   }
 }
 
+static void test_attn_tc_rows(const cuda_attn_shape *sh, float *dq, void *dK, void *dV, int32_t *dpos, int32_t *dposv,
+                              float *dout, void *dscr, const float *q, const void *Kc, const void *Vc, const float *go,
+                              int64_t n0, int n_tok, float vmax, float *gt, float *g2, float *ro, float *scr);
+/* The tensor-core order (cuda_attn_set_mma(1), bf16 caches): the rows of one prefill launch, of
+ * launches of fewer rows and of each row's decode alone are bit-identical, and within the CPU bound.
+ * go: the CPU-order kernels' rows (at n0 >= 1000 the tensor-core sums must differ from them
+ * somewhere: the mode ran). */
+static void test_attn_tc(const cuda_attn_shape *sh, float *dq, void *dK, void *dV, int32_t *dpos, int32_t *dposv,
+                         float *dout, void *dscr, const float *q, const void *Kc, const void *Vc, const float *go,
+                         int64_t n0, int n_tok, float vmax) {
+  const int64_t od = (int64_t)sh->n_head * sh->head_dim;
+  float *gt = malloc(n_tok * od * 4), *g2 = malloc(n_tok * od * 4), *ro = malloc(od * 4);
+  float *scr = malloc((size_t)(sh->n_head / sh->n_head_kv) * sh->n_ctx * 4);
+  cuda_attn_set_mma(1);
+  poison(dout, n_tok * od * 4);
+  cuda_attn(sh, dq, dK, dV, dposv, n_tok, dout, dscr, NULL);
+  const int ran = sync_ok();
+  CHECK(ran, "tensor-core attention ran");
+  if (ran) test_attn_tc_rows(sh, dq, dK, dV, dpos, dposv, dout, dscr, q, Kc, Vc, go, n0, n_tok, vmax, gt, g2, ro, scr);
+  cuda_attn_set_mma(0);
+  free(gt), free(g2), free(ro), free(scr);
+}
+
+static void test_attn_tc_rows(const cuda_attn_shape *sh, float *dq, void *dK, void *dV, int32_t *dpos, int32_t *dposv,
+                              float *dout, void *dscr, const float *q, const void *Kc, const void *Vc, const float *go,
+                              int64_t n0, int n_tok, float vmax, float *gt, float *g2, float *ro, float *scr) {
+  const int64_t qdim = (int64_t)sh->n_head * sh->head_dim * (sh->gated ? 2 : 1), od = (int64_t)sh->n_head * sh->head_dim;
+  get(gt, dout, n_tok * od * 4);
+  CHECK(n_nan(gt, n_tok * od) == 0, "tensor-core order: every output written");
+  double worst = 0.0;
+  for (int64_t t = 0; t < n_tok; t++) {
+    attn_ref(sh, q + t * qdim, Kc, Vc, n0 + t + 1, ro, scr);
+    for (int64_t i = 0; i < od; i++) worst = fmax(worst, fabs((double)gt[t * od + i] - ro[i]));
+  }
+  const double bound = 1e-4 * vmax + 1e-6;
+  CHECK(worst <= bound, "tensor-core order vs CPU: max |diff| %.3g <= %.3g", worst, bound);
+  const size_t nd = n_diff_bits(gt, go, n_tok * od);
+  printf("   tensor-core order: max |diff| vs CPU %.3g; %zu of %lld values differ from the CPU-order kernels\n", worst,
+         nd, (long long)(n_tok * od));
+  if (n0 >= 1000) CHECK(nd > 0, "tensor-core order: not the CPU-order kernels' bits (%zu differ)", nd);
+  const int64_t step = 1 + n_tok / 3; /* launches of fewer rows */
+  poison(dout, n_tok * od * 4);
+  for (int64_t t0 = 0; t0 < n_tok; t0 += step)
+    cuda_attn(sh, dq + t0 * qdim, dK, dV, dposv + t0, n_tok - t0 < step ? n_tok - t0 : step, dout + t0 * od, dscr,
+              NULL);
+  if (sync_ok()) {
+    get(g2, dout, n_tok * od * 4);
+    CHECK(n_diff_bits(g2, gt, n_tok * od) == 0, "tensor-core order, launches of fewer rows: the same bits (%zu differ)",
+          n_diff_bits(g2, gt, n_tok * od));
+  } else
+    CHECK(0, "tensor-core attention (fewer rows) ran");
+  size_t ndiff = 0; /* the decode of each row alone */
+  for (int64_t t = 0; t < n_tok; t++) {
+    const int32_t p = (int32_t)(n0 + t);
+    h2d(dpos, &p, 4);
+    poison(dout, od * 4);
+    cuda_attn(sh, dq + t * qdim, dK, dV, dpos, 1, dout, dscr, NULL);
+    if (!sync_ok()) break;
+    get(g2, dout, od * 4);
+    ndiff += n_diff_bits(g2, gt + t * od, od);
+  }
+  CHECK(ndiff == 0, "tensor-core order: decode of each row == its prefill row, bit for bit (%zu differ)", ndiff);
+}
+
 /* Fills the cache with n0 random positions, then prefills n_tok rows at pos0 = n0 (prep + attn)
  * and checks q, the written cache rows, the outputs, and the decode of each row alone. The prefill
  * runs with the row-group kernel (cuda_attn_set_rows(1)), then again in launches of fewer rows,
@@ -325,6 +389,7 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
   } else
     CHECK(0, "row-group prefill after the decodes ran");
   printf("   max |diff| vs CPU %.3g (max|V| %.3g)\n", worst, vmax);
+  if (bf16) test_attn_tc(&sh, dq, dK, dV, dpos, dposv, dout, dscr, q, Kc, Vc, go, n0, n_tok, vmax);
   cuda_rt_free(dq), cuda_rt_free(dk), cuda_rt_free(dv), cuda_rt_free(dqn), cuda_rt_free(dkn), cuda_rt_free(dcs);
   cuda_rt_free(dK), cuda_rt_free(dV), cuda_rt_free(dpos), cuda_rt_free(dscr), cuda_rt_free(dout);
   free(Kc), free(Vc), free(q), free(k), free(v), free(qn), free(kn), free(cs), free(gq), free(gK), free(gV);

@@ -80,6 +80,12 @@ void cuda_attn_set_fold_t(int on);
  * arithmetic that of its decode (the same bits); 0 = every row its own blocks (flash-decoding, as
  * decode). Default 8; FLOE_CUDA_ATTN_ROWS=N sets N at setup (cuda_attn_check). */
 void cuda_attn_set_rows(int min_rows);
+/* bfloat16 caches: 1 = every launch (decode, few rows, prefill) runs the tensor-core kernel
+ * (k_attn_tc): q and the softmax weights as three exact bfloat16 terms each, the products by
+ * mma.sync, one code path per row (row-exact among its launches; not the CPU's score order, whose
+ * bits k_attn / k_attn_rows keep). 0 = those (the default). FLOE_CUDA_ATTN_MMA=1 sets 1 at setup.
+ * A session must not switch it between its launches. */
+void cuda_attn_set_mma(int on);
 /* 1 when a launch of n_tok rows runs the row-group kernel (its scratch is the same size) */
 int cuda_attn_rows_used(int64_t n_tok);
 /* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once.

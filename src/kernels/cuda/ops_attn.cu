@@ -614,6 +614,81 @@ static int atr_hbh(const cuda_attn_shape *sh) {
   return h;
 }
 
+/* The end of a rows kernel's block (k_attn_rows, k_attn_tc): count the block done; the last block
+ * of its (row group, kv head batch) combines each of the nq query rows' parts (k_attn's combine:
+ * the parts' maxima, their weights in part order, the sum divided, sigmoid(gate)) and writes out.
+ * sm: at least 2 * nq * ATT_MAX_SPLIT floats of shared memory no longer in use. */
+template <int HD>
+static __device__ void atr_finish(unsigned char *sm, const float *part, int *cnt, const float *q, float *out, int nq,
+                                  int HBH, int t0, int head0, int64_t base, int n_split, int nh, int hd, int gated) {
+  __shared__ float s_inv[32];
+  __shared__ int s_last;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int qs_row = hd * (gated ? 2 : 1);
+  const size_t PF = (size_t)HD + 4;
+  __threadfence();
+  __syncthreads();
+  int *ctr = cnt + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+  if (tid == 0) s_last = atomicAdd(ctr, 1) == n_split - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  float *fq = (float *)sm, *flq = fq + nq * ATT_MAX_SPLIT; /* [nq][ATT_MAX_SPLIT] each */
+  auto nparts_of = [&](int i) { /* k_attn's parts of the row */
+    const int64_t np = base + t0 + i / HBH + 1, per = (np + n_split - 1) / n_split;
+    const int64_t ch = (per + ATT_CH - 1) / ATT_CH * ATT_CH;
+    return (int)((np + ch - 1) / ch);
+  };
+  auto parts_of = [&](int i) {
+    return part + ((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split * PF;
+  };
+  for (int i = warp; i < nq; i += ATT_THREADS / 32) { /* k_attn's combine, per query row */
+    const int nparts = nparts_of(i);
+    const float *P = parts_of(i);
+    float *f = fq + i * ATT_MAX_SPLIT, *fl = flq + i * ATT_MAX_SPLIT;
+    float M = -INFINITY;
+    for (int cc = lane; cc < nparts; cc += 32) M = fmaxf(M, __ldcg(P + (size_t)cc * PF + HD));
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, s));
+    for (int cc = lane; cc < nparts; cc += 32) {
+      const float fc = floe_vexpf(__fsub_rn(__ldcg(P + (size_t)cc * PF + HD), M));
+      f[cc] = fc;
+      fl[cc] = __fmul_rn(fc, __ldcg(P + (size_t)cc * PF + HD + 1));
+    }
+    __syncwarp();
+    if (lane == 0) {
+      float L = 0.0f;
+      for (int cc = 0; cc < nparts; cc++) L = __fadd_rn(L, fl[cc]);
+      s_inv[i] = L;
+    }
+  }
+  __syncthreads();
+  for (int e = 4 * tid; e < nq * HD; e += 4 * ATT_THREADS) {
+    const int i = e / HD, d = e % HD, nparts = nparts_of(i);
+    const float *P = parts_of(i), *f = fq + i * ATT_MAX_SPLIT;
+    float O[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll 8
+    for (int cc = 0; cc < nparts; cc++) {
+      const float4 pv = __ldcg((const float4 *)(P + (size_t)cc * PF + d));
+      const float fc = f[cc];
+      O[0] = __fadd_rn(O[0], __fmul_rn(fc, pv.x));
+      O[1] = __fadd_rn(O[1], __fmul_rn(fc, pv.y));
+      O[2] = __fadd_rn(O[2], __fmul_rn(fc, pv.z));
+      O[3] = __fadd_rn(O[3], __fmul_rn(fc, pv.w));
+    }
+    const int64_t t = t0 + i / HBH;
+    const int head = head0 + i % HBH;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (d + u >= hd) continue;
+      float r = O[u] / s_inv[i];
+      if (gated) r = __fmul_rn(r, floe_sigmoidf(q[(t * nh + head) * qs_row + hd + d + u]));
+      out[(t * nh + head) * hd + d + u] = r;
+    }
+  }
+  if (tid == 0) *ctr = 0; /* ready for the next launch (graph replay) */
+}
+
 template <int HD, bool BF>
 static __global__ void __launch_bounds__(ATT_THREADS, 1)
     k_attn_rows(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part,
@@ -637,9 +712,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   float *qs = (float *)(att_sm + atr_union(HD, ES)); /* [QR][HD], zero past hd and past the block's rows */
   float *sc = qs + QR * HD; /* [QR][TP]: scores, then exps, position p at PERM(p): a V-sum thread's contiguous */
 #define PERM(p) (((p) % NPG) * NPP + (p) / NPG)
-  __shared__ float s_alpha[QR], s_m[QR], s_l[QR], s_inv[QR];
+  __shared__ float s_alpha[QR], s_m[QR], s_l[QR];
   __shared__ int s_np[QR]; /* the query row's positions in the current tile (0: none) */
-  __shared__ int s_last;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = nh / nkv, nhb = G / HBH;
   /* row groups vary fastest in launch order: the blocks running at once read the same part's K/V;
@@ -878,68 +952,292 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     __syncthreads(); /* the stages, s_m and s_l are the next subgroup's */
     r0 = r1;
   }
-  /* completion count; the last block of the (row group, kv head batch) combines */
-  __threadfence();
-  __syncthreads();
-  int *ctr = cnt + (size_t)grp * gridDim.y + y;
-  if (tid == 0) s_last = atomicAdd(ctr, 1) == n_split - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  float *fq = (float *)att_sm, *flq = fq + QR * ATT_MAX_SPLIT; /* [QR][ATT_MAX_SPLIT] each */
-  auto nparts_of = [&](int i) {
-    const int64_t np = base + t0 + i / HBH + 1, ch = ch_of(i / HBH);
-    return (int)((np + ch - 1) / ch);
-  };
-  auto parts_of = [&](int i) {
-    return part + ((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split * PF;
-  };
-  for (int i = warp; i < nq; i += ATT_THREADS / 32) { /* k_attn's combine, per query row */
-    const int nparts = nparts_of(i);
-    const float *P = parts_of(i);
-    float *f = fq + i * ATT_MAX_SPLIT, *fl = flq + i * ATT_MAX_SPLIT;
-    float M = -INFINITY;
-    for (int cc = lane; cc < nparts; cc += 32) M = fmaxf(M, __ldcg(P + (size_t)cc * PF + HD));
-#pragma unroll
-    for (int s = 16; s >= 1; s >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, s));
-    for (int cc = lane; cc < nparts; cc += 32) {
-      const float fc = floe_vexpf(__fsub_rn(__ldcg(P + (size_t)cc * PF + HD), M));
-      f[cc] = fc;
-      fl[cc] = __fmul_rn(fc, __ldcg(P + (size_t)cc * PF + HD + 1));
-    }
-    __syncwarp();
-    if (lane == 0) {
-      float L = 0.0f;
-      for (int cc = 0; cc < nparts; cc++) L = __fadd_rn(L, fl[cc]);
-      s_inv[i] = L;
-    }
-  }
-  __syncthreads();
-  for (int e = 4 * tid; e < nq * HD; e += 4 * ATT_THREADS) {
-    const int i = e / HD, d = e % HD, nparts = nparts_of(i);
-    const float *P = parts_of(i), *f = fq + i * ATT_MAX_SPLIT;
-    float O[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-#pragma unroll 8
-    for (int cc = 0; cc < nparts; cc++) {
-      const float4 pv = __ldcg((const float4 *)(P + (size_t)cc * PF + d));
-      const float fc = f[cc];
-      O[0] = __fadd_rn(O[0], __fmul_rn(fc, pv.x));
-      O[1] = __fadd_rn(O[1], __fmul_rn(fc, pv.y));
-      O[2] = __fadd_rn(O[2], __fmul_rn(fc, pv.z));
-      O[3] = __fadd_rn(O[3], __fmul_rn(fc, pv.w));
-    }
-    const int64_t t = t0 + i / HBH;
-    const int head = head0 + i % HBH;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      if (d + u >= hd) continue;
-      float r = O[u] / s_inv[i];
-      if (gated) r = __fmul_rn(r, floe_sigmoidf(q[(t * nh + head) * qs_row + hd + d + u]));
-      out[(t * nh + head) * hd + d + u] = r;
-    }
-  }
-  if (tid == 0) *ctr = 0; /* ready for the next launch (graph replay) */
+  atr_finish<HD>(att_sm, part, cnt, q, out, nq, HBH, t0, head0, base, n_split, nh, hd, gated);
 #undef PERM
+}
+
+/* ---- the tensor-core order (cuda_attn_set_mma / FLOE_CUDA_ATTN_MMA; bfloat16 caches) ----
+ * k_attn_tc runs every launch of a bf16 cache in this mode (decode, a verify's few rows, prefill
+ * chunks) with one code path per query row, so a row's bits do not depend on the launch it is in
+ * (row-exact). They are not k_attn's bits (which are the CPU's score order): the products go
+ * through mma.sync m16n8k16 (bf16 x bf16 -> f32). The operands are exact: a float q is the sum of
+ * three bfloat16 terms (each the rounded rest of the ones before: 8 + 8 + 8 bits cover its 24),
+ * likewise a softmax weight e; K and V are bfloat16 already. So every product is exact and the only
+ * rounding is the accumulation's (f32, in the mma's fixed order), as k_attn's V sums differ from
+ * the CPU's by rounding.
+ * A block: (group of R rows, kv head / head batch, part c) with QR = 16 query rows (row, head),
+ * one m16 tile; parts and tiles as k_attn (parts of CH = roundup128(ceil(np / n_split)) positions,
+ * tiles of ATC_TP positions from the part's start, rows of another CH in a second subgroup).
+ *   - scores: warp w keeps the A fragments of its k-chunks (16 dims each) of the three q terms in
+ *     registers for the whole launch and multiplies them with the tile's K (ldmatrix; three mma a
+ *     chunk, the smallest term first): a partial score per warp, summed in warp order by the
+ *     softmax warps, times the scale;
+ *   - softmax per query row: k_attn's online softmax over the row's positions of the tile, the
+ *     weights stored as their three bfloat16 terms (zero past the row's positions, and V rows past
+ *     the tile's positions are zeroed: 0 x a stale NaN is not 0);
+ *   - V sums: warp w owns n8 tiles of dims: o *= alpha, then per 16 positions the three weight
+ *     terms (the smallest first) times V (ldmatrix.trans) accumulate into o.
+ * Floors (4096-token prefill of the 35B-A3B shape, one attention layer): 2 x 68.7 G multiply-adds
+ * of (row, position, dim), x3 for the terms: ~0.4 T flops, ~0.6 ms at the mma.sync rate; a block's
+ * K/V tiles come from L2 once per 16 query rows (~8.6 GB of L2 reads a layer). */
+#define ATC_TP 64 /* positions per tile (the online softmax's step: part of the bits) */
+#define ATC_QR 16 /* query rows per block */
+#define ATC_ST 2  /* cp.async pipeline depth (tiles) */
+#define ATC_PS (ATC_TP + 8) /* weight terms' row stride, bf16 elements (conflict-free ldmatrix) */
+#define ATC_SS (ATC_TP + 4) /* partial scores' row stride, floats */
+
+static __host__ __device__ constexpr int atc_rb(int hd) { return (hd + 8) * 2; } /* staged K/V row, bytes */
+static __host__ __device__ constexpr int atc_nkw(int hd) { return hd / 16 < 8 ? hd / 16 : 8; } /* warps with k-chunks */
+static __host__ __device__ constexpr int atc_kcw(int hd) { return hd / 16 < 8 ? 1 : hd / 128; } /* k-chunks a warp */
+/* the stages, reused by the combine (atr_finish: 2 x QR x ATT_MAX_SPLIT floats) */
+static __host__ __device__ constexpr size_t atc_stage_bytes(int hd) {
+  return atr_max((size_t)ATC_ST * 2 * ATC_TP * atc_rb(hd), (size_t)2 * ATC_QR * ATT_MAX_SPLIT * 4);
+}
+static __host__ __device__ constexpr size_t atc_smem(int hd) {
+  return atc_stage_bytes(hd) + (size_t)atc_nkw(hd) * ATC_QR * ATC_SS * 4 + (size_t)3 * ATC_QR * ATC_PS * 2;
+}
+
+/* x = t[0] + t[1] + t[2] exactly, in bfloat16 (t[k] the rounded rest of x after the terms before) */
+static __device__ __forceinline__ void atc_split3(float x, uint32_t *t) {
+  const uint32_t a = ops_f32_to_bf16(x);
+  const float r1 = __fsub_rn(x, ops_bf16_to_f32((uint16_t)a));
+  const uint32_t b = ops_f32_to_bf16(r1);
+  t[0] = a, t[1] = b, t[2] = ops_f32_to_bf16(__fsub_rn(r1, ops_bf16_to_f32((uint16_t)b)));
+}
+static __device__ __forceinline__ void atc_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ void atc_ldsm4(uint32_t *r, const void *p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s)
+               : "memory");
+}
+static __device__ __forceinline__ void atc_ldsm2(uint32_t *r, const void *p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(s) : "memory");
+}
+static __device__ __forceinline__ void atc_ldsm2t(uint32_t *r, const void *p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(s)
+               : "memory");
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(ATT_THREADS, 1)
+    k_attn_tc(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
+              int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale, int n_tok, int R, int HBH) {
+  PDL_ENTER();
+  constexpr int TP = ATC_TP, QR = ATC_QR, RB = atc_rb(HD), TB = TP * RB;
+  constexpr int NKW = atc_nkw(HD), KCW = atc_kcw(HD);
+  constexpr int NT = HD / 8, NVW = NT < 8 ? NT : 8, NTW = NT < 8 ? 1 : NT / 8; /* V sums: warps, n8 tiles a warp */
+  static_assert(QR == 16 && TP % 32 == 0 && NKW * KCW == HD / 16, "one m16 tile; whole k-chunks");
+  extern __shared__ __align__(16) unsigned char att_sm[];
+  float *red = (float *)(att_sm + atc_stage_bytes(HD));      /* [NKW][QR][ATC_SS]: partial scores */
+  uint16_t *es = (uint16_t *)(red + (size_t)NKW * QR * ATC_SS); /* [3][QR][ATC_PS]: the weights' terms */
+  __shared__ float s_alpha[QR], s_m[QR], s_l[QR];
+  __shared__ int s_np[QR]; /* the query row's positions in the current tile (0: none) */
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int G = nh / nkv, nhb = G / HBH;
+  const int grp = gridDim.x - 1 - blockIdx.x, y = blockIdx.y, c = blockIdx.z; /* the longest rows first */
+  const int kh = y / nhb, head0 = kh * G + (y % nhb) * HBH;
+  const int t0 = grp * R, nr = n_tok - t0 < R ? n_tok - t0 : R, nq = nr * HBH; /* query row i = r * HBH + h */
+  const int64_t base = *pos0;
+  const int qs_row = hd * (gated ? 2 : 1);
+  const size_t PF = (size_t)HD + 4;
+  const bool exact = hd == HD;
+  const unsigned char *K = (const unsigned char *)kc + (size_t)kh * n_ctx * hd * 2;
+  const unsigned char *V = (const unsigned char *)vc + (size_t)kh * n_ctx * hd * 2;
+  auto ch_of = [&](int r) -> int64_t { /* k_attn's part size for row r */
+    const int64_t np = base + t0 + r + 1, per = (np + n_split - 1) / n_split;
+    return (per + ATT_CH - 1) / ATT_CH * ATT_CH;
+  };
+  /* the q terms' A fragments of this warp's k-chunks: register r of chunk k holds rows g + 8 (r & 1),
+   * dims 16 kc + 8 (r >> 1) + 2 tq and + 1 (low half first) */
+  uint32_t qa[KCW][3][4];
+#pragma unroll
+  for (int k = 0; k < KCW; k++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int i = g + 8 * (r & 1), d = 16 * (warp * KCW + k) + 8 * (r >> 1) + 2 * tq;
+      float x0 = 0.0f, x1 = 0.0f;
+      if (warp < NKW && i < nq) {
+        const float *qr = q + ((int64_t)(t0 + i / HBH) * nh + head0 + i % HBH) * qs_row;
+        x0 = d < hd ? qr[d] : 0.0f;
+        x1 = d + 1 < hd ? qr[d + 1] : 0.0f;
+      }
+      uint32_t a[3], b[3];
+      atc_split3(x0, a);
+      atc_split3(x1, b);
+#pragma unroll
+      for (int s = 0; s < 3; s++) qa[k][s][r] = a[s] | b[s] << 16;
+    }
+  for (int r0 = 0; r0 < nr;) { /* subgroups of rows with one part size */
+    const int64_t CH = ch_of(r0);
+    int r1 = r0 + 1;
+    while (r1 < nr && ch_of(r1) == CH) r1++;
+    const int64_t p0 = (int64_t)c * CH, npmax = base + t0 + r1; /* np of the subgroup's last row */
+    const int i0 = r0 * HBH, i1 = r1 * HBH;
+    if (p0 >= npmax) { /* no row of the subgroup has part c */
+      r0 = r1;
+      continue;
+    }
+    const int64_t pend = p0 + CH < npmax ? p0 + CH : npmax;
+    const int ntiles = (int)((pend - p0 + TP - 1) / TP);
+    auto issue = [&](int it, int st) { /* k_attn's tile load up to pend, then zeros in the V rows past it */
+      const int64_t tp0 = p0 + (int64_t)it * TP;
+      const int n = (int)(pend - tp0 < TP ? pend - tp0 : TP);
+      unsigned char *ks = att_sm + (size_t)st * 2 * TB;
+      att_load_tile<HD, true, RB>(ks, ks + TB, K, V, tp0, n, hd, exact);
+      for (int e = tid; e < (TP - n) * (RB / 16); e += ATT_THREADS)
+        *(uint4 *)(ks + TB + (size_t)n * RB + (size_t)e * 16) = make_uint4(0u, 0u, 0u, 0u);
+    };
+#pragma unroll
+    for (int s = 0; s < ATC_ST - 1; s++) {
+      if (s < ntiles) issue(s, s);
+      ops_cp_commit();
+    }
+    float o[NTW][4];
+#pragma unroll
+    for (int j = 0; j < NTW; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    if (tid < QR) {
+      s_m[tid] = -INFINITY;
+      s_l[tid] = 0.0f;
+    }
+    for (int it = 0; it < ntiles; it++) {
+      ops_cp_wait<ATC_ST - 2>();
+      __syncthreads(); /* tile it landed; everyone is done with tile it - 1 (its stage, s_np, es) */
+      if (it + ATC_ST - 1 < ntiles) issue(it + ATC_ST - 1, (it + ATC_ST - 1) % ATC_ST);
+      ops_cp_commit();
+      const int64_t tp0 = p0 + (int64_t)it * TP;
+      const unsigned char *ks = att_sm + (size_t)(it % ATC_ST) * 2 * TB, *vs = ks + TB;
+      if (tid < QR) { /* the row's part ends at min(p0 + CH, np) */
+        int n = 0;
+        if (tid >= i0 && tid < i1) {
+          const int64_t np = base + t0 + tid / HBH + 1, e = p0 + CH < np ? p0 + CH : np;
+          n = e - tp0 <= 0 ? 0 : (int)(e - tp0 < TP ? e - tp0 : TP);
+        }
+        s_np[tid] = n;
+      }
+      if (warp < NKW) { /* this warp's partial scores of every position of the tile */
+        float *rw = red + (size_t)warp * QR * ATC_SS;
+#pragma unroll 2
+        for (int nt = 0; nt < TP / 8; nt++) {
+          float d[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll
+          for (int k = 0; k < KCW; k++) {
+            uint32_t b[2]; /* positions 8 nt + (lane & 7), dims 16 kc + 8 ((lane >> 3) & 1) */
+            atc_ldsm2(b, ks + (size_t)(8 * nt + (lane & 7)) * RB + (16 * (warp * KCW + k) + 8 * ((lane >> 3) & 1)) * 2);
+#pragma unroll
+            for (int s = 2; s >= 0; s--) atc_mma(d, qa[k][s], b[0], b[1]);
+          }
+          *(float2 *)(rw + g * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[0], d[1]);
+          *(float2 *)(rw + (g + 8) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[2], d[3]);
+        }
+      }
+      __syncthreads();
+      /* online softmax per query row over its positions of the tile; the weights' terms */
+      for (int i = warp; i < QR; i += ATT_THREADS / 32) {
+        const int npos = s_np[i];
+        uint16_t *e0 = es + i * ATC_PS;
+        if (npos <= 0) {
+          for (int p = lane; p < TP; p += 32) e0[p] = e0[QR * ATC_PS + p] = e0[2 * QR * ATC_PS + p] = 0;
+          continue;
+        }
+        float sv[TP / 32];
+        float mt = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < TP / 32; u++) {
+          const int p = lane + 32 * u;
+          float v = 0.0f;
+          if (p < npos) {
+            v = red[i * ATC_SS + p];
+#pragma unroll
+            for (int w = 1; w < NKW; w++) v = __fadd_rn(v, red[((size_t)w * QR + i) * ATC_SS + p]);
+            v = __fmul_rn(v, scale);
+            mt = fmaxf(mt, v);
+          }
+          sv[u] = v;
+        }
+#pragma unroll
+        for (int s = 16; s >= 1; s >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, s));
+        const float mo = s_m[i], mn = fmaxf(mo, mt);
+        float lt = 0.0f;
+#pragma unroll
+        for (int u = 0; u < TP / 32; u++) {
+          const int p = lane + 32 * u;
+          uint32_t t[3] = { 0u, 0u, 0u };
+          if (p < npos) {
+            const float e = floe_vexpf(__fsub_rn(sv[u], mn));
+            lt = __fadd_rn(lt, e);
+            atc_split3(e, t);
+          }
+          e0[p] = (uint16_t)t[0], e0[QR * ATC_PS + p] = (uint16_t)t[1], e0[2 * QR * ATC_PS + p] = (uint16_t)t[2];
+        }
+#pragma unroll
+        for (int s = 16; s >= 1; s >>= 1) lt = __fadd_rn(lt, __shfl_xor_sync(0xffffffffu, lt, s));
+        if (lane == 0) {
+          const float al = floe_vexpf(__fsub_rn(mo, mn));
+          s_alpha[i] = al;
+          s_m[i] = mn;
+          s_l[i] = __fadd_rn(__fmul_rn(s_l[i], al), lt);
+        }
+      }
+      __syncthreads();
+      if (warp < NVW) { /* o = o * alpha + e V over the tile, rows g and g + 8 */
+        if (s_np[g] > 0) {
+          const float al = s_alpha[g];
+#pragma unroll
+          for (int j = 0; j < NTW; j++) o[j][0] = __fmul_rn(o[j][0], al), o[j][1] = __fmul_rn(o[j][1], al);
+        }
+        if (s_np[g + 8] > 0) {
+          const float al = s_alpha[g + 8];
+#pragma unroll
+          for (int j = 0; j < NTW; j++) o[j][2] = __fmul_rn(o[j][2], al), o[j][3] = __fmul_rn(o[j][3], al);
+        }
+#pragma unroll
+        for (int kc = 0; kc < TP / 16; kc++) {
+          uint32_t a[3][4]; /* rows (lane & 15), positions 16 kc + 8 (lane >> 4) */
+#pragma unroll
+          for (int s = 0; s < 3; s++) atc_ldsm4(a[s], es + (size_t)s * QR * ATC_PS + (lane & 15) * ATC_PS + 16 * kc + 8 * (lane >> 4));
+#pragma unroll
+          for (int j = 0; j < NTW; j++) {
+            uint32_t b[2]; /* positions 16 kc + (lane & 15), dims of n8 tile warp * NTW + j; transposed */
+            atc_ldsm2t(b, vs + (size_t)(16 * kc + (lane & 15)) * RB + 16 * (warp * NTW + j));
+#pragma unroll
+            for (int s = 2; s >= 0; s--) atc_mma(o[j], a[s], b[0], b[1]);
+          }
+        }
+      }
+    }
+    ops_cp_wait<0>();
+    __syncthreads(); /* every tile consumed */
+    auto has_part = [&](int i) { return i >= i0 && i < i1 && p0 < base + t0 + i / HBH + 1; };
+    if (warp < NVW)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int i = g + 8 * h;
+        if (!has_part(i)) continue;
+        float *mp = part + (((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split + c) * PF;
+#pragma unroll
+        for (int j = 0; j < NTW; j++)
+          *(float2 *)(mp + 8 * (warp * NTW + j) + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+      }
+    if (tid < QR && has_part(tid)) {
+      float *mp = part + (((size_t)(t0 + tid / HBH) * nh + head0 + tid % HBH) * n_split + c) * PF;
+      mp[HD] = s_m[tid];
+      mp[HD + 1] = s_l[tid];
+    }
+    __syncthreads(); /* s_m and s_l are the next subgroup's */
+    r0 = r1;
+  }
+  atr_finish<HD>(att_sm, part, cnt, q, out, nq, HBH, t0, head0, base, n_split, nh, hd, gated);
 }
 
 /* k_attn's scores folded by transposition (att_fold_t) for head_dim 256: 1 = on (the default: on
@@ -1041,6 +1339,50 @@ static int attn_rows_dispatch(const cuda_attn_shape *sh, const float *q, const v
   }
 }
 
+/* ---- the tensor-core kernel's launch ---- */
+/* bfloat16 caches: 1 = every launch runs k_attn_tc (the tensor-core order), 0 = k_attn / k_attn_rows
+ * (the CPU's score order). FLOE_CUDA_ATTN_MMA=1 at setup (cuda_attn_check) or the first call. */
+static int g_attn_mma = -1;
+static bool attn_mma_on(void) {
+  if (g_attn_mma < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_MMA");
+    g_attn_mma = e && e[0] == '1';
+  }
+  return g_attn_mma == 1;
+}
+extern "C" void cuda_attn_set_mma(int on) { g_attn_mma = on ? 1 : 0; }
+
+template <int HD>
+static int launch_attn_tc(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+                          const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+  static int done = 0;
+  const size_t sm = atc_smem(HD);
+  if (!done) {
+    if (cudaFuncSetAttribute(k_attn_tc<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    done = 1;
+  }
+  if (!q) return 0; /* the check's call: attribute only */
+  const int hbh = atr_hbh(sh), R = ATC_QR / hbh, G = sh->n_head / sh->n_head_kv;
+  dim3 grid((unsigned)((n_tok + R - 1) / R), (unsigned)(sh->n_head_kv * (G / hbh)), (unsigned)sh->n_split);
+  const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
+  pdl_launch(k_attn_tc<HD>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part, cnt,
+             sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split, scale, (int)n_tok, R, hbh);
+  return 0;
+}
+static int attn_tc_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+                            const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+  switch (attn_hd(sh->head_dim)) {
+  case 16: return launch_attn_tc<16>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 32: return launch_attn_tc<32>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 64: return launch_attn_tc<64>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 128: return launch_attn_tc<128>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  default: return launch_attn_tc<256>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  }
+}
+
 /* launches of at least this many rows use k_attn_rows (0: never). Default 8: the MTP verify
  * launches (a few rows) keep k_attn's block per row. FLOE_CUDA_ATTN_ROWS=0 / =N at the first call. */
 static int g_attn_rows = -1;
@@ -1066,7 +1408,9 @@ static int attn_set_smem(const cuda_attn_shape *sh) { /* every head batching att
   }
   rc |= sh->kv_bf16 ? attn_rows_dispatch<true>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)
                     : attn_rows_dispatch<false>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
+  if (sh->kv_bf16) rc |= attn_tc_dispatch(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
   (void)attn_rows_min(); /* the environment read at setup */
+  (void)attn_mma_on();
   return rc;
 }
 
@@ -1077,7 +1421,9 @@ extern "C" void cuda_attn(const cuda_attn_shape *sh, const float *q, const void 
   /* the counters first, the partials after them (attn_cnt_bytes) */
   int *cnt = (int *)scratch;
   float *part = (float *)((char *)scratch + attn_cnt_bytes(sh, n_tok));
-  if (cuda_attn_rows_used(n_tok)) {
+  if (sh->kv_bf16 && attn_mma_on())
+    attn_tc_dispatch(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
+  else if (cuda_attn_rows_used(n_tok)) {
     if (sh->kv_bf16) attn_rows_dispatch<true>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
     else attn_rows_dispatch<false>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
   } else if (sh->kv_bf16) attn_dispatch<true>(hb, sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
