@@ -2,7 +2,9 @@
  * head_dim 256, n_rot 64, gated; GDN Nk 16, Nv 32, dk = dv 128, K 4; 256 experts top-8; vocab
  * 248320) with CUDA events around REPS back-to-back launches; prints microseconds per launch,
  * one line per op. Attention decode at KV lengths 1, 8K, 32K, 128K (bf16 cache), and a 512-row
- * prefill chunk at depth 0, 32K, 128K with both prefill kernels. Inputs are zeros or small constants (the timing does not depend on the values).
+ * prefill chunk at depth 0, 32K, 128K with both prefill kernels and the tensor-core kernel
+ * (k_attn_tc, also at each decode shape). Inputs are zeros or small constants (the timing does not
+ * depend on the values).
  * `bench_cuda_ops attn KV SPLIT HB`: only one decode attention shape, on random K / V (attn_only). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +140,10 @@ int main(int argc, char **argv) {
       char lab[96];
       snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d", (long long)ctxs[c], splits[s]);
       TIME(lab, 100, cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL));
+      cuda_attn_set_mma(1); /* the tensor-core order (k_attn_tc) */
+      snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d tensor cores", (long long)ctxs[c], splits[s]);
+      TIME(lab, 100, cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL));
+      cuda_attn_set_mma(0);
     }
   }
   /* the head batches of a block: 4 and 2 heads (head_dim 256) run two blocks per SM */
@@ -198,6 +204,10 @@ int main(int argc, char **argv) {
       cuda_attn_set_rows(1);
       snprintf(lab, sizeof lab, "attn chunk 512 rows depth %lld rows kernel", (long long)depths[di]);
       TIME(lab, reps, cuda_attn(&sh, q, kc, vc, dpv, 512, ao, scr, NULL));
+      cuda_attn_set_mma(1);
+      snprintf(lab, sizeof lab, "attn chunk 512 rows depth %lld tensor cores", (long long)depths[di]);
+      TIME(lab, reps, cuda_attn(&sh, q, kc, vc, dpv, 512, ao, scr, NULL));
+      cuda_attn_set_mma(0);
       cuda_attn_set_rows(0);
       snprintf(lab, sizeof lab, "attn chunk 512 rows depth %lld k_attn x32", (long long)depths[di]);
       TIME(lab, reps, for (int t0 = 0; t0 < 512; t0 += 16) cuda_attn(&sh, q + t0 * 16 * 512, kc, vc, dpv + t0, 16,
