@@ -190,6 +190,18 @@ static void test_attn_tc(const cuda_attn_shape *sh, float *dq, void *dK, void *d
   const int ran = sync_ok();
   CHECK(ran, "tensor-core attention ran");
   if (ran) test_attn_tc_rows(sh, dq, dK, dV, dpos, dposv, dout, dscr, q, Kc, Vc, go, n0, n_tok, vmax, gt, g2, ro, scr);
+  if (ran && n_tok >= 16) { /* 32 query rows a block (launches of >= 16 rows): the same bits */
+    cuda_attn_set_mt(2);
+    poison(dout, n_tok * od * 4);
+    cuda_attn(sh, dq, dK, dV, dposv, n_tok, dout, dscr, NULL);
+    if (sync_ok()) {
+      get(g2, dout, n_tok * od * 4);
+      CHECK(n_diff_bits(g2, gt, n_tok * od) == 0, "tensor-core order, 32 query rows a block: the same bits (%zu differ)",
+            n_diff_bits(g2, gt, n_tok * od));
+    } else
+      CHECK(0, "tensor-core attention (32 query rows a block) ran");
+    cuda_attn_set_mt(1);
+  }
   cuda_attn_set_mma(0);
   free(gt), free(g2), free(ro), free(scr);
 }

@@ -86,6 +86,9 @@ void cuda_attn_set_rows(int min_rows);
  * bits k_attn / k_attn_rows keep). 0 = those (the default). FLOE_CUDA_ATTN_MMA=1 sets 1 at setup.
  * A session must not switch it between its launches. */
 void cuda_attn_set_mma(int on);
+/* The tensor-core kernel's query rows a block in launches of >= 16 rows: 1 = 16 (the default),
+ * 2 = 32 (K/V tiles read once for twice the rows). The same bits; FLOE_CUDA_ATTN_MT=2 at setup. */
+void cuda_attn_set_mt(int mt);
 /* 1 when a launch of n_tok rows runs the row-group kernel (its scratch is the same size) */
 int cuda_attn_rows_used(int64_t n_tok);
 /* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once.

@@ -990,11 +990,12 @@ static __host__ __device__ constexpr int atc_rb(int hd) { return (hd + 8) * 2; }
 static __host__ __device__ constexpr int atc_nkw(int hd) { return hd / 16 < 8 ? hd / 16 : 8; } /* warps with k-chunks */
 static __host__ __device__ constexpr int atc_kcw(int hd) { return hd / 16 < 8 ? 1 : hd / 128; } /* k-chunks a warp */
 /* the stages, reused by the combine (atr_finish: 2 x QR x ATT_MAX_SPLIT floats) */
-static __host__ __device__ constexpr size_t atc_stage_bytes(int hd) {
-  return atr_max((size_t)ATC_ST * 2 * ATC_TP * atc_rb(hd), (size_t)2 * ATC_QR * ATT_MAX_SPLIT * 4);
+static __host__ __device__ constexpr size_t atc_stage_bytes(int hd, int mt) {
+  return atr_max((size_t)ATC_ST * 2 * ATC_TP * atc_rb(hd), (size_t)2 * ATC_QR * mt * ATT_MAX_SPLIT * 4);
 }
-static __host__ __device__ constexpr size_t atc_smem(int hd) {
-  return atc_stage_bytes(hd) + (size_t)atc_nkw(hd) * ATC_QR * ATC_SS * 4 + (size_t)3 * ATC_QR * ATC_PS * 2;
+/* MT m16 tiles of query rows a block */
+static __host__ __device__ constexpr size_t atc_smem(int hd, int mt) {
+  return atc_stage_bytes(hd, mt) + (size_t)atc_nkw(hd) * ATC_QR * mt * ATC_SS * 4 + (size_t)3 * ATC_QR * mt * ATC_PS * 2;
 }
 
 /* x = t[0] + t[1] + t[2] exactly, in bfloat16 (t[k] the rounded rest of x after the terms before) */
@@ -1029,17 +1030,17 @@ static __device__ __forceinline__ void atc_ldsm2t(uint32_t *r, const void *p) {
                : "memory");
 }
 
-template <int HD>
+template <int HD, int MT>
 static __global__ void __launch_bounds__(ATT_THREADS, 1)
     k_attn_tc(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
               int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale, int n_tok, int R, int HBH) {
   PDL_ENTER();
-  constexpr int TP = ATC_TP, QR = ATC_QR, RB = atc_rb(HD), TB = TP * RB;
+  constexpr int TP = ATC_TP, QR = ATC_QR * MT, RB = atc_rb(HD), TB = TP * RB;
   constexpr int NKW = atc_nkw(HD), KCW = atc_kcw(HD);
   constexpr int NT = HD / 8, NVW = NT < 8 ? NT : 8, NTW = NT < 8 ? 1 : NT / 8; /* V sums: warps, n8 tiles a warp */
-  static_assert(QR == 16 && TP % 32 == 0 && NKW * KCW == HD / 16, "one m16 tile; whole k-chunks");
+  static_assert(QR <= 32 && TP % 32 == 0 && NKW * KCW == HD / 16, "atr_finish's rows; whole k-chunks");
   extern __shared__ __align__(16) unsigned char att_sm[];
-  float *red = (float *)(att_sm + atc_stage_bytes(HD));      /* [NKW][QR][ATC_SS]: partial scores */
+  float *red = (float *)(att_sm + atc_stage_bytes(HD, MT));      /* [NKW][QR][ATC_SS]: partial scores */
   uint16_t *es = (uint16_t *)(red + (size_t)NKW * QR * ATC_SS); /* [3][QR][ATC_PS]: the weights' terms */
   __shared__ float s_alpha[QR], s_m[QR], s_l[QR];
   __shared__ int s_np[QR]; /* the query row's positions in the current tile (0: none) */
@@ -1058,14 +1059,16 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     const int64_t np = base + t0 + r + 1, per = (np + n_split - 1) / n_split;
     return (per + ATT_CH - 1) / ATT_CH * ATT_CH;
   };
-  /* the q terms' A fragments of this warp's k-chunks: register r of chunk k holds rows g + 8 (r & 1),
-   * dims 16 kc + 8 (r >> 1) + 2 tq and + 1 (low half first) */
-  uint32_t qa[KCW][3][4];
+  /* the q terms' A fragments of this warp's k-chunks: register r of m-tile m, chunk k holds rows
+   * 16 m + g + 8 (r & 1), dims 16 kc + 8 (r >> 1) + 2 tq and + 1 (low half first) */
+  uint32_t qa[MT][KCW][3][4];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
 #pragma unroll
   for (int k = 0; k < KCW; k++)
 #pragma unroll
     for (int r = 0; r < 4; r++) {
-      const int i = g + 8 * (r & 1), d = 16 * (warp * KCW + k) + 8 * (r >> 1) + 2 * tq;
+      const int i = 16 * m + g + 8 * (r & 1), d = 16 * (warp * KCW + k) + 8 * (r >> 1) + 2 * tq;
       float x0 = 0.0f, x1 = 0.0f;
       if (warp < NKW && i < nq) {
         const float *qr = q + ((int64_t)(t0 + i / HBH) * nh + head0 + i % HBH) * qs_row;
@@ -1076,7 +1079,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       atc_split3(x0, a);
       atc_split3(x1, b);
 #pragma unroll
-      for (int s = 0; s < 3; s++) qa[k][s][r] = a[s] | b[s] << 16;
+      for (int s = 0; s < 3; s++) qa[m][k][s][r] = a[s] | b[s] << 16;
     }
   for (int r0 = 0; r0 < nr;) { /* subgroups of rows with one part size */
     const int64_t CH = ch_of(r0);
@@ -1103,9 +1106,11 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       if (s < ntiles) issue(s, s);
       ops_cp_commit();
     }
-    float o[NTW][4];
+    float o[MT][NTW][4];
 #pragma unroll
-    for (int j = 0; j < NTW; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+      for (int j = 0; j < NTW; j++) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.0f;
     if (tid < QR) {
       s_m[tid] = -INFINITY;
       s_l[tid] = 0.0f;
@@ -1129,16 +1134,23 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
         float *rw = red + (size_t)warp * QR * ATC_SS;
 #pragma unroll 2
         for (int nt = 0; nt < TP / 8; nt++) {
-          float d[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+          float d[MT][4];
+#pragma unroll
+          for (int m = 0; m < MT; m++) d[m][0] = d[m][1] = d[m][2] = d[m][3] = 0.0f;
 #pragma unroll
           for (int k = 0; k < KCW; k++) {
             uint32_t b[2]; /* positions 8 nt + (lane & 7), dims 16 kc + 8 ((lane >> 3) & 1) */
             atc_ldsm2(b, ks + (size_t)(8 * nt + (lane & 7)) * RB + (16 * (warp * KCW + k) + 8 * ((lane >> 3) & 1)) * 2);
 #pragma unroll
-            for (int s = 2; s >= 0; s--) atc_mma(d, qa[k][s], b[0], b[1]);
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+              for (int s = 2; s >= 0; s--) atc_mma(d[m], qa[m][k][s], b[0], b[1]);
           }
-          *(float2 *)(rw + g * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[0], d[1]);
-          *(float2 *)(rw + (g + 8) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[2], d[3]);
+#pragma unroll
+          for (int m = 0; m < MT; m++) {
+            *(float2 *)(rw + (16 * m + g) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][0], d[m][1]);
+            *(float2 *)(rw + (16 * m + g + 8) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][2], d[m][3]);
+          }
         }
       }
       __syncthreads();
@@ -1190,28 +1202,35 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
         }
       }
       __syncthreads();
-      if (warp < NVW) { /* o = o * alpha + e V over the tile, rows g and g + 8 */
-        if (s_np[g] > 0) {
-          const float al = s_alpha[g];
+      if (warp < NVW) { /* o = o * alpha + e V over the tile, rows 16 m + g and + 8 */
 #pragma unroll
-          for (int j = 0; j < NTW; j++) o[j][0] = __fmul_rn(o[j][0], al), o[j][1] = __fmul_rn(o[j][1], al);
-        }
-        if (s_np[g + 8] > 0) {
-          const float al = s_alpha[g + 8];
+        for (int m = 0; m < MT; m++)
 #pragma unroll
-          for (int j = 0; j < NTW; j++) o[j][2] = __fmul_rn(o[j][2], al), o[j][3] = __fmul_rn(o[j][3], al);
-        }
+          for (int h = 0; h < 2; h++) {
+            const int i = 16 * m + g + 8 * h;
+            if (s_np[i] > 0) {
+              const float al = s_alpha[i];
+#pragma unroll
+              for (int j = 0; j < NTW; j++)
+                o[m][j][2 * h] = __fmul_rn(o[m][j][2 * h], al), o[m][j][2 * h + 1] = __fmul_rn(o[m][j][2 * h + 1], al);
+            }
+          }
 #pragma unroll
         for (int kc = 0; kc < TP / 16; kc++) {
-          uint32_t a[3][4]; /* rows (lane & 15), positions 16 kc + 8 (lane >> 4) */
+          uint32_t a[MT][3][4]; /* rows 16 m + (lane & 15), positions 16 kc + 8 (lane >> 4) */
 #pragma unroll
-          for (int s = 0; s < 3; s++) atc_ldsm4(a[s], es + (size_t)s * QR * ATC_PS + (lane & 15) * ATC_PS + 16 * kc + 8 * (lane >> 4));
+          for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int s = 0; s < 3; s++)
+              atc_ldsm4(a[m][s], es + ((size_t)s * QR + 16 * m + (lane & 15)) * ATC_PS + 16 * kc + 8 * (lane >> 4));
 #pragma unroll
           for (int j = 0; j < NTW; j++) {
             uint32_t b[2]; /* positions 16 kc + (lane & 15), dims of n8 tile warp * NTW + j; transposed */
             atc_ldsm2t(b, vs + (size_t)(16 * kc + (lane & 15)) * RB + 16 * (warp * NTW + j));
 #pragma unroll
-            for (int s = 2; s >= 0; s--) atc_mma(o[j], a[s], b[0], b[1]);
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+              for (int s = 2; s >= 0; s--) atc_mma(o[m][j], a[m][s], b[0], b[1]);
           }
         }
       }
@@ -1221,14 +1240,16 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     auto has_part = [&](int i) { return i >= i0 && i < i1 && p0 < base + t0 + i / HBH + 1; };
     if (warp < NVW)
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int i = g + 8 * h;
-        if (!has_part(i)) continue;
-        float *mp = part + (((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split + c) * PF;
+      for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int j = 0; j < NTW; j++)
-          *(float2 *)(mp + 8 * (warp * NTW + j) + 2 * tq) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
-      }
+        for (int h = 0; h < 2; h++) {
+          const int i = 16 * m + g + 8 * h;
+          if (!has_part(i)) continue;
+          float *mp = part + (((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split + c) * PF;
+#pragma unroll
+          for (int j = 0; j < NTW; j++)
+            *(float2 *)(mp + 8 * (warp * NTW + j) + 2 * tq) = make_float2(o[m][j][2 * h], o[m][j][2 * h + 1]);
+        }
     if (tid < QR && has_part(tid)) {
       float *mp = part + (((size_t)(t0 + tid / HBH) * nh + head0 + tid % HBH) * n_split + c) * PF;
       mp[HD] = s_m[tid];
@@ -1352,34 +1373,56 @@ static bool attn_mma_on(void) {
 }
 extern "C" void cuda_attn_set_mma(int on) { g_attn_mma = on ? 1 : 0; }
 
-template <int HD>
+/* query rows a block of k_attn_tc in launches of many rows: 1 = one m16 tile (16), 2 = two (32:
+ * each K/V tile read from L2 once for twice the rows); decode and launches of fewer than 16 rows
+ * keep one. The same bits per row. FLOE_CUDA_ATTN_MT=2 at setup or the first call. */
+static int g_attn_mt = -1;
+static int attn_tc_mt(void) {
+  if (g_attn_mt < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_MT");
+    g_attn_mt = e && e[0] == '2' ? 2 : 1;
+  }
+  return g_attn_mt;
+}
+extern "C" void cuda_attn_set_mt(int mt) { g_attn_mt = mt == 2 ? 2 : 1; }
+
+template <int HD, int MT>
 static int launch_attn_tc(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                           const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
   static int done = 0;
-  const size_t sm = atc_smem(HD);
+  const size_t sm = atc_smem(HD, MT);
   if (!done) {
-    if (cudaFuncSetAttribute(k_attn_tc<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
+    if (cudaFuncSetAttribute(k_attn_tc<HD, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
       (void)cudaGetLastError();
       return -1;
     }
     done = 1;
   }
   if (!q) return 0; /* the check's call: attribute only */
-  const int hbh = atr_hbh(sh), R = ATC_QR / hbh, G = sh->n_head / sh->n_head_kv;
+  const int hbh = atr_hbh(sh), R = ATC_QR * MT / hbh, G = sh->n_head / sh->n_head_kv;
   dim3 grid((unsigned)((n_tok + R - 1) / R), (unsigned)(sh->n_head_kv * (G / hbh)), (unsigned)sh->n_split);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
-  pdl_launch(k_attn_tc<HD>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part, cnt,
+  pdl_launch(k_attn_tc<HD, MT>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part, cnt,
              sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split, scale, (int)n_tok, R, hbh);
   return 0;
+}
+template <int HD>
+static int launch_attn_tc_mt(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
+                             const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+  if (!q) /* the check's call: both */
+    return launch_attn_tc<HD, 1>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
+           launch_attn_tc<HD, 2>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  if (attn_tc_mt() == 2 && n_tok >= 16) return launch_attn_tc<HD, 2>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  return launch_attn_tc<HD, 1>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
 }
 static int attn_tc_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                             const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
   switch (attn_hd(sh->head_dim)) {
-  case 16: return launch_attn_tc<16>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 32: return launch_attn_tc<32>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 64: return launch_attn_tc<64>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 128: return launch_attn_tc<128>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  default: return launch_attn_tc<256>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 16: return launch_attn_tc_mt<16>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 32: return launch_attn_tc_mt<32>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 64: return launch_attn_tc_mt<64>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 128: return launch_attn_tc_mt<128>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  default: return launch_attn_tc_mt<256>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
   }
 }
 
@@ -1411,6 +1454,7 @@ static int attn_set_smem(const cuda_attn_shape *sh) { /* every head batching att
   if (sh->kv_bf16) rc |= attn_tc_dispatch(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
   (void)attn_rows_min(); /* the environment read at setup */
   (void)attn_mma_on();
+  (void)attn_tc_mt();
   return rc;
 }
 
