@@ -40,6 +40,7 @@
 
 #include "floe.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "model/model.h"
 #include "test.h"
 
@@ -228,8 +229,15 @@ static void test_quantized(const char *path, const char *what, int64_t G, bool w
     printf("  %s: max|GPU - CPU| logit %.3g (max |logit| %.3g)\n", what, md, mx);
     /* the quantized matmuls are bit-identical; attention's split-K softmax rounds differently, and
      * quantized activations can turn that into one int8 step somewhere (the default model: 0.76 %,
-     * tiny-qwen3moe Q4_K: 1.0 %). A wrong kernel is off by the logits' own size. */
-    CHECK(rc == 0 && md <= 2e-2 * (mx > 1 ? mx : 1), "%s: GPU logits within 2e-2 of the CPU's (%.3g)", what, md);
+     * tiny-qwen3moe Q4_K: 1.0 %). A wrong kernel is off by the logits' own size. The tensor-core
+     * attention order (cuda_attn_mma) rounds the scores too, and the default model is chaotic
+     * under that: on the CPU, moving each attention score of these 73 positions by 1, 2, 4 or 16
+     * ulps (pseudo-random directions, three seeds each) moved its logits by 0.815-0.854 in 10 of
+     * 12 trials, exactly 0.825 in 4 (one int8 step of one activation: 5.3 % of max |logit| 15.6),
+     * and 0.058 / 0.097 in the other two; the tensor-core order measured 0.825. So 1e-1 there:
+     * still far below a wrong kernel's error. */
+    const double rel = cuda_attn_mma() ? 1e-1 : 2e-2;
+    CHECK(rc == 0 && md <= rel * (mx > 1 ? mx : 1), "%s: GPU logits within %g of the CPU's (%.3g)", what, rel, md);
   }
   free(all);
   free(lg);

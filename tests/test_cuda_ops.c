@@ -258,6 +258,7 @@ static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf
   cuda_attn_shape sh = { nh, nkv, hd, n_rot, gated, bf16, n0 + n_tok + 3, 1e-6f, n_split };
   char err[256];
   CHECK(cuda_attn_check(&sh, err, sizeof err) == 0, "shape accepted");
+  cuda_attn_set_mma(0); /* the CPU-order kernels first, whatever FLOE_CUDA_ATTN_MMA says */
   const int64_t qdim = (int64_t)nh * hd * (gated ? 2 : 1), kvd = (int64_t)nkv * hd, nctx = sh.n_ctx;
   const size_t esz = bf16 ? 2 : 4, cbytes = (size_t)nkv * nctx * hd * esz;
   const float theta = 1e7f;

@@ -24,7 +24,9 @@
  *     the weighted sum are split-K (flash decoding), so the output differs from the CPU's single
  *     pass by rounding only (test bound: 1e-4 of max|V|). Decode and prefill use the same split
  *     (it depends only on the row's KV length), so a prefill row equals the decode of that
- *     position bit for bit.
+ *     position bit for bit. With cuda_attn_set_mma(1) (bf16 caches) the products go through the
+ *     tensor cores instead: not the CPU's score bits, the same bound, and still one order per row
+ *     for decode and prefill.
  *
  * Row-exactness: every kernel computes each row (token) with arithmetic that does not depend on
  * how many rows a launch has, so prefill rows equal decode rows. */
@@ -86,6 +88,8 @@ void cuda_attn_set_rows(int min_rows);
  * bits k_attn / k_attn_rows keep). 0 = those (the default). FLOE_CUDA_ATTN_MMA=1 sets 1 at setup.
  * A session must not switch it between its launches. */
 void cuda_attn_set_mma(int on);
+/* 1 while the tensor-core order is on (cuda_attn_set_mma or the environment) */
+int cuda_attn_mma(void);
 /* The tensor-core kernel's query rows a block in launches of >= 16 rows: 1 = 16 (the default),
  * 2 = 32 (K/V tiles read once for twice the rows). The same bits; FLOE_CUDA_ATTN_MT=2 at setup. */
 void cuda_attn_set_mt(int mt);

@@ -1060,27 +1060,31 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     return (per + ATT_CH - 1) / ATT_CH * ATT_CH;
   };
   /* the q terms' A fragments of this warp's k-chunks: register r of m-tile m, chunk k holds rows
-   * 16 m + g + 8 (r & 1), dims 16 kc + 8 (r >> 1) + 2 tq and + 1 (low half first) */
+   * 16 m + g + 8 (r & 1), dims 16 kc + 8 (r >> 1) + 2 tq and + 1 (low half first). Loaded after the
+   * first tiles' copies are issued, so that their latencies overlap. */
   uint32_t qa[MT][KCW][3][4];
+  bool q_loaded = false;
+  auto load_q = [&]() {
 #pragma unroll
-  for (int m = 0; m < MT; m++)
+    for (int m = 0; m < MT; m++)
 #pragma unroll
-  for (int k = 0; k < KCW; k++)
+    for (int k = 0; k < KCW; k++)
 #pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const int i = 16 * m + g + 8 * (r & 1), d = 16 * (warp * KCW + k) + 8 * (r >> 1) + 2 * tq;
-      float x0 = 0.0f, x1 = 0.0f;
-      if (warp < NKW && i < nq) {
-        const float *qr = q + ((int64_t)(t0 + i / HBH) * nh + head0 + i % HBH) * qs_row;
-        x0 = d < hd ? qr[d] : 0.0f;
-        x1 = d + 1 < hd ? qr[d + 1] : 0.0f;
+      for (int r = 0; r < 4; r++) {
+        const int i = 16 * m + g + 8 * (r & 1), d = 16 * (warp * KCW + k) + 8 * (r >> 1) + 2 * tq;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (warp < NKW && i < nq) {
+          const float *qr = q + ((int64_t)(t0 + i / HBH) * nh + head0 + i % HBH) * qs_row;
+          x0 = d < hd ? qr[d] : 0.0f;
+          x1 = d + 1 < hd ? qr[d + 1] : 0.0f;
+        }
+        uint32_t a[3], b[3];
+        atc_split3(x0, a);
+        atc_split3(x1, b);
+#pragma unroll
+        for (int s = 0; s < 3; s++) qa[m][k][s][r] = a[s] | b[s] << 16;
       }
-      uint32_t a[3], b[3];
-      atc_split3(x0, a);
-      atc_split3(x1, b);
-#pragma unroll
-      for (int s = 0; s < 3; s++) qa[m][k][s][r] = a[s] | b[s] << 16;
-    }
+  };
   for (int r0 = 0; r0 < nr;) { /* subgroups of rows with one part size */
     const int64_t CH = ch_of(r0);
     int r1 = r0 + 1;
@@ -1105,6 +1109,10 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     for (int s = 0; s < ATC_ST - 1; s++) {
       if (s < ntiles) issue(s, s);
       ops_cp_commit();
+    }
+    if (!q_loaded) {
+      load_q();
+      q_loaded = true;
     }
     float o[MT][NTW][4];
 #pragma unroll
@@ -1372,6 +1380,7 @@ static bool attn_mma_on(void) {
   return g_attn_mma == 1;
 }
 extern "C" void cuda_attn_set_mma(int on) { g_attn_mma = on ? 1 : 0; }
+extern "C" int cuda_attn_mma(void) { return attn_mma_on(); }
 
 /* query rows a block of k_attn_tc in launches of many rows: 1 = one m16 tile (16), 2 = two (32:
  * each K/V tile read from L2 once for twice the rows); decode and launches of fewer than 16 rows
