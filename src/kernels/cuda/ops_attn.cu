@@ -1006,7 +1006,7 @@ static __device__ __forceinline__ void atc_split3(float x, uint32_t *t) {
   t[0] = a, t[1] = b, t[2] = ops_f32_to_bf16(__fsub_rn(r1, ops_bf16_to_f32((uint16_t)b)));
 }
 static __device__ __forceinline__ void atc_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -1139,27 +1139,34 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
         s_np[tid] = n;
       }
       if (warp < NKW) { /* this warp's partial scores of every position of the tile */
+        /* the accumulators of all n8 tiles at once, so that consecutive mma are independent (each
+         * still sums its k-chunks in order, the smallest term first) */
         float *rw = red + (size_t)warp * QR * ATC_SS;
-#pragma unroll 2
-        for (int nt = 0; nt < TP / 8; nt++) {
-          float d[MT][4];
+        float d[MT][TP / 8][4];
 #pragma unroll
-          for (int m = 0; m < MT; m++) d[m][0] = d[m][1] = d[m][2] = d[m][3] = 0.0f;
+        for (int m = 0; m < MT; m++)
 #pragma unroll
-          for (int k = 0; k < KCW; k++) {
-            uint32_t b[2]; /* positions 8 nt + (lane & 7), dims 16 kc + 8 ((lane >> 3) & 1) */
-            atc_ldsm2(b, ks + (size_t)(8 * nt + (lane & 7)) * RB + (16 * (warp * KCW + k) + 8 * ((lane >> 3) & 1)) * 2);
+          for (int nt = 0; nt < TP / 8; nt++) d[m][nt][0] = d[m][nt][1] = d[m][nt][2] = d[m][nt][3] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KCW; k++) {
+          uint32_t b[TP / 8][2]; /* positions 8 nt + (lane & 7), dims 16 kc + 8 ((lane >> 3) & 1) */
+#pragma unroll
+          for (int nt = 0; nt < TP / 8; nt++)
+            atc_ldsm2(b[nt], ks + (size_t)(8 * nt + (lane & 7)) * RB + (16 * (warp * KCW + k) + 8 * ((lane >> 3) & 1)) * 2);
+#pragma unroll
+          for (int s = 2; s >= 0; s--)
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
-              for (int s = 2; s >= 0; s--) atc_mma(d[m], qa[m][k][s], b[0], b[1]);
-          }
-#pragma unroll
-          for (int m = 0; m < MT; m++) {
-            *(float2 *)(rw + (16 * m + g) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][0], d[m][1]);
-            *(float2 *)(rw + (16 * m + g + 8) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][2], d[m][3]);
-          }
+              for (int nt = 0; nt < TP / 8; nt++) atc_mma(d[m][nt], qa[m][k][s], b[nt][0], b[nt][1]);
         }
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+          for (int nt = 0; nt < TP / 8; nt++) {
+            *(float2 *)(rw + (16 * m + g) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][nt][0], d[m][nt][1]);
+            *(float2 *)(rw + (16 * m + g + 8) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][nt][2], d[m][nt][3]);
+          }
       }
       __syncthreads();
       /* online softmax per query row over its positions of the tile; the weights' terms */
@@ -1231,15 +1238,15 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
 #pragma unroll
             for (int s = 0; s < 3; s++)
               atc_ldsm4(a[m][s], es + ((size_t)s * QR + 16 * m + (lane & 15)) * ATC_PS + 16 * kc + 8 * (lane >> 4));
+          uint32_t b[NTW][2]; /* positions 16 kc + (lane & 15), dims of n8 tile warp * NTW + j; transposed */
 #pragma unroll
-          for (int j = 0; j < NTW; j++) {
-            uint32_t b[2]; /* positions 16 kc + (lane & 15), dims of n8 tile warp * NTW + j; transposed */
-            atc_ldsm2t(b, vs + (size_t)(16 * kc + (lane & 15)) * RB + 16 * (warp * NTW + j));
+          for (int j = 0; j < NTW; j++) atc_ldsm2t(b[j], vs + (size_t)(16 * kc + (lane & 15)) * RB + 16 * (warp * NTW + j));
+#pragma unroll
+          for (int s = 2; s >= 0; s--) /* each accumulator: the smallest term first, as before */
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
-              for (int s = 2; s >= 0; s--) atc_mma(o[m][j], a[m][s], b[0], b[1]);
-          }
+              for (int j = 0; j < NTW; j++) atc_mma(o[m][j], a[m][s], b[j][0], b[j][1]);
         }
       }
     }
