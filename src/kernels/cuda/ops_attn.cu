@@ -614,6 +614,39 @@ static int atr_hbh(const cuda_attn_shape *sh) {
   return h;
 }
 
+/* The rows kernels' (k_attn_rows, k_attn_tc) subgroups: a block's rows r0 .. r1 - 1 share k_attn's
+ * part size CH (it grows with np); part c of them runs over [p0, pend) (pend: the end of the part
+ * or the np of the subgroup's last row; has = false when no row of theirs reaches part c).
+ * np0: the np of the block's row 0. */
+struct AtrSub {
+  int64_t CH, p0, pend;
+  int r1;
+  bool has;
+};
+static __device__ __forceinline__ int64_t atr_ch(int64_t np, int n_split) {
+  const int64_t per = (np + n_split - 1) / n_split;
+  return (per + ATT_CH - 1) / ATT_CH * ATT_CH;
+}
+static __device__ __forceinline__ AtrSub atr_sub(int64_t np0, int r0, int nr, int c, int n_split) {
+  AtrSub u;
+  u.CH = atr_ch(np0 + r0, n_split);
+  u.r1 = r0 + 1;
+  while (u.r1 < nr && atr_ch(np0 + u.r1, n_split) == u.CH) u.r1++;
+  const int64_t npmax = np0 + u.r1 - 1; /* np of the subgroup's last row */
+  u.p0 = (int64_t)c * u.CH;
+  u.has = u.p0 < npmax;
+  u.pend = u.p0 + u.CH < npmax ? u.p0 + u.CH : npmax;
+  return u;
+}
+/* query row i's positions in the tile at tp0 of TP (0: none; rows outside [i0, i1) have none): its
+ * part ends at min(p0 + CH, np) */
+static __device__ __forceinline__ int atr_tile_n(const AtrSub &u, int i, int i0, int i1, int HBH, int64_t np0,
+                                                 int64_t tp0, int TP) {
+  if (i < i0 || i >= i1) return 0;
+  const int64_t np = np0 + i / HBH, e = u.p0 + u.CH < np ? u.p0 + u.CH : np;
+  return e - tp0 <= 0 ? 0 : (int)(e - tp0 < TP ? e - tp0 : TP);
+}
+
 /* The end of a rows kernel's block (k_attn_rows, k_attn_tc): count the block done; the last block
  * of its (row group, kv head batch) combines each of the nq query rows' parts (k_attn's combine:
  * the parts' maxima, their weights in part order, the sum divided, sigmoid(gate)) and writes out.
@@ -635,8 +668,7 @@ static __device__ void atr_finish(unsigned char *sm, const float *part, int *cnt
   __threadfence();
   float *fq = (float *)sm, *flq = fq + nq * ATT_MAX_SPLIT; /* [nq][ATT_MAX_SPLIT] each */
   auto nparts_of = [&](int i) { /* k_attn's parts of the row */
-    const int64_t np = base + t0 + i / HBH + 1, per = (np + n_split - 1) / n_split;
-    const int64_t ch = (per + ATT_CH - 1) / ATT_CH * ATT_CH;
+    const int64_t np = base + t0 + i / HBH + 1, ch = atr_ch(np, n_split);
     return (int)((np + ch - 1) / ch);
   };
   auto parts_of = [&](int i) {
@@ -727,10 +759,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   const bool exact = hd == HD;
   const unsigned char *K = (const unsigned char *)kc + (size_t)kh * n_ctx * hd * ES;
   const unsigned char *V = (const unsigned char *)vc + (size_t)kh * n_ctx * hd * ES;
-  auto ch_of = [&](int r) -> int64_t { /* k_attn's part size for row r */
-    const int64_t np = base + t0 + r + 1, per = (np + n_split - 1) / n_split;
-    return (per + ATT_CH - 1) / ATT_CH * ATT_CH;
-  };
+  const int64_t np0 = base + t0 + 1; /* np of the block's row 0 */
   for (int e = tid; e < QR * HD; e += ATT_THREADS) {
     const int i = e / HD, d = e % HD;
     float v = 0.0f;
@@ -739,16 +768,13 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   }
   const int dg = tid % ND, pg = tid / ND, d0 = DPT * dg;
   for (int r0 = 0; r0 < nr;) { /* subgroups of rows with one part size */
-    const int64_t CH = ch_of(r0);
-    int r1 = r0 + 1;
-    while (r1 < nr && ch_of(r1) == CH) r1++;
-    const int64_t p0 = (int64_t)c * CH, npmax = base + t0 + r1; /* np of the subgroup's last row */
-    const int i0 = r0 * HBH, i1 = r1 * HBH;                      /* its query rows */
-    if (p0 >= npmax) { /* no row of the subgroup has part c */
+    const AtrSub u = atr_sub(np0, r0, nr, c, n_split);
+    const int r1 = u.r1, i0 = r0 * HBH, i1 = r1 * HBH; /* its query rows */
+    if (!u.has) {
       r0 = r1;
       continue;
     }
-    const int64_t pend = p0 + CH < npmax ? p0 + CH : npmax;
+    const int64_t p0 = u.p0, pend = u.pend;
     const int ntiles = (int)((pend - p0 + TP - 1) / TP);
     auto issue = [&](int it, int st) { /* k_attn's tile load, up to pend */
       const int64_t tp0 = p0 + (int64_t)it * TP;
@@ -777,14 +803,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       const int64_t tp0 = p0 + (int64_t)it * TP;
       const int ntp = (int)(pend - tp0 < TP ? pend - tp0 : TP);
       const unsigned char *ks = att_sm + (size_t)(it % ATT_STAGES) * 2 * TB, *vs = ks + TB;
-      if (tid < QR) { /* the row's part ends at min(p0 + CH, np) */
-        int n = 0;
-        if (tid >= i0 && tid < i1) {
-          const int64_t np = base + t0 + tid / HBH + 1, e = p0 + CH < np ? p0 + CH : np;
-          n = e - tp0 <= 0 ? 0 : (int)(e - tp0 < TP ? e - tp0 : TP);
-        }
-        s_np[tid] = n;
-      }
+      if (tid < QR) s_np[tid] = atr_tile_n(u, tid, i0, i1, HBH, np0, tp0, TP);
       /* scores: thread (position p, group g) scores query rows g, g + NG, ... QB at a time */
       {
         const int p = tid % TP, g = tid / TP;
@@ -1055,10 +1074,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   const bool exact = hd == HD;
   const unsigned char *K = (const unsigned char *)kc + (size_t)kh * n_ctx * hd * 2;
   const unsigned char *V = (const unsigned char *)vc + (size_t)kh * n_ctx * hd * 2;
-  auto ch_of = [&](int r) -> int64_t { /* k_attn's part size for row r */
-    const int64_t np = base + t0 + r + 1, per = (np + n_split - 1) / n_split;
-    return (per + ATT_CH - 1) / ATT_CH * ATT_CH;
-  };
+  const int64_t np0 = base + t0 + 1; /* np of the block's row 0 */
   /* the q terms' A fragments of this warp's k-chunks: register r of m-tile m, chunk k holds rows
    * 16 m + g + 8 (r & 1), dims 16 kc + 8 (r >> 1) + 2 tq and + 1 (low half first). Loaded after the
    * first tiles' copies are issued, so that their latencies overlap. */
@@ -1086,16 +1102,13 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       }
   };
   for (int r0 = 0; r0 < nr;) { /* subgroups of rows with one part size */
-    const int64_t CH = ch_of(r0);
-    int r1 = r0 + 1;
-    while (r1 < nr && ch_of(r1) == CH) r1++;
-    const int64_t p0 = (int64_t)c * CH, npmax = base + t0 + r1; /* np of the subgroup's last row */
-    const int i0 = r0 * HBH, i1 = r1 * HBH;
-    if (p0 >= npmax) { /* no row of the subgroup has part c */
+    const AtrSub u = atr_sub(np0, r0, nr, c, n_split);
+    const int r1 = u.r1, i0 = r0 * HBH, i1 = r1 * HBH; /* its query rows */
+    if (!u.has) {
       r0 = r1;
       continue;
     }
-    const int64_t pend = p0 + CH < npmax ? p0 + CH : npmax;
+    const int64_t p0 = u.p0, pend = u.pend;
     const int ntiles = (int)((pend - p0 + TP - 1) / TP);
     auto issue = [&](int it, int st) { /* k_attn's tile load up to pend, then zeros in the V rows past it */
       const int64_t tp0 = p0 + (int64_t)it * TP;
@@ -1130,14 +1143,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       ops_cp_commit();
       const int64_t tp0 = p0 + (int64_t)it * TP;
       const unsigned char *ks = att_sm + (size_t)(it % ATC_ST) * 2 * TB, *vs = ks + TB;
-      if (tid < QR) { /* the row's part ends at min(p0 + CH, np) */
-        int n = 0;
-        if (tid >= i0 && tid < i1) {
-          const int64_t np = base + t0 + tid / HBH + 1, e = p0 + CH < np ? p0 + CH : np;
-          n = e - tp0 <= 0 ? 0 : (int)(e - tp0 < TP ? e - tp0 : TP);
-        }
-        s_np[tid] = n;
-      }
+      if (tid < QR) s_np[tid] = atr_tile_n(u, tid, i0, i1, HBH, np0, tp0, TP);
       if (warp < NKW) { /* this warp's partial scores of every position of the tile */
         /* the accumulators of all n8 tiles at once, so that consecutive mma are independent (each
          * still sums its k-chunks in order, the smallest term first) */
