@@ -81,7 +81,8 @@ static int attn_only(int64_t kv, int split, int hb) {
   void *scr = zdev(cuda_attn_scratch_bytes(&sh, 1));
   for (int i = 0; i < 5; i++) cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL);
   char lab[96];
-  snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d %s %d", (long long)kv, split, hb ? "hb" : "rows", hb);
+  snprintf(lab, sizeof lab, "attn decode bf16 kv %lld split %d %s %d%s", (long long)kv, split, hb ? "hb" : "rows", hb,
+           cuda_attn_mma() ? " (tensor cores)" : "");
   TIME(lab, 20, cuda_attn(&sh, q, kc, vc, pos, 1, ao, scr, NULL));
   return 0;
 }
@@ -132,6 +133,7 @@ int main(int argc, char **argv) {
   sh128.n_split = 128;
   void *scr = zdev(cuda_attn_scratch_bytes(&sh128, 512));
   TIME("attn_prep decode (q/k norm, rope, kv write)", REPS, cuda_attn_prep(&sh, q, kk, vv, qn, kn, cs, kc, vc, pos, 1, NULL));
+  cuda_attn_set_mma(0); /* the lines below name the kernels; "tensor cores": k_attn_tc */
   for (int s = 0; s < 3; s++) {
     sh.n_split = splits[s];
     for (int c = 0; c < 4; c++) {

@@ -24,9 +24,9 @@
  *     the weighted sum are split-K (flash decoding), so the output differs from the CPU's single
  *     pass by rounding only (test bound: 1e-4 of max|V|). Decode and prefill use the same split
  *     (it depends only on the row's KV length), so a prefill row equals the decode of that
- *     position bit for bit. With cuda_attn_set_mma(1) (bf16 caches) the products go through the
- *     tensor cores instead: not the CPU's score bits, the same bound, and still one order per row
- *     for decode and prefill.
+ *     position bit for bit. That is the f32 caches' attention and, with cuda_attn_set_mma(0),
+ *     the bf16 caches'; by default a bf16 cache's products go through the tensor cores instead:
+ *     not the CPU's score bits, the same bound, and still one order per row for decode and prefill.
  *
  * Row-exactness: every kernel computes each row (token) with arithmetic that does not depend on
  * how many rows a launch has, so prefill rows equal decode rows. */
@@ -83,15 +83,15 @@ void cuda_attn_set_fold_t(int on);
  * decode). Default 8; FLOE_CUDA_ATTN_ROWS=N sets N at setup (cuda_attn_check). */
 void cuda_attn_set_rows(int min_rows);
 /* bfloat16 caches: 1 = every launch (decode, few rows, prefill) runs the tensor-core kernel
- * (k_attn_tc): q and the softmax weights as three exact bfloat16 terms each, the products by
- * mma.sync, one code path per row (row-exact among its launches; not the CPU's score order, whose
- * bits k_attn / k_attn_rows keep). 0 = those (the default). FLOE_CUDA_ATTN_MMA=1 sets 1 at setup.
- * A session must not switch it between its launches. */
+ * (k_attn_tc; the default): q and the softmax weights as three exact bfloat16 terms each, the
+ * products by mma.sync, one code path per row (row-exact among its launches; not the CPU's score
+ * order, whose bits k_attn / k_attn_rows keep: 0). FLOE_CUDA_ATTN_MMA=0 sets 0 at setup. A session
+ * must not switch it between its launches. f32 caches always take k_attn / k_attn_rows. */
 void cuda_attn_set_mma(int on);
 /* 1 while the tensor-core order is on (cuda_attn_set_mma or the environment) */
 int cuda_attn_mma(void);
-/* The tensor-core kernel's query rows a block in launches of >= 16 rows: 1 = 16 (the default),
- * 2 = 32 (K/V tiles read once for twice the rows). The same bits; FLOE_CUDA_ATTN_MT=2 at setup. */
+/* The tensor-core kernel's query rows a block in launches of >= 16 rows: 2 = 32 (the default: K/V
+ * tiles read once for twice the rows), 1 = 16. The same bits; FLOE_CUDA_ATTN_MT=1 at setup. */
 void cuda_attn_set_mt(int mt);
 /* 1 when a launch of n_tok rows runs the row-group kernel (its scratch is the same size) */
 int cuda_attn_rows_used(int64_t n_tok);

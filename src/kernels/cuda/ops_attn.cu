@@ -975,7 +975,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
 #undef PERM
 }
 
-/* ---- the tensor-core order (cuda_attn_set_mma / FLOE_CUDA_ATTN_MMA; bfloat16 caches) ----
+/* ---- the tensor-core order (the default for bfloat16 caches; cuda_attn_set_mma / FLOE_CUDA_ATTN_MMA=0) ----
  * k_attn_tc runs every launch of a bf16 cache in this mode (decode, a verify's few rows, prefill
  * chunks) with one code path per query row, so a row's bits do not depend on the launch it is in
  * (row-exact). They are not k_attn's bits (which are the CPU's score order): the products go
@@ -1382,13 +1382,15 @@ static int attn_rows_dispatch(const cuda_attn_shape *sh, const float *q, const v
 }
 
 /* ---- the tensor-core kernel's launch ---- */
-/* bfloat16 caches: 1 = every launch runs k_attn_tc (the tensor-core order), 0 = k_attn / k_attn_rows
- * (the CPU's score order). FLOE_CUDA_ATTN_MMA=1 at setup (cuda_attn_check) or the first call. */
+/* bfloat16 caches: 1 = every launch runs k_attn_tc (the tensor-core order; the default: on the
+ * H200 the 35B-A3B shape's 4096-token prefill 7914-8244 -> 9638-10013 tok/s, its decode at 128K
+ * 279 -> 311 tok/s, at 32K 390 -> 404, at depth 0 489-496 -> 472-476), 0 = k_attn / k_attn_rows
+ * (the CPU's score order). FLOE_CUDA_ATTN_MMA=0 at setup (cuda_attn_check) or the first call. */
 static int g_attn_mma = -1;
 static bool attn_mma_on(void) {
   if (g_attn_mma < 0) {
     const char *e = getenv("FLOE_CUDA_ATTN_MMA");
-    g_attn_mma = e && e[0] == '1';
+    g_attn_mma = !(e && e[0] == '0');
   }
   return g_attn_mma == 1;
 }
@@ -1396,13 +1398,14 @@ extern "C" void cuda_attn_set_mma(int on) { g_attn_mma = on ? 1 : 0; }
 extern "C" int cuda_attn_mma(void) { return attn_mma_on(); }
 
 /* query rows a block of k_attn_tc in launches of many rows: 1 = one m16 tile (16), 2 = two (32:
- * each K/V tile read from L2 once for twice the rows); decode and launches of fewer than 16 rows
- * keep one. The same bits per row. FLOE_CUDA_ATTN_MT=2 at setup or the first call. */
+ * each K/V tile read from L2 once for twice the rows; the default: 4096-token prefill 9512-9819 ->
+ * 10063-10107 tok/s); decode and launches of fewer than 16 rows keep one. The same bits per row.
+ * FLOE_CUDA_ATTN_MT=1 at setup or the first call. */
 static int g_attn_mt = -1;
 static int attn_tc_mt(void) {
   if (g_attn_mt < 0) {
     const char *e = getenv("FLOE_CUDA_ATTN_MT");
-    g_attn_mt = e && e[0] == '2' ? 2 : 1;
+    g_attn_mt = e && e[0] == '1' ? 1 : 2;
   }
   return g_attn_mt;
 }
