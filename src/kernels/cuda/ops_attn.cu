@@ -646,6 +646,15 @@ static __device__ __forceinline__ int atr_tile_n(const AtrSub &u, int i, int i0,
   const int64_t np = np0 + i / HBH, e = u.p0 + u.CH < np ? u.p0 + u.CH : np;
   return e - tp0 <= 0 ? 0 : (int)(e - tp0 < TP ? e - tp0 : TP);
 }
+/* query row i (token t0 + i / HBH, head head0 + i % HBH) of the subgroup has part c */
+static __device__ __forceinline__ bool atr_has_part(const AtrSub &u, int i, int i0, int i1, int HBH, int64_t np0) {
+  return i >= i0 && i < i1 && u.p0 < np0 + i / HBH;
+}
+/* query row i's parts in the scratch: n_split of HD + 4 floats (o, m, l, padding) each */
+static __device__ __forceinline__ float *atr_parts(float *part, int t0, int i, int HBH, int nh, int head0,
+                                                   int n_split, int HD) {
+  return part + ((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split * ((size_t)HD + 4);
+}
 
 /* The end of a rows kernel's block (k_attn_rows, k_attn_tc): count the block done; the last block
  * of its (row group, kv head batch) combines each of the nq query rows' parts (k_attn's combine:
@@ -671,9 +680,7 @@ static __device__ void atr_finish(unsigned char *sm, const float *part, int *cnt
     const int64_t np = base + t0 + i / HBH + 1, ch = atr_ch(np, n_split);
     return (int)((np + ch - 1) / ch);
   };
-  auto parts_of = [&](int i) {
-    return part + ((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split * PF;
-  };
+  auto parts_of = [&](int i) { return (const float *)atr_parts((float *)part, t0, i, HBH, nh, head0, n_split, HD); };
   for (int i = warp; i < nq; i += ATT_THREADS / 32) { /* k_attn's combine, per query row */
     const int nparts = nparts_of(i);
     const float *P = parts_of(i);
@@ -941,7 +948,6 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     ops_cp_wait<0>();
     __syncthreads(); /* every tile consumed: the stages are free for the group sums */
     float *red = (float *)att_sm; /* [NPG - 1][QR][HD] */
-    auto has_part = [&](int i) { return i >= i0 && i < i1 && p0 < base + t0 + i / HBH + 1; };
     if (NPG > 1) {
       if (pg > 0)
 #pragma unroll
@@ -958,8 +964,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     }
 #pragma unroll
     for (int i = 0; i < QR; i++) {
-      if (!has_part(i)) continue;
-      float *mp = part + (((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split + c) * PF;
+      if (!atr_has_part(u, i, i0, i1, HBH, np0)) continue;
+      float *mp = atr_parts(part, t0, i, HBH, nh, head0, n_split, HD) + c * PF;
       if (pg == 0)
 #pragma unroll
         for (int u = 0; u < DPT; u++) mp[d0 + u] = o[i][u];
@@ -984,8 +990,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
  * likewise a softmax weight e; K and V are bfloat16 already. So every product is exact and the only
  * rounding is the accumulation's (f32, in the mma's fixed order), as k_attn's V sums differ from
  * the CPU's by rounding.
- * A block: (group of R rows, kv head / head batch, part c) with QR = 16 query rows (row, head),
- * one m16 tile; parts and tiles as k_attn (parts of CH = roundup128(ceil(np / n_split)) positions,
+ * A block: (group of R rows, kv head / head batch, part c) with QR = 16 MT query rows (row, head),
+ * MT m16 tiles (2 in launches of >= 16 rows by default); parts and tiles as k_attn (parts of CH = roundup128(ceil(np / n_split)) positions,
  * tiles of ATC_TP positions from the part's start, rows of another CH in a second subgroup).
  *   - scores: warp w keeps the A fragments of its k-chunks (16 dims each) of the three q terms in
  *     registers for the whole launch and multiplies them with the tile's K (ldmatrix; three mma a
@@ -998,7 +1004,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
  *     terms (the smallest first) times V (ldmatrix.trans) accumulate into o.
  * Floors (4096-token prefill of the 35B-A3B shape, one attention layer): 2 x 68.7 G multiply-adds
  * of (row, position, dim), x3 for the terms: ~0.4 T flops, ~0.6 ms at the mma.sync rate; a block's
- * K/V tiles come from L2 once per 16 query rows (~8.6 GB of L2 reads a layer). */
+ * K/V tiles come from L2 once per 16 MT query rows (~4.3 GB of L2 reads a layer at MT 2). */
 #define ATC_TP 64 /* positions per tile (the online softmax's step: part of the bits) */
 #define ATC_QR 16 /* query rows per block */
 #define ATC_ST 2  /* cp.async pipeline depth (tiles) */
@@ -1258,21 +1264,20 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     }
     ops_cp_wait<0>();
     __syncthreads(); /* every tile consumed */
-    auto has_part = [&](int i) { return i >= i0 && i < i1 && p0 < base + t0 + i / HBH + 1; };
     if (warp < NVW)
 #pragma unroll
       for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           const int i = 16 * m + g + 8 * h;
-          if (!has_part(i)) continue;
-          float *mp = part + (((size_t)(t0 + i / HBH) * nh + head0 + i % HBH) * n_split + c) * PF;
+          if (!atr_has_part(u, i, i0, i1, HBH, np0)) continue;
+          float *mp = atr_parts(part, t0, i, HBH, nh, head0, n_split, HD) + c * PF;
 #pragma unroll
           for (int j = 0; j < NTW; j++)
             *(float2 *)(mp + 8 * (warp * NTW + j) + 2 * tq) = make_float2(o[m][j][2 * h], o[m][j][2 * h + 1]);
         }
-    if (tid < QR && has_part(tid)) {
-      float *mp = part + (((size_t)(t0 + tid / HBH) * nh + head0 + tid % HBH) * n_split + c) * PF;
+    if (tid < QR && atr_has_part(u, tid, i0, i1, HBH, np0)) {
+      float *mp = atr_parts(part, t0, tid, HBH, nh, head0, n_split, HD) + c * PF;
       mp[HD] = s_m[tid];
       mp[HD + 1] = s_l[tid];
     }
