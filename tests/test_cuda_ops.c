@@ -171,80 +171,69 @@ static void attn_ref(const cuda_attn_shape *sh, const float *q, const void *K, c
   }
 }
 
-static void test_attn_tc_rows(const cuda_attn_shape *sh, float *dq, void *dK, void *dV, int32_t *dpos, int32_t *dposv,
-                              float *dout, void *dscr, const float *q, const void *Kc, const void *Vc, const float *go,
-                              int64_t n0, int n_tok, float vmax, float *gt, float *g2, float *ro, float *scr);
 /* The tensor-core order (cuda_attn_set_mma(1), bf16 caches): the rows of one prefill launch, of
- * launches of fewer rows and of each row's decode alone are bit-identical, and within the CPU bound.
- * go: the CPU-order kernels' rows (at n0 >= 1000 the tensor-core sums must differ from them
- * somewhere: the mode ran). */
+ * launches of fewer rows, of each row's decode alone and of 32-row blocks are bit-identical, and
+ * within the CPU bound. go: the CPU-order kernels' rows (at n0 >= 1000 the tensor-core sums must
+ * differ from them somewhere: the mode ran). */
 static void test_attn_tc(const cuda_attn_shape *sh, float *dq, void *dK, void *dV, int32_t *dpos, int32_t *dposv,
                          float *dout, void *dscr, const float *q, const void *Kc, const void *Vc, const float *go,
                          int64_t n0, int n_tok, float vmax) {
-  const int64_t od = (int64_t)sh->n_head * sh->head_dim;
+  const int64_t qdim = (int64_t)sh->n_head * sh->head_dim * (sh->gated ? 2 : 1), od = (int64_t)sh->n_head * sh->head_dim;
   float *gt = malloc(n_tok * od * 4), *g2 = malloc(n_tok * od * 4), *ro = malloc(od * 4);
   float *scr = malloc((size_t)(sh->n_head / sh->n_head_kv) * sh->n_ctx * 4);
   cuda_attn_set_mma(1);
+  cuda_attn_set_mt(1);
   poison(dout, n_tok * od * 4);
   cuda_attn(sh, dq, dK, dV, dposv, n_tok, dout, dscr, NULL);
   const int ran = sync_ok();
   CHECK(ran, "tensor-core attention ran");
-  if (ran) test_attn_tc_rows(sh, dq, dK, dV, dpos, dposv, dout, dscr, q, Kc, Vc, go, n0, n_tok, vmax, gt, g2, ro, scr);
-  if (ran && n_tok >= 16) { /* 32 query rows a block (launches of >= 16 rows): the same bits */
-    cuda_attn_set_mt(2);
-    poison(dout, n_tok * od * 4);
-    cuda_attn(sh, dq, dK, dV, dposv, n_tok, dout, dscr, NULL);
-    if (sync_ok()) {
+  if (ran) {
+    get(gt, dout, n_tok * od * 4);
+    CHECK(n_nan(gt, n_tok * od) == 0, "tensor-core order: every output written");
+    double worst = 0.0;
+    for (int64_t t = 0; t < n_tok; t++) {
+      attn_ref(sh, q + t * qdim, Kc, Vc, n0 + t + 1, ro, scr);
+      for (int64_t i = 0; i < od; i++) worst = fmax(worst, fabs((double)gt[t * od + i] - ro[i]));
+    }
+    const double bound = 1e-4 * vmax + 1e-6;
+    CHECK(worst <= bound, "tensor-core order vs CPU: max |diff| %.3g <= %.3g", worst, bound);
+    const size_t nd = n_diff_bits(gt, go, n_tok * od);
+    printf("   tensor-core order: max |diff| vs CPU %.3g; %zu of %lld values differ from the CPU-order kernels\n",
+           worst, nd, (long long)(n_tok * od));
+    if (n0 >= 1000) CHECK(nd > 0, "tensor-core order: not the CPU-order kernels' bits (%zu differ)", nd);
+    /* the same rows in other launches: fewer rows a launch, then 32 query rows a block (launches of
+     * >= 16 rows), each compared bit for bit */
+    for (int way = 0; way < 2; way++) {
+      if (way == 1 && n_tok < 16) break;
+      const int64_t step = way ? n_tok : 1 + n_tok / 3;
+      cuda_attn_set_mt(way ? 2 : 1);
+      poison(dout, n_tok * od * 4);
+      for (int64_t t0 = 0; t0 < n_tok; t0 += step)
+        cuda_attn(sh, dq + t0 * qdim, dK, dV, dposv + t0, n_tok - t0 < step ? n_tok - t0 : step, dout + t0 * od,
+                  dscr, NULL);
+      if (!sync_ok()) {
+        CHECK(0, "tensor-core attention ran (%s)", way ? "32 query rows a block" : "fewer rows");
+        break;
+      }
       get(g2, dout, n_tok * od * 4);
-      CHECK(n_diff_bits(g2, gt, n_tok * od) == 0, "tensor-core order, 32 query rows a block: the same bits (%zu differ)",
-            n_diff_bits(g2, gt, n_tok * od));
-    } else
-      CHECK(0, "tensor-core attention (32 query rows a block) ran");
+      CHECK(n_diff_bits(g2, gt, n_tok * od) == 0, "tensor-core order, %s: the same bits (%zu differ)",
+            way ? "32 query rows a block" : "launches of fewer rows", n_diff_bits(g2, gt, n_tok * od));
+    }
     cuda_attn_set_mt(1);
+    size_t ndiff = 0; /* the decode of each row alone */
+    for (int64_t t = 0; t < n_tok; t++) {
+      const int32_t p = (int32_t)(n0 + t);
+      h2d(dpos, &p, 4);
+      poison(dout, od * 4);
+      cuda_attn(sh, dq + t * qdim, dK, dV, dpos, 1, dout, dscr, NULL);
+      if (!sync_ok()) break;
+      get(g2, dout, od * 4);
+      ndiff += n_diff_bits(g2, gt + t * od, od);
+    }
+    CHECK(ndiff == 0, "tensor-core order: decode of each row == its prefill row, bit for bit (%zu differ)", ndiff);
   }
   cuda_attn_set_mma(0);
   free(gt), free(g2), free(ro), free(scr);
-}
-
-static void test_attn_tc_rows(const cuda_attn_shape *sh, float *dq, void *dK, void *dV, int32_t *dpos, int32_t *dposv,
-                              float *dout, void *dscr, const float *q, const void *Kc, const void *Vc, const float *go,
-                              int64_t n0, int n_tok, float vmax, float *gt, float *g2, float *ro, float *scr) {
-  const int64_t qdim = (int64_t)sh->n_head * sh->head_dim * (sh->gated ? 2 : 1), od = (int64_t)sh->n_head * sh->head_dim;
-  get(gt, dout, n_tok * od * 4);
-  CHECK(n_nan(gt, n_tok * od) == 0, "tensor-core order: every output written");
-  double worst = 0.0;
-  for (int64_t t = 0; t < n_tok; t++) {
-    attn_ref(sh, q + t * qdim, Kc, Vc, n0 + t + 1, ro, scr);
-    for (int64_t i = 0; i < od; i++) worst = fmax(worst, fabs((double)gt[t * od + i] - ro[i]));
-  }
-  const double bound = 1e-4 * vmax + 1e-6;
-  CHECK(worst <= bound, "tensor-core order vs CPU: max |diff| %.3g <= %.3g", worst, bound);
-  const size_t nd = n_diff_bits(gt, go, n_tok * od);
-  printf("   tensor-core order: max |diff| vs CPU %.3g; %zu of %lld values differ from the CPU-order kernels\n", worst,
-         nd, (long long)(n_tok * od));
-  if (n0 >= 1000) CHECK(nd > 0, "tensor-core order: not the CPU-order kernels' bits (%zu differ)", nd);
-  const int64_t step = 1 + n_tok / 3; /* launches of fewer rows */
-  poison(dout, n_tok * od * 4);
-  for (int64_t t0 = 0; t0 < n_tok; t0 += step)
-    cuda_attn(sh, dq + t0 * qdim, dK, dV, dposv + t0, n_tok - t0 < step ? n_tok - t0 : step, dout + t0 * od, dscr,
-              NULL);
-  if (sync_ok()) {
-    get(g2, dout, n_tok * od * 4);
-    CHECK(n_diff_bits(g2, gt, n_tok * od) == 0, "tensor-core order, launches of fewer rows: the same bits (%zu differ)",
-          n_diff_bits(g2, gt, n_tok * od));
-  } else
-    CHECK(0, "tensor-core attention (fewer rows) ran");
-  size_t ndiff = 0; /* the decode of each row alone */
-  for (int64_t t = 0; t < n_tok; t++) {
-    const int32_t p = (int32_t)(n0 + t);
-    h2d(dpos, &p, 4);
-    poison(dout, od * 4);
-    cuda_attn(sh, dq + t * qdim, dK, dV, dpos, 1, dout, dscr, NULL);
-    if (!sync_ok()) break;
-    get(g2, dout, od * 4);
-    ndiff += n_diff_bits(g2, gt + t * od, od);
-  }
-  CHECK(ndiff == 0, "tensor-core order: decode of each row == its prefill row, bit for bit (%zu differ)", ndiff);
 }
 
 /* Fills the cache with n0 random positions, then prefills n_tok rows at pos0 = n0 (prep + attn)
@@ -944,8 +933,8 @@ int main(void) {
    * launches a token; the fused step with k_gdn_recur_cols (no overlap); the column-split
    * recurrence for decode steps too, with two and with four threads a column; the fused step and
    * the prefill with four threads a column (k_gdn_step1<DK, 4>, k_gdn_recur_cols2<4>); the chunked
-   * loads of k_gdn_recur_cols3 with 2 / 4 / 8 threads a column (8: the default prefill; with 2 and
-   * 8 decode steps too). Decode steps go through cuda_gdn_step, compared with the CPU and with the
+   * loads of k_gdn_recur_cols3 with 2 / 4 / 8 threads a column (with 2 and 8 decode steps too; the
+   * default prefill, 8 threads a column over 16 columns a block, is in the loop below). Decode steps go through cuda_gdn_step, compared with the CPU and with the
    * prefill rows, whose token-by-token rerun takes the two launches (k_gdn_recur2 where the decode
    * steps are not column-split: then the prefill kernel is checked bit for bit against it). */
   for (int impl = 0; impl < 10; impl++) {
@@ -958,7 +947,7 @@ int main(void) {
                           : impl == 6 ? "four threads a column: the fused step k_gdn_step1<DK, 4>, prefill k_gdn_recur_cols2<4>"
                           : impl == 7 ? "chunked loads, two threads a column (k_gdn_recur_cols3<2>), decode steps too"
                           : impl == 8 ? "chunked loads, four threads a column (k_gdn_recur_cols3<4>)"
-                                      : "chunked loads, eight threads a column (k_gdn_recur_cols3<8>: the default), decode steps too");
+                                      : "chunked loads, eight threads a column (k_gdn_recur_cols3<8, 32>), decode steps too");
     cuda_gdn_set_impl(impl > 0);
     cuda_gdn_set_conv_par(impl > 0);
     cuda_gdn_set_fused(impl != 2);
@@ -995,7 +984,7 @@ int main(void) {
     test_gdn_case(1, 3, 128, 7, 4, 0, 20, 1); /* rows of 277 floats: 4-byte copies */
     test_gdn_case(16, 32, 128, 128, 4, 1, 40, 1); /* the 35B-A3B shape */
   }
-  cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(6), cuda_gdn_set_dec_cols(0), cuda_gdn_set_step_nq(2);
+  cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(7), cuda_gdn_set_dec_cols(0), cuda_gdn_set_step_nq(2);
   test_gdn_case(16, 32, 128, 128, 4, 1, 260, 3); /* the 35B-A3B shape, a long chunk (the defaults) */
   cuda_gdn_set_impl(0);
   test_gdn_case(2, 6, 64, 64, 3, 1, 4, 2);
