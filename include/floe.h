@@ -247,6 +247,7 @@ typedef struct floe_session_stats {
   int64_t tier_slots;
   uint64_t tier_lookups, tier_hits, tier_copies, tier_cpu, tier_h2d_bytes;
   uint64_t tier_pf_issued, tier_pf_used; /* experts copied ahead for the next layer, then used */
+  uint64_t tier_graph_launches;          /* one-token steps' recorded segments launched (CUDA graphs) */
   double tier_wait_s, tier_cpu_s, tier_pcie_gbps, tier_cpu_expert_s;
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);

@@ -25,6 +25,7 @@
 #             then streamed from the file too (--mem-budget with --gpu-mem, $TIER_STREAM)
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
 #   stream80  the 80B streamed (--mem-budget + --gpu-mem): read-ahead by the router vs the previous token
+#   tiergraph tiered decode as recorded graph segments vs eager steps (FLOE_CUDA_TIER_GRAPH=0), alternated
 #   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
 #   abp35     prefill of the 35B shape (ABPN tokens, default 4096) per setting of ABP35, ABR rounds
@@ -308,6 +309,28 @@ sec_tier35() {
     echo "== --mem-budget ${g%%:*} --gpu-mem ${g##*:} --direct"
     run_traced ${TIER_BENCH_TIMEOUT:-300} "$BUILD/bin/floe" bench -m "$SYNTH" --mem-budget "${g%%:*}" --gpu-mem "${g##*:}" \
       --direct -p 0 -n 64 -r 1 --json || rc=1
+  done
+  return $rc
+}
+# tiergraph: tiered one-token steps as recorded graph segments (the default) against eager steps
+# (FLOE_CUDA_TIER_GRAPH=0), TG_R rounds alternated, on TG_MODEL (default $SYNTH; "80": the 80B shape,
+# synthesized first, the 35B file removed) with --gpu-mem TG_MEM (default 8G), -p 0 -n TG_N (128),
+# each with the cost model and with every miss on the CPU (FLOE_TIER_CPU=1: the split segments)
+sec_tiergraph() {
+  local r v c m=${TG_MODEL:-$SYNTH} rc=0
+  if [ "$m" = 80 ]; then
+    rm -f "$SYNTH"
+    m=$SYNTH80
+    [ -f "$m" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen3next-80b-a3b --type q4_K -o "$m" || return 1
+  fi
+  for c in ${TG_CPU:--1 1}; do
+    for r in $(seq 1 "${TG_R:-2}"); do
+      for v in 1 0; do
+        echo "== round $r: --gpu-mem ${TG_MEM:-8G}, FLOE_TIER_CPU=$c, FLOE_CUDA_TIER_GRAPH=$v"
+        FLOE_TIER_CPU=$c FLOE_CUDA_TIER_GRAPH=$v timeout 300 "$BUILD/bin/floe" bench -m "$m" --gpu-mem "${TG_MEM:-8G}" \
+          -p 0 -n "${TG_N:-128}" -r 1 --json || rc=1
+      done
+    done
   done
   return $rc
 }

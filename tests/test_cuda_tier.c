@@ -15,7 +15,10 @@
  *    mapping, a RAM cache of a few experts more than one token's): the misses are read from the
  *    file into the cache, then copied or computed by the CPU from there; the same bits, and the
  *    cache's counters show the reads;
- *  - a pool below the minimum is refused at load with a message naming it.
+ *  - a pool below the minimum is refused at load with a message naming it;
+ *  - one-token steps run as recorded graph segments, cut at each layer's host decisions (recorded
+ *    at the first step, replayed after: the counters say so; a chunk runs eagerly), and eagerly
+ *    with FLOE_CUDA_TIER_GRAPH=0: the same bits either way.
  * Without a CUDA device: "skipped: no CUDA device", exit 77.
  * FLOE_TEST_WATCHDOG=S: after S seconds the main thread's stack is printed ("bt: OBJECT OFFSET
  * SYMBOL" lines, named by scripts/elf_sym.py) and the test aborts, so a hang says where it is. */
@@ -66,6 +69,18 @@ static int run(const model *m, const int32_t *tok, int64_t n, int64_t chunk, flo
   }
   model_session_free(s);
   return 0;
+}
+
+/* The graph segments of a pass (decode: one token a step): recorded at the first step and replayed
+ * at the later ones, unless FLOE_CUDA_TIER_GRAPH=0; a chunk (or that setting) launches none. */
+static void check_graphs(const model_tier_stats *st, bool decode, const char *what) {
+  const char *e = getenv("FLOE_CUDA_TIER_GRAPH");
+  if (decode && !(e && e[0] == '0'))
+    CHECK(st->graphs_recorded > 0 && st->graph_launches > st->graphs_recorded,
+          "%s: the steps ran as graph segments (%llu recorded, %llu launched)", what,
+          (unsigned long long)st->graphs_recorded, (unsigned long long)st->graph_launches);
+  else
+    CHECK(st->graph_launches == 0, "%s: no graph segment (%llu launched)", what, (unsigned long long)st->graph_launches);
 }
 
 static int64_t rows_differ(const float *a, const float *b, int64_t n, int64_t V) {
@@ -131,6 +146,7 @@ static void test_streamed(const char *path, int64_t n, const int32_t *tok, const
       CHECK(ts.cpu > 0 && ts.copies == 0, "streamed, cpu 1, decode: every miss on the CPU (%llu; copied %llu)",
             (unsigned long long)ts.cpu, (unsigned long long)ts.copies);
     if (mode[0] == '0') CHECK(ts.cpu == 0, "streamed, cpu 0: no expert on the CPU");
+    check_graphs(&ts, pass == 1, pass ? "streamed, decode" : "streamed, one chunk");
   }
   model_free(mt);
 }
@@ -157,9 +173,37 @@ static void test_prefetch(const char *path, int64_t n, const int32_t *tok, const
   CHECK(rc == 0 && d == 0, "prefetch, decode: logits == the resident run's (%lld rows differ); hits %llu, copied %llu, "
         "prefetched %llu, used %llu", (long long)d, (unsigned long long)st.hits, (unsigned long long)st.copies,
         (unsigned long long)st.pf_issued, (unsigned long long)st.pf_used);
+  check_graphs(&st, true, "prefetch, decode");
   CHECK(st.pf_issued > 0 && st.pf_used <= st.pf_issued, "prefetch: experts were copied ahead (%llu, %llu used)",
         (unsigned long long)st.pf_issued, (unsigned long long)st.pf_used);
   model_free(mt);
+}
+
+/* FLOE_CUDA_TIER_GRAPH=0: decode steps enqueued eagerly (no segment recorded), CPU mode `mode`,
+ * the minimum pool: the same bits as the resident run (and so as the segmented steps above). */
+static void test_eager(const char *path, int64_t n, const int32_t *tok, const float *ref_d, float *lg,
+                       int64_t min_slots, const char *mode) {
+  char msg[512], slots[32], what[64];
+  snprintf(slots, sizeof slots, "%lld", (long long)min_slots);
+  snprintf(what, sizeof what, "eager steps, cpu %s, decode", mode);
+  setenv("FLOE_TIER_SLOTS", slots, 1);
+  setenv("FLOE_TIER_CPU", mode, 1);
+  setenv("FLOE_CUDA_TIER_GRAPH", "0", 1);
+  model *mt = NULL;
+  int rc = load(path, (uint64_t)256 << 30, true, &mt, msg, sizeof msg);
+  CHECK(rc == 0, "%s: tiered load%s%s", what, rc ? ": " : "", rc ? msg : "");
+  if (!rc) {
+    model_tier_stats_reset(mt);
+    rc = run(mt, tok, n, 1, lg);
+    const int64_t d = rc ? -1 : rows_differ(lg, ref_d, n, mt->hp.n_vocab);
+    model_tier_stats st;
+    model_tier_stats_get(mt, &st);
+    CHECK(rc == 0 && d == 0, "%s: logits == the resident run's (%lld rows differ); copied %llu, cpu %llu", what,
+          (long long)d, (unsigned long long)st.copies, (unsigned long long)st.cpu);
+    check_graphs(&st, true, what);
+    model_free(mt);
+  }
+  unsetenv("FLOE_CUDA_TIER_GRAPH");
 }
 
 /* full: every pool size and CPU mode; else the minimum pool with the cost model's choice only (a
@@ -214,6 +258,7 @@ static void test_model(const char *path, int64_t n, bool full) {
               (unsigned long long)st.lookups, (unsigned long long)st.hits, (unsigned long long)st.copies,
               (unsigned long long)st.cpu);
         CHECK(st.lookups == st.hits + st.copies + st.cpu && st.lookups > 0, "every lookup is counted once");
+        check_graphs(&st, pass == 1, pass ? "decode" : "one chunk");
         if (sz == 0) CHECK(st.copies + st.cpu > 0, "a minimum pool misses");
         if (mi == 0 || pass == 0) CHECK(st.cpu == 0, "cpu %s, %s: no expert on the CPU", modes[mi],
                                         pass ? "decode" : "a chunk");
@@ -228,6 +273,8 @@ static void test_model(const char *path, int64_t n, bool full) {
     }
   for (int mi = 0; mi < 3; mi++) test_streamed(path, n, tok, ref_p, ref_d, lg, min_slots, modes[mi]);
   test_prefetch(path, n, tok, ref_d, lg, min_slots);
+  test_eager(path, n, tok, ref_d, lg, min_slots, "0");
+  if (full) test_eager(path, n, tok, ref_d, lg, min_slots, "1");
   char slots[32];
   snprintf(slots, sizeof slots, "%lld", (long long)(min_slots - 1));
   setenv("FLOE_TIER_SLOTS", slots, 1);

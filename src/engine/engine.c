@@ -336,6 +336,7 @@ void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
     out->tier_h2d_bytes = ts.h2d_bytes;
     out->tier_pf_issued = ts.pf_issued;
     out->tier_pf_used = ts.pf_used;
+    out->tier_graph_launches = ts.graph_launches;
     out->tier_wait_s = ts.wait_s;
     out->tier_cpu_s = ts.cpu_s;
     out->tier_pcie_gbps = ts.pcie_gbps;

@@ -24,6 +24,15 @@
  * greedy speculative step is also recorded whole, one graph per (MTP rows, drafts) (cu_spec_greedy,
  * FLOE_CUDA_MTP_FUSED=0: not used).
  *
+ * Tiered experts (cu_tier): the host decides at each MoE layer where the selected experts are
+ * computed (cu_tier_begin reads the routing back), so a one-token step is recorded as segments
+ * cut at those decisions: seg 0 runs from the step's start to layer 0's routing; at layer l
+ * either MC(l) (the expert kernels, the combine, and on through layer l + 1's routing, or the
+ * logits) or, when the CPU computes some of the layer's experts, M(l) (the expert kernels) then
+ * C(l) (the rest, after cu_tier_end has queued the CPU's rows). Each segment is recorded the first
+ * time it runs and replayed after that; its kernels read the slot ids and every varying input from
+ * device memory, as a whole recorded step does. FLOE_CUDA_TIER_GRAPH=0: tiered steps run eagerly.
+ *
  * Memory: the model's device copies (weights, expert stacks with a fixed stride per expert) belong
  * to cu_model (model->dev; uploaded by backend_cuda_load.c); a session's (KV cache, recurrent state,
  * scratch for s->max_batch rows, rope table, graphs) to cu_sess (session->dev). */
@@ -51,6 +60,11 @@ enum { G_DEC = 0, G_LAZY = 3, G_VER = 4, G_MTP = G_VER + KV_KEEP_MAX, G_N = G_MT
  * MG_N of them in graph slots G_N.., each keyed by its segments' sessions (their uids, in order)
  * and its first logits row; the least recently used is replaced */
 #define MG_N 4
+/* tiered steps' segments (the header's comment): kinds G_DEC, G_DEC + 1, G_LAZY; ids */
+#define SEG_KINDS 3
+#define SEG_M(l) (1 + 3 * (int)(l))
+#define SEG_C(l) (2 + 3 * (int)(l))
+#define SEG_MC(l) (3 + 3 * (int)(l))
 #define MG_KMAX LB /* segments of a recorded pass: its logits rows fit the [LB][V] staging */
 
 typedef struct cu_sess {
@@ -127,6 +141,14 @@ typedef struct cu_sess {
   int32_t *sg_d, *sg_h;
   float *sg_row;
   int capturing;               /* -1 none, else the graph slot being captured */
+  /* tiered one-token steps as recorded segments (the header's comment): seg_on: allowed in this
+   * session; seg: this step runs as segments (capturing holds its kind's slot); seg_id: the
+   * current segment (-1: none), seg_cap: being captured (else replay says whether its graph is
+   * replayed); seg_g [SEG_KINDS][seg_n]; seg_rec: a segment of this step was recorded */
+  bool seg_on, seg, seg_cap, seg_rec;
+  int seg_id;
+  int64_t seg_n;
+  void **seg_g;
   bool replay;
   bool profile;                /* FLOE_CUDA_PROFILE: no graph, a sync after every block, timed into s->ph */
   bool use_graph;              /* record one-token steps (not FLOE_CUDA_NO_GRAPH, not profiling, not tiered) */
@@ -163,6 +185,9 @@ static void cu_session_free(model_session *s) {
   if (c->stream) cuda_rt_stream_sync(c->stream, NULL, 0);
   trace_dump();
   for (int i = 0; i < G_N + MG_N; i++) cuda_graph_destroy(c->graph[i]);
+  if (c->seg_g)
+    for (int64_t i = 0; i < SEG_KINDS * c->seg_n; i++) cuda_graph_destroy(c->seg_g[i]);
+  free(c->seg_g);
   for (int i = 0; i < KV_KEEP_MAX; i++)
     for (int j = 0; j < KV_KEEP_MAX; j++) cuda_graph_destroy(c->sgraph[i][j]);
   cuda_rt_free(c->sg_d);
@@ -275,9 +300,17 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   s->dev = c;
   c->capturing = -1;
   c->profile = getenv("FLOE_CUDA_PROFILE") != NULL;
-  /* tiered experts: the host decides per layer where each expert is computed, so no step is a
-   * fixed graph */
+  /* tiered experts: the host decides per layer where each expert is computed, so no step is one
+   * fixed graph; one-token steps are recorded in segments between those decisions */
   c->use_graph = !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL && !cm->tier;
+  const char *tg = getenv("FLOE_CUDA_TIER_GRAPH");
+  c->seg_on = !c->profile && getenv("FLOE_CUDA_NO_GRAPH") == NULL && cm->tier && !(tg && tg[0] == '0');
+  c->seg_id = -1;
+  if (c->seg_on) {
+    c->seg_n = 1 + 3 * hp->n_layer;
+    c->seg_g = calloc((size_t)(SEG_KINDS * c->seg_n), sizeof *c->seg_g);
+    if (!c->seg_g) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
+  }
   const char *gm = getenv("FLOE_CUDA_MOE_GROUP_MIN");
   c->moe_group_min = gm && atoll(gm) > 1 ? atoll(gm) : 16;
   const char *sg = getenv("FLOE_CUDA_SPEC_GRAPH");
@@ -539,21 +572,27 @@ static void cu_keep_accept(model_session *s, int64_t a) {
 
 /* ---- blocks ---- */
 /* The quantized rows of X (n rows, ldx) for matrices of lay's layout, in buffer slot: NULL when the
- * CPU would take the float path (exact mode, or a type without a quantized path). */
-static const uint8_t *act(model_session *s, int slot, const dmat *lay, int64_t n, const float *X, int64_t ldx,
-                          size_t *stride) {
+ * CPU would take the float path (exact mode, or a type without a quantized path). run false: only
+ * where they are (nothing enqueued). */
+static const uint8_t *act_at(model_session *s, int slot, const dmat *lay, int64_t n, const float *X, int64_t ldx,
+                             size_t *stride, bool run) {
   cu_sess *c = s->dev;
   *stride = 0;
   if (!s->act_q) return NULL;
   const size_t ab = cuda_mm_act_bytes(&lay->d);
   if (!ab) return NULL;
   *stride = ab;
+  if (!run) return c->xq[slot]; /* a replayed segment quantizes (or not) as recorded */
   if (X == c->h && c->hq[slot] && c->hq_n == n && layer_same_act(c->hq[slot], lay->h))
     return c->xq[slot]; /* quantized by the norm that wrote h */
   cuda_mm_act_quantize(&lay->d, n, X, ldx, c->xq[slot], ab, c->stream);
   c->hq[slot] = X == c->h ? lay->h : NULL;
   c->hq_n = n;
   return c->xq[slot];
+}
+static const uint8_t *act(model_session *s, int slot, const dmat *lay, int64_t n, const float *X, int64_t ldx,
+                          size_t *stride) {
+  return act_at(s, slot, lay, n, X, ldx, stride, true);
 }
 
 /* The act() call that reads h first after the norm that writes it: the attention / GDN block of
@@ -643,6 +682,8 @@ static void eval_reset(cu_sess *c, bool multi) {
   c->err = 0;
   c->multi = multi;
   c->multi_pos = false;
+  c->seg = c->seg_cap = c->seg_rec = false;
+  c->seg_id = -1;
 }
 
 /* Starts a chunk: tokens and positions staged (pinned) and uploaded; slot >= 0: the recorded
@@ -667,18 +708,93 @@ static float *begin_chunk(model_session *s, const int32_t *tokens, int64_t n, in
   return c->x;
 }
 
+/* ---- tiered steps in recorded segments (the header's comment) ---- */
+static void **seg_cell(cu_sess *c, int id) {
+  const int kind = c->capturing == G_LAZY ? 2 : c->capturing - G_DEC;
+  return c->seg_g + (size_t)kind * (size_t)c->seg_n + (size_t)id;
+}
+
+/* The rest of the step runs eagerly, as without segments (an error, or a capture refused). */
+static void seg_abort(cu_sess *c) {
+  c->seg = c->seg_cap = false;
+  c->seg_id = -1;
+  c->capturing = -1;
+  c->replay = false;
+}
+
+/* Segment id starts: replayed when recorded (the blocks then enqueue nothing), else captured. */
+static void seg_open(model_session *s, int id) {
+  cu_sess *c = s->dev;
+  if (id < 0 || id >= c->seg_n) {
+    seg_abort(c);
+    return;
+  }
+  c->seg_id = id;
+  if (*seg_cell(c, id)) {
+    c->replay = true;
+    return;
+  }
+  c->replay = false;
+  if (cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) {
+    c->seg_cap = true;
+    return;
+  }
+  seg_abort(c);
+  c->seg_on = false; /* capture refused: this session runs its tiered steps eagerly */
+}
+
+/* The current segment ends: its capture becomes its graph (not kept when the step failed), and the
+ * graph is launched. 0, or -1 with c->err set (the rest of the step then runs eagerly). */
+static int seg_cut(model_session *s) {
+  cu_sess *c = s->dev;
+  if (c->seg_id < 0) return 0;
+  void **g = seg_cell(c, c->seg_id);
+  int rec = 0;
+  c->seg_id = -1;
+  c->replay = false;
+  if (c->seg_cap) {
+    c->seg_cap = false;
+    void *x = NULL;
+    if (cuda_graph_end(c->stream, &x, c->msg, sizeof c->msg)) c->err = FLOE_E_IO;
+    if (c->err) {
+      cuda_graph_destroy(x);
+      seg_abort(c);
+      return -1;
+    }
+    *g = x;
+    rec = 1;
+    c->seg_rec = true;
+  }
+  if (cuda_graph_launch(*g, c->stream, c->msg, sizeof c->msg)) {
+    c->err = FLOE_E_IO;
+    seg_abort(c);
+    return -1;
+  }
+  cu_tier_count_graphs(c->tier, rec, 1);
+  return 0;
+}
+
 static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int flags) {
   cu_sess *c = s->dev;
   int slot = -1;
+  const bool one = c->use_graph || c->seg_on; /* one-token steps are recorded (whole or in segments) */
   if (c->keep_n) { /* a kept verify chunk: recorded per row count when it asks for all it can */
     if (c->spec_graph && n == c->keep_n && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_HIDDEN)) slot = G_VER + (int)n - 1;
-  } else if (n == 1 && !(flags & MODEL_EVAL_HIDDEN) && c->use_graph) { /* decode, per kind */
+  } else if (n == 1 && !(flags & MODEL_EVAL_HIDDEN) && one) { /* decode, per kind */
     slot = G_DEC + ((flags & MODEL_EVAL_LOGITS) ? 1 : 0);
   } else if (n == 1 && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_HIDDEN) && c->spec_graph) {
     slot = G_DEC + 2;
   }
-  if (!c->keep_n && n == 1 && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_LAZY) && c->use_graph) slot = G_LAZY;
-  float *x = begin_chunk(s, tokens, n, pos0, slot);
+  if (!c->keep_n && n == 1 && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_LAZY) && one) slot = G_LAZY;
+  float *x;
+  if (c->seg_on && (slot == G_DEC || slot == G_DEC + 1 || slot == G_LAZY)) {
+    x = begin_chunk(s, tokens, n, pos0, -1); /* the token and position copied before segment 0 */
+    c->seg = true;
+    c->capturing = slot;
+    seg_open(s, 0);
+  } else {
+    x = begin_chunk(s, tokens, n, pos0, slot);
+  }
   c->lazy = (flags & MODEL_EVAL_LAZY) != 0;
   return x;
 }
@@ -927,29 +1043,35 @@ static void cu_gdn_multi(model_session *lead, const model_rows *r, int k, int64_
 
 static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   cu_sess *c = s->dev;
-  if (c->replay) return;
+  if (c->replay && !c->seg) return; /* a segmented step comes here for the host decisions */
   const model *m = s->m;
   const floe_hparams *hp = &m->hp;
   const cu_model *cm = m->dev;
   const cu_layer *L = &cm->L[l];
   const model_layer *H = &m->layers[l];
   const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, I = hp->n_ff_exp, Is = hp->n_ff_shexp;
+  /* run: enqueue this part's kernels (a replayed segment has them) */
+  bool run = !c->replay;
   size_t xs_r, xs_e;
-  const uint8_t *xq_r = act(s, 0, &L->router, n, c->h, E, &xs_r), *xq_e;
+  const uint8_t *xq_r = act_at(s, 0, &L->router, n, c->h, E, &xs_r, run), *xq_e;
   const floe_mat *lay_e = &H->exp_gate[0];
   if (xq_r && layer_same_act(lay_e, &H->router)) {
     xq_e = xq_r;
     xs_e = xs_r;
   } else {
-    xq_e = act(s, 1, &L->gate, n, c->h, E, &xs_e);
+    xq_e = act_at(s, 1, &L->gate, n, c->h, E, &xs_e, run);
   }
   float *shg = c->shg;
   const bool q_rt = xq_r != NULL; /* a quantized router takes the quantized path (two launches) */
   /* one token, float router: logits, shared gate logit and routing in one launch */
   const dmat *rt1 = L->sh_in_stack ? &L->cat_rt : Is == 0 ? &L->router : NULL;
-  if (n == 1 && c->route_fused && !q_rt && rt1 && rt1->d.data &&
-      cuda_mm_router_route(&rt1->d, c->h, c->rlog, (int)NE, (int)K, hp->norm_topk ? 1 : 0, L->sh_in_stack ? (int)NE : -1,
-                           c->sel, c->selw, c->route_ctr, c->stream) == 0) {
+  /* (not in a segmented step: whether it ran decides shg, which a replayed segment must know) */
+  const bool fused = n == 1 && c->route_fused && !c->seg && !q_rt && rt1 && rt1->d.data;
+  if (n == 1 && L->cat_rt.d.data && !fused) shg = c->rlog + NE; /* as the branches below */
+  if (!run) {
+  } else if (fused && cuda_mm_router_route(&rt1->d, c->h, c->rlog, (int)NE, (int)K, hp->norm_topk ? 1 : 0,
+                                  L->sh_in_stack ? (int)NE : -1, c->sel, c->selw, c->route_ctr, c->stream) == 0) {
+    shg = c->shg;
     prof(s, MODEL_PH_ROUTER);
   } else if (L->sh_in_stack) {
     if (n == 1 && L->cat_rt.d.data) {
@@ -988,51 +1110,62 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     const cu_layer *L1 = &cm->L[l + 1];
     const model_layer *H1 = &m->layers[l + 1];
     if (L1->router.d.data && (!xq_r || layer_same_act(&H1->router, &H->router))) {
-      mm(s, &L1->router, 1, c->h, E, &H->router, xq_r, xs_r, c->plog, NE);
-      cuda_moe_route(c->plog, 1, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->psel, c->pselw, c->stream);
+      if (run) {
+        mm(s, &L1->router, 1, c->h, E, &H->router, xq_r, xs_r, c->plog, NE);
+        cuda_moe_route(c->plog, 1, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->psel, c->pselw, c->stream);
+      }
       pred = c->psel;
     }
   }
-  if (c->tier && cu_tier_begin(c->tier, l, c->sel, pred, n, ks, L->sh_in_stack, c->h, qe ? xq_e : NULL, qe ? xs_e : 0,
-                               qe && n == 1, c->stream, &ids, c->msg, sizeof c->msg)) {
-    c->err = FLOE_E_IO;
-    return;
-  }
-  void *grp = NULL;
-  if (n > 1 && n >= c->moe_group_min && qe && L->gate.d.n_expert <= CUDA_MM_GROUP_MAX_EXPERT &&
-      cuda_mm_moe_group_useful(&L->gate.d, &L->up.d, &L->down.d)) {
-    cuda_mm_moe_group(ids, n * ks, L->gate.d.n_expert, c->grp, c->stream);
-    grp = c->grp;
-  }
-  if (L->sh_in_stack) { /* the shared expert is slot K of K + 1 in the same launches */
-    cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, ks, ids, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr,
-                            I, c->stream);
-    cuda_mm_moe_down_grp(&L->down.d, n, ks, ids, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
-    if (c->tier && cu_tier_end(c->tier, c->yr, c->stream, c->msg, sizeof c->msg)) {
+  if (c->tier) { /* the host decides: a segmented step's segment ends here */
+    if (c->seg && (l >= hp->n_layer || seg_cut(s))) {
+      seg_abort(c);
+      if (c->err) return;
+    }
+    if (cu_tier_begin(c->tier, l, c->sel, pred, n, ks, L->sh_in_stack, c->h, qe ? xq_e : NULL, qe ? xs_e : 0,
+                      qe && n == 1, c->stream, &ids, c->msg, sizeof c->msg)) {
       c->err = FLOE_E_IO;
+      seg_abort(c);
       return;
     }
-    h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, ks, NULL, NULL);
-    prof(s, MODEL_PH_EXPERTS);
-    return;
+    if (c->seg) seg_open(s, cu_tier_cpu_jobs(c->tier) ? SEG_M(l) : SEG_MC(l));
   }
-  cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, (int)K, ids, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0,
-                          c->hr, I, c->stream);
-  if (Is > 0) {
-    const bool qs = xq_e && layer_same_act(&H->sh_gate, lay_e) && layer_same_act(&H->sh_up, lay_e);
-    cuda_mm_moe_gate_up(&L->sh_gate.d, &L->sh_up.d, n, 1, NULL, c->h, E, qs ? xq_e : NULL, qs ? xs_e : 0, c->hs, Is,
-                        c->stream);
+  run = !c->replay;
+  if (run) {
+    void *grp = NULL;
+    if (n > 1 && n >= c->moe_group_min && qe && L->gate.d.n_expert <= CUDA_MM_GROUP_MAX_EXPERT &&
+        cuda_mm_moe_group_useful(&L->gate.d, &L->up.d, &L->down.d)) {
+      cuda_mm_moe_group(ids, n * ks, L->gate.d.n_expert, c->grp, c->stream);
+      grp = c->grp;
+    }
+    /* with sh_in_stack the shared expert is slot K of K + 1 in the same launches */
+    cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, ks, ids, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr,
+                            I, c->stream);
+    if (!L->sh_in_stack && Is > 0) {
+      const bool qs = xq_e && layer_same_act(&H->sh_gate, lay_e) && layer_same_act(&H->sh_up, lay_e);
+      cuda_mm_moe_gate_up(&L->sh_gate.d, &L->sh_up.d, n, 1, NULL, c->h, E, qs ? xq_e : NULL, qs ? xs_e : 0, c->hs,
+                          Is, c->stream);
+    }
+    cuda_mm_moe_down_grp(&L->down.d, n, ks, ids, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+    if (!L->sh_in_stack && Is > 0)
+      cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
   }
-  cuda_mm_moe_down_grp(&L->down.d, n, (int)K, ids, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
-  if (c->tier && cu_tier_end(c->tier, c->yr, c->stream, c->msg, sizeof c->msg)) {
-    c->err = FLOE_E_IO;
-    return;
+  if (!L->sh_in_stack && Is > 0) c->hq[1] = NULL; /* xq[1] was the scratch */
+  if (c->tier) { /* the CPU's rows are queued after the expert kernels (a segment M ends first) */
+    const bool cut = c->seg && c->seg_id == SEG_M(l);
+    if (cut && seg_cut(s)) return;
+    if (cu_tier_end(c->tier, c->yr, c->stream, c->msg, sizeof c->msg)) {
+      c->err = FLOE_E_IO;
+      seg_abort(c);
+      return;
+    }
+    if (cut) seg_open(s, SEG_C(l));
   }
-  if (Is > 0) {
-    cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
-    c->hq[1] = NULL; /* xq[1] was the scratch */
+  if (!c->replay) {
+    const bool shx = !L->sh_in_stack && Is > 0; /* the shared expert apart */
+    h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, shx ? (int)K : ks, shx ? c->ys : NULL,
+           shx ? shg : NULL);
   }
-  h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, (int)K, Is > 0 ? c->ys : NULL, Is > 0 ? shg : NULL);
   prof(s, MODEL_PH_EXPERTS);
 }
 
@@ -1314,14 +1447,18 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   cu_sess *c = s->dev;
   int rc = 0;
   c->multi = false;
-  if (c->capturing >= 0 && !c->replay) {
-    void *g = NULL;
-    rc = cuda_graph_end(c->stream, &g, err, errlen);
-    if (!rc) c->graph[c->capturing] = g;
-    s->n_recorded++;
-  }
-  if (!rc && c->capturing >= 0) {
-    rc = cuda_graph_launch(c->graph[c->capturing], c->stream, err, errlen);
+  if (c->seg) { /* the last segment (a failure sets c->err) */
+    seg_cut(s);
+    if (c->seg_rec) s->n_recorded++;
+    seg_abort(c);
+  } else {
+    if (c->capturing >= 0 && !c->replay) {
+      void *g = NULL;
+      rc = cuda_graph_end(c->stream, &g, err, errlen);
+      if (!rc) c->graph[c->capturing] = g;
+      s->n_recorded++;
+    }
+    if (!rc && c->capturing >= 0) rc = cuda_graph_launch(c->graph[c->capturing], c->stream, err, errlen);
   }
   if (!rc && cuda_rt_stream_sync(c->stream, err, errlen)) rc = FLOE_E_IO;
   if (!rc && c->tier) cu_tier_done(c->tier); /* the copies have landed: the expert-cache slots go back */

@@ -830,9 +830,17 @@ void cu_tier_done(cu_tier_sess *ts) {
 
 void cu_tier_stats(const cu_tier *t, model_tier_stats *out) { *out = t->st; }
 
+int cu_tier_cpu_jobs(const cu_tier_sess *ts) { return ts->n_job; }
+
+void cu_tier_count_graphs(cu_tier_sess *ts, int recorded, int launched) {
+  ts->t->st.graphs_recorded += (uint64_t)recorded;
+  ts->t->st.graph_launches += (uint64_t)launched;
+}
+
 void cu_tier_stats_reset(cu_tier *t) {
   model_tier_stats *s = &t->st;
   s->lookups = s->hits = s->copies = s->cpu = s->h2d_bytes = s->pf_issued = s->pf_used = 0;
+  s->graphs_recorded = s->graph_launches = 0;
   s->wait_s = s->cpu_s = 0;
 }
 #endif

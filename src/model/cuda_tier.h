@@ -49,6 +49,10 @@ int cu_tier_end(cu_tier_sess *ts, float *Y, void *stream, char *msg, size_t msgl
 /* After the evaluation's stream has synchronized (every copy landed): the expert-cache slots the
  * last step held (--mem-budget) go back, so other sessions' steps may use them. */
 void cu_tier_done(cu_tier_sess *ts);
+/* The experts the CPU computes in the step cu_tier_begin decided (0: cu_tier_end does nothing). */
+int cu_tier_cpu_jobs(const cu_tier_sess *ts);
+/* The backend's recorded segments of tiered steps (model_tier_stats graphs_recorded / graph_launches). */
+void cu_tier_count_graphs(cu_tier_sess *ts, int recorded, int launched);
 void cu_tier_stats(const cu_tier *t, model_tier_stats *out);
 /* Whether cu_tier_begin uses pred (device, K ids: the next layer's predicted top-k): the next
  * layer's experts copied ahead into the pool (page-locked host experts, unless FLOE_TIER_PF=0),

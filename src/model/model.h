@@ -434,6 +434,8 @@ typedef struct model_tier_stats {
   uint64_t lookups, hits, copies, cpu;
   uint64_t h2d_bytes;        /* expert bytes copied host -> device */
   uint64_t pf_issued, pf_used; /* next-layer prefetch (FLOE_TIER_PF): experts copied ahead, then used */
+  uint64_t graphs_recorded;  /* one-token steps' segments recorded as CUDA graphs (backend_cuda.c) */
+  uint64_t graph_launches;   /* and the segment graphs launched (recorded or replayed) */
   double wait_s;             /* host time blocked on the device (the routing of each layer) */
   double cpu_s;              /* host time computing experts */
   double pcie_gbps;          /* cost model: measured host -> device copy rate */
