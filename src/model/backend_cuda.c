@@ -714,8 +714,15 @@ static void **seg_cell(cu_sess *c, int id) {
   return c->seg_g + (size_t)kind * (size_t)c->seg_n + (size_t)id;
 }
 
-/* The rest of the step runs eagerly, as without segments (an error, or a capture refused). */
+/* The rest of the step runs eagerly, as without segments (an error, or a capture refused); a
+ * capture in progress is dropped. */
 static void seg_abort(cu_sess *c) {
+  if (c->seg_cap) {
+    void *x = NULL;
+    char m[8];
+    cuda_graph_end(c->stream, &x, m, sizeof m);
+    cuda_graph_destroy(x);
+  }
   c->seg = c->seg_cap = false;
   c->seg_id = -1;
   c->capturing = -1;
@@ -1118,9 +1125,9 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     }
   }
   if (c->tier) { /* the host decides: a segmented step's segment ends here */
-    if (c->seg && (l >= hp->n_layer || seg_cut(s))) {
-      seg_abort(c);
-      if (c->err) return;
+    if (c->seg) {
+      if (seg_cut(s)) return; /* c->err */
+      if (l >= hp->n_layer) seg_abort(c);
     }
     if (cu_tier_begin(c->tier, l, c->sel, pred, n, ks, L->sh_in_stack, c->h, qe ? xq_e : NULL, qe ? xs_e : 0,
                       qe && n == 1, c->stream, &ids, c->msg, sizeof c->msg)) {
