@@ -110,6 +110,10 @@ typedef struct floe_model_info {
   const char *device;    /* "cpu" or "cuda" */
   char gpu_name[128];    /* the GPU's name ("" on the CPU) */
   uint64_t vram_bytes;   /* the GPU's total memory (0 on the CPU) */
+  /* the device memory floe holds at the floe_engine_info call: the GPU's free memory before the
+   * model was loaded minus its free memory now (weights, expert pool, every live session's KV,
+   * state, scratch and recorded graphs; not the CUDA context); 0 on the CPU */
+  uint64_t vram_used_bytes;
   char device_note[256]; /* FLOE_DEVICE_AUTO chose the CPU although a CUDA device is present: why */
 } floe_model_info;
 void floe_engine_info(const floe_engine *e, floe_model_info *out);

@@ -572,6 +572,17 @@ static int gen_ids(const char *path, int dev, int k, int32_t *out, int n_gen, in
     free(ids);
   }
   if (rc) printf("  generate (device %d, mtp %d): %s\n", dev, k, err);
+  if (!rc && k == 0) { /* the device memory the engine reports: the weights and the session at least */
+    floe_model_info info;
+    floe_engine_info(e, &info);
+    if (dev == FLOE_DEVICE_CUDA)
+      CHECK(info.vram_used_bytes >= info.weight_bytes && info.vram_used_bytes < info.vram_bytes,
+            "VRAM used %llu bytes: at least the weights' %llu, less than the GPU's %llu",
+            (unsigned long long)info.vram_used_bytes, (unsigned long long)info.weight_bytes,
+            (unsigned long long)info.vram_bytes);
+    else
+      CHECK(info.vram_used_bytes == 0, "on the CPU no VRAM is reported (%llu)", (unsigned long long)info.vram_used_bytes);
+  }
   *tps = steps ? (double)toks / (double)steps : 0;
   if (s) floe_session_free(s);
   if (e) floe_engine_close(e);

@@ -9,7 +9,8 @@
  *    greedily one at a time (timed; each step evaluates one token and computes its logits);
  *  - each repetition starts from a reset session; the figures are medians over repetitions; the
  *    phase split is that of the median decode run (per decoded token);
- *  - peak RSS is the process high-water mark (getrusage ru_maxrss);
+ *  - peak RSS is the process high-water mark (getrusage ru_maxrss); on the GPU, vram_used_bytes is
+ *    the device memory floe holds after the runs, the session still open (floe_model_info);
  *  - weight_bytes_per_token: what one decoded token reads (top-k experts, output matrix, every
  *    non-expert matrix); achieved_gbps = that x decode tok/s; roofline_frac = achieved / --bw
  *    (bench/membw measures the bandwidth; null without --bw). With the file read into memory and
@@ -388,6 +389,8 @@ int cmd_bench(int argc, char **argv) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   const double rss = (double)ru.ru_maxrss * 1024.0;
+  floe_model_info now; /* the device memory held with the session still open */
+  floe_engine_info(e, &now);
   const char *names[6] = { "attn", "gdn", "router", "experts", "lm_head", "other" };
   const double per = n_gen > 0 ? 1e3 / (double)n_gen : 0;
   if (json) {
@@ -403,7 +406,8 @@ int cmd_bench(int argc, char **argv) {
            gbps);
     printf("\"device\":\"%s\",\"gpu_name\":", info.device ? info.device : "cpu");
     json_str(info.gpu_name);
-    printf(",\"vram_bytes\":%llu,", (unsigned long long)info.vram_bytes);
+    printf(",\"vram_bytes\":%llu,\"vram_used_bytes\":%llu,", (unsigned long long)info.vram_bytes,
+           (unsigned long long)now.vram_used_bytes);
     if (bw > 0) printf("\"bw_gbps\":%.2f,\"roofline_frac\":%.4f,", bw, gbps / bw);
     else printf("\"bw_gbps\":null,\"roofline_frac\":null,");
     if (wgbps > 0)
@@ -468,7 +472,9 @@ int cmd_bench(int argc, char **argv) {
                io, disk_bw, ser, io + ser, ms, ms > 0 ? 100.0 * (io + ser) / ms : 0.0);
       }
     }
-    printf("peak RSS %.1f MiB\n", rss / 1048576.0);
+    printf("peak RSS %.1f MiB", rss / 1048576.0);
+    if (now.vram_used_bytes) printf(", VRAM used %.2f GiB", (double)now.vram_used_bytes / 1073741824.0);
+    printf("\n");
   }
   if (mtp > -2 && n_gen > 0 && info.n_mtp > 0 && bench_mtp(e, s, mtp, n_gen, reps, json)) goto done;
   rc = 0;

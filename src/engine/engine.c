@@ -48,6 +48,7 @@ struct floe_engine {
   int32_t im_start; /* "<|im_start|>" (turn starts are checkpointed), -1: none */
   uint64_t budget_used; /* streaming: resident weights + cache + overhead + live sessions */
   uint64_t budget_reserved; /* part of budget_used kept for sessions still to come (budget_sessions) */
+  uint64_t vram_free0;      /* the GPU's free memory before the model was loaded onto it */
 };
 
 /* Streaming bookkeeping that is not weights, cache or sessions: the store's offset tables, the
@@ -142,6 +143,7 @@ static int pick_device(floe_engine *e, const floe_engine_params *p, char *err, s
       /* + KV and scratch; with gpu_mem, what it allows (the experts beyond stay in host memory) */
       const uint64_t need = p->gpu_mem ? p->gpu_mem : model_weight_bytes(e->m) + (1ull << 30);
       e->info.vram_bytes = tot;
+      e->vram_free0 = fr;
       e->m->gpu_mem = p->gpu_mem;
       if (p->gpu_mem && need > fr)
         snprintf(why, sizeof why, "--gpu-mem %.1f GiB: the GPU has %.1f GiB free", (double)need / (1u << 30),
@@ -265,6 +267,14 @@ void floe_engine_close(floe_engine *e) {
 void floe_engine_info(const floe_engine *e, floe_model_info *out) {
   *out = e->info;
   out->decode_bytes = layer_decode_bytes(e->m);
+  out->vram_used_bytes = 0;
+#ifdef FLOE_HAVE_CUDA
+  size_t fr = 0, tot = 0;
+  char name[8], msg[64];
+  if (e->info.device && !strcmp(e->info.device, "cuda") &&
+      model_cuda_mem(e->p.device_index, name, sizeof name, &fr, &tot, msg, sizeof msg) == 0 && fr < e->vram_free0)
+    out->vram_used_bytes = e->vram_free0 - fr;
+#endif
 }
 
 int floe_engine_check(const floe_engine *e, char *err, size_t errlen) {
