@@ -253,6 +253,7 @@ typedef struct floe_session_stats {
   uint64_t tier_pf_issued, tier_pf_used; /* experts copied ahead for the next layer, then used */
   uint64_t tier_graph_launches;          /* one-token steps' recorded segments launched (CUDA graphs) */
   double tier_wait_s, tier_cpu_s, tier_pcie_gbps, tier_cpu_expert_s;
+  double tier_gpu_gbps; /* the cost model's device memory rate (its t_gpu a selected expert) */
 } floe_session_stats;
 void floe_session_stats_get(const floe_session *s, floe_session_stats *out);
 /* Resets the session's times and the engine's streaming counters. */

@@ -266,9 +266,11 @@ static void test_model(const char *path, int64_t n, bool full) {
           CHECK(st.cpu > 0 && st.copies == 0, "cpu 1, decode: every miss on the CPU (%llu; copied %llu)",
                 (unsigned long long)st.cpu, (unsigned long long)st.copies);
       }
-      printf("  %s slots, cpu %s: pool %.1f MiB, %lld slots, host memory %s, PCIe %.1f GB/s, CPU expert %.1f us\n", slots,
-             modes[mi], (double)st.pool_bytes / 1048576.0, (long long)st.slots, st.pinned ? "pinned" : "pageable",
-             st.pcie_gbps, st.cpu_expert_s * 1e6);
+      printf("  %s slots, cpu %s: pool %.1f MiB, %lld slots, host memory %s, PCIe %.1f GB/s, device memory %.0f GB/s, "
+             "CPU expert %.1f us\n", slots, modes[mi], (double)st.pool_bytes / 1048576.0, (long long)st.slots,
+             st.pinned ? "pinned" : "pageable", st.pcie_gbps, st.gpu_gbps, st.cpu_expert_s * 1e6);
+      CHECK(st.pcie_gbps > 0 && st.gpu_gbps > st.pcie_gbps, "the cost model's copy rates were measured (PCIe %.1f, "
+            "device memory %.0f GB/s)", st.pcie_gbps, st.gpu_gbps);
       model_free(mt);
     }
   for (int mi = 0; mi < 3; mi++) test_streamed(path, n, tok, ref_p, ref_d, lg, min_slots, modes[mi]);

@@ -171,23 +171,24 @@ static void tier_stats(const floe_session_stats *st, int64_t n_gen, double decod
     printf("\"tier\":{\"pool_bytes\":%llu,\"slots\":%lld,\"host_pinned\":%s,\"lookups_per_token\":%.2f,"
            "\"vram_hits_per_token\":%.2f,\"copied_per_token\":%.2f,\"cpu_per_token\":%.2f,\"vram_hit_rate\":%.4f,"
            "\"h2d_mb_per_token\":%.3f,\"pcie_gb_s\":%.3f,\"wait_ms_per_token\":%.3f,\"cpu_ms_per_token\":%.3f,"
-           "\"model_pcie_gbps\":%.2f,\"model_cpu_expert_us\":%.1f,\"prefetched_per_token\":%.2f,"
+           "\"model_pcie_gbps\":%.2f,\"model_gpu_gbps\":%.1f,\"model_cpu_expert_us\":%.1f,\"prefetched_per_token\":%.2f,"
            "\"prefetch_used_per_token\":%.2f,\"graphs_per_token\":%.2f},",
            (unsigned long long)st->tier_pool_bytes, (long long)st->tier_slots, st->tier_pinned ? "true" : "false",
            lk * per, (double)st->tier_hits * per, (double)st->tier_copies * per, (double)st->tier_cpu * per,
            lk > 0 ? (double)st->tier_hits / lk : 0.0, (double)st->tier_h2d_bytes * per / 1e6,
            decode_s > 0 ? (double)st->tier_h2d_bytes / decode_s / 1e9 : 0.0, st->tier_wait_s * per * 1e3,
-           st->tier_cpu_s * per * 1e3, st->tier_pcie_gbps, st->tier_cpu_expert_s * 1e6,
+           st->tier_cpu_s * per * 1e3, st->tier_pcie_gbps, st->tier_gpu_gbps, st->tier_cpu_expert_s * 1e6,
            (double)st->tier_pf_issued * per, (double)st->tier_pf_used * per, (double)st->tier_graph_launches * per);
   } else {
     printf("tiered experts: pool %.2f GiB (%lld experts, host memory %s); per token %.1f lookups: %.1f in VRAM "
            "(%.1f %%), %.1f copied (%.1f MB, %.2f GB/s), %.1f on the CPU (%.2f ms); waits %.2f ms; cost model: "
-           "%.1f GB/s PCIe, %.0f us a CPU expert; prefetched %.1f, used %.1f; %.1f graph segments\n",
+           "%.1f GB/s PCIe, %.0f GB/s device memory, %.0f us a CPU expert; prefetched %.1f, used %.1f; %.1f graph segments\n",
            (double)st->tier_pool_bytes / 1073741824.0, (long long)st->tier_slots, st->tier_pinned ? "pinned" : "pageable",
            lk * per, (double)st->tier_hits * per, lk > 0 ? 100.0 * (double)st->tier_hits / lk : 0.0,
            (double)st->tier_copies * per, (double)st->tier_h2d_bytes * per / 1e6,
            decode_s > 0 ? (double)st->tier_h2d_bytes / decode_s / 1e9 : 0.0, (double)st->tier_cpu * per,
-           st->tier_cpu_s * per * 1e3, st->tier_wait_s * per * 1e3, st->tier_pcie_gbps, st->tier_cpu_expert_s * 1e6,
+           st->tier_cpu_s * per * 1e3, st->tier_wait_s * per * 1e3, st->tier_pcie_gbps, st->tier_gpu_gbps,
+           st->tier_cpu_expert_s * 1e6,
            (double)st->tier_pf_issued * per, (double)st->tier_pf_used * per, (double)st->tier_graph_launches * per);
   }
 }

@@ -351,6 +351,7 @@ void floe_session_stats_get(const floe_session *s, floe_session_stats *out) {
     out->tier_cpu_s = ts.cpu_s;
     out->tier_pcie_gbps = ts.pcie_gbps;
     out->tier_cpu_expert_s = ts.cpu_expert_s;
+    out->tier_gpu_gbps = ts.gpu_gbps;
   }
   const xstream *x = s->e->m->xs;
   if (!x) return;

@@ -15,10 +15,11 @@
  *  - copied into a slot (async, on the step's stream, before the expert kernels); or
  *  - computed by the CPU threads from host memory, while the GPU computes the others, and its
  *    output row copied into the expert output buffer before the weighted sum.
- * The choice between the last two is a cost model: with m of the M misses on the CPU, the layer
- * waits ~max(m * t_cpu, (M - m) * t_copy); t_copy = expert bytes / the measured copy rate,
- * t_cpu = the measured CPU seconds per expert (calibrated at session start, then a running
- * average). FLOE_TIER_CPU=0 / 1 forces never / always. Only one-row steps use the CPU (a prefill
+ * The choice between the last two is a cost model: with m of the M misses on the CPU, of S
+ * selected experts, the layer waits ~max(m * t_cpu, (M - m) * t_copy + (S - m) * t_gpu);
+ * t_copy = expert bytes / the measured host -> device copy rate, t_gpu = expert bytes / the
+ * measured device memory rate (the expert kernels read each expert once), t_cpu = the measured
+ * CPU seconds per expert (calibrated at session start, then a running average). FLOE_TIER_CPU=0 / 1 forces never / always. Only one-row steps use the CPU (a prefill
  * chunk reads each expert once for many rows: copies win).
  *
  * Next-layer prefetch (the default from page-locked host experts, one-row steps; FLOE_TIER_PF=0
@@ -220,6 +221,31 @@ static void measure_pcie(cu_tier *t) {
   t->st.pcie_gbps = best;
 }
 
+/* device memory rate for the cost model's t_gpu: the pool's first half copied onto its second
+ * (before it is filled), bytes read + written a second, the best of three */
+static void measure_gpu(cu_tier *t) {
+  const int64_t n = (t->n_slots < 64 ? t->n_slots : 64) / 2;
+  const size_t b = t->stride[0];
+  void *stream = NULL, *e0 = NULL, *e1 = NULL;
+  if (n < 1 || cuda_rt_stream_create(&stream, NULL, 0)) return;
+  if (!cuda_rt_event_create(&e0, NULL, 0) && !cuda_rt_event_create(&e1, NULL, 0)) {
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+      cuda_rt_event_record(e0, stream);
+      cuda_rt_d2d_async(t->pool[0][0] + (size_t)n * b, t->pool[0][0], (size_t)n * b, stream);
+      cuda_rt_event_record(e1, stream);
+      float ms = 0;
+      if (cuda_rt_event_sync(e1, NULL, 0) || cuda_rt_event_ms(e0, e1, &ms, NULL, 0) || ms <= 0) break;
+      const double r = 2.0 * (double)(n * b) / (ms * 1e-3) / 1e9;
+      if (r > best) best = r;
+    }
+    t->st.gpu_gbps = best;
+  }
+  cuda_rt_event_destroy(e0);
+  cuda_rt_event_destroy(e1);
+  cuda_rt_stream_destroy(stream);
+}
+
 /* FLOE_TIER_DEBUG: the load's stages on stderr (where a load that does not return stopped) */
 static void stage(const char *what) {
   if (getenv("FLOE_TIER_DEBUG")) fprintf(stderr, "tier: %s (%.3f s)\n", what, floe_time_s());
@@ -274,7 +300,8 @@ int cu_tier_open(const model *m, int64_t n_l, uint64_t pool_bytes, const bool *s
   pin_host(t);
   stage(t->reg ? "host memory page-locked" : "host memory pageable");
   measure_pcie(t);
-  stage("copy rate measured");
+  measure_gpu(t);
+  stage("copy rates measured");
   /* the shared experts, then routed experts round robin over the layers until the pool is full
    * (a warm start: the steady state's hit rate from the first token) */
   for (int64_t l = 0; l < n_l && !rc; l++)
@@ -737,9 +764,10 @@ int cu_tier_begin(cu_tier_sess *ts, int64_t l, const int32_t *sel, const int32_t
     else {
       const double tc = t->st.cpu_expert_s > 0 ? t->st.cpu_expert_s : 0;
       const double tp = t->st.pcie_gbps > 0 ? (double)t->expert_bytes / (t->st.pcie_gbps * 1e9) : 1e9;
+      const double tg = t->st.gpu_gbps > 0 ? (double)t->expert_bytes / (t->st.gpu_gbps * 1e9) : 0;
       double best = 1e30;
       for (int c = 0; c <= can; c++) {
-        const double a = c * tc, b = (double)(n_miss - c) * tp, w = a > b ? a : b;
+        const double a = c * tc, b = (double)(n_miss - c) * tp + (double)(ns - c) * tg, w = a > b ? a : b;
         if (w < best) best = w, n_cpu = c;
       }
       if (!ts->calibrated) n_cpu = can > 0 ? 1 : 0; /* the first step measures the CPU */

@@ -439,6 +439,7 @@ typedef struct model_tier_stats {
   double wait_s;             /* host time blocked on the device (the routing of each layer) */
   double cpu_s;              /* host time computing experts */
   double pcie_gbps;          /* cost model: measured host -> device copy rate */
+  double gpu_gbps;           /* cost model: measured device memory rate (read + written) */
   double cpu_expert_s;       /* cost model: CPU seconds per expert (measured, running estimate) */
 } model_tier_stats;
 /* 0 and *out filled when m's experts are tiered, else FLOE_E_UNSUPPORTED (*out zeroed). */
