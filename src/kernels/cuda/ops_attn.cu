@@ -234,6 +234,29 @@ extern "C" void cuda_attn_prep(const cuda_attn_shape *sh, float *q, const float 
 
 /* ---- attention ---- */
 
+/* Positions tp0 .. tp0 + npos - 1 of one kv head's K or V rows X into the staged rows xs (as
+ * att_load_tile, one matrix) */
+template <int HD, bool BF, int RB>
+static __device__ __forceinline__ void att_load_rows(unsigned char *xs, const unsigned char *X, int64_t tp0, int npos,
+                                                     int hd, bool exact) {
+  constexpr int ES = BF ? 2 : 4;
+  const int tid = threadIdx.x;
+  if (exact) {
+    constexpr int CPR = HD * ES / 16; /* 16-byte chunks per row */
+    for (int e = tid; e < npos * CPR; e += ATT_THREADS) {
+      const int p = e / CPR, ch = e % CPR;
+      ops_cp16(xs + p * RB + ch * 16, X + (size_t)(tp0 + p) * HD * ES + (size_t)ch * 16);
+    }
+  } else {
+    for (int e = tid; e < npos * HD; e += ATT_THREADS) {
+      const int p = e / HD, d = e % HD;
+      const size_t g = (size_t)(tp0 + p) * hd + d;
+      if (BF) ((uint16_t *)(xs + p * RB))[d] = d < hd ? ((const uint16_t *)X)[g] : (uint16_t)0;
+      else ((float *)(xs + p * RB))[d] = d < hd ? ((const float *)X)[g] : 0.0f;
+    }
+  }
+}
+
 /* Positions tp0 .. tp0 + npos - 1 of one kv head's K and V (K, V: its rows, hd elements each) into
  * a stage's K rows ks and V rows vs, RB bytes apart: with hd == HD (exact) 16-byte cp.async copies
  * straight from the cache, else element copies zero-padded to HD. Every thread of the block
@@ -242,29 +265,8 @@ template <int HD, bool BF, int RB>
 static __device__ __forceinline__ void att_load_tile(unsigned char *ks, unsigned char *vs, const unsigned char *K,
                                                      const unsigned char *V, int64_t tp0, int npos, int hd,
                                                      bool exact) {
-  constexpr int ES = BF ? 2 : 4;
-  const int tid = threadIdx.x;
-  if (exact) {
-    constexpr int CPR = HD * ES / 16; /* 16-byte chunks per row */
-    for (int e = tid; e < npos * CPR; e += ATT_THREADS) {
-      const int p = e / CPR, ch = e % CPR;
-      const size_t g = (size_t)(tp0 + p) * HD * ES + (size_t)ch * 16;
-      ops_cp16(ks + p * RB + ch * 16, K + g);
-      ops_cp16(vs + p * RB + ch * 16, V + g);
-    }
-  } else {
-    for (int e = tid; e < npos * HD; e += ATT_THREADS) {
-      const int p = e / HD, d = e % HD;
-      const size_t g = (size_t)(tp0 + p) * hd + d;
-      if (BF) {
-        ((uint16_t *)(ks + p * RB))[d] = d < hd ? ((const uint16_t *)K)[g] : (uint16_t)0;
-        ((uint16_t *)(vs + p * RB))[d] = d < hd ? ((const uint16_t *)V)[g] : (uint16_t)0;
-      } else {
-        ((float *)(ks + p * RB))[d] = d < hd ? ((const float *)K)[g] : 0.0f;
-        ((float *)(vs + p * RB))[d] = d < hd ? ((const float *)V)[g] : 0.0f;
-      }
-    }
-  }
+  att_load_rows<HD, BF, RB>(ks, K, tp0, npos, hd, exact);
+  att_load_rows<HD, BF, RB>(vs, V, tp0, npos, hd, exact);
 }
 
 /* DPT (2 or 4) values of a staged V row vr from dimension d0 (bfloat16 or float), one vector load
@@ -1055,7 +1057,7 @@ static __device__ __forceinline__ void atc_ldsm2t(uint32_t *r, const void *p) {
                : "memory");
 }
 
-template <int HD, int MT>
+template <int HD, int MT, bool PIPE>
 static __global__ void __launch_bounds__(ATT_THREADS, 1)
     k_attn_tc(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
               int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale, int n_tok, int R, int HBH) {
@@ -1068,7 +1070,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   float *red = (float *)(att_sm + atc_stage_bytes(HD, MT));      /* [NKW][QR][ATC_SS]: partial scores */
   uint16_t *es = (uint16_t *)(red + (size_t)NKW * QR * ATC_SS); /* [3][QR][ATC_PS]: the weights' terms */
   __shared__ float s_alpha[QR], s_m[QR], s_l[QR];
-  __shared__ int s_np[QR]; /* the query row's positions in the current tile (0: none) */
+  __shared__ int s_np[2][QR]; /* the query row's positions in tile it (s_np[it & 1]; 0: none) */
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   const int G = nh / nkv, nhb = G / HBH;
   const int grp = gridDim.x - 1 - blockIdx.x, y = blockIdx.y, c = blockIdx.z; /* the longest rows first */
@@ -1116,74 +1118,58 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     }
     const int64_t p0 = u.p0, pend = u.pend;
     const int ntiles = (int)((pend - p0 + TP - 1) / TP);
-    auto issue = [&](int it, int st) { /* k_attn's tile load up to pend, then zeros in the V rows past it */
+    /* k_attn's tile load: K (kv & 1) and V (kv & 2) of tile it up to pend into stage it % ATC_ST,
+     * the V rows past the tile's positions zeroed */
+    auto issue = [&](int it, int kv) {
       const int64_t tp0 = p0 + (int64_t)it * TP;
       const int n = (int)(pend - tp0 < TP ? pend - tp0 : TP);
-      unsigned char *ks = att_sm + (size_t)st * 2 * TB;
-      att_load_tile<HD, true, RB>(ks, ks + TB, K, V, tp0, n, hd, exact);
-      for (int e = tid; e < (TP - n) * (RB / 16); e += ATT_THREADS)
-        *(uint4 *)(ks + TB + (size_t)n * RB + (size_t)e * 16) = make_uint4(0u, 0u, 0u, 0u);
-    };
-#pragma unroll
-    for (int s = 0; s < ATC_ST - 1; s++) {
-      if (s < ntiles) issue(s, s);
-      ops_cp_commit();
-    }
-    if (!q_loaded) {
-      load_q();
-      q_loaded = true;
-    }
-    float o[MT][NTW][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-      for (int j = 0; j < NTW; j++) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.0f;
-    if (tid < QR) {
-      s_m[tid] = -INFINITY;
-      s_l[tid] = 0.0f;
-    }
-    for (int it = 0; it < ntiles; it++) {
-      ops_cp_wait<ATC_ST - 2>();
-      __syncthreads(); /* tile it landed; everyone is done with tile it - 1 (its stage, s_np, es) */
-      if (it + ATC_ST - 1 < ntiles) issue(it + ATC_ST - 1, (it + ATC_ST - 1) % ATC_ST);
-      ops_cp_commit();
-      const int64_t tp0 = p0 + (int64_t)it * TP;
-      const unsigned char *ks = att_sm + (size_t)(it % ATC_ST) * 2 * TB, *vs = ks + TB;
-      if (tid < QR) s_np[tid] = atr_tile_n(u, tid, i0, i1, HBH, np0, tp0, TP);
-      if (warp < NKW) { /* this warp's partial scores of every position of the tile */
-        /* the accumulators of all n8 tiles at once, so that consecutive mma are independent (each
-         * still sums its k-chunks in order, the smallest term first) */
-        float *rw = red + (size_t)warp * QR * ATC_SS;
-        float d[MT][TP / 8][4];
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-          for (int nt = 0; nt < TP / 8; nt++) d[m][nt][0] = d[m][nt][1] = d[m][nt][2] = d[m][nt][3] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < KCW; k++) {
-          uint32_t b[TP / 8][2]; /* positions 8 nt + (lane & 7), dims 16 kc + 8 ((lane >> 3) & 1) */
-#pragma unroll
-          for (int nt = 0; nt < TP / 8; nt++)
-            atc_ldsm2(b[nt], ks + (size_t)(8 * nt + (lane & 7)) * RB + (16 * (warp * KCW + k) + 8 * ((lane >> 3) & 1)) * 2);
-#pragma unroll
-          for (int s = 2; s >= 0; s--)
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-              for (int nt = 0; nt < TP / 8; nt++) atc_mma(d[m][nt], qa[m][k][s], b[nt][0], b[nt][1]);
-        }
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-          for (int nt = 0; nt < TP / 8; nt++) {
-            *(float2 *)(rw + (16 * m + g) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][nt][0], d[m][nt][1]);
-            *(float2 *)(rw + (16 * m + g + 8) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][nt][2], d[m][nt][3]);
-          }
+      unsigned char *ks = att_sm + (size_t)(it % ATC_ST) * 2 * TB;
+      if (kv & 1) att_load_rows<HD, true, RB>(ks, K, tp0, n, hd, exact);
+      if (kv & 2) {
+        att_load_rows<HD, true, RB>(ks + TB, V, tp0, n, hd, exact);
+        for (int e = tid; e < (TP - n) * (RB / 16); e += ATT_THREADS)
+          *(uint4 *)(ks + TB + (size_t)n * RB + (size_t)e * 16) = make_uint4(0u, 0u, 0u, 0u);
       }
-      __syncthreads();
-      /* online softmax per query row over its positions of the tile; the weights' terms */
+    };
+    /* s_np of tile it, and this warp's partial scores of every position of it into red */
+    auto scores = [&](int it) {
+      const int64_t tp0 = p0 + (int64_t)it * TP;
+      const unsigned char *ks = att_sm + (size_t)(it % ATC_ST) * 2 * TB;
+      if (tid < QR) s_np[it & 1][tid] = atr_tile_n(u, tid, i0, i1, HBH, np0, tp0, TP);
+      if (warp >= NKW) return;
+      /* the accumulators of all n8 tiles at once, so that consecutive mma are independent (each
+       * still sums its k-chunks in order, the smallest term first) */
+      float *rw = red + (size_t)warp * QR * ATC_SS;
+      float d[MT][TP / 8][4];
+#pragma unroll
+      for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int nt = 0; nt < TP / 8; nt++) d[m][nt][0] = d[m][nt][1] = d[m][nt][2] = d[m][nt][3] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < KCW; k++) {
+        uint32_t b[TP / 8][2]; /* positions 8 nt + (lane & 7), dims 16 kc + 8 ((lane >> 3) & 1) */
+#pragma unroll
+        for (int nt = 0; nt < TP / 8; nt++)
+          atc_ldsm2(b[nt], ks + (size_t)(8 * nt + (lane & 7)) * RB + (16 * (warp * KCW + k) + 8 * ((lane >> 3) & 1)) * 2);
+#pragma unroll
+        for (int s = 2; s >= 0; s--)
+#pragma unroll
+          for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int nt = 0; nt < TP / 8; nt++) atc_mma(d[m][nt], qa[m][k][s], b[nt][0], b[nt][1]);
+      }
+#pragma unroll
+      for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int nt = 0; nt < TP / 8; nt++) {
+          *(float2 *)(rw + (16 * m + g) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][nt][0], d[m][nt][1]);
+          *(float2 *)(rw + (16 * m + g + 8) * ATC_SS + 8 * nt + 2 * tq) = make_float2(d[m][nt][2], d[m][nt][3]);
+        }
+    };
+    /* the online softmax per query row over its positions of tile it; the weights' terms into es */
+    auto softmax = [&](int it) {
       for (int i = warp; i < QR; i += ATT_THREADS / 32) {
-        const int npos = s_np[i];
+        const int npos = s_np[it & 1][i];
         uint16_t *e0 = es + i * ATC_PS;
         if (npos <= 0) {
           for (int p = lane; p < TP; p += 32) e0[p] = e0[QR * ATC_PS + p] = e0[2 * QR * ATC_PS + p] = 0;
@@ -1228,38 +1214,91 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
           s_l[i] = __fadd_rn(__fmul_rn(s_l[i], al), lt);
         }
       }
-      __syncthreads();
-      if (warp < NVW) { /* o = o * alpha + e V over the tile, rows 16 m + g and + 8 */
+    };
+    float o[MT][NTW][4];
+    /* o = o * alpha + e V over tile it, rows 16 m + g and + 8 */
+    auto vsum = [&](int it) {
+      if (warp >= NVW) return;
+      const unsigned char *vs = att_sm + (size_t)(it % ATC_ST) * 2 * TB + TB;
+#pragma unroll
+      for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int i = 16 * m + g + 8 * h;
+          if (s_np[it & 1][i] > 0) {
+            const float al = s_alpha[i];
+#pragma unroll
+            for (int j = 0; j < NTW; j++)
+              o[m][j][2 * h] = __fmul_rn(o[m][j][2 * h], al), o[m][j][2 * h + 1] = __fmul_rn(o[m][j][2 * h + 1], al);
+          }
+        }
+#pragma unroll
+      for (int kc = 0; kc < TP / 16; kc++) {
+        uint32_t a[MT][3][4]; /* rows 16 m + (lane & 15), positions 16 kc + 8 (lane >> 4) */
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
-          for (int h = 0; h < 2; h++) {
-            const int i = 16 * m + g + 8 * h;
-            if (s_np[i] > 0) {
-              const float al = s_alpha[i];
+          for (int s = 0; s < 3; s++)
+            atc_ldsm4(a[m][s], es + ((size_t)s * QR + 16 * m + (lane & 15)) * ATC_PS + 16 * kc + 8 * (lane >> 4));
+        uint32_t b[NTW][2]; /* positions 16 kc + (lane & 15), dims of n8 tile warp * NTW + j; transposed */
 #pragma unroll
-              for (int j = 0; j < NTW; j++)
-                o[m][j][2 * h] = __fmul_rn(o[m][j][2 * h], al), o[m][j][2 * h + 1] = __fmul_rn(o[m][j][2 * h + 1], al);
-            }
-          }
+        for (int j = 0; j < NTW; j++) atc_ldsm2t(b[j], vs + (size_t)(16 * kc + (lane & 15)) * RB + 16 * (warp * NTW + j));
 #pragma unroll
-        for (int kc = 0; kc < TP / 16; kc++) {
-          uint32_t a[MT][3][4]; /* rows 16 m + (lane & 15), positions 16 kc + 8 (lane >> 4) */
+        for (int s = 2; s >= 0; s--) /* each accumulator: the smallest term first, as before */
 #pragma unroll
           for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int s = 0; s < 3; s++)
-              atc_ldsm4(a[m][s], es + ((size_t)s * QR + 16 * m + (lane & 15)) * ATC_PS + 16 * kc + 8 * (lane >> 4));
-          uint32_t b[NTW][2]; /* positions 16 kc + (lane & 15), dims of n8 tile warp * NTW + j; transposed */
+            for (int j = 0; j < NTW; j++) atc_mma(o[m][j], a[m][s], b[j][0], b[j][1]);
+      }
+    };
+    if constexpr (PIPE) { /* K(0) first; then K(it + 1) and V(it) load during phase it (below) */
+      issue(0, 1);
+      ops_cp_commit();
+    } else {
 #pragma unroll
-          for (int j = 0; j < NTW; j++) atc_ldsm2t(b[j], vs + (size_t)(16 * kc + (lane & 15)) * RB + 16 * (warp * NTW + j));
+      for (int s = 0; s < ATC_ST - 1; s++) {
+        if (s < ntiles) issue(s, 3);
+        ops_cp_commit();
+      }
+    }
+    if (!q_loaded) {
+      load_q();
+      q_loaded = true;
+    }
 #pragma unroll
-          for (int s = 2; s >= 0; s--) /* each accumulator: the smallest term first, as before */
+    for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-              for (int j = 0; j < NTW; j++) atc_mma(o[m][j], a[m][s], b[j][0], b[j][1]);
-        }
+      for (int j = 0; j < NTW; j++) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.0f;
+    if (tid < QR) {
+      s_m[tid] = -INFINITY;
+      s_l[tid] = 0.0f;
+    }
+    if constexpr (PIPE) {
+      /* phase it: the V sums of tile it - 1 and the scores of tile it (independent), a barrier, the
+       * softmax of it: two barriers a tile instead of three. K(it + 1) and V(it) go into the stage
+       * halves that held K(it - 1) and V(it - 2), both consumed before this phase's first barrier. */
+      for (int it = 0; it <= ntiles; it++) {
+        ops_cp_wait<0>();
+        __syncthreads(); /* K(it) and V(it - 1) landed; softmax(it - 1) done */
+        if (it + 1 < ntiles) issue(it + 1, 1);
+        if (it < ntiles) issue(it, 2);
+        ops_cp_commit();
+        if (it > 0) vsum(it - 1);
+        if (it < ntiles) scores(it);
+        __syncthreads();
+        if (it < ntiles) softmax(it);
+      }
+    } else {
+      for (int it = 0; it < ntiles; it++) {
+        ops_cp_wait<ATC_ST - 2>();
+        __syncthreads(); /* tile it landed; everyone is done with tile it - 1 (its stage, s_np, es) */
+        if (it + ATC_ST - 1 < ntiles) issue(it + ATC_ST - 1, 3);
+        ops_cp_commit();
+        scores(it);
+        __syncthreads();
+        softmax(it);
+        __syncthreads();
+        vsum(it);
       }
     }
     ops_cp_wait<0>();
@@ -1416,13 +1455,29 @@ static int attn_tc_mt(void) {
 }
 extern "C" void cuda_attn_set_mt(int mt) { g_attn_mt = mt == 2 ? 2 : 1; }
 
-template <int HD, int MT>
+/* k_attn_tc's launches of one m16 tile (decode, a verify's rows): 1 = the pipelined tile loop (the
+ * V sums of a tile beside the next tile's scores, two barriers a tile; the default), 0 = three
+ * phases a tile. The same operations on every value: the same bits (test_cuda_ops compares them).
+ * Launches of 32-row blocks keep the three phases (both accumulator sets at once would not fit the
+ * registers). FLOE_CUDA_ATTN_PIPE=0 at setup or the first call. */
+static int g_attn_pipe = -1;
+static bool attn_tc_pipe(void) {
+  if (g_attn_pipe < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_PIPE");
+    g_attn_pipe = !(e && e[0] == '0');
+  }
+  return g_attn_pipe == 1;
+}
+extern "C" void cuda_attn_set_pipe(int on) { g_attn_pipe = on ? 1 : 0; }
+
+template <int HD, int MT, bool PIPE>
 static int launch_attn_tc(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                           const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
   static int done = 0;
   const size_t sm = atc_smem(HD, MT);
   if (!done) {
-    if (cudaFuncSetAttribute(k_attn_tc<HD, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess) {
+    if (cudaFuncSetAttribute(k_attn_tc<HD, MT, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
+        cudaSuccess) {
       (void)cudaGetLastError();
       return -1;
     }
@@ -1432,18 +1487,21 @@ static int launch_attn_tc(const cuda_attn_shape *sh, const float *q, const void 
   const int hbh = atr_hbh(sh), R = ATC_QR * MT / hbh, G = sh->n_head / sh->n_head_kv;
   dim3 grid((unsigned)((n_tok + R - 1) / R), (unsigned)(sh->n_head_kv * (G / hbh)), (unsigned)sh->n_split);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
-  pdl_launch(k_attn_tc<HD, MT>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part, cnt,
+  pdl_launch(k_attn_tc<HD, MT, PIPE>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part, cnt,
              sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split, scale, (int)n_tok, R, hbh);
   return 0;
 }
 template <int HD>
 static int launch_attn_tc_mt(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                              const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
-  if (!q) /* the check's call: both */
-    return launch_attn_tc<HD, 1>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
-           launch_attn_tc<HD, 2>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  if (attn_tc_mt() == 2 && n_tok >= 16) return launch_attn_tc<HD, 2>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  return launch_attn_tc<HD, 1>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  if (!q) /* the check's call: all three */
+    return launch_attn_tc<HD, 1, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
+           launch_attn_tc<HD, 1, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
+           launch_attn_tc<HD, 2, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  if (attn_tc_mt() == 2 && n_tok >= 16)
+    return launch_attn_tc<HD, 2, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  if (attn_tc_pipe()) return launch_attn_tc<HD, 1, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  return launch_attn_tc<HD, 1, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
 }
 static int attn_tc_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                             const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
@@ -1485,6 +1543,7 @@ static int attn_set_smem(const cuda_attn_shape *sh) { /* every head batching att
   (void)attn_rows_min(); /* the environment read at setup */
   (void)attn_mma_on();
   (void)attn_tc_mt();
+  (void)attn_tc_pipe();
   return rc;
 }
 
