@@ -1,7 +1,8 @@
 /* Tiered experts on the GPU (model.gpu_mem, src/model/cuda_tier.c) against the fully resident GPU
  * run of the same file: bit for bit, whatever the pool size and where the misses are computed.
  *
- * For each model (the default model: Q8_0 experts, its shared expert apart; FLOE_TEST_SYNTH_CPU:
+ * For each model (the default model: Q8_0 experts, its shared expert apart; the golden qwen35moe
+ * fixture in Q4_K (tests/fixtures/models/qwen35moe_k); FLOE_TEST_SYNTH_CPU:
  * tiny `floe synth` models in Q4_K / Q5_K whose shared expert joins the routed launches;
  * FLOE_TEST_SYNTH: the 35B-A3B shape):
  *  - the resident run: a prompt + continuation evaluated as one chunk (every row's logits) and
@@ -336,7 +337,10 @@ int main(void) {
   }
   const char *sc = getenv("FLOE_TEST_SYNTH_CPU"), *synth = getenv("FLOE_TEST_SYNTH");
   /* the default model under ctest; the synth models alone when named */
-  if (!(sc && *sc) && !(synth && *synth)) test_model(test_fixture("../../models/default.gguf"), 40, true);
+  if (!(sc && *sc) && !(synth && *synth)) {
+    test_model(test_fixture("../../models/default.gguf"), 40, true);
+    test_model(test_fixture("models/qwen35moe_k/model-q4_k.gguf"), 24, true); /* the HF fixture in Q4_K */
+  }
   if (sc && *sc) {
     char *list = strdup(sc), *save = NULL;
     for (char *f = strtok_r(list, " ", &save); f; f = strtok_r(NULL, " ", &save)) test_model(f, 24, true);
