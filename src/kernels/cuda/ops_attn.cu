@@ -1251,8 +1251,8 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
             for (int j = 0; j < NTW; j++) atc_mma(o[m][j], a[m][s], b[j][0], b[j][1]);
       }
     };
-    if constexpr (PIPE) { /* K(0) first; then K(it + 1) and V(it) load during phase it (below) */
-      issue(0, 1);
+    if constexpr (PIPE) { /* tile 0; then K(it + 1) and V(it + 1) load while tile it is computed (below) */
+      issue(0, 3);
       ops_cp_commit();
     } else {
 #pragma unroll
@@ -1275,18 +1275,22 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     }
     if constexpr (PIPE) {
       /* phase it: the V sums of tile it - 1 and the scores of tile it (independent), a barrier, the
-       * softmax of it: two barriers a tile instead of three. K(it + 1) and V(it) go into the stage
-       * halves that held K(it - 1) and V(it - 2), both consumed before this phase's first barrier. */
+       * softmax of it: two barriers a tile instead of three. K(it + 1) goes into the stage half that
+       * held K(it - 1) (its scores were done in phase it - 1), V(it + 1) after this phase's V sums
+       * into the half that held V(it - 1); each load has a phase and a softmax to land in. */
       for (int it = 0; it <= ntiles; it++) {
-        ops_cp_wait<0>();
+        if (it == 0) ops_cp_wait<0>();
+        else ops_cp_wait<1>(); /* every group but the newest: V(it), needed in phase it + 1 */
         __syncthreads(); /* K(it) and V(it - 1) landed; softmax(it - 1) done */
         if (it + 1 < ntiles) issue(it + 1, 1);
-        if (it < ntiles) issue(it, 2);
         ops_cp_commit();
         if (it > 0) vsum(it - 1);
-        if (it < ntiles) scores(it);
-        __syncthreads();
-        if (it < ntiles) softmax(it);
+        if (it == ntiles) break;
+        scores(it);
+        __syncthreads(); /* the V sums of it - 1 are done: V(it + 1) may take their stage half */
+        if (it + 1 < ntiles) issue(it + 1, 2);
+        ops_cp_commit();
+        softmax(it);
       }
     } else {
       for (int it = 0; it < ntiles; it++) {
