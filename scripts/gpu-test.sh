@@ -25,6 +25,8 @@
 #             then streamed from the file too (--mem-budget with --gpu-mem, $TIER_STREAM)
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
 #   stream80  the 80B streamed (--mem-budget + --gpu-mem): read-ahead by the router vs the previous token
+#   attnpipe  one decode attention launch at several KV, the pipelined tile loop vs three phases a tile
+#   vram35    vram_used_bytes and the tier cost model's rates, resident and with --gpu-mem
 #   tiergraph tiered decode as recorded graph segments vs eager steps (FLOE_CUDA_TIER_GRAPH=0), alternated
 #   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
 #             no more beside the build; removes the 35B and 80B files) with --gpu-mem $TIER397_MEM
@@ -573,6 +575,29 @@ sec_ncuattn() {
       --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section WarpStateStats \
       --section LaunchStats "$BUILD/bin/bench_cuda_ops" attn "${NCU_KV:-131072}" 128 "$hb" || rc=1
   done
+  return $rc
+}
+# attnpipe: one decode attention launch (bench_cuda_ops attn KV 66 8) at each KV of PIPE_KV with the
+# pipelined tile loop and without (FLOE_CUDA_ATTN_PIPE=1 / 0), PIPE_R rounds alternated
+sec_attnpipe() {
+  local kv p r rc=0
+  for kv in ${PIPE_KV:-1 1024 8192 32768 131072}; do
+    for r in $(seq 1 "${PIPE_R:-2}"); do
+      for p in 1 0; do
+        FLOE_CUDA_ATTN_PIPE=$p timeout 30 "$BUILD/bin/bench_cuda_ops" attn "$kv" 66 8 | grep attn | sed "s/^/pipe $p: /" || rc=1
+      done
+    done
+  done
+  return $rc
+}
+# vram35: the device memory floe holds (vram_used_bytes) and the tier cost model's measured rates,
+# resident and with --gpu-mem TIER_MEM (default 8G), a short decode of $SYNTH each
+sec_vram35() {
+  local rc=0 k='"vram_used_bytes":[0-9]*\|"model_gpu_gbps":[0-9.]*\|"model_pcie_gbps":[0-9.]*\|"decode_tok_s":[0-9.]*'
+  echo "== resident"
+  timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n 32 -r 1 --json | grep -o "$k" || rc=1
+  echo "== --gpu-mem ${TIER_MEM:-8G}"
+  timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --gpu-mem "${TIER_MEM:-8G}" -p 0 -n 32 -r 1 --json | grep -o "$k" || rc=1
   return $rc
 }
 # attnd: the decode attention lines of bench_cuda_ops (one launch at KV 1 / 8K / 32K / 128K, several splits)
