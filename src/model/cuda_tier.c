@@ -19,8 +19,9 @@
  * selected experts, the layer waits ~max(m * t_cpu, (M - m) * t_copy + (S - m) * t_gpu);
  * t_copy = expert bytes / the measured host -> device copy rate, t_gpu = expert bytes / the
  * measured device memory rate (the expert kernels read each expert once), t_cpu = the measured
- * CPU seconds per expert (calibrated at session start, then a running average). FLOE_TIER_CPU=0 / 1 forces never / always. Only one-row steps use the CPU (a prefill
- * chunk reads each expert once for many rows: copies win).
+ * CPU seconds per expert (calibrated at session start, then a running average). FLOE_TIER_CPU=0
+ * / 1 forces never / always. Only one-row steps use the CPU (a prefill chunk reads each expert
+ * once for many rows: copies win).
  *
  * Next-layer prefetch (the default from page-locked host experts, one-row steps; FLOE_TIER_PF=0
  * off): the caller passes
