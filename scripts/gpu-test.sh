@@ -25,6 +25,7 @@
 #             then streamed from the file too (--mem-budget with --gpu-mem, $TIER_STREAM)
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
 #   stream80  the 80B streamed (--mem-budget + --gpu-mem): read-ahead by the router vs the previous token
+#   gridsync  bench/bench_cuda_grid.cu: grid barriers and phased reads in one cooperative launch
 #   attnpipe  one decode attention launch at several KV, the pipelined tile loop vs three phases a tile
 #   vram35    vram_used_bytes and the tier cost model's rates, resident and with --gpu-mem
 #   tiergraph tiered decode as recorded graph segments vs eager steps (FLOE_CUDA_TIER_GRAPH=0), alternated
@@ -599,6 +600,13 @@ sec_vram35() {
   echo "== --gpu-mem ${TIER_MEM:-8G}"
   timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --gpu-mem "${TIER_MEM:-8G}" -p 0 -n 32 -r 1 --json | grep -o "$k" || rc=1
   return $rc
+}
+# gridsync: the floor of a persistent decode kernel (bench/bench_cuda_grid.cu): grid barriers and
+# 1.87 GB read in P phases of one cooperative launch, against gpu-floor.md's P graph kernels
+sec_gridsync() {
+  mkdir -p "$BUILD/bin"
+  nvcc -O3 -arch=sm_90 "$ROOT/bench/bench_cuda_grid.cu" -o "$BUILD/bin/bench_cuda_grid" || return 1
+  timeout 120 "$BUILD/bin/bench_cuda_grid"
 }
 # attnd: the decode attention lines of bench_cuda_ops (one launch at KV 1 / 8K / 32K / 128K, several splits)
 sec_attnd() { timeout 120 "$BUILD/bin/bench_cuda_ops" | grep -E "^device|attn (decode|split)"; }
