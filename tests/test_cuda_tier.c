@@ -153,13 +153,11 @@ static void test_streamed(const char *path, int64_t n, const int32_t *tok, const
 }
 
 /* FLOE_TIER_PF=1: decode with the next layer's predicted experts copied ahead (a copy in
- * page-locked memory, twice the minimum pool, or the minimum where twice would hold every routed
- * expert of the model: all_experts; then nothing is ever missing, and nothing is prefetched, as
- * the qwen35moe_k fixture's 2 layers of 8 showed): the same bits, and prefetches happened. */
+ * page-locked memory, twice the minimum pool): the same bits, and prefetches happened. */
 static void test_prefetch(const char *path, int64_t n, const int32_t *tok, const float *ref_d, float *lg,
-                          int64_t min_slots, int64_t all_experts) {
+                          int64_t min_slots) {
   char msg[512], slots[32];
-  snprintf(slots, sizeof slots, "%lld", (long long)(2 * min_slots < all_experts ? 2 * min_slots : min_slots));
+  snprintf(slots, sizeof slots, "%lld", (long long)(2 * min_slots));
   setenv("FLOE_TIER_SLOTS", slots, 1);
   setenv("FLOE_TIER_CPU", "0", 1);
   setenv("FLOE_TIER_PF", "1", 1);
@@ -277,7 +275,11 @@ static void test_model(const char *path, int64_t n, bool full) {
       model_free(mt);
     }
   for (int mi = 0; mi < 3; mi++) test_streamed(path, n, tok, ref_p, ref_d, lg, min_slots, modes[mi]);
-  test_prefetch(path, n, tok, ref_d, lg, min_slots, mr_layers * NE);
+  /* twice the minimum pool holding (nearly) every routed expert misses nothing, so nothing is
+   * prefetched: the qwen35moe_k fixture, 2 layers of 8 experts (its 16 slots hold 14 of them) */
+  if (2 * min_slots < mr_layers * NE) test_prefetch(path, n, tok, ref_d, lg, min_slots);
+  else printf("  prefetch: not tested (twice the minimum pool, %lld slots, for %lld routed experts: nothing would "
+              "miss)\n", (long long)(2 * min_slots), (long long)(mr_layers * NE));
   test_eager(path, n, tok, ref_d, lg, min_slots, "0");
   if (full) test_eager(path, n, tok, ref_d, lg, min_slots, "1");
   char slots[32];
