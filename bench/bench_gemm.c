@@ -6,6 +6,8 @@
  * activation row, superblock of 256 weights) and the fraction of the int8 VNNI peak that is
  * (256 MACs per superblock; peak = 2 vpdpbusd zmm per cycle = 128 MACs/cycle, so the floor is 2
  * cycles). Core clock: measured with a dependent imul chain (3 cycles per imul).
+ * Kernels: mm_q (kern_mm_q_avx512), gemm (kern_gemm_q_avx512), lanes (the batched kernel on the
+ * same matrices packed by kern_k4_lanes_pack); every one's last call is checked bit for bit.
  * Usage: bench_gemm [--shapes 512x2048,2048x512] [--nb 1,4,8,16,64 (<= 512; > 16: batched kernel only)] [--mats N] [--secs S] [--type q4_K|q5_K]
  * --mats N cycles through N distinct weight matrices (N large = weights from DRAM). */
 #include <stdio.h>
@@ -82,9 +84,20 @@ int main(int argc, char **argv) {
     const size_t ab = kern_act_bytes(&W);
     uint8_t *xq = floe_aligned_alloc(64, ab * NBMAX);
     kern_act_quantize_rows(&W, NBMAX, X, cols, xq, ab);
+    /* the same matrices with the rows in the lanes (kern_k4_lanes_pack) */
+    uint8_t *ldata = floe_aligned_alloc(64, mb * (size_t)nmats);
+    memcpy(ldata, data, mb * (size_t)nmats);
+    for (int m = 0; m < nmats; m++) {
+      floe_mat P = W;
+      P.data = ldata + (size_t)m * mb;
+      kern_k4_lanes_pack(&P, ldata + (size_t)m * mb);
+    }
+    float *Y0 = malloc(sizeof(float) * NBMAX * (size_t)rows);
     for (const char *np = nbs; *np;) {
       const int nb = atoi(np);
-      for (int kern = nb > 16; kern < 2 && nb >= 1 && nb <= NBMAX; kern++) {
+      for (int kern = nb > 16; kern < 3 && nb >= 1 && nb <= NBMAX; kern++) {
+        floe_mat WL = W;
+        WL.k4_lanes = kern == 2;
         double best = 1e30;
         int64_t m = 0;
         for (int trial = 0; trial < 5; trial++) {
@@ -93,17 +106,27 @@ int main(int argc, char **argv) {
           do {
             for (int i = 0; i < 8; i++, calls++, m = (m + 1) % nmats) {
               W.data = data + (size_t)m * mb;
-              if (kern) kern_gemm_q_avx512(&W, nb, xq, ab, Y, rows, 0, rows);
+              WL.data = ldata + (size_t)m * mb;
+              if (kern == 2) kern_gemm_q_avx512(&WL, nb, xq, ab, Y, rows, 0, rows);
+              else if (kern) kern_gemm_q_avx512(&W, nb, xq, ab, Y, rows, 0, rows);
               else kern_mm_q_avx512(&W, nb, NULL, 0, xq, ab, Y, rows, 0, rows);
             }
             t = thread_s() - t0;
           } while (t < secs / 5);
           if (t / (double)calls < best) best = t / (double)calls;
         }
+        /* the last call's matrix m - 1 against the batched kernel on the file's layout, bit for bit */
+        const int lm = (int)((m + nmats - 1) % nmats);
+        W.data = data + (size_t)lm * mb;
+        kern_gemm_q_avx512(&W, nb, xq, ab, Y0, rows, 0, rows);
+        if (memcmp(Y0, Y, sizeof(float) * (size_t)nb * (size_t)rows)) {
+          fprintf(stderr, "bench_gemm: kernel %d differs from the batched kernel (nb %d)\n", kern, nb);
+          return 3;
+        }
         const double cyc = best * f * 1e9 / ((double)rows * nb * (double)(cols / 256));
         printf("{\"bench\":\"gemm\",\"type\":\"%s\",\"kernel\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"nb\":%d,\"mats\":%d,\"ghz\":%.2f,"
                "\"us_per_call\":%.2f,\"cyc_per_row_sb\":%.2f,\"vnni_frac\":%.3f,\"gbps\":%.2f}\n",
-               type == FLOE_TYPE_Q4_K ? "q4_K" : "q5_K", kern ? "gemm" : "mm_q", rows, cols, nb, nmats, f, best * 1e6, cyc,
+               type == FLOE_TYPE_Q4_K ? "q4_K" : "q5_K", kern == 2 ? "lanes" : kern ? "gemm" : "mm_q", rows, cols, nb, nmats, f, best * 1e6, cyc,
                2.0 / cyc, (double)mb / best / 1e9);
         fflush(stdout);
       }
@@ -111,6 +134,8 @@ int main(int argc, char **argv) {
       np = np ? np + 1 : "";
     }
     floe_aligned_free(data);
+    floe_aligned_free(ldata);
+    free(Y0);
     floe_aligned_free(xq);
     free(X);
     free(Y);

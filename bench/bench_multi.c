@@ -112,6 +112,8 @@ int main(int argc, char **argv) {
     return 1;
   }
 #endif
+  const uint64_t lanes = model_pack_lanes(m); /* as floe_engine_open does (FLOE_LANES=0: not) */
+  fprintf(stderr, "bench_multi: %.2f GB repacked for the CPU\n", (double)lanes / 1e9);
   const int64_t V = m->hp.n_vocab;
   const int64_t n_ctx = depth + (int64_t)rounds * steps * ns + 16;
   model_session *s[MAXS] = { 0 };

@@ -107,6 +107,7 @@ typedef struct floe_model_info {
   uint64_t mem_budget, resident_bytes, cache_bytes, expert_slot_bytes;
   int64_t cache_slots;
   bool copied;           /* weights read into huge-page memory (FLOE_LOAD_COPY, or AUTO chose it) */
+  uint64_t lanes_bytes;  /* of those, Q4_K / Q5_K bytes repacked for the CPU's batched kernel (FLOE_LANES=0: none) */
   const char *device;    /* "cpu" or "cuda" */
   char gpu_name[128];    /* the GPU's name ("" on the CPU) */
   uint64_t vram_bytes;   /* the GPU's total memory (0 on the CPU) */

@@ -8,7 +8,9 @@
  * one activation row alone (nb = 1) is the oracle, so this also checks row-exactness. Finally
  * kern_matmul's dispatch (nb >= KGEMM_MIN_NB goes to this kernel) against the nb = 1 AVX-512 path,
  * and kern_matmul_batch with nb > 16 (Q4_K/Q5_K through this kernel, Q6_K/Q8_0 through the
- * blocked kern_matmul loop) against nb = 1. */
+ * blocked kern_matmul loop) against nb = 1. Then the same matrices packed with the rows in the lanes
+ * (kern_k4_lanes_pack): each row recovered by kern_k4_lanes_row, and every path (the batched kernel,
+ * AVX2 / scalar / the float path through the file's layout) equal to the unpacked matrix's. */
 #include <math.h>
 
 #include "kernels/cpu/kernels_internal.h"
@@ -188,6 +190,71 @@ int main(void) {
         free(Y1);
         drop(&c);
       }
+  }
+  SECTION("rows in the lanes (kern_k4_lanes_pack): every path against the file's layout, bit for bit");
+  floe_rng_seed(&rng, 31337);
+  for (int ti = 0; ti < 2; ti++) {
+    const int64_t lshape[][2] = {{16, 256}, {37, 1280}, {70, 512}, {48, 4352}, {21, 2048}, {5, 768}};
+    for (size_t si = 0; si < sizeof lshape / sizeof lshape[0]; si++) {
+      const int64_t rows = lshape[si][0], cols = lshape[si][1], ldy = rows + 3;
+      const int NB = 19;
+      tcase c = make(types[ti], rows, cols, NB, si == 5);
+      floe_mat WL = c.W;
+      uint8_t *ld = malloc(c.W.row_bytes * (size_t)rows);
+      memcpy(ld, c.data, c.W.row_bytes * (size_t)rows);
+      WL.data = ld;
+      const int ok = kern_k4_lanes_ok(&WL);
+      CHECK(ok == (rows >= 16), "%s %lldx%lld: kern_k4_lanes_ok %d", tname[ti], (long long)rows, (long long)cols, ok);
+      if (!ok) {
+        free(ld);
+        drop(&c);
+        continue;
+      }
+      kern_k4_lanes_pack(&WL, ld);
+      /* the packed bytes are a permutation: rows come back whole, and at least one block moved */
+      uint8_t *row = malloc(c.W.row_bytes);
+      int64_t badrow = 0;
+      for (int64_t r = 0; r < rows; r++) {
+        kern_k4_lanes_row(&WL, r, row);
+        badrow += memcmp(row, kw_row(&c.W, r), c.W.row_bytes) != 0;
+      }
+      CHECK(WL.k4_lanes && badrow == 0 && memcmp(ld, c.data, c.W.row_bytes * 16) != 0,
+            "%s %lldx%lld: %lld rows not recovered by kern_k4_lanes_row", tname[ti], (long long)rows, (long long)cols,
+            (long long)badrow);
+      free(row);
+      float *Y = malloc(sizeof(float) * (size_t)(NB * ldy)), *Y1 = malloc(sizeof(float) * (size_t)(NB * ldy));
+      const int64_t ranges[][2] = {{0, rows}, {1, rows - 1}, {rows - 3, rows}, {5, 9}, {16, rows}};
+      int64_t bad = 0, nbad = 0;
+      for (int isa = FLOE_ISA_AVX512; isa >= FLOE_ISA_SCALAR; isa--) {
+        if (kern_isa_set(isa) < 0) continue;
+        for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+          const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
+          if (r1 <= r0) continue;
+          for (int nb = 1; nb <= NB; nb += isa == FLOE_ISA_AVX512 ? 1 : 6) {
+            for (int fl = 0; fl < 2; fl++) { /* the quantized path, then the float path (xq NULL) */
+              if (fl && (isa != FLOE_ISA_AVX512 || nb > 3)) continue;
+              for (int64_t i = 0; i < NB * ldy; i++) Y[i] = Y1[i] = -7.0f;
+              const uint8_t *xq = fl ? NULL : c.xq;
+              if (nb <= 16) kern_matmul(&WL, nb, c.X, cols, xq, c.ab, Y, ldy, r0, r1);
+              else kern_matmul_batch(&WL, nb, c.X, cols, xq, c.ab, Y, ldy, r0, r1);
+              kern_matmul_batch(&c.W, nb, c.X, cols, xq, c.ab, Y1, ldy, r0, r1);
+              int64_t d = 0;
+              for (int64_t i = 0; i < NB * ldy; i++) d += memcmp(&Y[i], &Y1[i], 4) != 0;
+              bad += d;
+              nbad += d != 0;
+            }
+          }
+        }
+      }
+      kern_isa_set(FLOE_ISA_AVX512);
+      CHECK(bad == 0, "%s %lldx%lld%s: %lld outputs differ from the file's layout in %lld calls (AVX-512, AVX2, scalar; "
+            "nb 1..%d; 5 row ranges; quantized and float paths)", tname[ti], (long long)rows, (long long)cols,
+            si == 5 ? " saturated" : "", (long long)bad, (long long)nbad, NB);
+      free(Y);
+      free(Y1);
+      free(ld);
+      drop(&c);
+    }
   }
   return TEST_DONE();
 }

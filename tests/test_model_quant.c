@@ -25,6 +25,7 @@
  * `test_model_quant --make-refs DIR` writes the dequantized HF directories DIR/<name>_<q> that
  * tools/reference/make_fixtures.py --from-dir turns into the references (see the README there);
  * `test_model_quant --make-refs-k HF_DIR DIR` does the same for make_random_hf.py's model (Q4_K). */
+#include "kernels/cpu/kernels.h"
 #include "model_ref_util.h"
 #include "test.h"
 
@@ -107,6 +108,55 @@ static void test_k(void) {
     CHECK(rc == 0 && !memcmp(lb, ls, (size_t)NT * V * sizeof(float)),
           "qwen35moe_k: 80 single steps with 2 threads bit-identical to the batch: %s", rc ? err : "ok");
     model_session_free(s3);
+    /* the same file read into memory and repacked for the CPU (rows in the lanes, lanes.c): the
+     * batch, single steps with 1 and 2 threads, and the exact float path give the same bits */
+    model *mp = NULL;
+    rc = model_load_ex(path, FLOE_LOAD_COPY, &mp, err, sizeof err);
+    CHECK(rc == 0, "qwen35moe_k: load into memory: %s", rc ? err : "ok");
+    const uint64_t packed = rc == 0 && kern_isa_get() == FLOE_ISA_AVX512 ? model_pack_lanes(mp) : 0;
+    if (rc == 0 && kern_isa_get() == FLOE_ISA_AVX512) {
+      int64_t nl = 0, nk = 0;
+      for (int64_t l = 0; l < mp->hp.n_layer; l++) {
+        const model_layer *L = &mp->layers[l];
+        for (int64_t e = 0; e < mp->hp.n_expert; e++, nk += 3)
+          nl += L->exp_gate[e].k4_lanes + L->exp_up[e].k4_lanes + L->exp_down[e].k4_lanes;
+        nl += L->sh_down.k4_lanes;
+        nk++;
+      }
+      nl += mp->output.k4_lanes;
+      nk++;
+      CHECK(packed > 0 && nl == nk && !mp->tok_embd.k4_lanes,
+            "qwen35moe_k: %llu bytes repacked, %lld of %lld expert / shared down / output matrices in lanes, the token "
+            "embedding not", (unsigned long long)packed, (long long)nl, (long long)nk);
+      for (int t = 1; t <= 2; t++) {
+        model_session *sp = NULL, *sq = NULL;
+        rc = model_session_new(mp, 256, KV_BF16, t, &sp, err, sizeof err) || model_session_new(mp, 256, KV_BF16, t, &sq, err, sizeof err);
+        if (rc == 0) {
+          model_session_set_exact(sp, false);
+          model_session_set_exact(sq, false);
+          rc = model_eval(sp, toks, NT, ls, true, err, sizeof err);
+        }
+        CHECK(rc == 0 && !memcmp(lb, ls, (size_t)NT * V * sizeof(float)),
+              "qwen35moe_k: repacked, 80-token batch (%d threads) bit-identical to the file's layout: %s", t, rc ? err : "ok");
+        for (int i = 0; i < NT && rc == 0; i++) rc = model_eval(sq, &toks[i], 1, ls + (size_t)i * V, false, err, sizeof err);
+        CHECK(rc == 0 && !memcmp(lb, ls, (size_t)NT * V * sizeof(float)),
+              "qwen35moe_k: repacked, 80 single steps (%d threads) bit-identical to the file's layout: %s", t, rc ? err : "ok");
+        model_session_free(sp);
+        model_session_free(sq);
+      }
+      /* the exact float path (no activation quantization) reads the lanes back in the file's layout */
+      float *le = malloc((size_t)8 * V * sizeof(float)), *lf = malloc((size_t)8 * V * sizeof(float));
+      model_session *se = NULL, *sf = NULL;
+      rc = model_session_new(m, 64, KV_F32, 1, &se, err, sizeof err) || model_session_new(mp, 64, KV_F32, 1, &sf, err, sizeof err);
+      if (rc == 0 && le && lf) rc = model_eval(se, toks, 8, le, true, err, sizeof err) || model_eval(sf, toks, 8, lf, true, err, sizeof err);
+      CHECK(rc == 0 && le && lf && !memcmp(le, lf, (size_t)8 * V * sizeof(float)),
+            "qwen35moe_k: repacked, the exact float path bit-identical to the file's layout: %s", rc ? err : "ok");
+      model_session_free(se);
+      model_session_free(sf);
+      free(le);
+      free(lf);
+    }
+    model_free(mp);
   }
   model_session_free(s1);
   model_session_free(s2);

@@ -405,6 +405,7 @@ int cmd_bench(int argc, char **argv) {
            ep.n_threads, (long long)n_prompt, (long long)n_gen, (long long)depth, reps, sp.exact_act ? "true" : "false",
            sp.kv_f32 ? "f32" : "bf16", info.copied ? "copy" : "mmap", t_load, pf_tps, dc_tps, t_pf * 1e3, rss, (unsigned long long)info.decode_bytes,
            gbps);
+    printf("\"lanes_bytes\":%llu,", (unsigned long long)info.lanes_bytes);
     printf("\"device\":\"%s\",\"gpu_name\":", info.device ? info.device : "cpu");
     json_str(info.gpu_name);
     printf(",\"vram_bytes\":%llu,\"vram_used_bytes\":%llu,", (unsigned long long)info.vram_bytes,
@@ -447,9 +448,11 @@ int cmd_bench(int argc, char **argv) {
     }
     printf("}\n");
   } else {
-    printf("model %s (%s), %d threads, %s activations, %s KV; load %.2f s (%s)\n", ep.model,
+    printf("model %s (%s), %d threads, %s activations, %s KV; load %.2f s (%s", ep.model,
            info.arch ? info.arch : "?", ep.n_threads, sp.exact_act ? "exact float" : "8-bit", sp.kv_f32 ? "F32" : "BF16",
            t_load, info.copied ? "read into huge pages" : "mapped");
+    if (info.lanes_bytes) printf(", %.2f GB repacked for the CPU", (double)info.lanes_bytes / 1e9);
+    printf(")\n");
     if (n_prompt > 0)
       printf("prefill %lld tokens: %.1f tok/s, time to first token %.1f ms (median of %d)\n", (long long)n_prompt,
              pf_tps, t_pf * 1e3, reps);

@@ -233,6 +233,7 @@ int floe_engine_open(const floe_engine_params *p, floe_engine **out, char *err, 
     free(e);
     return rc;
   }
+  e->info.lanes_bytes = model_pack_lanes(e->m); /* the CPU's copy, repacked (nothing on the GPU) */
   e->im_start = tok_find(e->tok, "<|im_start|>");
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   e->n_threads = p->n_threads > 0 ? p->n_threads : (ncpu > 0 ? (int)ncpu : 1);

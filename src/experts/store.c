@@ -183,6 +183,7 @@ int xs_store_open(const xs_model *m, bool direct, xs_store **out, char *err, siz
     for (int j = 0; j < 3; j++) {
       xl->tmpl[j] = *w0[j];
       xl->tmpl[j].data = xl->tmpl[j].scales = xl->tmpl[j].biases = NULL;
+      xl->tmpl[j].k4_lanes = 0; /* read from the file: its own layout */
     }
     xl->off = malloc((size_t)st->n_expert * (size_t)xl->n_part * sizeof *xl->off);
     if (!xl->off) {

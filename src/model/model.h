@@ -275,6 +275,10 @@ int model_load_ex(const char *path, int load, model **out, char *err, size_t err
 struct xs_params;
 int model_stream_start(model *m, const struct xs_params *p, char *err, size_t errlen);
 void model_free(model *m);
+/* lanes.c: the CPU's resident Q4_K / Q5_K matrices repacked with the rows in the lanes (kernels.h),
+ * the same values faster; a model read into memory on the CPU backend only (else nothing). Returns
+ * the bytes repacked. Call once, after the backend is chosen and before any session. */
+uint64_t model_pack_lanes(model *m);
 /* src/experts' view of m (its routed experts and sources): arrays allocated for the call. Layers
  * 0..n_layer-1, plus the MTP block as layer n_layer when it is bound and m is not bound to a pack. */
 int model_xs_view(const model *m, xs_model *v);

@@ -14,6 +14,10 @@ typedef struct floe_mat {
   int64_t rows, cols;
   const void *data;     /* row r at data + r * row_bytes */
   size_t row_bytes;
+  /* CPU, AVX-512, Q4_K / Q5_K only (kern_k4_lanes_pack): rows [0, rows & ~15) are stored as blocks
+   * of 16 rows with the rows in the lanes (kernels.h); rows past them keep the file's layout. 0: the
+   * file's own bytes. A backend that copies the file's rows (the GPU's) never sees such a matrix. */
+  int k4_lanes;
   /* MLX only */
   quant_mlx_fmt mlx;
   const void *scales, *biases; /* row r at + r * sb_row_bytes */

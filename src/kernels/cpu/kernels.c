@@ -507,15 +507,81 @@ static void mm_q_scalar(const floe_mat *W, int nb, const void *xq, size_t xq_str
     }
 }
 
+/* ---- rows in the lanes (kernels.h) ---- */
+
+int kern_k4_lanes_ok(const floe_mat *W) {
+  return kern_isa_get() == FLOE_ISA_AVX512 && !W->k4_lanes && (W->type == FLOE_TYPE_Q4_K || W->type == FLOE_TYPE_Q5_K) &&
+         W->cols % 256 == 0 && W->rows >= 16;
+}
+
+/* Row i's superblock (file layout, sb bytes at f) <-> its place in a lanes block (at p): bytes
+ * 0-15 at hdr + 16 i; Q5_K's qh dword m (file bytes 16 + 4m) at 2048 + 64 m + 4 i; code dword c
+ * (file bytes qo + 4c) at 64 c + 4 i. */
+static void k4_lanes_sb(uint32_t type, int i, uint8_t *f, uint8_t *p, int to_lanes) {
+  const int q5 = type == FLOE_TYPE_Q5_K, qo = q5 ? 48 : 16, hdr = q5 ? 2560 : 2048;
+#define K4MV(lanes_off, file_off, n) (to_lanes ? memcpy(p + (lanes_off), f + (file_off), n) : memcpy(f + (file_off), p + (lanes_off), n))
+  K4MV(hdr + 16 * i, 0, 16);
+  for (int m = 0; q5 && m < 8; m++) K4MV(2048 + 64 * m + 4 * i, 16 + 4 * m, 4);
+  for (int c = 0; c < 32; c++) K4MV(64 * c + 4 * i, qo + 4 * c, 4);
+#undef K4MV
+}
+
+void kern_k4_lanes_pack(floe_mat *W, void *data) {
+  FLOE_ASSERT(data == W->data && !W->k4_lanes);
+  const size_t sb = W->type == FLOE_TYPE_Q4_K ? 144 : 176, nsb = (size_t)(W->cols / 256), blk = 16 * W->row_bytes;
+  uint8_t *tmp = malloc(blk);
+  FLOE_ASSERT(tmp);
+  for (int64_t rb = 0; rb + 16 <= W->rows; rb += 16) {
+    uint8_t *p = (uint8_t *)data + (size_t)rb * W->row_bytes;
+    memcpy(tmp, p, blk);
+    for (size_t k = 0; k < nsb; k++)
+      for (int i = 0; i < 16; i++) k4_lanes_sb(W->type, i, tmp + i * W->row_bytes + k * sb, p + k * 16 * sb, 1);
+  }
+  free(tmp);
+  W->k4_lanes = 1;
+}
+
+void kern_k4_lanes_row(const floe_mat *W, int64_t r, void *out) {
+  uint8_t *o = out;
+  if (!W->k4_lanes || r >= (W->rows & ~(int64_t)15)) {
+    memcpy(o, kw_row(W, r), W->row_bytes);
+    return;
+  }
+  const size_t sb = W->type == FLOE_TYPE_Q4_K ? 144 : 176, nsb = (size_t)(W->cols / 256);
+  uint8_t *p = (uint8_t *)kw_row(W, r & ~(int64_t)15);
+  for (size_t k = 0; k < nsb; k++) k4_lanes_sb(W->type, (int)(r & 15), o + k * sb, p + k * 16 * sb, 0);
+}
+
+/* A lanes matrix on any path but the AVX-512 batched kernel: each row put back in the file's
+ * layout in a buffer, then the row run as a one-row matrix. */
+static void mm_lanes_other(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
+                           float *Y, int64_t ldy, int64_t r0, int64_t r1) {
+  floe_mat F = *W;
+  F.k4_lanes = 0;
+  F.rows = 1;
+  uint8_t *buf = malloc(W->row_bytes);
+  FLOE_ASSERT(buf);
+  F.data = buf;
+  for (int64_t r = r0; r < r1; r++) {
+    kern_k4_lanes_row(W, r, buf);
+    kern_matmul(&F, nb, X, ldx, xq, xq_stride, Y + r, ldy, 0, 1);
+  }
+  free(buf);
+}
+
 /* ---- dispatch ---- */
 
 void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                  float *Y, int64_t ldy, int64_t r0, int64_t r1) {
   FLOE_ASSERT(nb >= 1 && nb <= 16);
   if (r1 <= r0) return;
+  if (W->k4_lanes && !(xq && kern_isa_get() == FLOE_ISA_AVX512)) {
+    mm_lanes_other(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
+    return;
+  }
   switch (kern_isa_get()) {
     case FLOE_ISA_AVX512:
-      if (xq && kgemm_wants(W, nb)) kern_gemm_q_avx512(W, nb, xq, xq_stride, Y, ldy, r0, r1);
+      if (xq && (W->k4_lanes || kgemm_wants(W, nb))) kern_gemm_q_avx512(W, nb, xq, xq_stride, Y, ldy, r0, r1);
       else if (xq) kern_mm_q_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
       else kern_mm_float_avx512(W, nb, X, ldx, xq, xq_stride, Y, ldy, r0, r1);
       return;
@@ -529,7 +595,9 @@ void kern_matmul(const floe_mat *W, int nb, const float *X, int64_t ldx, const v
   }
 }
 
-int kern_rows_together(const floe_mat *W, int64_t nb) { return kern_isa_get() == FLOE_ISA_AVX512 && k4_dec_fits(W, nb); }
+int kern_rows_together(const floe_mat *W, int64_t nb) {
+  return kern_isa_get() == FLOE_ISA_AVX512 && (W->k4_lanes || k4_dec_fits(W, nb));
+}
 
 #define KB_RBLK 64 /* rows per block when nb > 16: the block stays in L2 while each 16-row group passes */
 
@@ -537,7 +605,7 @@ void kern_matmul_batch(const floe_mat *W, int64_t nb, const float *X, int64_t ld
                        float *Y, int64_t ldy, int64_t r0, int64_t r1) {
   FLOE_ASSERT(nb >= 1);
   if (r1 <= r0) return;
-  if (kern_isa_get() == FLOE_ISA_AVX512 && xq && kgemm_wants(W, nb)) {
+  if (kern_isa_get() == FLOE_ISA_AVX512 && xq && (W->k4_lanes || kgemm_wants(W, nb))) {
     kern_gemm_q_avx512(W, nb, xq, xq_stride, Y, ldy, r0, r1);
     return;
   }

@@ -69,6 +69,23 @@ void kern_mm_float_lanes_ref(const floe_mat *W, int nb, const float *X, int64_t 
 void kern_matmul_batch(const floe_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                        float *Y, int64_t ldy, int64_t r0, int64_t r1);
 
+/* Q4_K / Q5_K weights with the rows in the lanes (floe_mat.k4_lanes), for the AVX-512 batched
+ * kernel: it then reads each block of 16 rows as it lies instead of transposing it on every call,
+ * so one activation row costs it about what the one-row kernel's does and each further row little
+ * more (the transposes were its fixed cost). Every kernel gives the same values, bit for bit, as on
+ * the file's layout; paths other than that kernel (another ISA, the float path) put each block
+ * back in the file's layout first, slowly.
+ * A lanes block (16 rows x one superblock, 16 x 144 / 176 bytes: the same bytes as the 16 rows'
+ * superblock k in the file, stored where the rows' superblocks 0.. lie, superblock-major): vector c
+ * (64 bytes) lane i = code dword c of row i (32 vectors); Q5_K: 8 vectors, lane i = qh dword m of
+ * row i; then bytes 0-15 of each row's superblock (d, dmin, the 12 scale bytes), row i at 16 i.
+ * kern_k4_lanes_ok: whether W can be packed (the AVX-512 ISA selected, Q4_K / Q5_K, cols % 256
+ * == 0, at least 16 rows, not packed yet). kern_k4_lanes_pack: W->data (writable, == data) packed
+ * in place, W->k4_lanes set. kern_k4_lanes_row: row r in the file's layout (W->row_bytes bytes). */
+int kern_k4_lanes_ok(const floe_mat *W);
+void kern_k4_lanes_pack(floe_mat *W, void *data);
+void kern_k4_lanes_row(const floe_mat *W, int64_t r, void *out);
+
 /* Whether kern_matmul_batch runs nb quantized activation rows (a few decode rows of several
  * requests) faster in one call than in calls of 1-2 rows: the kernel then decodes each weight row
  * once for all of them (AVX-512 Q4_K/Q5_K, nb 3..8, rows of at most 4096 columns). The values are

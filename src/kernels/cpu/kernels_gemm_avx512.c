@@ -45,11 +45,15 @@
 #endif
 #define GKC 16 /* superblocks transposed per chunk (16 x 3.4 KiB): K <= 4096 is transposed once per 16 rows */
 
-/* FLOE_GEMM=0 turns the kernel off (A/B measurements against the one-row kernel) */
-static int g_gemm_on = 1;
+/* FLOE_GEMM=0 turns the kernel off (A/B measurements against the one-row kernel). FLOE_KPF_LANES:
+ * how far ahead (bytes) a lanes matrix is prefetched into L2 (KPF_NEAR into L1 as elsewhere; 0 =
+ * off). bench_gemm, 1 thread, 2048x2048 x 64 matrices, nb 1: 8 KiB 105 us, 12 KiB 96, 24 KiB 83,
+ * 36 KiB 90, 48 KiB 87 (the one-row kernel 77-86) on a machine shared with a CI run. */
+static int g_gemm_on = 1, g_kpf_lanes = 24576;
 __attribute__((constructor)) static void gemm_from_env(void) {
   const char *e = getenv("FLOE_GEMM");
   if (e && e[0] == '0') g_gemm_on = 0;
+  if ((e = getenv("FLOE_KPF_LANES"))) g_kpf_lanes = atoi(e);
 }
 
 int kern_gemm_avx512_supports(const floe_mat *W) {
@@ -94,6 +98,7 @@ static inline __attribute__((always_inline)) void tr16(const __m512i *r, __m512i
 
 /* One superblock of a 16-row block, transposed (lane i = row i). */
 typedef struct k4_blk {
+  const __m512i *np, *qhp; /* the code and qh vectors below, or in a lanes matrix's bytes (unaligned) */
   __m512i n[32];  /* code dword c' */
   __m512i qh[8];  /* Q5_K: qh dword m */
   __m512i sc[8];  /* int32 scale of activation group t (natural sub-block kperm_q4k[t]) */
@@ -116,9 +121,13 @@ typedef struct k4_blk {
 static const uint8_t kcol[4][64] __attribute__((aligned(64))) = {KCOL(0), KCOL(1), KCOL(2), KCOL(3)};
 #undef KCOL
 
+static inline __attribute__((always_inline)) void prep_scales(const __m512i *Z, const __m512i *R, k4_blk *B);
+
 static inline __attribute__((always_inline)) void prep_blk(const int T, const uint8_t *const *rows, int64_t k, k4_blk *B) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
   const int qo = T == FLOE_TYPE_Q4_K ? 16 : 48;
+  B->np = B->n;
+  B->qhp = B->qh;
   __m512i r[16];
   for (int z = 0; z < 2; z++) {
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(rows[i] + k * bytes + qo + 64 * z);
@@ -146,6 +155,38 @@ static inline __attribute__((always_inline)) void prep_blk(const int T, const ui
       R[i / 4] = _mm512_inserti64x4(R[i / 4], raw, 1);
     }
   }
+  prep_scales(Z, R, B);
+}
+
+/* The 512-bit kq4_scm2: 128-bit lane rr of raw = bytes 0-15 of a row's superblock; the same lane of
+ * the result: bytes 0-7 sc, 8-15 m. */
+static inline __m512i kq4_scm4(__m512i raw) {
+  const __m512i P = _mm512_shuffle_epi8(raw, _mm512_broadcast_i32x4(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
+  const __m512i H = _mm512_shuffle_epi8(raw, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11)));
+  const __m512i lowA = _mm512_and_si512(P, _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
+  const __m512i lowB = _mm512_and_si512(_mm512_srli_epi16(P, 4), _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+  return _mm512_ternarylogic_epi32(lowA, lowB, _mm512_and_si512(_mm512_srli_epi16(H, 2), _mm512_set1_epi8(0x30)), 0xFE);
+}
+
+/* Offsets in a lanes block (kern_k4_lanes_pack): code vectors, Q5_K qh vectors, the 16 rows' bytes 0-15 */
+#define LN_QH 2048
+#define LN_HDR(T) ((T) == FLOE_TYPE_Q4_K ? 2048 : 2560)
+
+/* One superblock of a lanes block: the code (and qh) vectors are read where they lie; the scales
+ * from the 16 stored row headers, 4 rows a vector as prep_blk builds them. */
+static inline __attribute__((always_inline)) void prep_lanes(const int T, const uint8_t *p, k4_blk *B) {
+  B->np = (const __m512i *)p;
+  B->qhp = (const __m512i *)(p + LN_QH);
+  __m512i Z[4], R[4];
+  for (int q = 0; q < 4; q++) {
+    R[q] = _mm512_loadu_si512(p + LN_HDR(T) + 64 * q);
+    Z[q] = kq4_scm4(R[q]);
+  }
+  prep_scales(Z, R, B);
+}
+
+/* Z[q], R[q]: rows 4q..4q+3 a 128-bit lane each, their sc | m bytes and their raw bytes 0-15 */
+static inline __attribute__((always_inline)) void prep_scales(const __m512i *Z, const __m512i *R, k4_blk *B) {
   /* columns: C bytes 16c + i = row i's byte 4q + c */
   __m128i col[16];
   for (int q = 0; q < 4; q++) {
@@ -200,12 +241,12 @@ static inline __attribute__((always_inline)) void tok_sb(const int T, const int 
       for (int j = h0; j < h0 + H; j++) {
         const int c = 8 * u + j;
         const int qlo = c < 16 ? c : c + 16, qhi = qlo + 16;
-        const __m512i N = B->n[c];
+        const __m512i N = _mm512_loadu_si512(B->np + c);
         __m512i lo = _mm512_and_si512(N, m4), hi = hi_nib(N);
         if (T == FLOE_TYPE_Q5_K) {
           /* fifth bit: qh dword j (elements 4j..4j+3 of the sub-blocks), bit 2(c/8) for the low
            * nibbles, 2(c/8)+1 for the high ones, moved to bit 4 of each byte (0x10 mask) */
-          const __m512i hq = B->qh[j];
+          const __m512i hq = _mm512_loadu_si512(B->qhp + j);
           const int bl = 2 * (c / 8), bh = bl + 1;
           const __m512i hl = bl <= 4 ? _mm512_slli_epi32(hq, 4 - bl) : _mm512_srli_epi32(hq, bl - 4);
           const __m512i hh = bh <= 4 ? _mm512_slli_epi32(hq, 4 - bh) : _mm512_srli_epi32(hq, bh - 4);
@@ -268,19 +309,26 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
   uint32_t bsp[GKC * 16 * 4] __attribute__((aligned(64))); /* [k][b][p]: (BS[2p], BS[2p+1]) */
   __m512 acc[16][16];
   const int once = nsb <= GKC; /* all superblocks of a block transposed once for every activation row */
-  for (int64_t rb = r0; rb < r1; rb += 16) {
-    const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16);
-    const uint8_t *rows[16];
-    for (int i = 0; i < 16; i++) rows[i] = kw_row(W, rb + (i < nr ? i : nr - 1));
+  /* a lanes matrix: blocks of 16 rows from row 0 up to R16 (the rows asked for stored, the others
+   * masked), then the rows past R16 in the file's layout */
+  const int64_t R16 = W->k4_lanes ? W->rows & ~(int64_t)15 : 0;
+  const size_t lsb = (size_t)16 * (T == FLOE_TYPE_Q4_K ? 144 : 176); /* a lanes block's bytes per superblock */
+  for (int64_t rb = r0 < R16 ? r0 & ~(int64_t)15 : r0; rb < r1; rb += 16) {
+    const int lanes = rb < R16;
+    const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16), lo = (int)(r0 > rb ? r0 - rb : 0);
+    const uint8_t *rows[16], *lb = lanes ? kw_row(W, rb) : NULL;
+    if (!lanes)
+      for (int i = 0; i < 16; i++) rows[i] = kw_row(W, rb + (i < nr ? i : nr - 1));
+#define PREP(kk, k) (lanes ? prep_lanes(T, lb + (size_t)(k) * lsb, &blk[kk]) : prep_blk(T, rows, k, &blk[kk]))
     if (once)
-      for (int kk = 0; kk < nsb; kk++) prep_blk(T, rows, kk, &blk[kk]);
+      for (int kk = 0; kk < nsb; kk++) PREP(kk, kk);
     for (int64_t g0 = 0; g0 < nb; g0 += 16) {
       const int ng = (int)(nb - g0 < 16 ? nb - g0 : 16);
       const uint8_t *xg = xq + (size_t)g0 * xs;
       for (int64_t k0 = 0; k0 < nsb; k0 += GKC) {
         const int nk = (int)(nsb - k0 < GKC ? nsb - k0 : GKC);
         for (int kk = 0; kk < nk; kk++) {
-          if (!once) prep_blk(T, rows, k0 + kk, &blk[kk]);
+          if (!once) PREP(kk, k0 + kk);
           for (int b = 0; b < ng; b++) {
             const __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xg + (size_t)b * xs + L.off_s) + 16 * (k0 + kk)));
             const __m256i pr = _mm256_madd_epi16(bs, _mm256_set1_epi16(1)); /* BS[0..3] | BS[4..7], int32 */
@@ -295,6 +343,11 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
           for (int kk = 0; kk < nk; kk++) {
             const k4_blk *B = &blk[once ? k0 + kk : kk];
             const uint32_t *bp = bsp + (size_t)kk * 64;
+            if (lanes && g0 == 0 && b0 == 0) { /* the stream ahead: KPF bytes into L2, KPF_NEAR into L1 */
+              const char *p = (const char *)lb + (size_t)(k0 + kk) * lsb;
+              for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T1);
+              for (size_t o = 0; KPF_NEAR && o < lsb; o += 64) _mm_prefetch(p + KPF_NEAR + o, _MM_HINT_T0);
+            }
             if (T == FLOE_TYPE_Q4_K)
               (nt == NTMAX ? tok_q4_8 : nt == 4 ? tok_q4_4 : nt == 2 ? tok_q4_2 : tok_q4_1)(B, xg, xs, &L, bp, k0 + kk, b0, acc);
             else
@@ -304,7 +357,7 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
         }
       }
       /* reduce16 of the slots, 16 outputs per vector */
-      const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+      const __mmask16 keep = (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1));
       for (int b = 0; b < ng; b++) {
         __m512 a[8], c[4];
         /* slots never touched (nsb < 16) are +0 */
@@ -315,12 +368,13 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
         _mm512_mask_storeu_ps(Y + (g0 + b) * ldy + rb, keep, _mm512_add_ps(e0, e1));
       }
     }
+#undef PREP
   }
 }
 
 void kern_gemm_q_avx512(const floe_mat *W, int64_t nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy, int64_t r0,
                         int64_t r1) {
-  FLOE_ASSERT(nb >= 1 && kern_gemm_avx512_supports(W));
+  FLOE_ASSERT(nb >= 1 && (W->k4_lanes || kern_gemm_avx512_supports(W)));
   if (W->type == FLOE_TYPE_Q4_K) gemm_t(FLOE_TYPE_Q4_K, W, nb, xq, xq_stride, Y, ldy, r0, r1);
   else gemm_t(FLOE_TYPE_Q5_K, W, nb, xq, xq_stride, Y, ldy, r0, r1);
 }
