@@ -130,6 +130,7 @@ uint64_t model_pack_lanes(model *m) {
       mprotect((void *)m->gguf->map, len, PROT_READ);
       for (size_t i = 0; i < v.n; i++)
         if (take[i]) v.w[i]->k4_lanes = 1;
+      m->lanes = true;
     }
   }
   free(todo);

@@ -611,6 +611,7 @@ int model_use_backend(model *m, const model_backend *be, int dev_index, char *er
   if (be == m->be) return 0;
   if (m->be != &model_backend_cpu)
     return floe_err(err, errlen, FLOE_E_INVALID, "the model is already on the %s backend", m->be->name);
+  if (m->lanes) return floe_err(err, errlen, FLOE_E_INVALID, "the model's matrices were repacked for the CPU");
   if (m->xs && be != &model_backend_cpu && !m->gpu_mem)
     return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "streamed experts (--mem-budget) need --gpu-mem on the GPU");
   if (be->model_init) {
@@ -623,6 +624,7 @@ int model_use_backend(model *m, const model_backend *be, int dev_index, char *er
 
 int model_stream_start(model *m, const xs_params *p, char *err, size_t errlen) {
   if (m->xs) return floe_err(err, errlen, FLOE_E_INVALID, "expert streaming already started");
+  if (m->lanes) return floe_err(err, errlen, FLOE_E_INVALID, "the model's matrices were repacked for the CPU: it is not streamed");
   xs_model v;
   if (model_xs_view(m, &v)) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   int rc = xs_open(&v, p, &m->xs, err, errlen);

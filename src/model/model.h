@@ -147,6 +147,7 @@ struct model {
   int src_kind;              /* enum model_src_kind */
   bool src_mlx;              /* an MLX quantized directory (src_kind MODEL_SRC_HF) */
   bool copied;               /* the file(s) read into huge-page memory, not mapped (model_load_ex) */
+  bool lanes;                /* matrices repacked for the CPU (model_pack_lanes): it stays on the CPU, unstreamed */
   bool v_tiled;              /* value head hv uses key head hv % Nk (else hv / (Nv/Nk)) */
   floe_mat tok_embd;         /* [n_vocab][n_embd] */
   floe_mat output;           /* [n_vocab][n_embd] (tok_embd when tied) */
