@@ -13,7 +13,9 @@
  * --threads 1|2|1,2: thread counts to run (default both).
  * --shapes RxC,...: custom shapes (rows x cols), e.g. 512x2048,2048x2048 to separate the fixed
  * per-call cost from the per-byte cost. 
- * --float: exact float path; --total: weight buffer size (small = in-cache compute ceiling). */
+ * --float: exact float path; --total: weight buffer size (small = in-cache compute ceiling).
+ * --lanes: Q4_K / Q5_K matrices packed with the rows in the lanes first (kern_k4_lanes_pack, as a
+ * model read into memory is; "layout":"lanes" in the output). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +55,7 @@ static double cpu_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 static double secs = 0.4;
-static int force_float;
+static int force_float, lanes;
 
 static void run_case(const char *tname, floe_mat *mats, int64_t nmat, size_t mat_bytes, floe_pool *pool, int nth, int nb,
                      double *t_nb1) {
@@ -91,8 +93,9 @@ static void run_case(const char *tname, floe_mat *mats, int64_t nmat, size_t mat
   }
   double gbps = (double)mat_bytes / per / 1e9;
   printf("{\"bench\":\"matvec\",\"type\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"threads\":%d,\"nb\":%d,\"path\":\"%s\",\"isa\":\"%s\","
-         "\"gbps\":%.2f,\"pct_bw\":%.1f,\"us_per_call\":%.2f,\"cpu_us_per_call\":%.2f",
-         tname, (long long)W0->rows, (long long)W0->cols, nth, nb, ab ? "quant" : "float", kern_isa_name(kern_isa_get()), gbps,
+         "\"layout\":\"%s\",\"gbps\":%.2f,\"pct_bw\":%.1f,\"us_per_call\":%.2f,\"cpu_us_per_call\":%.2f",
+         tname, (long long)W0->rows, (long long)W0->cols, nth, nb, ab ? "quant" : "float", kern_isa_name(kern_isa_get()),
+         W0->k4_lanes ? "lanes" : "file", gbps,
          bw[nth] > 0 ? 100.0 * gbps / bw[nth] : 0.0, per * 1e6, cpu_per * 1e6);
   if (nb == 1) *t_nb1 = per;
   else if (*t_nb1 > 0) printf(",\"row_speedup\":%.2f", *t_nb1 / (per / nb));
@@ -139,11 +142,12 @@ int main(int argc, char **argv) {
       th_hi = strchr(v, '2') ? 2 : 1;
     }
     else if (!strcmp(argv[i], "--float")) force_float = 1;
+    else if (!strcmp(argv[i], "--lanes")) lanes = 1;
     else if (!strcmp(argv[i], "--total") && i + 1 < argc) {
       if (floe_parse_size(argv[++i], &total) != 0) return 2;
     }
     else {
-      fprintf(stderr, "usage: bench_matvec [--bw1 G] [--bw2 G] [--types a,b] [--shapes expert|all|RxC,..] [--nb 1,8,16] [--threads 1,2] [--secs S] [--float] [--total SIZE]\n");
+      fprintf(stderr, "usage: bench_matvec [--bw1 G] [--bw2 G] [--types a,b] [--shapes expert|all|RxC,..] [--nb 1,8,16] [--threads 1,2] [--secs S] [--float] [--lanes] [--total SIZE]\n");
       return 2;
     }
   }
@@ -211,6 +215,7 @@ int main(int argc, char **argv) {
           mats[k].scales = sbbuf + (size_t)k * 2 * sb_mat;
           mats[k].biases = sbbuf + (size_t)k * 2 * sb_mat + sb_mat;
         }
+        if (lanes && kern_k4_lanes_ok(&mats[k])) kern_k4_lanes_pack(&mats[k], buf + (size_t)k * code_bytes);
       }
       for (int nth = th_lo; nth <= th_hi; nth++) {
         double t1 = 0;

@@ -32,6 +32,14 @@
  *   nb 256: 4.4 / 4.9 (45 % of the VNNI peak at 256). GCC register allocation matters: with all
  *   passes inlined into gemm_t it spilled ~1 vector per vpdpbusd (nb 256: 4.96); passes of at most
  *   4 or 6 rows: 6.0 / 5.5 at nb 256 (the unpacking and code loads are shared by fewer rows).
+ * Rows in the lanes (floe_mat.k4_lanes, kernels.h): a matrix packed at load holds each block's code
+ * (and qh) vectors as the transposes above make them, so prep_lanes only decodes the 16 rows' scales
+ * from their stored bytes 0-15 and the kernel runs from one activation row up (lanes_few: at most
+ * NTMAX rows, each superblock's scales decoded just before its rows run; the blocks are read in
+ * address order, prefetched FLOE_KPF_LANES bytes ahead). bench_gemm in cache, 512x2048 / 2048x512,
+ * us per call: nb 1 10.9 / 12.2 (the one-row kernel 15.1 / 11.5), nb 4 19.6 / 22.9 (42.8 / 68.8);
+ * bench_matvec out of cache, 2 threads, GB/s: nb 1 37-43 / 42-45 (file layout 42 / 47-49), nb 4
+ * 27-29 / 29-30 (19 / 14), the 248320x2048 head 52-57 / 38-42 at nb 1 / 4 (50 / 22).
  */
 #pragma GCC target("gfni,tune=sapphirerapids")
 #include <immintrin.h>
@@ -301,6 +309,58 @@ DEF_TOK(tok_q5_2, FLOE_TYPE_Q5_K, 2)
 DEF_TOK(tok_q5_1, FLOE_TYPE_Q5_K, 1)
 #undef DEF_TOK
 
+/* bsp[b][p] of activation rows b < ng, superblock k: (BS[2p], BS[2p+1]) as words */
+static inline __attribute__((always_inline)) void bs_pairs(const uint8_t *xg, size_t xs, const kact_layout *L, int64_t k, int ng,
+                                                           uint32_t *bsp) {
+  for (int b = 0; b < ng; b++) {
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xg + (size_t)b * xs + L->off_s) + 16 * k));
+    const __m256i pr = _mm256_madd_epi16(bs, _mm256_set1_epi16(1)); /* BS[0..3] | BS[4..7], int32 */
+    const __m256i pk = _mm256_packs_epi32(pr, pr);                  /* words BS[0..3] BS[0..3] | BS[4..7] .. */
+    _mm_storeu_si128((__m128i *)(bsp + 4 * (size_t)b), _mm256_castsi256_si128(_mm256_permute4x64_epi64(pk, _MM_SHUFFLE(3, 1, 2, 0))));
+  }
+}
+
+/* Lanes blocks [rb0, rb1) (16-row aligned) with at most NTMAX activation rows: one pass, each
+ * superblock's scales decoded just before its rows run, so one block's bytes are read in order. */
+static inline __attribute__((always_inline)) void lanes_few(const int T, const floe_mat *W, int ng, const uint8_t *xq, size_t xs,
+                                                            float *Y, int64_t ldy, int64_t r0, int64_t r1, int64_t rb0,
+                                                            int64_t rb1) {
+  const kact_layout L = kact_layout_of(W);
+  const int64_t nsb = L.nblk;
+  const size_t lsb = (size_t)16 * (T == FLOE_TYPE_Q4_K ? 144 : 176);
+  k4_blk B;
+  uint32_t bsp[16 * 4] __attribute__((aligned(64)));
+  __m512 acc[NTMAX][16];
+  for (int64_t rb = rb0; rb < rb1; rb += 16) {
+    const uint8_t *lb = kw_row(W, rb);
+    for (int64_t k = 0; k < nsb; k++) {
+      const char *p = (const char *)lb + (size_t)k * lsb;
+      for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T1);
+      for (size_t o = 0; KPF_NEAR && o < lsb; o += 64) _mm_prefetch(p + KPF_NEAR + o, _MM_HINT_T0);
+      prep_lanes(T, (const uint8_t *)p, &B);
+      bs_pairs(xq, xs, &L, k, ng, bsp);
+      for (int b0 = 0; b0 < ng;) {
+        const int nt = ng - b0 >= NTMAX ? NTMAX : ng - b0 >= 4 ? 4 : ng - b0 >= 2 ? 2 : 1;
+        if (T == FLOE_TYPE_Q4_K)
+          (nt == NTMAX ? tok_q4_8 : nt == 4 ? tok_q4_4 : nt == 2 ? tok_q4_2 : tok_q4_1)(&B, xq, xs, &L, bsp, k, b0, acc);
+        else
+          (nt == NTMAX ? tok_q5_8 : nt == 4 ? tok_q5_4 : nt == 2 ? tok_q5_2 : tok_q5_1)(&B, xq, xs, &L, bsp, k, b0, acc);
+        b0 += nt;
+      }
+    }
+    const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16), lo = (int)(r0 > rb ? r0 - rb : 0);
+    const __mmask16 keep = (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1));
+    for (int b = 0; b < ng; b++) {
+      __m512 a[8], c[4];
+      for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(i < nsb ? acc[b][i] : _mm512_setzero_ps(), i + 8 < nsb ? acc[b][i + 8] : _mm512_setzero_ps());
+      for (int i = 0; i < 4; i++) c[i] = _mm512_add_ps(a[i], a[i + 4]);
+      const __m512 e0 = _mm512_add_ps(c[0], c[2]), e1 = _mm512_add_ps(c[1], c[3]);
+      _mm512_mask_storeu_ps(Y + b * ldy + rb, keep, _mm512_add_ps(e0, e1));
+    }
+  }
+}
+
 static inline __attribute__((always_inline)) void gemm_t(const int T, const floe_mat *W, int64_t nb, const uint8_t *xq, size_t xs,
                                                          float *Y, int64_t ldy, int64_t r0, int64_t r1) {
   const kact_layout L = kact_layout_of(W);
@@ -313,6 +373,11 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
    * masked), then the rows past R16 in the file's layout */
   const int64_t R16 = W->k4_lanes ? W->rows & ~(int64_t)15 : 0;
   const size_t lsb = (size_t)16 * (T == FLOE_TYPE_Q4_K ? 144 : 176); /* a lanes block's bytes per superblock */
+  if (R16 > r0 && nb <= NTMAX) { /* a few rows: lanes_few, then any rows past R16 below */
+    const int64_t rb1 = r1 < R16 ? (r1 + 15) & ~(int64_t)15 : R16;
+    lanes_few(T, W, (int)nb, xq, xs, Y, ldy, r0, r1, r0 & ~(int64_t)15, rb1);
+    r0 = rb1;
+  }
   for (int64_t rb = r0 < R16 ? r0 & ~(int64_t)15 : r0; rb < r1; rb += 16) {
     const int lanes = rb < R16;
     const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16), lo = (int)(r0 > rb ? r0 - rb : 0);
