@@ -118,6 +118,8 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
+  const uint64_t lanes = model_pack_lanes(m); /* as floe_engine_open does (FLOE_LANES=0: not) */
+  if (lanes) fprintf(stderr, "bench_verify: %.2f GB repacked for the CPU\n", (double)lanes / 1e9);
   const int64_t V = m->hp.n_vocab, E = m->hp.n_embd, NL = m->hp.n_layer;
   const int64_t n_ctx = depth + (int64_t)rounds * NKIND + 16;
   model_session *s = NULL;
