@@ -34,6 +34,20 @@ ok "greedy is deterministic across thread counts" '[ "$a" = "$b" ]'
 m1=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids --mmap 2>/dev/null)
 m2=$("$B" run -m "$T/m.gguf" -p "def f(x):" -n 16 --ids --no-mmap 2>/dev/null)
 ok "--mmap and --no-mmap give the same tokens" '[ -n "$m1" ] && [ "$a" = "$m1" ] && [ "$a" = "$m2" ]'
+# Q4_K read into memory: repacked for the CPU's batched kernel where the CPU has AVX-512 (VNNI,
+# VBMI, GFNI), the same tokens as the mapped file and as FLOE_LANES=0
+"$B" synth --preset tiny-qwen35moe --seed 5 --type q4_K -o "$T/mk.gguf" >/dev/null 2>&1
+k1=$("$B" run -m "$T/mk.gguf" -p "def f(x):" -n 16 --ids --mmap 2>/dev/null)
+k2=$("$B" run -m "$T/mk.gguf" -p "def f(x):" -n 16 --ids --no-mmap 2>/dev/null)
+k3=$(FLOE_LANES=0 "$B" run -m "$T/mk.gguf" -p "def f(x):" -n 16 --ids --no-mmap 2>/dev/null)
+ok "Q4_K: repacked, mapped and FLOE_LANES=0 give the same tokens" '[ "$(echo $k1 | wc -w)" -eq 16 ] && [ "$k1" = "$k2" ] && [ "$k1" = "$k3" ]'
+"$B" bench -m "$T/mk.gguf" -p 4 -n 2 -r 1 --no-mmap --json >"$T/bk" 2>&1
+FLOE_LANES=0 "$B" bench -m "$T/mk.gguf" -p 4 -n 2 -r 1 --no-mmap --json >"$T/bk0" 2>&1
+if grep -q avx512_vnni /proc/cpuinfo && grep -q avx512_vbmi /proc/cpuinfo && grep -qw gfni /proc/cpuinfo; then
+  ok "bench --json: lanes_bytes > 0 for Q4_K read into memory, 0 with FLOE_LANES=0" 'grep -Eq "\"lanes_bytes\":[1-9]" "$T/bk" && grep -q "\"lanes_bytes\":0," "$T/bk0"'
+else
+  ok "bench --json: lanes_bytes 0 without AVX-512" 'grep -q "\"lanes_bytes\":0," "$T/bk"'
+fi
 "$B" bench -m "$T/m.gguf" -p 4 -n 2 -r 1 --mmap >"$T/bm" 2>&1
 "$B" bench -m "$T/m.gguf" -p 4 -n 2 -r 1 --no-mmap --json >"$T/bc" 2>&1
 ok "bench says mapped / copied" 'grep -q "(mapped)" "$T/bm" && grep -q "\"load\":\"copy\"" "$T/bc"'
