@@ -320,6 +320,28 @@ static inline __attribute__((always_inline)) void bs_pairs(const uint8_t *xg, si
   }
 }
 
+/* One pass of nt (NTMAX, 4, 2 or 1) activation rows from b0 over superblock k */
+static inline __attribute__((always_inline)) void tok_pass(const int T, int nt, const k4_blk *B, const uint8_t *xq, size_t xs,
+                                                           const kact_layout *L, const uint32_t *bsp, int64_t k, int b0,
+                                                           __m512 (*acc)[16]) {
+  if (T == FLOE_TYPE_Q4_K) (nt == NTMAX ? tok_q4_8 : nt == 4 ? tok_q4_4 : nt == 2 ? tok_q4_2 : tok_q4_1)(B, xq, xs, L, bsp, k, b0, acc);
+  else (nt == NTMAX ? tok_q5_8 : nt == 4 ? tok_q5_4 : nt == 2 ? tok_q5_2 : tok_q5_1)(B, xq, xs, L, bsp, k, b0, acc);
+}
+
+/* reduce16 of each row's slots (slots never touched, nsb < 16, are +0), 16 outputs a vector: rows
+ * rb + lanes of keep of Y's rows 0..ng-1 */
+static inline __attribute__((always_inline)) void store_slots(__m512 (*acc)[16], int ng, int64_t nsb, float *Y, int64_t ldy,
+                                                              int64_t rb, __mmask16 keep) {
+  for (int b = 0; b < ng; b++) {
+    __m512 a[8], c[4];
+    for (int i = 0; i < 8; i++)
+      a[i] = _mm512_add_ps(i < nsb ? acc[b][i] : _mm512_setzero_ps(), i + 8 < nsb ? acc[b][i + 8] : _mm512_setzero_ps());
+    for (int i = 0; i < 4; i++) c[i] = _mm512_add_ps(a[i], a[i + 4]);
+    const __m512 e0 = _mm512_add_ps(c[0], c[2]), e1 = _mm512_add_ps(c[1], c[3]);
+    _mm512_mask_storeu_ps(Y + b * ldy + rb, keep, _mm512_add_ps(e0, e1));
+  }
+}
+
 /* Lanes blocks [rb0, rb1) (16-row aligned) with at most NTMAX activation rows: one pass, each
  * superblock's scales decoded just before its rows run, so one block's bytes are read in order. */
 static inline __attribute__((always_inline)) void lanes_few(const int T, const floe_mat *W, int ng, const uint8_t *xq, size_t xs,
@@ -341,23 +363,12 @@ static inline __attribute__((always_inline)) void lanes_few(const int T, const f
       bs_pairs(xq, xs, &L, k, ng, bsp);
       for (int b0 = 0; b0 < ng;) {
         const int nt = ng - b0 >= NTMAX ? NTMAX : ng - b0 >= 4 ? 4 : ng - b0 >= 2 ? 2 : 1;
-        if (T == FLOE_TYPE_Q4_K)
-          (nt == NTMAX ? tok_q4_8 : nt == 4 ? tok_q4_4 : nt == 2 ? tok_q4_2 : tok_q4_1)(&B, xq, xs, &L, bsp, k, b0, acc);
-        else
-          (nt == NTMAX ? tok_q5_8 : nt == 4 ? tok_q5_4 : nt == 2 ? tok_q5_2 : tok_q5_1)(&B, xq, xs, &L, bsp, k, b0, acc);
+        tok_pass(T, nt, &B, xq, xs, &L, bsp, k, b0, acc);
         b0 += nt;
       }
     }
     const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16), lo = (int)(r0 > rb ? r0 - rb : 0);
-    const __mmask16 keep = (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1));
-    for (int b = 0; b < ng; b++) {
-      __m512 a[8], c[4];
-      for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(i < nsb ? acc[b][i] : _mm512_setzero_ps(), i + 8 < nsb ? acc[b][i + 8] : _mm512_setzero_ps());
-      for (int i = 0; i < 4; i++) c[i] = _mm512_add_ps(a[i], a[i + 4]);
-      const __m512 e0 = _mm512_add_ps(c[0], c[2]), e1 = _mm512_add_ps(c[1], c[3]);
-      _mm512_mask_storeu_ps(Y + b * ldy + rb, keep, _mm512_add_ps(e0, e1));
-    }
+    store_slots(acc, ng, nsb, Y, ldy, rb, (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1)));
   }
 }
 
@@ -394,13 +405,7 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
         const int nk = (int)(nsb - k0 < GKC ? nsb - k0 : GKC);
         for (int kk = 0; kk < nk; kk++) {
           if (!once) PREP(kk, k0 + kk);
-          for (int b = 0; b < ng; b++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)((const int16_t *)(xg + (size_t)b * xs + L.off_s) + 16 * (k0 + kk)));
-            const __m256i pr = _mm256_madd_epi16(bs, _mm256_set1_epi16(1)); /* BS[0..3] | BS[4..7], int32 */
-            const __m256i pk = _mm256_packs_epi32(pr, pr);                  /* words BS[0..3] BS[0..3] | BS[4..7] .. */
-            _mm_storeu_si128((__m128i *)(bsp + 4 * ((size_t)kk * 16 + b)),
-                             _mm256_castsi256_si128(_mm256_permute4x64_epi64(pk, _MM_SHUFFLE(3, 1, 2, 0))));
-          }
+          bs_pairs(xg, xs, &L, k0 + kk, ng, bsp + (size_t)kk * 64);
         }
         /* passes of 8, 4, 2, 1 activation rows (4 instantiations of tok_sb) */
         for (int b0 = 0; b0 < ng;) {
@@ -413,25 +418,12 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
               for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T1);
               for (size_t o = 0; KPF_NEAR && o < lsb; o += 64) _mm_prefetch(p + KPF_NEAR + o, _MM_HINT_T0);
             }
-            if (T == FLOE_TYPE_Q4_K)
-              (nt == NTMAX ? tok_q4_8 : nt == 4 ? tok_q4_4 : nt == 2 ? tok_q4_2 : tok_q4_1)(B, xg, xs, &L, bp, k0 + kk, b0, acc);
-            else
-              (nt == NTMAX ? tok_q5_8 : nt == 4 ? tok_q5_4 : nt == 2 ? tok_q5_2 : tok_q5_1)(B, xg, xs, &L, bp, k0 + kk, b0, acc);
+            tok_pass(T, nt, B, xg, xs, &L, bp, k0 + kk, b0, acc);
           }
           b0 += nt;
         }
       }
-      /* reduce16 of the slots, 16 outputs per vector */
-      const __mmask16 keep = (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1));
-      for (int b = 0; b < ng; b++) {
-        __m512 a[8], c[4];
-        /* slots never touched (nsb < 16) are +0 */
-        for (int i = 0; i < 8; i++)
-          a[i] = _mm512_add_ps(i < nsb ? acc[b][i] : _mm512_setzero_ps(), i + 8 < nsb ? acc[b][i + 8] : _mm512_setzero_ps());
-        for (int i = 0; i < 4; i++) c[i] = _mm512_add_ps(a[i], a[i + 4]);
-        const __m512 e0 = _mm512_add_ps(c[0], c[2]), e1 = _mm512_add_ps(c[1], c[3]);
-        _mm512_mask_storeu_ps(Y + (g0 + b) * ldy + rb, keep, _mm512_add_ps(e0, e1));
-      }
+      store_slots(acc, ng, nsb, Y + g0 * ldy, ldy, rb, (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1)));
     }
 #undef PREP
   }
