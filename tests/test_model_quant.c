@@ -25,6 +25,7 @@
  * `test_model_quant --make-refs DIR` writes the dequantized HF directories DIR/<name>_<q> that
  * tools/reference/make_fixtures.py --from-dir turns into the references (see the README there);
  * `test_model_quant --make-refs-k HF_DIR DIR` does the same for make_random_hf.py's model (Q4_K). */
+#include "experts/experts.h"
 #include "kernels/cpu/kernels.h"
 #include "model_ref_util.h"
 #include "test.h"
@@ -144,6 +145,15 @@ static void test_k(void) {
         model_session_free(sp);
         model_session_free(sq);
       }
+      /* its bytes are no longer the file's: no expert pack written from it, no streaming */
+      char e2[256] = "";
+      int r2 = model_pack_write(mp, path, "/nonexistent-floe-dir", e2, sizeof e2);
+      CHECK(r2 != 0 && strstr(e2, "repacked"), "qwen35moe_k: repacked, model_pack_write refused: %s", e2);
+      xs_params xp;
+      memset(&xp, 0, sizeof xp);
+      e2[0] = 0;
+      r2 = model_stream_start(mp, &xp, e2, sizeof e2);
+      CHECK(r2 != 0 && strstr(e2, "repacked"), "qwen35moe_k: repacked, model_stream_start refused: %s", e2);
       /* the exact float path (no activation quantization) reads the lanes back in the file's layout */
       float *le = malloc((size_t)8 * V * sizeof(float)), *lf = malloc((size_t)8 * V * sizeof(float));
       model_session *se = NULL, *sf = NULL;

@@ -580,6 +580,7 @@ int model_store_open(const model *m, bool direct, xs_store **out, char *err, siz
 }
 
 int model_pack_write(const model *m, const char *source, const char *dir, char *err, size_t errlen) {
+  if (m->lanes) return floe_err(err, errlen, FLOE_E_INVALID, "the model's matrices were repacked for the CPU: not the file's bytes");
   xs_model v;
   if (xs_view(m, &v, false)) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   int rc = xpack_write(&v, source, dir, err, errlen);
