@@ -1,7 +1,7 @@
 /* bench_verify: the cost of a speculative-decoding step against a plain decode step.
  *
  * bench_verify -m MODEL [-t THREADS] [-r ROUNDS] [-d DEPTH] [--kmax K] [--cache-mb MB]
- *              [--alpha a1,a2,a3,a4] [--layers-total N] [--device cpu|cuda]
+ *              [--alpha a1,a2,a3,a4] [--layers-total N] [--device cpu|cuda] [--only KIND]
  *
  * On one session (CPU backend unless --device cuda, 8-bit activations as floe decodes, BF16 KV),
  * filled to DEPTH
@@ -24,6 +24,9 @@
  * --cache-mb MB: stream the routed experts (the MTP block's too) through an expert cache of MB
  * (next-layer prefetch), as --mem-budget does: the question is whether a verify step, which
  * reads the union of its rows' experts, still pays.
+ * --only KIND (plain, v2..v5, draft, f1..f4): time that kind alone, every round (a launch trace of
+ * one kind, FLOE_CUDA_TRACE + scripts/trace_step.py, then repeats with one period); prints its
+ * median only.
  * Every timed call holds nothing else; the caller runs this under flock /tmp/floe-bench.lock on a
  * shared machine (bench/mtp_cost.sh). One JSON object per line. */
 #include <stdio.h>
@@ -51,6 +54,7 @@ int main(int argc, char **argv) {
   const char *path = NULL;
   int threads = 2, rounds = 20, kmax = KMAX, layers_total = 0;
   bool cuda = false;
+  const char *only = NULL;
   int64_t depth = 64;
   double cache_mb = 0, alpha[KMAX] = { 0.923, 0.838, 0.831, 0.824 };
   for (int i = 1; i < argc; i++) {
@@ -63,6 +67,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--cache-mb") && v) cache_mb = atof(argv[++i]);
     else if (!strcmp(a, "--layers-total") && v) layers_total = atoi(argv[++i]);
     else if (!strcmp(a, "--device") && v) cuda = !strcmp(argv[++i], "cuda");
+    else if (!strcmp(a, "--only") && v) only = argv[++i];
     else if (!strcmp(a, "--alpha") && v) {
       if (sscanf(argv[++i], "%lf,%lf,%lf,%lf", &alpha[0], &alpha[1], &alpha[2], &alpha[3]) != 4) {
         fprintf(stderr, "bench_verify: --alpha takes 4 comma-separated rates\n");
@@ -70,7 +75,7 @@ int main(int argc, char **argv) {
       }
     } else {
       fprintf(stderr, "usage: bench_verify -m MODEL [-t N] [-r ROUNDS] [-d DEPTH] [--kmax K] [--cache-mb MB] "
-                      "[--alpha a1,a2,a3,a4] [--layers-total N] [--device cpu|cuda]\n");
+                      "[--alpha a1,a2,a3,a4] [--layers-total N] [--device cpu|cuda] [--only KIND]\n");
       return 2;
     }
   }
@@ -144,10 +149,24 @@ int main(int argc, char **argv) {
   model_final_norm(m, hid, 1, g);
   const bool fused = model_spec_fused(s);
   const int nk = kmax + 2 + (fused ? kmax : 0); /* plain, v2..v(kmax+1), draft, f1..f(kmax) */
+  int only_kind = -1;
+  if (only) {
+    const int n = only[0] ? atoi(only + 1) : 0;
+    if (!strcmp(only, "plain")) only_kind = 0;
+    else if (!strcmp(only, "draft")) only_kind = kmax + 1;
+    else if (only[0] == 'v' && n >= 2 && n <= kmax + 1) only_kind = n - 1;
+    else if (only[0] == 'f' && fused && n >= 1 && n <= kmax) only_kind = kmax + 1 + n;
+    if (only_kind < 0) {
+      fprintf(stderr, "bench_verify: --only %s: not plain, v2..v%d, draft%s\n", only, kmax + 1,
+              fused ? ", f1..f<kmax>" : " (no one-pass step on this backend)");
+      return 2;
+    }
+  }
   double *t = calloc((size_t)(nk * rounds), sizeof *t), *th = calloc((size_t)(nk * rounds), sizeof *th);
   for (int rd = 0; rd < rounds && !rc; rd++)
     for (int o = 0; o < nk && !rc; o++) {
-      const int kind = (o + rd) % nk;
+      const int kind = only_kind >= 0 ? only_kind : (o + rd) % nk;
+      if (only_kind >= 0 && o) break;
       int32_t in[KMAX + 1];
       for (int i = 0; i <= KMAX; i++) in[i] = (int32_t)(floe_rng_u64(&r) % (uint64_t)V);
       memset(s->ph, 0, sizeof s->ph);
@@ -178,6 +197,14 @@ int main(int argc, char **argv) {
   for (int kind = 0; kind < nk; kind++) {
     med[kind] = median(t + kind * rounds, rounds);
     medh[kind] = median(th + kind * rounds, rounds);
+  }
+  if (only_kind >= 0) {
+    printf("{\"bench\":\"verify_cost\",\"model\":\"%s\",\"only\":\"%s\",\"rounds\":%d,\"ms\":%.3f,\"device\":\"%s\"}\n",
+           path, only, rounds, 1e3 * med[only_kind], cuda ? "cuda" : "cpu");
+    free(t), free(th), free(lg), free(hid), free(g), free(toks);
+    model_session_free(s);
+    model_free(m);
+    return 0;
   }
   /* draft's lm_head is timed inside model_mtp_eval's "other" phase: take the 1-row head of the plain step */
   const double draft = med[kmax + 1], plain = med[0];

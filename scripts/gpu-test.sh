@@ -43,6 +43,8 @@
 #   kernels80l  kernels35l for the 80B-A3B shape cut to 4 layers
 #   nsys35    nsys trace of the 4-layer cut's decode graph (each node's start / end: the in-graph step)
 #   trace35   the in-graph cost of each kernel of the decode step (launch trace), 4-layer cut and 35B
+#   tracev    the same for a speculative step (bench_verify --only KIND, TV_KINDS default "v4 f3"):
+#             the 4-layer cut (labelled), the 35B ($SYNTH) and the default model
 #   kernelsdm  per-launch ncu times of the default model: 2 decode steps, then a VROWS-row chunk
 #   attns     one 128K decode attention launch at each split of ATTN_SPLITS (bench_cuda_ops)
 #   kernels35v  the same for a chunk of VROWS (4) tokens: the few-row path of a verify / small batch
@@ -532,6 +534,38 @@ sec_trace35() {
     echo "== 35B, 40 layers"
     python3 scripts/trace_step.py /tmp/trace40.txt /tmp/names4.txt | sed -n '1p;/^by launch/,$p' || rc=1
   fi
+  return $rc
+}
+# tracev: the in-graph cost of each kernel of one kind of bench_verify step (--only KIND: a verify of
+# n rows "vN", the one-pass greedy step with k drafts "fK", "draft", "plain") for each of TV_KINDS,
+# on the 4-layer 35B cut (labelled by an ncu run of one such step without the graph), the 35B
+# ($SYNTH, when present) and the default model
+sec_tracev() {
+  local small=/tmp/floe-q35-4l.gguf rc=0 TB=$BUILD-trace k m P
+  cmake -S "$ROOT" -B "$TB" -DCMAKE_BUILD_TYPE=Release -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS="$ARCHS" -DFLOE_CUDA_TRACE=ON \
+    -DCMAKE_PREFIX_PATH="$DEPS/usr" >/dev/null && cmake --build "$TB" -j"$JOBS" --target floe_cli bench_verify >/dev/null ||
+    return 1
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null ||
+    return 1
+  for k in ${TV_KINDS:-v4 f3}; do
+    for m in "$small" "$SYNTH" "$ROOT/models/default.gguf"; do
+      [ -f "$m" ] || continue
+      rm -f /tmp/tv.txt
+      env ${TRACE_ENV:-} FLOE_CUDA_TRACE=/tmp/tv.txt timeout 200 "$TB/bin/bench_verify" -m "$m" --device cuda -r 48 \
+        --only "$k" || rc=1
+      echo "== $k $(basename "$m")"
+      if [ "$m" = "$small" ]; then
+        P=$(python3 scripts/trace_step.py /tmp/tv.txt | sed -n 's/^[0-9]* launches, \([0-9]*\) a step.*/\1/p')
+        FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+          --print-units base "$BUILD/bin/bench_verify" -m "$m" --device cuda -r 1 --only "$k" 2>/dev/null |
+          grep -E '^"[0-9]' | awk -F'","' '{print substr($5, 1, 60) "|" $9 "|" $NF}' | tr -d '"' |
+          tail -n "${P:-100}" >/tmp/namesv.txt
+        python3 scripts/trace_step.py /tmp/tv.txt /tmp/namesv.txt || rc=1
+      else
+        python3 scripts/trace_step.py /tmp/tv.txt | sed -n '1p;/^by launch/,$p' || rc=1
+      fi
+    done
+  done
   return $rc
 }
 # kernelsdm: every launch of 2 one-row decode steps, then of one VROWS-row (default 4) chunk, of the
