@@ -249,14 +249,17 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
    * activation row, the grid capped at 3 blocks so that warps have several rows); impl 6: k_k4w
    * and k_k4s with 4 lanes a superblock (cuda_mm_set_k4v(2); one activation row, the same capped
    * grid); impl 7: k_k4w2 with the 4-lane dot; impl 8: the few-row kernel with 4 lanes a
-   * superblock (k_k4vn, cuda_mm_set_k4v(3); 2..15 rows) */
-  const int nimpl = kq ? 9 : pt ? 3 : ab ? 2 : 1;
+   * superblock (k_k4vn, cuda_mm_set_k4v(3); 2..15 rows); impl 9: the tensor-core k_k4mn (1..15
+   * rows; impls 2..8 run with it off: cuda_mm_set_few_mma(0)) */
+  const int nimpl = kq ? 10 : pt ? 3 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
     if (impl >= 3 && nb > 15) continue;
     if (impl >= 5 && impl <= 7 && nb > 1) continue;
     if (impl == 8 && nb < 2) continue;
+    cuda_mm_set_few_mma(impl == 9);
+    cuda_mm_set_one_mma(impl == 9);
     cuda_mm_set_k4w_pipe(impl == 3 ? 2 : impl == 4 ? 4 : 1);
     cuda_mm_set_k4w_pair(impl == 5 || impl == 7);
     cuda_mm_set_k4v(impl == 6 ? 2 : impl == 7 ? 1 : impl == 8 ? 3 : 0);
@@ -316,7 +319,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
                                     : impl == 5 ? " (k_k4w2, two rows a warp)"
                                     : impl == 6 ? " (k_k4w / k_k4s, 4 lanes a superblock)"
                                     : impl == 7 ? " (k_k4w2, 4 lanes a superblock)"
-                                                : " (k_k4vn, 4 lanes a superblock)")
+                                    : impl == 8 ? " (k_k4vn, 4 lanes a superblock)"
+                                                : " (k_k4mn, tensor cores)")
             : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : " (k_plainn)")
             : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
@@ -338,6 +342,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_plain_tile(1);
   cuda_mm_set_k4s(1);
   cuda_mm_set_few(1);
+  cuda_mm_set_few_mma(1);
+  cuda_mm_set_one_mma(0);
   /* a changed scale must change the result: the comparisons above can fail */
   if (floe_type_info(type) && floe_type_info(type)->quantized) {
     uint8_t *row0 = malloc(W->row_bytes);
@@ -443,10 +449,12 @@ static void check_parts(uint32_t type, int64_t rows, int64_t cols, int nb, int64
     Yg[p] = malloc(sizeof(float) * (size_t)(ld[p] * nb));
   }
   cuda_mm_set_few(few);
+  cuda_mm_set_few_mma(few == 2);
   cuda_mm_set_k4w(1);
   cuda_mm_matmul_parts(&g.M, nb, dX, ldx, dxq, ab, dY[0], ld[0], s1, dY[1], ld[1], s2, dY[2], ld[2], NULL);
   CHECK(cuda_rt_check("parts", err, sizeof err) == 0, "parts launch: %s", err);
   cuda_mm_set_few(1);
+  cuda_mm_set_few_mma(1);
   cuda_mm_set_k4w(0);
   const int64_t b0[4] = {0, s1, s2, rows};
   int64_t bad = -1;
@@ -460,7 +468,8 @@ static void check_parts(uint32_t type, int64_t rows, int64_t cols, int nb, int64
   CHECK(bad < 0, "%s %lldx%lld nb=%d parts [0,%lld) [%lld,%lld) [%lld,%lld) %s: each part == the CPU's rows bit for bit "
         "(first diff: part %d, row %lld)", floe_type_info(type)->name, (long long)rows, (long long)cols, nb,
         (long long)s1, (long long)s1, (long long)s2, (long long)s2, (long long)rows,
-        few ? "one launch" : "a launch per part", badp, (long long)bad);
+        few == 2 ? "one launch (tensor cores for Q4_K / Q5_K)" : few ? "one launch" : "a launch per part", badp,
+        (long long)bad);
   for (int p = 0; p < 3; p++) {
     cuda_rt_free(dY[p]);
     free(Yg[p]);
@@ -945,7 +954,7 @@ int main(void) {
   static const int pnb[] = {2, 3, 5, 8, 13};
   for (size_t ti = 0; ti < sizeof ptypes / sizeof ptypes[0]; ti++)
     for (size_t k = 0; k < sizeof pnb / sizeof pnb[0]; k++)
-      for (int few = 0; few < 2; few++) {
+      for (int few = 0; few < 3; few++) { /* 2: Q4_K / Q5_K by k_k4mn, 1: by k_k4wn */
         const int64_t cols = ptypes[ti] == FLOE_TYPE_F32 || ptypes[ti] == FLOE_TYPE_BF16 ? 1000 : 256 * 5;
         check_parts(ptypes[ti], 75, cols, pnb[k], 33, 57, few); /* three parts */
         check_parts(ptypes[ti], 41, cols, pnb[k], 40, 41, few); /* two: the last of one row (a shared gate) */

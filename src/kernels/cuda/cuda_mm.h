@@ -190,6 +190,13 @@ void cuda_mm_set_k4w_pipe(int nr);
  * runs each); FLOE_CUDA_K4V=0 / 1 / 2 / 3 sets it at the first launch. k_k4w's rounds in batches
  * (cuda_mm_set_k4w_pipe 2 / 4) take the 8 lanes. */
 void cuda_mm_set_k4v(int level);
+/* Q4_K / Q5_K with 2..15 quantized activation rows (a speculative verify, a small batch): 1 = the
+ * tensor-core kernel k_k4mn (16 weight rows x 8 activation rows an mma; the default), 0 = the
+ * dp4a kernels (k_k4wn / k_k4vn). cuda_mm_set_one_mma(1): k_k4mn for one activation row too
+ * (opt-in). The same bits (test_cuda_mm runs each); FLOE_CUDA_FEW_MMA=0 / FLOE_CUDA_ONE_MMA=1 set
+ * them at the first launch. */
+void cuda_mm_set_few_mma(int on);
+void cuda_mm_set_one_mma(int on);
 /* k_k4w's one-row MM_PLAIN calls whose warps have two rows or more (the output head, the GDN
  * input q|k|v|z|b|a): 1 = two rows a warp at once, their loads in flight together (k_k4w2, with
  * the dot cuda_mm_set_k4v picks; the default: +2-4 % 35B decode on the H200 with the 4-lane dot,

@@ -176,6 +176,9 @@ bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, 
  * cuda_mm_moe_group; mm_mma_fits tells beforehand whether a mode takes them) */
 bool mm_mma_fits(const KArgs &a, int mode);
 bool mm_mma_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+/* k_k4mn: Q4_K / Q5_K for a few activation rows (2..15; one with cuda_mm_set_one_mma) on the
+ * tensor cores, the CPU's bits; false: not taken (another type, or switched off) */
+bool mm_mma_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);
 bool mm_mma_moe_launch(const KArgs &a, const KArgs &a2, int mode, int64_t slots, int K, const void *grp,
                        const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
 /* mm_float.cu: the float path (any type), same modes, X float rows ldx apart */

@@ -921,6 +921,7 @@ namespace {
 template <int T>
 bool few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
   if (!k4w_on() || !mm_few_on() || nb < 2 || nb > 15) return false;
+  if (mm_mma_few_launch(a, nb, xq, xs, o, st)) return true; /* k_k4mn (mm_mma.cu), the default */
   const int64_t g4 = (a.rows + 3) / 4;
 #define K4WN_LAUNCH(NB)                                                                                          \
   do {                                                                                                           \
@@ -946,6 +947,8 @@ template <int T>
 void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
               size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
   const int nsb = (int)(a.cols / 256);
+  if (mode == MM_PLAIN && nb == 1 && k4w_on() && mm_mma_few_launch(a, 1, xq, xs, mm_out_all(Y, ldy, a.rows), st))
+    return; /* k_k4mn for one row: opt-in (FLOE_CUDA_ONE_MMA=1) */
   if (k4w_on() && k4s_on() && nsb <= 2 && (mode != MM_PLAIN || nb == 1)) { /* short rows: R rows a warp */
     const bool v = k4v_on() >= 2;
     const int R = (v ? 8 : 4) / (nsb == 1 ? 1 : 2);

@@ -713,6 +713,123 @@ __global__ void __launch_bounds__(32 * M2_NW(DB), M2_MINB(DB))
   }
 }
 
+/* ---- k_k4mn: a few activation rows (a verify's, a small batch's) on the tensor cores ----
+ *
+ * The few-row dp4a kernel (k_k4wn, mm_k4.cu) forms every activation row's integer dots on its own:
+ * at 4 rows the 35B-A3B shape's GatedDeltaNet input matrix took 16.9 us in a verify against 5.9 at
+ * one row (issue-bound, 0.84 TB/s). Here the sub-blocks' integer dots of 16 weight rows x up to 8
+ * activation rows come from one mma.sync m16n8k32 (exact, as k_k4mma's); S1, S2 and every float
+ * operation after them are the CPU's, so the bits are the CPU's and k_k4wn's.
+ *
+ * A block: 16 weight rows (the mma's M) x 8 activation rows (its N; gridDim.y blocks of 8), NW
+ * warps. kred16's slot i (the CPU's acc[i] = ((0 + t_i) + t_{i+16}) + ...) belongs to warp
+ * i % NW, which sums its terms in that order, loading the next term's weight words while it forms
+ * this one's; the 16 slots of each output meet in shared memory and one thread an output forms
+ * the tree. B fragments (activation bytes) are read from global memory (L1): every block reads the
+ * same few rows. A warp's first two weight loads wait on nothing: with pf, its superblocks of the
+ * block's rows are prefetched into L2 before the wait (the previous kernel still running). */
+#define MN_VP 9 /* s_v's padded row of 8 activation rows */
+
+template <int T, int NW>
+__global__ void __launch_bounds__(32 * NW) k_k4mn(KArgs a, int64_t nb, const uint8_t *__restrict__ xq, size_t xs,
+                                                  MMOut o, int pf) {
+  __shared__ float s_v[16][16][MN_VP];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int nsb = (int)(a.cols / 256);
+  const int64_t rt = (int64_t)blockIdx.x * 16;
+  const int nr = a.rows - rt < 16 ? (int)(a.rows - rt) : 16;
+  const uint8_t *row0 = mm_row(a, 0, rt + (g < nr ? g : nr - 1));
+  const uint8_t *row1 = mm_row(a, 0, rt + (g + 8 < nr ? g + 8 : nr - 1));
+  if (pf)
+    for (int i = warp; i < 16 && i < nsb; i += NW)
+      for (int k = i; k < nsb; k += 16) m2_pf<T>(mm_row(a, 0, rt), a.row_bytes, nr, k);
+  PDL_ENTER();
+  const int64_t b0 = (int64_t)blockIdx.y * 8;
+  const int nbt = nb - b0 < 8 ? (int)(nb - b0) : 8;
+  /* this lane's B fragment row (g) and its two output rows (2 tq + u); NULL past the last */
+  const uint8_t *xg = g < nbt ? xq + (size_t)(b0 + g) * xs : nullptr;
+  const uint8_t *xu[2] = {2 * tq < nbt ? xq + (size_t)(b0 + 2 * tq) * xs : nullptr,
+                          2 * tq + 1 < nbt ? xq + (size_t)(b0 + 2 * tq + 1) * xs : nullptr};
+  K4Row n0, n1;
+  if (warp < nsb) {
+    k4_load<T>(n0, row0, warp, tq);
+    k4_load<T>(n1, row1, warp, tq);
+  }
+  for (int i = warp; i < 16; i += NW) {
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* (row g | g + 8) x (activation row 2 tq | 2 tq + 1) */
+    for (int k = i; k < nsb; k += 16) {
+      const K4Row w0 = n0, w1 = n1;
+      const int kn = k + 16 < nsb ? k + 16 : i + NW < 16 && i + NW < nsb ? i + NW : -1;
+      if (kn >= 0) { /* warp-uniform */
+        k4_load<T>(n0, row0, kn, tq);
+        k4_load<T>(n1, row1, kn, tq);
+      }
+      int S1[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int t = 0; t < 8; t++) {
+        const int c = 2 * (t >> 2) + (t & 1), hi = (t >> 1) & 1, sb = 2 * c + hi;
+        const uint32_t a0 = k4_codes<T>(w0.lo[c], w0.qh0, c, hi), a1 = k4_codes<T>(w1.lo[c], w1.qh0, c, hi);
+        const uint32_t a2 = k4_codes<T>(w0.hi[c], w0.qh1, c, hi), a3 = k4_codes<T>(w1.hi[c], w1.qh1, c, hi);
+        uint32_t bx0 = 0, bx1 = 0;
+        if (xg) {
+          const uint8_t *xb = xg + 256 * (size_t)k + 32 * t + 4 * tq;
+          bx0 = *(const uint32_t *)xb;
+          bx1 = *(const uint32_t *)(xb + 16);
+        }
+        int cc[4] = {0, 0, 0, 0};
+        mma_s8(cc, a0, a1, a2, a3, bx0, bx1);
+        const int sc0 = k4_scale(w0.h, sb), sc1 = k4_scale(w1.h, sb);
+        S1[0] += sc0 * cc[0];
+        S1[1] += sc0 * cc[1];
+        S1[2] += sc1 * cc[2];
+        S1[3] += sc1 * cc[3];
+      }
+      int mn0[8], mn1[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) mn0[j] = k4_min(w0.h, j), mn1[j] = k4_min(w1.h, j);
+      const float d0 = mm_f16(w0.h.x & 0xFFFF), dm0 = mm_f16(w0.h.x >> 16);
+      const float d1 = mm_f16(w1.h.x & 0xFFFF), dm1 = mm_f16(w1.h.x >> 16);
+#pragma unroll
+      for (int u = 0; u < 2; u++) {
+        if (!xu[u]) continue;
+        const uint4 *bs = (const uint4 *)(xu[u] + a.off_s + 32 * (size_t)k);
+        const uint4 q0 = bs[0], q1 = bs[1];
+        const uint32_t bw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w}; /* bsum 2j | 2j+1 */
+        int S2a = 0, S2b = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const int p = (int)(int16_t)(bw[j] & 0xFFFF) + (int)(int16_t)(bw[j] >> 16);
+          S2a += mn0[j] * p;
+          S2b += mn1[j] * p;
+        }
+        const float dx = ((const float *)(xu[u] + a.off_d))[k];
+        const float dd0 = d0 * dx, dmx0 = dm0 * dx, dd1 = d1 * dx, dmx1 = dm1 * dx;
+        const float t0 = (float)S1[u] * dd0 - (float)S2a * dmx0;
+        const float t1 = (float)S1[2 + u] * dd1 - (float)S2b * dmx1;
+        v[u] = v[u] + t0;
+        v[2 + u] = v[2 + u] + t1;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      s_v[i][g][2 * tq + u] = v[u];
+      s_v[i][g + 8][2 * tq + u] = v[2 + u];
+    }
+  }
+  __syncthreads();
+  const int id = threadIdx.x; /* one output a thread: weight row id / 8, activation row id % 8 */
+  if (id < 128) {
+    const int r = id >> 3, n = id & 7;
+    if (n < nbt && r < nr) {
+      float av[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) av[i] = s_v[i][r][n] + s_v[i + 8][r][n];
+      const float c0 = (av[0] + av[4]) + (av[2] + av[6]), c1 = (av[1] + av[5]) + (av[3] + av[7]);
+      *mm_out(o, b0 + n, rt + r) = c0 + c1;
+    }
+  }
+}
+
 /* 1: the tensor-core kernels where they apply (default); 0: never (FLOE_CUDA_MMA=0). */
 static int g_mma = -1;
 
@@ -798,6 +915,39 @@ bool mm_mma_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, flo
     else
       launch_mma<FLOE_TYPE_Q5_K, MM_PLAIN>(a, a, 1, nullptr, L, (unsigned)ny, xq + (size_t)b0 * xs, xs, Y + b0 * ldy, ldy, n, st);
   }
+  return true;
+}
+
+/* k_k4mn for 2..15 activation rows (FLOE_CUDA_FEW_MMA=0 or cuda_mm_set_few_mma(0): k_k4wn), and
+ * for one row where FLOE_CUDA_ONE_MMA=1 (cuda_mm_set_one_mma; opt-in: a one-row step uses an
+ * eighth of the mma's N) */
+static int g_few_mma = -1, g_one_mma = -1;
+
+void cuda_mm_set_few_mma(int on) { g_few_mma = on ? 1 : 0; }
+void cuda_mm_set_one_mma(int on) { g_one_mma = on ? 1 : 0; }
+
+static int env_flag(const char *name, int dflt) {
+  const char *e = getenv(name);
+  return e && e[0] ? e[0] != '0' : dflt;
+}
+
+template <int T>
+static void launch_mn(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
+  const dim3 grid((unsigned)((a.rows + 15) / 16), (unsigned)((nb + 7) / 8));
+  const int pf = mm_pf_on() && (size_t)a.rows * a.row_bytes <= ((size_t)24 << 20);
+  if (a.cols / 256 <= 8) pdl_launch(k_k4mn<T, 4>, grid, dim3(128), (size_t)0, st, a, nb, xq, xs, o, pf);
+  else pdl_launch(k_k4mn<T, 8>, grid, dim3(256), (size_t)0, st, a, nb, xq, xs, o, pf);
+}
+
+bool mm_mma_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
+  if (g_few_mma < 0) g_few_mma = env_flag("FLOE_CUDA_FEW_MMA", 1);
+  if (g_one_mma < 0) g_one_mma = env_flag("FLOE_CUDA_ONE_MMA", 0);
+  if (nb < 1 || nb > 15 || !(nb == 1 ? g_one_mma : g_few_mma) || a.cols < 256 || a.cols % 256 ||
+      (a.rows + 15) / 16 > 0x7fffffff)
+    return false;
+  if (a.type == FLOE_TYPE_Q4_K) launch_mn<FLOE_TYPE_Q4_K>(a, nb, xq, xs, o, st);
+  else if (a.type == FLOE_TYPE_Q5_K) launch_mn<FLOE_TYPE_Q5_K>(a, nb, xq, xs, o, st);
+  else return false;
   return true;
 }
 
