@@ -736,13 +736,20 @@ __global__ void __launch_bounds__(32 * NW) k_k4mn(KArgs a, int64_t nb, const uin
   __shared__ float s_v[16][16][MN_VP];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int nsb = (int)(a.cols / 256);
-  const int64_t rt = (int64_t)blockIdx.x * 16;
-  const int nr = a.rows - rt < 16 ? (int)(a.rows - rt) : 16;
-  const uint8_t *row0 = mm_row(a, 0, rt + (g < nr ? g : nr - 1));
-  const uint8_t *row1 = mm_row(a, 0, rt + (g + 8 < nr ? g + 8 : nr - 1));
+  const int64_t ntile = (a.rows + 15) / 16;
+  /* this lane's two weight rows of 16-row tile mt (the last row where the tile is short) */
+  auto rows_of = [&](int64_t mt, const uint8_t *&p0, const uint8_t *&p1) {
+    const int64_t rt = mt * 16;
+    const int nr = a.rows - rt < 16 ? (int)(a.rows - rt) : 16;
+    p0 = mm_row(a, 0, rt + (g < nr ? g : nr - 1));
+    p1 = mm_row(a, 0, rt + (g + 8 < nr ? g + 8 : nr - 1));
+  };
   if (pf)
-    for (int i = warp; i < 16 && i < nsb; i += NW)
-      for (int k = i; k < nsb; k += 16) m2_pf<T>(mm_row(a, 0, rt), a.row_bytes, nr, k);
+    for (int64_t mt = blockIdx.x; mt < ntile; mt += gridDim.x) {
+      const int nr = a.rows - mt * 16 < 16 ? (int)(a.rows - mt * 16) : 16;
+      for (int i = warp; i < 16 && i < nsb; i += NW)
+        for (int k = i; k < nsb; k += 16) m2_pf<T>(mm_row(a, 0, mt * 16), a.row_bytes, nr, k);
+    }
   PDL_ENTER();
   const int64_t b0 = (int64_t)blockIdx.y * 8;
   const int nbt = nb - b0 < 8 ? (int)(nb - b0) : 8;
@@ -750,83 +757,102 @@ __global__ void __launch_bounds__(32 * NW) k_k4mn(KArgs a, int64_t nb, const uin
   const uint8_t *xg = g < nbt ? xq + (size_t)(b0 + g) * xs : nullptr;
   const uint8_t *xu[2] = {2 * tq < nbt ? xq + (size_t)(b0 + 2 * tq) * xs : nullptr,
                           2 * tq + 1 < nbt ? xq + (size_t)(b0 + 2 * tq + 1) * xs : nullptr};
+  const uint8_t *row0, *row1;
+  rows_of(blockIdx.x, row0, row1);
   K4Row n0, n1;
-  if (warp < nsb) {
+  if (warp < nsb && (int64_t)blockIdx.x < ntile) {
     k4_load<T>(n0, row0, warp, tq);
     k4_load<T>(n1, row1, warp, tq);
   }
-  for (int i = warp; i < 16; i += NW) {
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* (row g | g + 8) x (activation row 2 tq | 2 tq + 1) */
-    for (int k = i; k < nsb; k += 16) {
-      const K4Row w0 = n0, w1 = n1;
-      const int kn = k + 16 < nsb ? k + 16 : i + NW < 16 && i + NW < nsb ? i + NW : -1;
-      if (kn >= 0) { /* warp-uniform */
-        k4_load<T>(n0, row0, kn, tq);
-        k4_load<T>(n1, row1, kn, tq);
-      }
-      int S1[4] = {0, 0, 0, 0};
-#pragma unroll
-      for (int t = 0; t < 8; t++) {
-        const int c = 2 * (t >> 2) + (t & 1), hi = (t >> 1) & 1, sb = 2 * c + hi;
-        const uint32_t a0 = k4_codes<T>(w0.lo[c], w0.qh0, c, hi), a1 = k4_codes<T>(w1.lo[c], w1.qh0, c, hi);
-        const uint32_t a2 = k4_codes<T>(w0.hi[c], w0.qh1, c, hi), a3 = k4_codes<T>(w1.hi[c], w1.qh1, c, hi);
-        uint32_t bx0 = 0, bx1 = 0;
-        if (xg) {
-          const uint8_t *xb = xg + 256 * (size_t)k + 32 * t + 4 * tq;
-          bx0 = *(const uint32_t *)xb;
-          bx1 = *(const uint32_t *)(xb + 16);
+  for (int64_t mt = blockIdx.x; mt < ntile; mt += gridDim.x) { /* block-uniform */
+    const int64_t rt = mt * 16;
+    const int nr = a.rows - rt < 16 ? (int)(a.rows - rt) : 16;
+    const bool more = mt + gridDim.x < ntile;
+    const uint8_t *nx0 = row0, *nx1 = row1; /* the next tile's rows */
+    if (more) rows_of(mt + gridDim.x, nx0, nx1);
+    for (int i = warp; i < 16; i += NW) {
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* (row g | g + 8) x (activation row 2 tq | 2 tq + 1) */
+      for (int k = i; k < nsb; k += 16) {
+        const K4Row w0 = n0, w1 = n1;
+        /* the next unit's words: this slot's next term, else the next slot's first, else the next
+         * tile's first (warp-uniform) */
+        if (k + 16 < nsb) {
+          k4_load<T>(n0, row0, k + 16, tq);
+          k4_load<T>(n1, row1, k + 16, tq);
+        } else if (i + NW < 16 && i + NW < nsb) {
+          k4_load<T>(n0, row0, i + NW, tq);
+          k4_load<T>(n1, row1, i + NW, tq);
+        } else if (more && warp < nsb) {
+          k4_load<T>(n0, nx0, warp, tq);
+          k4_load<T>(n1, nx1, warp, tq);
         }
-        int cc[4] = {0, 0, 0, 0};
-        mma_s8(cc, a0, a1, a2, a3, bx0, bx1);
-        const int sc0 = k4_scale(w0.h, sb), sc1 = k4_scale(w1.h, sb);
-        S1[0] += sc0 * cc[0];
-        S1[1] += sc0 * cc[1];
-        S1[2] += sc1 * cc[2];
-        S1[3] += sc1 * cc[3];
-      }
-      int mn0[8], mn1[8];
+        int S1[4] = {0, 0, 0, 0};
 #pragma unroll
-      for (int j = 0; j < 8; j++) mn0[j] = k4_min(w0.h, j), mn1[j] = k4_min(w1.h, j);
-      const float d0 = mm_f16(w0.h.x & 0xFFFF), dm0 = mm_f16(w0.h.x >> 16);
-      const float d1 = mm_f16(w1.h.x & 0xFFFF), dm1 = mm_f16(w1.h.x >> 16);
+        for (int t = 0; t < 8; t++) {
+          const int c = 2 * (t >> 2) + (t & 1), hi = (t >> 1) & 1, sb = 2 * c + hi;
+          const uint32_t a0 = k4_codes<T>(w0.lo[c], w0.qh0, c, hi), a1 = k4_codes<T>(w1.lo[c], w1.qh0, c, hi);
+          const uint32_t a2 = k4_codes<T>(w0.hi[c], w0.qh1, c, hi), a3 = k4_codes<T>(w1.hi[c], w1.qh1, c, hi);
+          uint32_t bx0 = 0, bx1 = 0;
+          if (xg) {
+            const uint8_t *xb = xg + 256 * (size_t)k + 32 * t + 4 * tq;
+            bx0 = *(const uint32_t *)xb;
+            bx1 = *(const uint32_t *)(xb + 16);
+          }
+          int cc[4] = {0, 0, 0, 0};
+          mma_s8(cc, a0, a1, a2, a3, bx0, bx1);
+          const int sc0 = k4_scale(w0.h, sb), sc1 = k4_scale(w1.h, sb);
+          S1[0] += sc0 * cc[0];
+          S1[1] += sc0 * cc[1];
+          S1[2] += sc1 * cc[2];
+          S1[3] += sc1 * cc[3];
+        }
+        int mn0[8], mn1[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) mn0[j] = k4_min(w0.h, j), mn1[j] = k4_min(w1.h, j);
+        const float d0 = mm_f16(w0.h.x & 0xFFFF), dm0 = mm_f16(w0.h.x >> 16);
+        const float d1 = mm_f16(w1.h.x & 0xFFFF), dm1 = mm_f16(w1.h.x >> 16);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+          if (!xu[u]) continue;
+          const uint4 *bs = (const uint4 *)(xu[u] + a.off_s + 32 * (size_t)k);
+          const uint4 q0 = bs[0], q1 = bs[1];
+          const uint32_t bw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w}; /* bsum 2j | 2j+1 */
+          int S2a = 0, S2b = 0;
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            const int p = (int)(int16_t)(bw[j] & 0xFFFF) + (int)(int16_t)(bw[j] >> 16);
+            S2a += mn0[j] * p;
+            S2b += mn1[j] * p;
+          }
+          const float dx = ((const float *)(xu[u] + a.off_d))[k];
+          const float dd0 = d0 * dx, dmx0 = dm0 * dx, dd1 = d1 * dx, dmx1 = dm1 * dx;
+          const float t0 = (float)S1[u] * dd0 - (float)S2a * dmx0;
+          const float t1 = (float)S1[2 + u] * dd1 - (float)S2b * dmx1;
+          v[u] = v[u] + t0;
+          v[2 + u] = v[2 + u] + t1;
+        }
+      }
 #pragma unroll
       for (int u = 0; u < 2; u++) {
-        if (!xu[u]) continue;
-        const uint4 *bs = (const uint4 *)(xu[u] + a.off_s + 32 * (size_t)k);
-        const uint4 q0 = bs[0], q1 = bs[1];
-        const uint32_t bw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w}; /* bsum 2j | 2j+1 */
-        int S2a = 0, S2b = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-          const int p = (int)(int16_t)(bw[j] & 0xFFFF) + (int)(int16_t)(bw[j] >> 16);
-          S2a += mn0[j] * p;
-          S2b += mn1[j] * p;
-        }
-        const float dx = ((const float *)(xu[u] + a.off_d))[k];
-        const float dd0 = d0 * dx, dmx0 = dm0 * dx, dd1 = d1 * dx, dmx1 = dm1 * dx;
-        const float t0 = (float)S1[u] * dd0 - (float)S2a * dmx0;
-        const float t1 = (float)S1[2 + u] * dd1 - (float)S2b * dmx1;
-        v[u] = v[u] + t0;
-        v[2 + u] = v[2 + u] + t1;
+        s_v[i][g][2 * tq + u] = v[u];
+        s_v[i][g + 8][2 * tq + u] = v[2 + u];
       }
     }
+    __syncthreads();
+    const int id = threadIdx.x; /* one output a thread: weight row id / 8, activation row id % 8 */
+    if (id < 128) {
+      const int r = id >> 3, n = id & 7;
+      if (n < nbt && r < nr) {
+        float av[8];
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-      s_v[i][g][2 * tq + u] = v[u];
-      s_v[i][g + 8][2 * tq + u] = v[2 + u];
+        for (int i = 0; i < 8; i++) av[i] = s_v[i][r][n] + s_v[i + 8][r][n];
+        const float c0 = (av[0] + av[4]) + (av[2] + av[6]), c1 = (av[1] + av[5]) + (av[3] + av[7]);
+        *mm_out(o, b0 + n, rt + r) = c0 + c1;
+      }
     }
-  }
-  __syncthreads();
-  const int id = threadIdx.x; /* one output a thread: weight row id / 8, activation row id % 8 */
-  if (id < 128) {
-    const int r = id >> 3, n = id & 7;
-    if (n < nbt && r < nr) {
-      float av[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++) av[i] = s_v[i][r][n] + s_v[i + 8][r][n];
-      const float c0 = (av[0] + av[4]) + (av[2] + av[6]), c1 = (av[1] + av[5]) + (av[3] + av[7]);
-      *mm_out(o, b0 + n, rt + r) = c0 + c1;
-    }
+    __syncthreads(); /* s_v is read before the next tile writes it */
+    row0 = nx0;
+    row1 = nx1;
   }
 }
 
@@ -931,20 +957,40 @@ static int env_flag(const char *name, int dflt) {
   return e && e[0] ? e[0] != '0' : dflt;
 }
 
+/* k_k4mn's blocks: one per 16-row tile, at most what is resident at once over the gy block rows
+ * (each then loops over tiles, so that every block prefetches before the wait) */
+template <int T, int NW>
+static unsigned mn_grid(int64_t ntile, unsigned gy) {
+  static int cap = 0; /* per instantiation */
+  if (!cap) {
+    int dev = 0, nsm = 0, per = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_k4mn<T, NW>, 32 * NW, 0) == cudaSuccess && per > 0)
+      cap = nsm * per;
+    else
+      cap = -1;
+  }
+  int64_t lim = cap > 0 ? cap / (int64_t)gy : ntile;
+  if (lim < 1) lim = 1;
+  return (unsigned)(ntile < lim ? ntile : lim);
+}
+
 template <int T>
 static void launch_mn(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
-  const dim3 grid((unsigned)((a.rows + 15) / 16), (unsigned)((nb + 7) / 8));
+  const int64_t ntile = (a.rows + 15) / 16;
+  const unsigned gy = (unsigned)((nb + 7) / 8);
   const int pf = mm_pf_on() && (size_t)a.rows * a.row_bytes <= ((size_t)24 << 20);
-  if (a.cols / 256 <= 8) pdl_launch(k_k4mn<T, 4>, grid, dim3(128), (size_t)0, st, a, nb, xq, xs, o, pf);
-  else pdl_launch(k_k4mn<T, 8>, grid, dim3(256), (size_t)0, st, a, nb, xq, xs, o, pf);
+  if (a.cols / 256 <= 8)
+    pdl_launch(k_k4mn<T, 4>, dim3(mn_grid<T, 4>(ntile, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o, pf);
+  else
+    pdl_launch(k_k4mn<T, 8>, dim3(mn_grid<T, 8>(ntile, gy), gy), dim3(256), (size_t)0, st, a, nb, xq, xs, o, pf);
 }
 
 bool mm_mma_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
   if (g_few_mma < 0) g_few_mma = env_flag("FLOE_CUDA_FEW_MMA", 1);
   if (g_one_mma < 0) g_one_mma = env_flag("FLOE_CUDA_ONE_MMA", 0);
-  if (nb < 1 || nb > 15 || !(nb == 1 ? g_one_mma : g_few_mma) || a.cols < 256 || a.cols % 256 ||
-      (a.rows + 15) / 16 > 0x7fffffff)
-    return false;
+  if (nb < 1 || nb > 15 || !(nb == 1 ? g_one_mma : g_few_mma) || a.cols < 256 || a.cols % 256) return false;
   if (a.type == FLOE_TYPE_Q4_K) launch_mn<FLOE_TYPE_Q4_K>(a, nb, xq, xs, o, st);
   else if (a.type == FLOE_TYPE_Q5_K) launch_mn<FLOE_TYPE_Q5_K>(a, nb, xq, xs, o, st);
   else return false;
