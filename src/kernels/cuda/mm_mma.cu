@@ -166,6 +166,32 @@ __device__ __forceinline__ uint32_t k4_codes(uint32_t v, uint32_t qh, int c, int
   return r;
 }
 
+/* the mins and the two scales of two weight rows' superblock headers */
+struct K4Hd {
+  int mn0[8], mn1[8];
+  float d0, dm0, d1, dm1;
+};
+__device__ __forceinline__ void k4_hd(const K4Row &w0, const K4Row &w1, K4Hd &h) {
+#pragma unroll
+  for (int j = 0; j < 8; j++) h.mn0[j] = k4_min(w0.h, j), h.mn1[j] = k4_min(w1.h, j);
+  h.d0 = mm_f16(w0.h.x & 0xFFFF), h.dm0 = mm_f16(w0.h.x >> 16);
+  h.d1 = mm_f16(w1.h.x & 0xFFFF), h.dm1 = mm_f16(w1.h.x >> 16);
+}
+
+/* S2 of two weight rows (mins mn0 / mn1) with one activation row's superblock: sum_j m[j] *
+ * (bsum[2j] + bsum[2j+1]) from its 16 bsums at bs, exact integers */
+__device__ __forceinline__ void k4_s2(const uint4 *bs, const int *mn0, const int *mn1, int &S2a, int &S2b) {
+  const uint4 q0 = bs[0], q1 = bs[1];
+  const uint32_t bw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w}; /* bsum 2j | 2j+1 */
+  S2a = S2b = 0;
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const int p = (int)(int16_t)(bw[j] & 0xFFFF) + (int)(int16_t)(bw[j] >> 16);
+    S2a += mn0[j] * p;
+    S2b += mn1[j] * p;
+  }
+}
+
 /* Staged activation tile: codes [MMA_NT][MMA_QROW], d [MMA_NT][MMA_SBC], bsum int16
  * [MMA_NT][MMA_SBC][16]. */
 struct Stage {
@@ -247,26 +273,17 @@ __device__ __forceinline__ void k4mma_round(const uint8_t *row0, const uint8_t *
         S1[4 * j + 3] += sc1 * cc[3];
       }
     }
-    int mn0[8], mn1[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) mn0[i] = k4_min(w0.h, i), mn1[i] = k4_min(w1.h, i);
-    const float d0 = mm_f16(w0.h.x & 0xFFFF), dm0 = mm_f16(w0.h.x >> 16);
-    const float d1 = mm_f16(w1.h.x & 0xFFFF), dm1 = mm_f16(w1.h.x >> 16);
+    K4Hd hd;
+    k4_hd(w0, w1, hd);
+    const int *mn0 = hd.mn0, *mn1 = hd.mn1;
+    const float d0 = hd.d0, dm0 = hd.dm0, d1 = hd.d1, dm1 = hd.dm1;
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
       for (int u = 0; u < 2; u++) { /* activation row n = 8 j + 2 tq + u: outputs 4 j + u (row 0), 4 j + 2 + u (row 1) */
         const int n = 8 * j + 2 * tq + u;
-        const uint4 *bs = (const uint4 *)(S.bs + (n * MMA_SBC + kk) * 16);
-        const uint4 q0 = bs[0], q1 = bs[1];
-        const uint32_t bw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w}; /* bsum 2i | 2i+1 */
-        int S2a = 0, S2b = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-          const int p = (int)(int16_t)(bw[i] & 0xFFFF) + (int)(int16_t)(bw[i] >> 16);
-          S2a += mn0[i] * p;
-          S2b += mn1[i] * p;
-        }
+        int S2a, S2b;
+        k4_s2((const uint4 *)(S.bs + (n * MMA_SBC + kk) * 16), mn0, mn1, S2a, S2b);
         const float dx = S.d[n * MMA_SBC + kk];
         const float dd0 = d0 * dx, dmx0 = dm0 * dx, dd1 = d1 * dx, dmx1 = dm1 * dx;
         const float t0 = (float)S1[4 * j + u] * dd0 - (float)S2a * dmx0;
@@ -806,24 +823,15 @@ __global__ void __launch_bounds__(32 * NW) k_k4mn(KArgs a, int64_t nb, const uin
           S1[2] += sc1 * cc[2];
           S1[3] += sc1 * cc[3];
         }
-        int mn0[8], mn1[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) mn0[j] = k4_min(w0.h, j), mn1[j] = k4_min(w1.h, j);
-        const float d0 = mm_f16(w0.h.x & 0xFFFF), dm0 = mm_f16(w0.h.x >> 16);
-        const float d1 = mm_f16(w1.h.x & 0xFFFF), dm1 = mm_f16(w1.h.x >> 16);
+        K4Hd hd;
+        k4_hd(w0, w1, hd);
+        const int *mn0 = hd.mn0, *mn1 = hd.mn1;
+        const float d0 = hd.d0, dm0 = hd.dm0, d1 = hd.d1, dm1 = hd.dm1;
 #pragma unroll
         for (int u = 0; u < 2; u++) {
           if (!xu[u]) continue;
-          const uint4 *bs = (const uint4 *)(xu[u] + a.off_s + 32 * (size_t)k);
-          const uint4 q0 = bs[0], q1 = bs[1];
-          const uint32_t bw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w}; /* bsum 2j | 2j+1 */
-          int S2a = 0, S2b = 0;
-#pragma unroll
-          for (int j = 0; j < 8; j++) {
-            const int p = (int)(int16_t)(bw[j] & 0xFFFF) + (int)(int16_t)(bw[j] >> 16);
-            S2a += mn0[j] * p;
-            S2b += mn1[j] * p;
-          }
+          int S2a, S2b;
+          k4_s2((const uint4 *)(xu[u] + a.off_s + 32 * (size_t)k), mn0, mn1, S2a, S2b);
           const float dx = ((const float *)(xu[u] + a.off_d))[k];
           const float dd0 = d0 * dx, dmx0 = dm0 * dx, dd1 = d1 * dx, dmx1 = dm1 * dx;
           const float t0 = (float)S1[u] * dd0 - (float)S2a * dmx0;
