@@ -512,15 +512,19 @@ sec_nsys35() {
   head -1 "$f"
   tail -n "${NS_TAIL:-140}" "$f"
 }
+# trace_build TARGET...: a measurement build of its own in $BUILD-trace (-DFLOE_CUDA_TRACE=ON: the
+# default build's kernels have no trace code), with the targets given
+trace_build() {
+  cmake -S "$ROOT" -B "$BUILD-trace" -DCMAKE_BUILD_TYPE=Release -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS="$ARCHS" \
+    -DFLOE_CUDA_TRACE=ON -DCMAKE_PREFIX_PATH="$DEPS/usr" >/dev/null &&
+    cmake --build "$BUILD-trace" -j"$JOBS" --target "$@" >/dev/null
+}
 # trace35: the in-graph cost of each kernel of a decode step (FLOE_CUDA_TRACE, scripts/trace_step.py):
 # the 4-layer cut labelled by kernels35l's names, then the whole 35B ($SYNTH when present) by launch
 # shape; TRACE_ENV: settings for both runs (e.g. FLOE_CUDA_NO_PDL=1)
 sec_trace35() {
   local small=/tmp/floe-q35-4l.gguf rc=0 TB=$BUILD-trace
-  # a measurement build of its own (-DFLOE_CUDA_TRACE=ON: the default build's kernels have no trace code)
-  cmake -S "$ROOT" -B "$TB" -DCMAKE_BUILD_TYPE=Release -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS="$ARCHS" -DFLOE_CUDA_TRACE=ON \
-    -DCMAKE_PREFIX_PATH="$DEPS/usr" >/dev/null && cmake --build "$TB" -j"$JOBS" --target floe_cli test_cuda_ops >/dev/null ||
-    return 1
+  trace_build floe_cli test_cuda_ops || return 1
   "$TB/bin/test_cuda_ops" | grep -E "launch trace|trace|passed" | tail -4
   sec_kernels35l >/tmp/names4.txt 2>&1 || rc=1
   rm -f /tmp/trace4.txt /tmp/trace40.txt
@@ -542,9 +546,7 @@ sec_trace35() {
 # ($SYNTH, when present) and the default model
 sec_tracev() {
   local small=/tmp/floe-q35-4l.gguf rc=0 TB=$BUILD-trace k m P
-  cmake -S "$ROOT" -B "$TB" -DCMAKE_BUILD_TYPE=Release -DFLOE_CUDA=ON -DFLOE_CUDA_ARCHS="$ARCHS" -DFLOE_CUDA_TRACE=ON \
-    -DCMAKE_PREFIX_PATH="$DEPS/usr" >/dev/null && cmake --build "$TB" -j"$JOBS" --target floe_cli bench_verify >/dev/null ||
-    return 1
+  trace_build floe_cli bench_verify || return 1
   [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null ||
     return 1
   for k in ${TV_KINDS:-v4 f3}; do

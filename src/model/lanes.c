@@ -5,12 +5,12 @@
  * Only where the CPU owns the bytes: a model read into memory (not mapped, not streamed, not a
  * pack), on the CPU backend. The token embedding (read by rows) and any matrix sharing bytes with
  * another of a different shape stay in the file's layout. FLOE_LANES=0: nothing is packed. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "format/gguf.h"
 #include "kernels/cpu/kernels.h"
 #include "model/backend.h"
@@ -54,10 +54,10 @@ typedef struct pack_job {
   size_t next;  /* atomic */
 } pack_job;
 
-static void *pack_worker(void *arg) {
-  pack_job *j = arg;
+static void pack_worker(void *ctx, int ith, int nth) {
+  (void)ith, (void)nth;
+  pack_job *j = ctx;
   for (size_t i; (i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->n;) kern_k4_lanes_pack(j->w[i], (void *)j->w[i]->data);
-  return NULL;
 }
 
 uint64_t model_pack_lanes(model *m) {
@@ -120,13 +120,14 @@ uint64_t model_pack_lanes(model *m) {
       bytes = 0;
     } else {
       pack_job job = {todo, nt, 0};
-      long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-      int nth = ncpu > 1 ? (int)(ncpu < 16 ? ncpu : 16) : 1, started = 0;
-      pthread_t th[16];
-      for (; started < nth - 1; started++)
-        if (pthread_create(&th[started], NULL, pack_worker, &job)) break;
-      pack_worker(&job);
-      for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+      const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+      floe_pool *pool = floe_pool_create(ncpu > 1 ? (int)(ncpu < 16 ? ncpu : 16) : 1);
+      if (pool) {
+        floe_pool_run(pool, pack_worker, &job);
+        floe_pool_free(pool);
+      } else {
+        pack_worker(&job, 0, 1); /* no workers: this thread packs them all */
+      }
       mprotect((void *)m->gguf->map, len, PROT_READ);
       for (size_t i = 0; i < v.n; i++)
         if (take[i]) v.w[i]->k4_lanes = 1;

@@ -342,6 +342,13 @@ static inline __attribute__((always_inline)) void store_slots(__m512 (*acc)[16],
   }
 }
 
+/* The stream ahead of a lanes block's superblock at p (lsb bytes): g_kpf_lanes bytes ahead into
+ * L2, KPF_NEAR into L1 */
+static inline __attribute__((always_inline)) void pf_lanes(const char *p, size_t lsb) {
+  for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T1);
+  for (size_t o = 0; KPF_NEAR && o < lsb; o += 64) _mm_prefetch(p + KPF_NEAR + o, _MM_HINT_T0);
+}
+
 /* Lanes blocks [rb0, rb1) (16-row aligned) with at most NTMAX activation rows: one pass, each
  * superblock's scales decoded just before its rows run, so one block's bytes are read in order. */
 static inline __attribute__((always_inline)) void lanes_few(const int T, const floe_mat *W, int ng, const uint8_t *xq, size_t xs,
@@ -357,8 +364,7 @@ static inline __attribute__((always_inline)) void lanes_few(const int T, const f
     const uint8_t *lb = kw_row(W, rb);
     for (int64_t k = 0; k < nsb; k++) {
       const char *p = (const char *)lb + (size_t)k * lsb;
-      for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T1);
-      for (size_t o = 0; KPF_NEAR && o < lsb; o += 64) _mm_prefetch(p + KPF_NEAR + o, _MM_HINT_T0);
+      pf_lanes(p, lsb);
       prep_lanes(T, (const uint8_t *)p, &B);
       bs_pairs(xq, xs, &L, k, ng, bsp);
       for (int b0 = 0; b0 < ng;) {
@@ -413,11 +419,7 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
           for (int kk = 0; kk < nk; kk++) {
             const k4_blk *B = &blk[once ? k0 + kk : kk];
             const uint32_t *bp = bsp + (size_t)kk * 64;
-            if (lanes && g0 == 0 && b0 == 0) { /* the stream ahead: KPF bytes into L2, KPF_NEAR into L1 */
-              const char *p = (const char *)lb + (size_t)(k0 + kk) * lsb;
-              for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T1);
-              for (size_t o = 0; KPF_NEAR && o < lsb; o += 64) _mm_prefetch(p + KPF_NEAR + o, _MM_HINT_T0);
-            }
+            if (lanes && g0 == 0 && b0 == 0) pf_lanes((const char *)lb + (size_t)(k0 + kk) * lsb, lsb);
             tok_pass(T, nt, B, xg, xs, &L, bp, k0 + kk, b0, acc);
           }
           b0 += nt;
