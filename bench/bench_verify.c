@@ -201,10 +201,7 @@ int main(int argc, char **argv) {
   if (only_kind >= 0) {
     printf("{\"bench\":\"verify_cost\",\"model\":\"%s\",\"only\":\"%s\",\"rounds\":%d,\"ms\":%.3f,\"device\":\"%s\"}\n",
            path, only, rounds, 1e3 * med[only_kind], cuda ? "cuda" : "cpu");
-    free(t), free(th), free(lg), free(hid), free(g), free(toks);
-    model_session_free(s);
-    model_free(m);
-    return 0;
+    goto done;
   }
   /* draft's lm_head is timed inside model_mtp_eval's "other" phase: take the 1-row head of the plain step */
   const double draft = med[kmax + 1], plain = med[0];
@@ -257,6 +254,7 @@ int main(int argc, char **argv) {
   }
   for (int k = 1; k <= kmax; k++) printf(",\"verify%d_lm_head_ms\":%.3f", k + 1, 1e3 * medh[k]);
   printf("}\n");
+done:
   free(t), free(th), free(lg), free(hid), free(g), free(toks);
   model_session_free(s);
   model_free(m);
