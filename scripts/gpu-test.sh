@@ -542,8 +542,8 @@ sec_trace35() {
 }
 # tracev: the in-graph cost of each kernel of one kind of bench_verify step (--only KIND: a verify of
 # n rows "vN", the one-pass greedy step with k drafts "fK", "draft", "plain") for each of TV_KINDS,
-# on the 4-layer 35B cut (labelled by an ncu run of one such step without the graph), the 35B
-# ($SYNTH, when present) and the default model
+# on the 4-layer 35B cut and the default model (both labelled by an ncu run of one such step
+# without the graph) and the 35B ($SYNTH, when present)
 sec_tracev() {
   local small=/tmp/floe-q35-4l.gguf rc=0 TB=$BUILD-trace k m P
   trace_build floe_cli bench_verify || return 1
@@ -556,7 +556,7 @@ sec_tracev() {
       env ${TRACE_ENV:-} FLOE_CUDA_TRACE=/tmp/tv.txt timeout 200 "$TB/bin/bench_verify" -m "$m" --device cuda -r 48 \
         --only "$k" || rc=1
       echo "== $k $(basename "$m")"
-      if [ "$m" = "$small" ]; then
+      if [ "$m" != "$SYNTH" ]; then
         P=$(python3 scripts/trace_step.py /tmp/tv.txt | sed -n 's/^[0-9]* launches, \([0-9]*\) a step.*/\1/p')
         FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
           --print-units base "$BUILD/bin/bench_verify" -m "$m" --device cuda -r 1 --only "$k" 2>/dev/null |

@@ -419,12 +419,12 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
 
 /* ---- a joined matrix's parts into their own buffers (cuda_mm_matmul_parts): each part's rows equal
  * the CPU's rows of the whole matrix bit for bit, with the few-row kernels (one launch) and
- * without them (a matmul per part on a view), for 3 parts and for 2 ---- */
-static void check_parts(uint32_t type, int64_t rows, int64_t cols, int nb, int64_t s1, int64_t s2, int few) {
+ * without them (a matmul per part on a view), for 4 parts, 3 and 2 ---- */
+static void check_parts(uint32_t type, int64_t rows, int64_t cols, int nb, int64_t s1, int64_t s2, int64_t s3, int few) {
   tmat m = make_mat(type, 0, 0, 0, rows, cols, 1);
   const floe_mat *W = &m.W;
   dmat g = upload(&m, 1);
-  const int64_t ldx = cols + 3, ld[3] = {s1 + 1, s2 - s1 + 2, rows - s2 + 3};
+  const int64_t ldx = cols + 3, ld[4] = {s1 + 1, s2 - s1 + 2, s3 - s2 + 3, rows - s3 + 4};
   float *X = malloc(sizeof(float) * (size_t)(ldx * nb));
   fill_x(X, ldx * nb);
   const size_t ab = kern_act_bytes(W);
@@ -442,8 +442,8 @@ static void check_parts(uint32_t type, int64_t rows, int64_t cols, int nb, int64
     memset(Yc, 0, sizeof(float) * (size_t)(rows * nb));
     kern_mm_float_lanes_ref(W, nb, X, ldx, Yc, rows, 0, rows);
   }
-  float *dY[3], *Yg[3];
-  for (int p = 0; p < 3; p++) {
+  float *dY[4], *Yg[4];
+  for (int p = 0; p < 4; p++) {
     dY[p] = dev_put(NULL, sizeof(float) * (size_t)(ld[p] * nb));
     dev_poison(dY[p], sizeof(float) * (size_t)(ld[p] * nb));
     Yg[p] = malloc(sizeof(float) * (size_t)(ld[p] * nb));
@@ -451,26 +451,26 @@ static void check_parts(uint32_t type, int64_t rows, int64_t cols, int nb, int64
   cuda_mm_set_few(few);
   cuda_mm_set_few_mma(few == 2);
   cuda_mm_set_k4w(1);
-  cuda_mm_matmul_parts(&g.M, nb, dX, ldx, dxq, ab, dY[0], ld[0], s1, dY[1], ld[1], s2, dY[2], ld[2], NULL);
+  cuda_mm_matmul_parts(&g.M, nb, dX, ldx, dxq, ab, dY[0], ld[0], s1, dY[1], ld[1], s2, dY[2], ld[2], s3, dY[3], ld[3], NULL);
   CHECK(cuda_rt_check("parts", err, sizeof err) == 0, "parts launch: %s", err);
   cuda_mm_set_few(1);
   cuda_mm_set_few_mma(1);
   cuda_mm_set_k4w(0);
-  const int64_t b0[4] = {0, s1, s2, rows};
+  const int64_t b0[5] = {0, s1, s2, s3, rows};
   int64_t bad = -1;
   int badp = 0;
-  for (int p = 0; p < 3; p++) {
+  for (int p = 0; p < 4; p++) {
     dev_get(Yg[p], dY[p], sizeof(float) * (size_t)(ld[p] * nb));
     for (int b = 0; b < nb && bad < 0; b++)
       for (int64_t r = b0[p]; r < b0[p + 1] && bad < 0; r++)
         if (memcmp(&Yg[p][b * ld[p] + r - b0[p]], &Yc[b * rows + r], 4)) bad = b * rows + r, badp = p;
   }
-  CHECK(bad < 0, "%s %lldx%lld nb=%d parts [0,%lld) [%lld,%lld) [%lld,%lld) %s: each part == the CPU's rows bit for bit "
+  CHECK(bad < 0, "%s %lldx%lld nb=%d parts at %lld %lld %lld %s: each part == the CPU's rows bit for bit "
         "(first diff: part %d, row %lld)", floe_type_info(type)->name, (long long)rows, (long long)cols, nb,
-        (long long)s1, (long long)s1, (long long)s2, (long long)s2, (long long)rows,
+        (long long)s1, (long long)s2, (long long)s3,
         few == 2 ? "one launch (tensor cores for Q4_K / Q5_K)" : few ? "one launch" : "a launch per part", badp,
         (long long)bad);
-  for (int p = 0; p < 3; p++) {
+  for (int p = 0; p < 4; p++) {
     cuda_rt_free(dY[p]);
     free(Yg[p]);
   }
@@ -956,8 +956,9 @@ int main(void) {
     for (size_t k = 0; k < sizeof pnb / sizeof pnb[0]; k++)
       for (int few = 0; few < 3; few++) { /* 2: Q4_K / Q5_K by k_k4mn, 1: by k_k4wn */
         const int64_t cols = ptypes[ti] == FLOE_TYPE_F32 || ptypes[ti] == FLOE_TYPE_BF16 ? 1000 : 256 * 5;
-        check_parts(ptypes[ti], 75, cols, pnb[k], 33, 57, few); /* three parts */
-        check_parts(ptypes[ti], 41, cols, pnb[k], 40, 41, few); /* two: the last of one row (a shared gate) */
+        check_parts(ptypes[ti], 75, cols, pnb[k], 33, 57, 75, few); /* three parts */
+        check_parts(ptypes[ti], 41, cols, pnb[k], 40, 41, 41, few); /* two: the last of one row (a shared gate) */
+        check_parts(ptypes[ti], 90, cols, pnb[k], 51, 80, 85, few); /* four (q|k|v, z, b, a) */
       }
 
   SECTION("tensor-core matmuls (Q4_K / Q5_K, 16+ activation rows; k_k4mma2 both forms, k_k4mma, k_k4)");

@@ -427,7 +427,8 @@ static void test_mtp_block(const model *mg, const model *mc) {
  * host argmaxes and model_verify on a second session with the same history: the drafts, every
  * verify row's argmax, the accept count, the verify rows' hidden states and the accepted row's
  * logits bit for bit, at steps of (MTP rows n, drafts k) that each come back at a later position
- * (a recorded step replayed there), then n = KV_KEEP_MAX. */
+ * (a recorded step replayed there), then n = KV_KEEP_MAX. Odd steps run as a greedy-only caller's
+ * (lazy_ok): the logits stay on the device, and model_logits_sync brings the same bits. */
 static void test_spec_fused(const model *mg) {
   SECTION("the one-pass greedy speculative step vs the composed step (MTP evaluations, argmaxes, verify)");
   char err[256];
@@ -445,6 +446,7 @@ static void test_spec_fused(const model *mg) {
   int32_t x = (int32_t)kern_argmax(lg, V);
   uint64_t rng = 0x9e3779b97f4a7c15ull;
   int64_t bad_d = 0, bad_a = 0, bad_acc = 0, bad_h = 0, bad_l = 0, bad_g = 0, steps = 0, accepted = 0;
+  int64_t n_lazy = 0, deferred = 0;
   /* the MTP's attention rows below P-1 first, the same in both sessions (a row never written would
    * be whatever the allocation held: attention reads every row up to its own); mw: the first MTP
    * position no catch-up row has written since (a step's rows start there or earlier) */
@@ -469,7 +471,15 @@ static void test_spec_fused(const model *mg) {
     for (int64_t j = 0; j < V; j++) lg1[j] = NAN;
     for (int64_t j = 0; j < (k + 1) * E; j++) hid1[j] = NAN;
     int64_t acc = -1;
+    const bool lz = i % 2 == 1; /* odd steps: a greedy-only caller, the logits left on the device */
+    s1->lazy_ok = lz;
     int rc = model_spec_greedy(s1, tok, h, n, P - n, k, d1, a1, &acc, hid1, lg1, err, sizeof err);
+    s1->lazy_ok = false;
+    if (!rc && lz) {
+      n_lazy++;
+      deferred += s1->lazy_allowed && s1->lazy_dst == lg1 && isnan(lg1[0]) && isnan(lg1[V - 1]);
+      rc = model_logits_sync(s1, err, sizeof err);
+    }
     if (rc) {
       printf("  one-pass step (n %lld, k %d): %s\n", (long long)n, k, err);
       bad_d++;
@@ -517,6 +527,9 @@ static void test_spec_fused(const model *mg) {
   CHECK(steps == NSTEP && bad_h == 0 && bad_l == 0 && bad_g == 0,
         "verify hidden rows, the accepted row's logits and the greedy pick bit-identical (%lld / %lld / %lld steps differ)",
         (long long)bad_h, (long long)bad_l, (long long)bad_g);
+  CHECK(n_lazy > 0 && deferred == n_lazy,
+        "a greedy-only step (lazy_ok) leaves the accepted row's logits on the device until model_logits_sync (%lld of %lld)",
+        (long long)deferred, (long long)n_lazy);
   if (s1) model_session_free(s1);
   if (s2) model_session_free(s2);
   free(lg), free(lg1), free(hid1), free(vlog), free(vhid), free(h), free(hout), free(g), free(dlog);

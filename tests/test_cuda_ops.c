@@ -117,6 +117,21 @@ static void test_norm(int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; r++) layer_rmsnorm(x + r * n, w, n, eps, y + r * n);
   CHECK(n_diff_bits(gx, x, rows * n) == 0, "residual add bit-identical");
   CHECK(n_diff_bits(g, y, rows * n) == 0, "norm after add bit-identical (%zu differ)", n_diff_bits(g, y, rows * n));
+  /* the pair (the MTP's input): row t = [norm(x_t) * w | norm(d_t) * w2] */
+  float *w2 = malloc(n * 4), *yp = malloc(2 * rows * n * 4), *gp = malloc(2 * rows * n * 4);
+  for (int64_t i = 0; i < n; i++) w2[i] = urand(-1.5f, 1.5f);
+  float *dw2 = dup_dev(w2, n * 4), *dyp = dup_dev(NULL, 2 * rows * n * 4);
+  poison(dyp, 2 * rows * n * 4);
+  cuda_mm_norm_pair(dx, dw, dd, dw2, dyp, rows, n, eps, NULL);
+  CHECK(sync_ok(), "norm pair ran");
+  get(gp, dyp, 2 * rows * n * 4);
+  for (int64_t r = 0; r < rows; r++) {
+    layer_rmsnorm(x + r * n, w, n, eps, yp + 2 * r * n);
+    layer_rmsnorm(d + r * n, w2, n, eps, yp + 2 * r * n + n);
+  }
+  CHECK(n_diff_bits(gp, yp, 2 * rows * n) == 0, "norm pair bit-identical (%zu differ)", n_diff_bits(gp, yp, 2 * rows * n));
+  cuda_rt_free(dw2), cuda_rt_free(dyp);
+  free(w2), free(yp), free(gp);
   cuda_rt_free(dx), cuda_rt_free(dd), cuda_rt_free(dw), cuda_rt_free(dy);
   free(x), free(d), free(w), free(y), free(g), free(gx);
 }
@@ -569,7 +584,8 @@ static void test_gdn_keep_case(int Nk, int Nv, int dk, int dv, int K, int tiled,
   get(rraw, draw, n * C * 4), get(ro, dout, n * vd * 4);
   /* kept: the state behind a cell, n row buffers poisoned */
   float *kconv = dup_dev(conv, Cn * 4), *kS = dup_dev(S, Sn * 4);
-  float *rowS[8], *rowC[8];
+  float *rowS[20], *rowC[20];
+  CHECK(n <= 20, "at most 20 kept rows here");
   for (int t = 0; t < n; t++) {
     rowS[t] = dup_dev(NULL, Sn * 4), rowC[t] = dup_dev(NULL, Cn * 4);
     poison(rowS[t], Sn * 4), poison(rowC[t], Cn * 4);
@@ -837,6 +853,46 @@ static void test_argmax(void) {
   argmax_case("n = 3", small, 3, dx, dscr, dout);
   cuda_rt_free(dx), cuda_rt_free(dscr), cuda_rt_free(dout);
   free(x);
+  /* several rows in one launch (a verify's rows), rows ld apart, with one-row launches through the
+   * same scratch between and after: each row == kern_argmax, the counters back at zero between
+   * launches */
+  static const int64_t rn[][3] = { { 248320, 248323, 5 }, { 8192, 8192, 8 }, { 3, 7, 2 }, { 4097, 4100, 1 } };
+  for (size_t c = 0; c < sizeof rn / sizeof rn[0]; c++) {
+    const int64_t nn = rn[c][0], ld = rn[c][1];
+    const int rows = (int)rn[c][2];
+    SECTION("argmax of %d rows of %lld", rows, (long long)nn);
+    float *xr = malloc((size_t)(rows * ld) * 4);
+    for (int64_t i = 0; i < rows * ld; i++) xr[i] = urand(-10, 10);
+    for (int r = 0; r < rows; r++) /* a tie in every row: the first index wins */
+      xr[r * ld + (r * 977) % nn] = 60.0f, xr[r * ld + (r * 977 + 1) % nn] = 60.0f;
+    if (rows > 1) xr[ld + nn - 1] = 70.0f; /* row 1's maximum at its last value */
+    const size_t sbr = cuda_argmax_rows_scratch_bytes(nn, rows);
+    CHECK(sbr >= cuda_argmax_scratch_bytes(nn), "the rows' scratch serves one row too");
+    float *dxr = dup_dev(xr, (size_t)(rows * ld) * 4);
+    void *ds = dup_dev(NULL, sbr);
+    dmemset(ds, 0, sbr);
+    int32_t *dor = dup_dev(NULL, 16 * 4), gr[16];
+    for (int rep = 0; rep < 3; rep++) {
+      if (rep == 2) { /* a one-row launch between: it shares row 0's place in the scratch */
+        cuda_argmax(dxr, nn, dor, ds, NULL);
+        CHECK(sync_ok(), "one row between them ran");
+      }
+      poison(dor, 16 * 4);
+      cuda_argmax_rows(dxr, ld, nn, rows, dor, ds, NULL);
+      CHECK(sync_ok(), "argmax rows ran");
+      get(gr, dor, (size_t)rows * 4);
+      int bad = -1;
+      for (int r = 0; r < rows && bad < 0; r++)
+        if (gr[r] != kern_argmax(xr + r * ld, nn)) bad = r;
+      CHECK(bad < 0, "every row == kern_argmax (pass %d; first bad row %d)", rep, bad);
+    }
+    cuda_argmax(dxr + (rows - 1) * ld, nn, dor, ds, NULL);
+    CHECK(sync_ok(), "one row after them ran");
+    get(gr, dor, 4);
+    CHECK(gr[0] == kern_argmax(xr + (rows - 1) * ld, nn), "one row through the same scratch");
+    cuda_rt_free(dxr), cuda_rt_free(ds), cuda_rt_free(dor);
+    free(xr);
+  }
 }
 
 /* The launch trace (cuda_rt_trace_start / dump): two routings of 3 and 5 tokens (grids 3 and 5 of
@@ -987,7 +1043,31 @@ int main(void) {
     test_gdn_keep_case(4, 4, 64, 64, 4, 1, 5);
     test_gdn_keep_case(4, 4, 64, 64, 4, 1, 1);
     test_gdn_keep_case(2, 6, 64, 40, 3, 0, 1);
+    /* k_gdn_stepn's limits: 16 rows (its most), 17 (the two launches), a conv width other than 4;
+     * split into 32-column blocks: dv 128 (4 a cluster), 72 (3, the last part), 40, 8 (one block) */
+    test_gdn_keep_case(16, 32, 128, 128, 4, 1, 16);
+    test_gdn_keep_case(4, 4, 64, 64, 4, 1, 16);
+    test_gdn_keep_case(1, 3, 128, 8, 4, 1, 17);
+    test_gdn_keep_case(2, 6, 64, 40, 3, 0, 11);
+    test_gdn_keep_case(1, 10, 128, 72, 5, 1, 3); /* 10 value heads a key head */
+    test_gdn_keep_case(1, 3, 128, 8, 4, 0, 6);
   }
+  /* kept chunks as the two launches (FLOE_CUDA_GDN_STEPN=0), and in one launch with one block a
+   * value head (1; the default, 2, splits a head's columns over a cluster) */
+  for (int mode = 0; mode < 2; mode++) {
+    printf("-- gdn kept chunks: %s\n", mode ? "k_gdn_stepn, one block a value head" : "k_gdn_conv + k_gdn_recur2");
+    cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_stepn(mode);
+    test_gdn_keep_case(16, 32, 128, 128, 4, 1, 5);
+    test_gdn_keep_case(4, 4, 64, 64, 4, 1, 4);
+    test_gdn_keep_case(2, 6, 128, 100, 3, 0, 11);
+    for (int nq = 2; nq <= 4 && mode; nq += 2) {
+      cuda_gdn_set_step_nq(nq);
+      test_gdn_keep_case(4, 4, 128, 72, 4, 1, 16);
+      test_gdn_keep_case(2, 6, 64, 40, 4, 0, 7);
+    }
+    cuda_gdn_set_step_nq(2);
+  }
+  cuda_gdn_set_stepn(2);
   /* chunked loads over three beta / decay tables (700 tokens) and a part column group (dv 72) */
   for (int mode = 4; mode <= 7; mode++) { /* 7: eight threads a column, 16 columns a block */
     cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(mode), cuda_gdn_set_dec_cols(0);

@@ -943,10 +943,16 @@ static void gen_spec_step(floe_gen *g, int32_t id) {
   char err[384];
   const int k = spec_choose_k(s->spec, g->mtp_k, s->n_ctx - s->n_hist - 1);
   const bool row_logits = g->p.logprobs || g->p.n_top_logprobs;
-  int rc = model_logits_sync(s->ms, err, sizeof err); /* spec_step reads last_logits */
+  /* greedy-only: the step's last logits may stay on the device (model.h lazy_ok), the next token
+   * being the argmax found with them (floe_session_argmax); a step rewrites them, and the model
+   * fetches deferred ones that an evaluation would overwrite first (model_logits_settle) */
+  const bool lazy = sampler_greedy(g->smp) && !row_logits;
+  int rc = lazy ? 0 : model_logits_sync(s->ms, err, sizeof err);
+  s->ms->lazy_ok = lazy;
   if (!rc)
     rc = spec_step(s->spec, s->ms, g->smp, id, k, s->last_logits, g->acc, &g->n_acc, &g->acc_lg, &g->forced,
                    row_logits, err, sizeof err);
+  s->ms->lazy_ok = false;
   if (rc) {
     floe_session_reset(s); /* state is undefined after a failed step */
     gen_fail(g, rc, err);

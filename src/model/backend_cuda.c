@@ -121,6 +121,7 @@ typedef struct cu_sess {
    * it (cleared by anything that may write c->logits), for cu_logits_fetch */
   bool lazy, lazy_valid;
   float *lazy_to;
+  const float *lazy_src; /* the device row logits_fetch copies: c->logits, or sg_row after a speculative step */
   /* graphs (G_*): one token without / with logits + greedy; kept verify chunks of n rows; MTP
    * evaluations of n rows. gfirst: the first logits row the graph was recorded with. */
   void *graph[G_N + MG_N];
@@ -136,8 +137,9 @@ typedef struct cu_sess {
   int64_t hid_rows;
   /* the greedy speculative step in one pass (cu_spec_greedy): a recorded step per (MTP rows n,
    * drafts k); sg_d [SG_INTS] device ints (the verify rows' argmaxes, the accept count), sg_h their
-   * pinned copy (with the drafts), sg_row [V] the accepted row's logits */
-  void *sgraph[KV_KEEP_MAX][KV_KEEP_MAX];
+   * pinned copy (with the drafts), sg_row [V] the accepted row's logits; a second recording per
+   * (n, k) leaves that row on the device (lazy: a greedy-only caller, model.h lazy_ok) */
+  void *sgraph[KV_KEEP_MAX][KV_KEEP_MAX][2];
   int32_t *sg_d, *sg_h;
   float *sg_row;
   int capturing;               /* -1 none, else the graph slot being captured */
@@ -189,7 +191,7 @@ static void cu_session_free(model_session *s) {
     for (int64_t i = 0; i < SEG_KINDS * c->seg_n; i++) cuda_graph_destroy(c->seg_g[i]);
   free(c->seg_g);
   for (int i = 0; i < KV_KEEP_MAX; i++)
-    for (int j = 0; j < KV_KEEP_MAX; j++) cuda_graph_destroy(c->sgraph[i][j]);
+    for (int j = 0; j < KV_KEEP_MAX; j++) cuda_graph_destroy(c->sgraph[i][j][0]), cuda_graph_destroy(c->sgraph[i][j][1]);
   cuda_rt_free(c->sg_d);
   cuda_rt_free(c->sg_row);
   cuda_rt_host_free(c->sg_h);
@@ -399,7 +401,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 }, { &c->route_ctr, 16 },
     { &c->grp, NE > 0 ? cuda_mm_moe_group_bytes(B * (K + 1), grp_experts) : 16 },
     { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16 },
-    { &c->amax_scr, cuda_argmax_scratch_bytes(V) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
+    { &c->amax_scr, cuda_argmax_rows_scratch_bytes(V, KV_KEEP_MAX) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
     { &c->plog, (NE + 1) * 4 }, { &c->pselw, (K + 1) * 4 }, { &c->psel, (K + 1) * 4 },
   };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
@@ -414,7 +416,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   c->route_fused = rf && rf[0] == '1';
   if ((rc = cuda_rt_memset_async(c->route_ctr, 0, 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16, c->stream)) ||
-      (rc = cuda_rt_memset_async(c->amax_scr, 0, cuda_argmax_scratch_bytes(V), c->stream)))
+      (rc = cuda_rt_memset_async(c->amax_scr, 0, cuda_argmax_rows_scratch_bytes(V, KV_KEEP_MAX), c->stream)))
     return floe_err(err, errlen, FLOE_E_IO, "cuda: cannot clear the scratch");
   if (has_attn) { /* the CPU's rope table bits, one row per position */
     float *cs = malloc((size_t)(n_ctx * hp->n_rot) * sizeof(float));
@@ -652,14 +654,21 @@ static void mm(model_session *s, const dmat *W, int64_t n, const float *X, int64
  * own buffers (cuda_mm_matmul_parts; s2 = rows: two parts): false when cat is not joined or n is
  * not a few rows, and the caller takes the parts one by one. A chunk keeps the separate launches. */
 #define FEW_ROWS_MAX 15
-static bool mm_parts(model_session *s, const dmat *cat, int64_t n, const float *X, int64_t ldx, const floe_mat *lay,
-                     const uint8_t *xq, size_t xs, float *Y, int64_t ldy, int64_t s1, float *Y2, int64_t ldy2,
-                     int64_t s2, float *Y3, int64_t ldy3) {
+static bool mm_parts4(model_session *s, const dmat *cat, int64_t n, const float *X, int64_t ldx, const floe_mat *lay,
+                      const uint8_t *xq, size_t xs, float *Y, int64_t ldy, int64_t s1, float *Y2, int64_t ldy2,
+                      int64_t s2, float *Y3, int64_t ldy3, int64_t s3, float *Y4, int64_t ldy4) {
   cu_sess *c = s->dev;
   if (n < 2 || n > FEW_ROWS_MAX || !cat->d.data) return false;
   const bool q = xq && lay && layer_same_act(cat->h, lay);
-  cuda_mm_matmul_parts(&cat->d, n, X, ldx, q ? xq : NULL, q ? xs : 0, Y, ldy, s1, Y2, ldy2, s2, Y3, ldy3, c->stream);
+  cuda_mm_matmul_parts(&cat->d, n, X, ldx, q ? xq : NULL, q ? xs : 0, Y, ldy, s1, Y2, ldy2, s2, Y3, ldy3, s3, Y4,
+                       ldy4, c->stream);
   return true;
+}
+/* two or three parts (s2 = rows: two) */
+static bool mm_parts(model_session *s, const dmat *cat, int64_t n, const float *X, int64_t ldx, const floe_mat *lay,
+                     const uint8_t *xq, size_t xs, float *Y, int64_t ldy, int64_t s1, float *Y2, int64_t ldy2,
+                     int64_t s2, float *Y3, int64_t ldy3) {
+  return mm_parts4(s, cat, n, X, ldx, lay, xq, xs, Y, ldy, s1, Y2, ldy2, s2, Y3, ldy3, cat->d.rows, NULL, 0);
 }
 
 /* layer_matmul: a matrix with its own input layout */
@@ -922,12 +931,16 @@ static void gdn_rows(model_session *lead, const model_rows *r, int k, int64_t l,
   const uint8_t *xq = act(lead, 0, &L->qkv, N, c->h, E, &xs);
   float *mix = c->mix, *z = c->z, *b = c->b, *a = c->a;
   /* one token: the joined matrices in one launch (all four where they are one matrix), the parts
-   * adjacent in the output row */
+   * adjacent in the output row; a few rows: all four parts into their buffers in one launch */
+  bool ba_done = false;
   if (N == 1 && L->cat_gdn.d.data) {
     mm(lead, &L->cat_gdn, N, c->h, E, lay, xq, xs, mix, C + vd + 2 * Nv);
     z = mix + C;
     b = z + vd;
     a = b + Nv;
+  } else if (N > 1 && mm_parts4(lead, &L->cat_gdn, N, c->h, E, lay, xq, xs, mix, C, C, z, vd, C + vd, b, Nv,
+                                C + vd + Nv, a, Nv)) {
+    ba_done = true;
   } else if (N == 1 && L->cat_qkvz.d.data) {
     mm(lead, &L->cat_qkvz, N, c->h, E, lay, xq, xs, mix, C + vd);
     z = mix + C;
@@ -935,7 +948,7 @@ static void gdn_rows(model_session *lead, const model_rows *r, int k, int64_t l,
     mm(lead, &L->qkv, N, c->h, E, lay, xq, xs, mix, C);
     mm(lead, &L->z, N, c->h, E, lay, xq, xs, z, vd);
   }
-  if (N == 1 && L->cat_gdn.d.data) {
+  if ((N == 1 && L->cat_gdn.d.data) || ba_done) {
     /* b and a came with q|k|v|z */
   } else if (N == 1 && L->cat_ba.d.data) {
     mm(lead, &L->cat_ba, N, c->h, E, lay, xq, xs, b, 2 * Nv);
@@ -1256,10 +1269,7 @@ static void mtp_concat(model_session *s, const float *hd, int64_t n, float *emb,
     cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
   else
     cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
-  for (int64_t t = 0; t < n; t++) {
-    cuda_rmsnorm(emb + t * E, cm->mtp_enorm, cat + t * 2 * E, 1, E, eps, c->stream);
-    cuda_rmsnorm(hd + t * E, cm->mtp_hnorm, cat + t * 2 * E + E, 1, E, eps, c->stream);
-  }
+  cuda_mm_norm_pair(emb, cm->mtp_enorm, hd, cm->mtp_hnorm, cat, n, E, eps, c->stream);
 }
 
 static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0,
@@ -1356,8 +1366,9 @@ static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *
   c->pos = pos0;
 }
 
-/* Every launch and copy of one step (recorded, or issued directly without graphs). */
-static void sg_issue(model_session *s, int64_t n, int k) {
+/* Every launch and copy of one step (recorded, or issued directly without graphs); lazy: the
+ * accepted row's logits stay in sg_row. */
+static void sg_issue(model_session *s, int64_t n, int k, bool lazy) {
   cu_sess *c = s->dev;
   const model *m = s->m;
   const cu_model *cm = m->dev;
@@ -1379,12 +1390,12 @@ static void sg_issue(model_session *s, int64_t n, int k) {
     m->arch->ffn(s, l, c->x, nv);
   }
   mm_own(s, &cm->output, nv, c->h, E, c->logits, V);
-  for (int64_t i = 0; i < nv; i++) cuda_argmax(c->logits + i * V, V, c->sg_d + i, c->amax_scr, c->stream);
+  cuda_argmax_rows(c->logits, V, V, (int)nv, c->sg_d, c->amax_scr, c->stream);
   cuda_spec_accept(T + n + 1, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream);
   cuda_rt_d2h_async(c->sg_h, T + n + 1, (size_t)k * 4, c->stream);
   cuda_rt_d2h_async(c->sg_h + SG_AMAX, c->sg_d, (size_t)(SG_INTS - SG_AMAX) * 4, c->stream);
   cuda_rt_d2h_async(c->hid_h, c->x, (size_t)(nv * E) * 4, c->stream);
-  cuda_rt_d2h_async(c->logits_h, c->sg_row, (size_t)V * 4, c->stream);
+  if (!lazy) cuda_rt_d2h_async(c->logits_h, c->sg_row, (size_t)V * 4, c->stream);
   c->tok = tok0;
   c->pos = pos0;
 }
@@ -1419,18 +1430,20 @@ static int cu_spec_greedy(model_session *s, const int32_t *tok, const float *h, 
   for (int j = 0; j < k - 1; j++) c->pos_h[n + j] = (int32_t)(P + j);
   for (int i = 0; i <= k; i++) c->pos_h[n + k - 1 + i] = (int32_t)(P + i);
   memcpy(c->hin_h, h, (size_t)(n * E) * sizeof(float));
-  void **g = &c->sgraph[n - 1][k];
+  /* a greedy-only caller reads no logits: the accepted row stays on the device until fetched */
+  const bool lazy = logits && s->lazy_ok && s->lazy_allowed;
+  void **g = &c->sgraph[n - 1][k][lazy];
   if (*g) {
     rc = cuda_graph_launch(*g, c->stream, err, errlen);
   } else if (c->spec_graph && cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) {
-    sg_issue(s, n, k);
+    sg_issue(s, n, k, lazy);
     rc = cuda_graph_end(c->stream, g, err, errlen);
     if (!rc) {
       s->n_recorded++;
       rc = cuda_graph_launch(*g, c->stream, err, errlen);
     }
   } else {
-    sg_issue(s, n, k);
+    sg_issue(s, n, k, lazy);
   }
   if (!rc && cuda_rt_stream_sync(c->stream, err, errlen)) rc = FLOE_E_IO;
   if (!rc && (rc = cuda_rt_check("speculative step", err, errlen))) rc = FLOE_E_IO;
@@ -1445,7 +1458,13 @@ static int cu_spec_greedy(model_session *s, const int32_t *tok, const float *h, 
   for (int i = 0; i <= k; i++) amax[i] = c->sg_h[SG_AMAX + i];
   *acc = a;
   if (hidden) memcpy(hidden, c->hid_h, (size_t)((k + 1) * E) * sizeof(float));
-  if (logits) memcpy(logits, c->logits_h, (size_t)V * sizeof(float));
+  if (logits && lazy) {
+    s->lazy_dst = logits;
+    c->lazy_src = c->sg_row;
+    c->lazy_valid = true;
+  } else if (logits) {
+    memcpy(logits, c->logits_h, (size_t)V * sizeof(float));
+  }
   return 0;
 }
 
@@ -1477,6 +1496,7 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   if (c->want_greedy) s->greedy = c->greedy_h[0];
   if (c->lazy_to) { /* the logits row stays on the device until model_logits_sync */
     s->lazy_dst = c->lazy_to;
+    c->lazy_src = c->logits;
     c->lazy_valid = true;
   }
   return 0;
@@ -1487,7 +1507,7 @@ static int cu_logits_fetch(model_session *s, float *dst, char *err, size_t errle
   cu_sess *c = s->dev;
   if (!c->lazy_valid)
     return floe_err(err, errlen, FLOE_E_INVALID, "cuda: the deferred logits were overwritten before they were read");
-  return cuda_rt_d2h(dst, c->logits, (size_t)s->m->hp.n_vocab * sizeof(float), err, errlen) ? FLOE_E_IO : 0;
+  return cuda_rt_d2h(dst, c->lazy_src, (size_t)s->m->hp.n_vocab * sizeof(float), err, errlen) ? FLOE_E_IO : 0;
 }
 
 const model_backend model_backend_cuda = {

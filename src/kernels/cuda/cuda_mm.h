@@ -77,12 +77,13 @@ int cuda_mm_type_supported(uint32_t type, int64_t cols, const quant_mlx_fmt *mlx
 size_t cuda_mm_act_bytes(const cuda_mat *W);
 
 /* cuda_mm_matmul of a joined matrix (matrices stacked by rows) whose parts go to their own
- * buffers: rows [0, s1) to Y (ldy), [s1, s2) to Y2 (ldy2), [s2, rows) to Y3 (ldy3); s2 = rows:
- * two parts. One launch where the few-row kernels take the call (cuda_mm_set_few), else one
- * cuda_mm_matmul per part on a view of its rows: each output is cuda_mm_matmul's bits. */
+ * buffers: rows [0, s1) to Y (ldy), [s1, s2) to Y2 (ldy2), [s2, s3) to Y3 (ldy3), [s3, rows) to
+ * Y4 (ldy4); s3 = rows: three parts, s2 = s3 = rows: two. One launch where the few-row kernels
+ * take the call (cuda_mm_set_few), else one cuda_mm_matmul per part on a view of its rows: each
+ * output is cuda_mm_matmul's bits. */
 void cuda_mm_matmul_parts(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                           float *Y, int64_t ldy, int64_t s1, float *Y2, int64_t ldy2, int64_t s2, float *Y3,
-                          int64_t ldy3, void *stream);
+                          int64_t ldy3, int64_t s3, float *Y4, int64_t ldy4, void *stream);
 
 /* The decode step's router in one launch: logits[r] = W row r . x (cuda_mm_matmul with nb = 1 on
  * the float path: W F32 / F16 / BF16) for the NE expert rows and, when sh_id >= 0, one more row
@@ -100,6 +101,10 @@ int cuda_mm_router_route(const cuda_mat *W, const float *x, float *logits, int N
  * row t of y (h). W == NULL: the plain norm (cuda_ops.h's functions are these). */
 void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const float *w, float *y, int64_t n_rows,
                       int64_t n, float eps, void *xq, size_t xq_stride, void *stream);
+/* Two norms in one launch (the MTP's input): y row t (2n floats) = [rmsnorm(x1 row t) * w1 |
+ * rmsnorm(x2 row t) * w2], each half cuda_rmsnorm's bits. */
+void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y, int64_t n_rows,
+                       int64_t n, float eps, void *stream);
 void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
                          const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n,
                          void *xq, size_t xq_stride, void *stream);

@@ -178,6 +178,11 @@ void cuda_gdn_set_fused(int on);
  * half the rows a thread; FLOE_CUDA_GDN_STEP_NQ=4). The same bits either way. */
 void cuda_gdn_set_step_nq(int nq);
 void cuda_gdn_set_cols(int mode);
+/* Kept chunks (the MTP verify) of 2..16 rows in one launch (k_gdn_stepn: the conv, the
+ * recurrence and the gated norm): 2 (the default) with each value head's columns over a cluster
+ * of 32-column blocks, 1 with one block a head; 0 as k_gdn_conv then the recurrence
+ * (FLOE_CUDA_GDN_STEPN=0 / 1 / 2). The same bits. */
+void cuda_gdn_set_stepn(int mode);
 /* 1: one-token steps (not kept) as the conv, the recurrence with S's columns over several blocks
  * (cuda_gdn_set_cols' kernel) and the gated norm: three launches over 4x the blocks of
  * k_gdn_step1's one block per value head (whose 32 blocks read and write the state through 32 of
@@ -224,6 +229,10 @@ size_t cuda_argmax_scratch_bytes(int64_t n);
 /* *out = kern_argmax(x, n): the first index of the largest value, NaN never chosen, 0 when
  * nothing is larger than -inf. One launch (the last block to finish reduces). n < 2^31. */
 void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream);
+/* out[r] = kern_argmax(x + r * ld, n) for rows r < rows, in one launch; scratch of
+ * cuda_argmax_rows_scratch_bytes(n, rows) (zero once; it serves cuda_argmax over n too). */
+size_t cuda_argmax_rows_scratch_bytes(int64_t n, int rows);
+void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, void *scratch, void *stream);
 
 #ifdef __cplusplus
 }

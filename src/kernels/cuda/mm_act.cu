@@ -232,6 +232,33 @@ __global__ void __launch_bounds__(NORM_THREADS)
   else act_row(qa, qkind, xs, xs + n, xq + (size_t)row * xqs);
 }
 
+/* The MTP's input rows: y row t = [rmsnorm(x1 row t) * w1 | rmsnorm(x2 row t) * w2] (rows of n, y's
+ * of 2n), a block per half row: k_norm's loads and norm_row, so each half is k_norm's bits. */
+__global__ void __launch_bounds__(NORM_THREADS)
+    k_norm_pair(const float *__restrict__ x1, const float *__restrict__ w1, const float *__restrict__ x2,
+                const float *__restrict__ w2, float *__restrict__ y, int n, float eps, int sqoff) {
+  PDL_ENTER();
+  extern __shared__ float xs[];
+  float *sq = sqoff ? xs + sqoff : nullptr;
+  const int rs = sq_rs(n), h = blockIdx.x & 1;
+  const int64_t t = blockIdx.x >> 1;
+  const int tid = threadIdx.x, bs = blockDim.x;
+  const float *xr = (h ? x2 : x1) + t * n, *w = h ? w2 : w1;
+  float wr[NORM_PER];
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int i = tid + k * bs;
+    wr[k] = i < n ? w[i] : 0.0f;
+  }
+#pragma unroll 4
+  for (int i = tid; i < n; i += bs) {
+    const float v = xr[i];
+    xs[i] = v;
+    if (sq) sq_put(sq, rs, i, v);
+  }
+  norm_row(xs, sq, w, wr, y + (2 * t + h) * n, n, eps);
+}
+
 #define COMB_THREADS 512
 #define COMB_KB 12 /* MoE slots whose loads the register path issues together */
 
@@ -371,6 +398,14 @@ extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta
   const int sqoff = w && act2_on() ? sq_off(n, extra) : 0;
   pdl_launch(k_norm, dim3((unsigned)n_rows), dim3(NORM_THREADS), norm_smem(n, extra, sqoff), (cudaStream_t)stream, x,
              delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
+}
+
+extern "C" void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y,
+                                  int64_t n_rows, int64_t n, float eps, void *stream) {
+  if (n_rows <= 0) return;
+  const int sqoff = act2_on() ? sq_off(n, 0) : 0;
+  pdl_launch(k_norm_pair, dim3((unsigned)(2 * n_rows)), dim3(NORM_THREADS), norm_smem(n, 0, sqoff), (cudaStream_t)stream,
+             x1, w1, x2, w2, y, (int)n, eps, sqoff);
 }
 
 extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,

@@ -135,21 +135,23 @@ static cuda_mat rows_view(const cuda_mat *W, int64_t r0, int64_t r1) {
 
 void cuda_mm_matmul_parts(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                           float *Y, int64_t ldy, int64_t s1, float *Y2, int64_t ldy2, int64_t s2, float *Y3,
-                          int64_t ldy3, void *stream) {
+                          int64_t ldy3, int64_t s3, float *Y4, int64_t ldy4, void *stream) {
   if (nb <= 0 || W->rows <= 0) return;
   if (s2 < s1) s2 = s1;
   if (s2 > W->rows) s2 = W->rows;
+  if (s3 < s2) s3 = s2;
+  if (s3 > W->rows) s3 = W->rows;
   const KArgs a = mm_kargs(W);
   const cudaStream_t st = (cudaStream_t)stream;
-  const MMOut o = {{Y, Y2, Y3}, {ldy, ldy2, ldy3}, s1, s2};
+  const MMOut o = {{Y, Y2, Y3, Y4}, {ldy, ldy2, ldy3, ldy4}, s1, s2, s3};
   if (xq && cuda_mm_act_bytes(W) ? mm_k4_few_launch(a, nb, (const uint8_t *)xq, xq_stride, o, st) ||
                                        mm_q16_few_launch(a, nb, (const uint8_t *)xq, xq_stride, o, st)
                                  : mm_float_few_launch(a, nb, X, ldx, o, st))
     return;
-  const int64_t b[4] = {0, s1, s2, W->rows};
-  float *const y[3] = {Y, Y2, Y3};
-  const int64_t ld[3] = {ldy, ldy2, ldy3};
-  for (int p = 0; p < 3; p++) {
+  const int64_t b[5] = {0, s1, s2, s3, W->rows};
+  float *const y[4] = {Y, Y2, Y3, Y4};
+  const int64_t ld[4] = {ldy, ldy2, ldy3, ldy4};
+  for (int p = 0; p < 4; p++) {
     if (b[p + 1] <= b[p]) continue;
     const cuda_mat v = rows_view(W, b[p], b[p + 1]);
     cuda_mm_matmul(&v, nb, X, ldx, xq, xq_stride, y[p], ld[p], stream);

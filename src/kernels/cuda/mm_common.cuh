@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* floe's C headers, with C linkage (the system headers above are included first, outside) */
@@ -51,16 +52,19 @@ KArgs mm_kargs(const cuda_mat *W); /* mm_api.cu */
  * their own buffers, rows [0, s1) to y[0] (ld[0]), [s1, s2) to y[1] - s1, [s2, rows) to y[2] - s2
  * (a plain matmul: s1 = s2 = rows). */
 struct MMOut {
-  float *y[3];
-  int64_t ld[3];
-  int64_t s1, s2;
+  float *y[4];
+  int64_t ld[4];
+  int64_t s1, s2, s3;
 };
 /* a whole matrix's rows into Y (ldy apart) */
-inline MMOut mm_out_all(float *Y, int64_t ldy, int64_t rows) { return MMOut{{Y, Y, Y}, {ldy, ldy, ldy}, rows, rows}; }
+inline MMOut mm_out_all(float *Y, int64_t ldy, int64_t rows) {
+  return MMOut{{Y, Y, Y, Y}, {ldy, ldy, ldy, ldy}, rows, rows, rows};
+}
 __device__ __forceinline__ float *mm_out(const MMOut &o, int64_t b, int64_t r) {
   if (r < o.s1) return o.y[0] + b * o.ld[0] + r;
   if (r < o.s2) return o.y[1] + b * o.ld[1] + (r - o.s1);
-  return o.y[2] + b * o.ld[2] + (r - o.s2);
+  if (r < o.s3) return o.y[2] + b * o.ld[2] + (r - o.s2);
+  return o.y[3] + b * o.ld[3] + (r - o.s3);
 }
 /* The few-row kernels (k_k4wn for Q4_K / Q5_K with quantized rows, k_plainn for F32 / F16 / BF16,
  * and for the parts of a joined matrix k_q16 for the other quantized types), when they take this call (cuda_mm_set_few on, 2 <= nb <= their maximum); false: not launched. */
@@ -206,6 +210,24 @@ __device__ __forceinline__ int k4_min(const uint4 &h, int j) {
  * of a warp, a 128-byte line each at a time. */
 int mm_pf_on(void);
 int mm_few_on(void); /* cuda_mm_set_few / FLOE_CUDA_FEW (mm_k4.cu) */
+/* x blocks for g4 needed and gy block rows with at most cap blocks resident at once (cuda_mm_set_pf's
+ * test cap instead when set; g4 itself without prefetch or without a cap): the grid of kernels
+ * whose blocks loop over their work so that every block prefetches before the wait (mm_k4.cu) */
+unsigned mm_grid_capped(int64_t g4, unsigned gy, int cap);
+/* blocks of kernel k (threads a block) resident at once on this GPU; -1 when it cannot be asked */
+template <typename F>
+int mm_resident_blocks(F k, int threads) {
+  int dev = 0, nsm = 0, per = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, threads, 0) == cudaSuccess && nsm > 0 && per > 0)
+    return nsm * per;
+  return -1;
+}
+/* the integer value of environment variable name, dflt when it is unset or empty */
+static inline int mm_env_int(const char *name, int dflt) {
+  const char *e = getenv(name);
+  return e && e[0] ? atoi(e) : dflt;
+}
 __device__ __forceinline__ void mm_pf_l2(const uint8_t *p, size_t n, int lane) {
   for (size_t o = (size_t)lane * 128; o < n; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }

@@ -777,14 +777,8 @@ static int g_k4v = -1;
 
 void cuda_mm_set_k4v(int level) { g_k4v = level <= 0 ? 0 : level >= 3 ? 3 : level; }
 
-/* the integer value of environment variable name, dflt when it is unset or empty */
-static int env_int(const char *name, int dflt) {
-  const char *e = getenv(name);
-  return e && e[0] ? atoi(e) : dflt;
-}
-
 static int k4v_on(void) {
-  if (g_k4v < 0) cuda_mm_set_k4v(env_int("FLOE_CUDA_K4V", 2));
+  if (g_k4v < 0) cuda_mm_set_k4v(mm_env_int("FLOE_CUDA_K4V", 2));
   return g_k4v;
 }
 
@@ -796,7 +790,7 @@ static int g_k4w_pair = -1;
 void cuda_mm_set_k4w_pair(int on) { g_k4w_pair = on ? 1 : 0; }
 
 static int k4w_pair(void) {
-  if (g_k4w_pair < 0) cuda_mm_set_k4w_pair(env_int("FLOE_CUDA_K4W_PAIR", 1) == 1);
+  if (g_k4w_pair < 0) cuda_mm_set_k4w_pair(mm_env_int("FLOE_CUDA_K4W_PAIR", 1) == 1);
   return g_k4w_pair;
 }
 
@@ -807,7 +801,7 @@ static int g_k4s = -1;
 void cuda_mm_set_k4s(int on) { g_k4s = on ? 1 : 0; }
 
 static int k4s_on(void) {
-  if (g_k4s < 0) cuda_mm_set_k4s(env_int("FLOE_CUDA_K4S", 1) != 0);
+  if (g_k4s < 0) cuda_mm_set_k4s(mm_env_int("FLOE_CUDA_K4S", 1) != 0);
   return g_k4s;
 }
 
@@ -841,11 +835,7 @@ int mm_few_on(void) {
   return g_few;
 }
 
-namespace {
-
-/* x blocks for g4 needed and gy slots with at most cap blocks resident at once (the test hook's
- * cap instead when set) */
-unsigned grid_capped(int64_t g4, unsigned gy, int cap) {
+unsigned mm_grid_capped(int64_t g4, unsigned gy, int cap) {
   int64_t lim = g_pf_cap > 0 ? g_pf_cap : cap;
   if (!mm_pf_on() || lim <= 0) return (unsigned)g4;
   lim = lim / (int64_t)gy;
@@ -853,55 +843,48 @@ unsigned grid_capped(int64_t g4, unsigned gy, int cap) {
   return (unsigned)(g4 < lim ? g4 : lim);
 }
 
+namespace {
+
 /* k_k4w's x blocks for g4 needed (a block per 4 rows) and gy slots: without prefetch, g4; with it,
  * at most what is resident at once over all slots (so every block prefetches before the wait). */
-/* blocks of kernel k (128 threads) resident at once on this GPU; -1 when it cannot be asked */
-template <typename F>
-int resident_blocks(F k) {
-  int dev = 0, nsm = 0, per = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 128, 0) == cudaSuccess && nsm > 0 && per > 0)
-    return nsm * per;
-  return -1;
-}
 
 template <int T, int MODE, int NR = 1, bool V = false>
 unsigned k4w_grid(int64_t g4, unsigned gy) {
   static int cap = 0; /* per instantiation */
-  if (!cap) cap = resident_blocks(k_k4w<T, MODE, NR, V>);
-  return grid_capped(g4, gy, cap);
+  if (!cap) cap = mm_resident_blocks(k_k4w<T, MODE, NR, V>, 128);
+  return mm_grid_capped(g4, gy, cap);
 }
 
 /* k4w_grid for k_k4w2 */
 template <int T, bool V = false>
 unsigned k4w2_grid(int64_t g4) {
   static int cap = 0;
-  if (!cap) cap = resident_blocks(k_k4w2<T, V>);
-  return grid_capped(g4, 1, cap);
+  if (!cap) cap = mm_resident_blocks(k_k4w2<T, V>, 128);
+  return mm_grid_capped(g4, 1, cap);
 }
 
 /* k4w_grid for k_k4wn */
 template <int T, int NB, bool P = false>
 unsigned k4wn_grid(int64_t g4, unsigned gy) {
   static int cap = 0;
-  if (!cap) cap = resident_blocks(k_k4wn<T, NB, P>);
-  return grid_capped(g4, gy, cap);
+  if (!cap) cap = mm_resident_blocks(k_k4wn<T, NB, P>, 128);
+  return mm_grid_capped(g4, gy, cap);
 }
 
 /* k4w_grid for k_k4vn */
 template <int T, int NB>
 unsigned k4vn_grid(int64_t g4, unsigned gy) {
   static int cap = 0;
-  if (!cap) cap = resident_blocks(k_k4vn<T, NB>);
-  return grid_capped(g4, gy, cap);
+  if (!cap) cap = mm_resident_blocks(k_k4vn<T, NB>, 128);
+  return mm_grid_capped(g4, gy, cap);
 }
 
 /* k4w_grid for k_k4s */
 template <int T, int MODE, int G, bool QX = false, bool V = false>
 unsigned k4s_grid(int64_t g4, unsigned gy) {
   static int cap = 0;
-  if (!cap) cap = resident_blocks(k_k4s<T, MODE, G, QX, V>);
-  return grid_capped(g4, gy, cap);
+  if (!cap) cap = mm_resident_blocks(k_k4s<T, MODE, G, QX, V>, 128);
+  return mm_grid_capped(g4, gy, cap);
 }
 
 /* the pf argument: rows always; the whole matrix when it fits in L2; the expert ids of MM_DOWN

@@ -960,28 +960,13 @@ static int g_few_mma = -1, g_one_mma = -1;
 void cuda_mm_set_few_mma(int on) { g_few_mma = on ? 1 : 0; }
 void cuda_mm_set_one_mma(int on) { g_one_mma = on ? 1 : 0; }
 
-static int env_flag(const char *name, int dflt) {
-  const char *e = getenv(name);
-  return e && e[0] ? e[0] != '0' : dflt;
-}
-
 /* k_k4mn's blocks: one per 16-row tile, at most what is resident at once over the gy block rows
  * (each then loops over tiles, so that every block prefetches before the wait) */
 template <int T, int NW>
 static unsigned mn_grid(int64_t ntile, unsigned gy) {
   static int cap = 0; /* per instantiation */
-  if (!cap) {
-    int dev = 0, nsm = 0, per = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_k4mn<T, NW>, 32 * NW, 0) == cudaSuccess && per > 0)
-      cap = nsm * per;
-    else
-      cap = -1;
-  }
-  int64_t lim = cap > 0 ? cap / (int64_t)gy : ntile;
-  if (lim < 1) lim = 1;
-  return (unsigned)(ntile < lim ? ntile : lim);
+  if (!cap) cap = mm_resident_blocks(k_k4mn<T, NW>, 32 * NW);
+  return mm_grid_capped(ntile, gy, cap);
 }
 
 template <int T>
@@ -996,8 +981,8 @@ static void launch_mn(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, 
 }
 
 bool mm_mma_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
-  if (g_few_mma < 0) g_few_mma = env_flag("FLOE_CUDA_FEW_MMA", 1);
-  if (g_one_mma < 0) g_one_mma = env_flag("FLOE_CUDA_ONE_MMA", 0);
+  if (g_few_mma < 0) g_few_mma = mm_env_int("FLOE_CUDA_FEW_MMA", 1) != 0;
+  if (g_one_mma < 0) g_one_mma = mm_env_int("FLOE_CUDA_ONE_MMA", 0) != 0;
   if (nb < 1 || nb > 15 || !(nb == 1 ? g_one_mma : g_few_mma) || a.cols < 256 || a.cols % 256) return false;
   if (a.type == FLOE_TYPE_Q4_K) launch_mn<FLOE_TYPE_Q4_K>(a, nb, xq, xs, o, st);
   else if (a.type == FLOE_TYPE_Q5_K) launch_mn<FLOE_TYPE_Q5_K>(a, nb, xq, xs, o, st);

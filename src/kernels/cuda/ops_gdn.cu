@@ -30,6 +30,9 @@ extern "C" {
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+
 #define GDN_KMAX 8
 #define GDN_SR128 64 /* rows of S in registers at dk 128 */
 
@@ -688,6 +691,186 @@ static __global__ void __launch_bounds__(128 * NQ)
     }
 }
 
+/* ---- speculative verify: the conv and the recurrence of a kept chunk in one launch (k_gdn_stepn) ----
+ * A kept chunk of 2..GN_MAX rows (the MTP verify: 1 + k drafts) in k_gdn_step1's layout: blocks
+ * of one value head hv (blockIdx.x / G = kh * r + rank, as there), each over CB of its columns
+ * (SPLIT: G = ceil(dv / 32) blocks of 32 columns, eight threads a column, the G blocks one thread
+ * block cluster; else one block of all dv columns, NQ threads a column). Nothing is written in
+ * place, so no block waits on another's reads. Phase 1, k_gdn_conv's work for the block's
+ * channels (q | k of kh, v of its columns) over all rows: a thread per channel keeps the window in
+ * registers and walks the rows oldest first (k_gdn_conv's operations and order), writing row t's
+ * window into conv_keep[t]; then the L2 norms of each row's q and k (a warp per row and head, the
+ * sumsq16 order), q times dk^-0.5. Phase 2, k_gdn_recur2's token loop for every row with q / k /
+ * v / beta / decay already in shared memory, so a row's chain is the recurrence alone (no global
+ * load, no barrier); S after row t goes to S_keep[t]. Phase 3, each row's gated RMSNorm (a warp
+ * per row) over the head's dv outputs, which a split block first gathers from its cluster's
+ * shared memory. The same float operations in the same order as k_gdn_conv<true> +
+ * k_gdn_recur2<true>, which it replaces (test_cuda_ops' kept chunks check it bit for bit against
+ * single in-place rows; FLOE_CUDA_GDN_STEPN selects the form, 0 the two launches). q | k raw rows
+ * and windows are written by the head's rank 0 (its first column block), v ones by each block.
+ * KC: the conv width when it is 4 (every model's), else 0 (K at run time; the window then lives in
+ * local memory). */
+#define GN_MAX 16
+#define GN_CB 32 /* columns of a split block */
+
+template <int DK, int NQ, int KC, bool SPLIT>
+static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
+    k_gdn_stepn(const float *__restrict__ mix, const float *__restrict__ wt, const float *conv_g,
+                float *const *conv_p, float *const *conv_keep, float *__restrict__ raw, const float *__restrict__ z,
+                const float *__restrict__ b, const float *__restrict__ a, const float *__restrict__ dt_bias,
+                const float *__restrict__ ssm_a, const float *__restrict__ norm_w, const float *Sg,
+                const float *const *Sp, float *const *S_keep, float *__restrict__ o, int Nk, int Nv, int dv, int K,
+                int v_tiled, float eps, float qscale, int n) {
+  PDL_ENTER();
+  if (KC) K = KC; /* the conv width known at compile time: the window stays in registers */
+  if (conv_p) conv_g = *conv_p;
+  if (Sp) Sg = *Sp;
+  constexpr int dk = DK, H = DK / NQ, CPW = 32 / NQ;
+  __shared__ float qk[GN_MAX][2 * dk];
+  __shared__ float vs[GN_MAX][SPLIT ? GN_CB : 128];
+  __shared__ float os[GN_MAX][SPLIT ? GN_CB : 128];
+  __shared__ float s_beta[GN_MAX], s_decay[GN_MAX], s_rr[GN_MAX], s_rn[GN_MAX][2];
+  const int G = SPLIT ? (dv + GN_CB - 1) / GN_CB : 1, cg_ = SPLIT ? (int)blockIdx.x % G : 0;
+  const int hb = (int)blockIdx.x / G, r = Nv / Nk, kh = hb / r, rank = hb % r;
+  const int hv = v_tiled ? kh + rank * Nk : kh * r + rank;
+  const int c0 = cg_ * GN_CB, cb = SPLIT ? min(GN_CB, dv - c0) : dv; /* this block's columns [c0, c0 + cb) */
+  const int tid = threadIdx.x, lane = tid & 31, qi = lane / CPW, warp = tid >> 5, nwarp = blockDim.x >> 5;
+  const int jl = warp * CPW + lane % CPW, jj = c0 + jl; /* the column, local and in the head */
+  const bool col = jl < cb;
+  const bool head0 = rank == 0 && cg_ == 0; /* writes the q | k raw rows and windows */
+  const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
+  /* S's column first: its loads are in flight while the conv runs */
+  const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
+  float s[H], p[H];
+#pragma unroll
+  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
+  /* beta / decay inputs of row tid */
+  const float b_in = tid < n ? b[(int64_t)tid * Nv + hv] : 0.0f, a_in = tid < n ? a[(int64_t)tid * Nv + hv] : 0.0f;
+  const float A = ssm_a[hv], dtb = dt_bias[hv];
+  const int nch = 2 * dk + cb; /* conv channels: q | k of kh, v of the block's columns */
+  for (int u = tid; u < nch; u += blockDim.x) {
+    const int64_t ch = u < dk ? (int64_t)kh * dk + u
+                       : u < 2 * dk ? kd + (int64_t)kh * dk + (u - dk)
+                                    : 2 * kd + (int64_t)hv * dv + c0 + (u - 2 * dk);
+    float win[GDN_KMAX - 1], w[GDN_KMAX], m[GN_MAX];
+#pragma unroll
+    for (int q = 0; q < GDN_KMAX; q++) {
+      w[q] = q < K ? wt[(int64_t)q * C + ch] : 0.0f;
+      if (q < GDN_KMAX - 1) win[q] = q < K - 1 ? conv_g[(int64_t)q * C + ch] : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < GN_MAX; t++) m[t] = t < n ? mix[(int64_t)t * C + ch] : 0.0f;
+    float wl = w[0];
+#pragma unroll
+    for (int q = 1; q < GDN_KMAX; q++)
+      if (q == K - 1) wl = w[q];
+    const bool wr = u >= 2 * dk || head0; /* this block writes the channel's raw rows and windows */
+#pragma unroll
+    for (int t = 0; t < GN_MAX; t++) {
+      if (t >= n) continue;
+      float c = 0.0f;
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++)
+        if (q < K - 1) c = __fadd_rn(c, __fmul_rn(w[q], win[q]));
+      c = floe_siluf(__fadd_rn(c, __fmul_rn(wl, m[t])));
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 2; q++)
+        if (q < K - 2) win[q] = win[q + 1];
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++)
+        if (q == K - 2) win[q] = m[t];
+      if (u < 2 * dk) qk[t][u] = c;
+      else {
+        vs[t][u - 2 * dk] = c;
+        raw[(int64_t)t * C + ch] = c;
+      }
+      if (wr) {
+        float *kt = conv_keep[t];
+#pragma unroll
+        for (int q = 0; q < GDN_KMAX - 1; q++)
+          if (q < K - 1) kt[(int64_t)q * C + ch] = win[q];
+      }
+    }
+  }
+  if (tid < n) {
+    s_beta[tid] = floe_sigmoidf(b_in);
+    s_decay[tid] = gdn_expf(__fmul_rn(A, gdn_softplus(__fadd_rn(a_in, dtb))));
+  }
+  __syncthreads();
+  for (int h = warp; h < 2 * n; h += nwarp) { /* the L2 norms of row h / 2's q (h even) and k */
+    const float ss = ops_sumsq16_warp(&qk[h >> 1][(h & 1) * dk], dk);
+    if (lane == 0) s_rn[h >> 1][h & 1] = 1.0f / sqrtf(__fadd_rn(ss, 1e-6f));
+  }
+  __syncthreads();
+  for (int e = tid; e < n * 2 * dk; e += blockDim.x) {
+    const int t = e / (2 * dk), u = e % (2 * dk);
+    const float c = qk[t][u];
+    const float y = u < dk ? __fmul_rn(__fmul_rn(c, s_rn[t][0]), qscale) : __fmul_rn(c, s_rn[t][1]);
+    qk[t][u] = y;
+    if (head0) raw[(int64_t)t * C + (u < dk ? (int64_t)kh * dk + u : kd + (int64_t)kh * dk + (u - dk))] = y;
+  }
+  const float wn = col ? norm_w[jj] : 0.0f;
+  float zz[GN_MAX]; /* silu(z)'s inputs of the column's rows, loaded ahead */
+#pragma unroll
+  for (int t = 0; t < GN_MAX; t++) zz[t] = col && qi == NQ - 1 && t < n ? z[(int64_t)t * vd + (int64_t)hv * dv + jj] : 0.0f;
+  __syncthreads();
+  /* k_gdn_recur2's token loop; each column's rows alone, no barrier */
+  for (int t = 0; t < n; t++) {
+    const float beta = s_beta[t], decay = s_decay[t], vv = col ? vs[t][jl] : 0.0f;
+    const float *q = qk[t], *k = qk[t] + dk;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+      s[i] = __fmul_rn(s[i], decay);
+      p[i] = __fmul_rn(s[i], k[gq_row<NQ>(qi, i)]);
+    }
+    const float kv = gq_chain<NQ, H>(p, qi);
+    const float delta = __fmul_rn(__fsub_rn(vv, kv), beta);
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+      s[i] = __fadd_rn(s[i], __fmul_rn(k[gq_row<NQ>(qi, i)], delta));
+      p[i] = __fmul_rn(s[i], q[gq_row<NQ>(qi, i)]);
+    }
+    const float oo = gq_chain<NQ, H>(p, qi);
+    if (qi == NQ - 1 && col) os[t][jl] = oo;
+    if (col) {
+      float *Kt = S_keep[t];
+#pragma unroll
+      for (int i = 0; i < H; i++) Kt[so + (int64_t)gq_row<NQ>(qi, i) * dv] = s[i];
+    }
+  }
+  if (SPLIT && G > 1) {
+    /* the head's dv outputs of every row from the cluster's blocks (block rank c holds columns
+     * [32 c, 32 c + 32)), then the norm as below; reuses vs (its values were read above) */
+    __shared__ float full[GN_MAX][128];
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync(); /* every block's os written */
+    for (int e = tid; e < n * dv; e += blockDim.x) {
+      const int t = e / dv, j = e % dv;
+      const float *ro = cl.map_shared_rank(&os[0][0], (unsigned)(j / GN_CB));
+      full[t][j] = ro[t * GN_CB + j % GN_CB];
+    }
+    cl.sync(); /* every block has read the others' os (none exits while it is read) */
+    for (int t = warp; t < n; t += nwarp) {
+      const float ss = ops_sumsq16_warp(full[t], dv);
+      if (lane == 0) s_rr[t] = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
+    }
+  } else {
+    __syncthreads();
+    for (int t = warp; t < n; t += nwarp) {
+      const float ss = ops_sumsq16_warp(os[t], dv);
+      if (lane == 0) s_rr[t] = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
+    }
+  }
+  __syncthreads();
+  if (col && qi == NQ - 1)
+#pragma unroll
+    for (int t = 0; t < GN_MAX; t++) {
+      if (t >= n) continue;
+      o[(int64_t)t * vd + (int64_t)hv * dv + jj] =
+          __fmul_rn(__fmul_rn(wn, __fmul_rn(os[t][jl], s_rr[t])), floe_siluf(zz[t]));
+    }
+}
+
 /* ---- prefill: k_gdn_recur2's columns split over several blocks (k_gdn_recur_cols) ----
  * The columns of S are independent in the recurrence: only the gated RMSNorm of the output mixes
  * them. k_gdn_recur2 runs a block per value head (32 blocks for the 35B-A3B shape, 32 of the
@@ -1183,12 +1366,79 @@ static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
   return r == 1 || g_cluster_ok == 1;
 }
 
+/* kept chunks of 2..GN_MAX rows: 2 through k_gdn_stepn with each head's columns over a cluster of
+ * 32-column blocks (the default), 1 with one block a head, 0 as k_gdn_conv then the recurrence;
+ * -1: from FLOE_CUDA_GDN_STEPN (0 / 1 / 2) */
+static int g_gdn_stepn = -1;
+
+extern "C" void cuda_gdn_set_stepn(int mode) { g_gdn_stepn = mode < 0 || mode > 2 ? 2 : mode; }
+
+static int gdn_stepn_mode(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
+  if (g_gdn_stepn < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_STEPN");
+    g_gdn_stepn = e && e[0] >= '0' && e[0] <= '2' && !e[1] ? e[0] - '0' : 2;
+  }
+  if (g_gdn_impl < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN2");
+    g_gdn_impl = !(e && e[0] == '0');
+  }
+  if (!keep || n_tok < 2 || n_tok > GN_MAX || g_gdn_impl != 1 || (sh->dk != 128 && sh->dk != 64) || sh->dv > 128)
+    return 0;
+  if (g_gdn_stepn == 2 && sh->dv > GN_CB) { /* a cluster of the head's column blocks */
+    gdn_cluster_query();
+    if (g_cluster_ok != 1) return 1;
+  }
+  return g_gdn_stepn;
+}
+
 static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
                             float *const *conv_p, float *const *conv_keep, float *raw, const float *z,
                             const float *b, const float *a, const float *dt_bias, const float *ssm_a,
                             const float *norm_w, float *S, float *const *Sp, float *const *S_keep, float *o,
                             int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
+  const int sn = conv_keep ? gdn_stepn_mode(sh, n_tok, S_keep != NULL) : 0;
+  if (sn) {
+    const int nq = sn == 2 ? 8 : gdn_step_nq(), G = sn == 2 ? (sh->dv + GN_CB - 1) / GN_CB : 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(sh->Nv * G));
+    cfg.blockDim = dim3(sn == 2 ? GN_CB * 8 : (sh->dv + 32 / nq - 1) / (32 / nq) * 32);
+    cfg.stream = OPS_STREAM(stream);
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (G > 1) { /* the column blocks of a head in one cluster (the norm's gather) */
+      at[na].id = cudaLaunchAttributeClusterDimension;
+      at[na].val.clusterDim.x = (unsigned)G;
+      at[na].val.clusterDim.y = 1;
+      at[na].val.clusterDim.z = 1;
+      na++;
+    }
+    if (cuda_rt_pdl()) {
+      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[na].val.programmaticStreamSerializationAllowed = 1;
+      na++;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = (unsigned)na;
+    const bool k4 = sh->conv_k == 4;
+    void (*kern)(const float *, const float *, const float *, float *const *, float *const *, float *, const float *,
+                 const float *, const float *, const float *, const float *, const float *, const float *,
+                 const float *const *, float *const *, float *, int, int, int, int, int, float, float, int);
+    if (sn == 2) {
+      if (sh->dk == 128) kern = k4 ? k_gdn_stepn<128, 8, 4, true> : k_gdn_stepn<128, 8, 0, true>;
+      else kern = k4 ? k_gdn_stepn<64, 8, 4, true> : k_gdn_stepn<64, 8, 0, true>;
+    } else if (sh->dk == 128) {
+      if (nq == 4) kern = k4 ? k_gdn_stepn<128, 4, 4, false> : k_gdn_stepn<128, 4, 0, false>;
+      else kern = k4 ? k_gdn_stepn<128, 2, 4, false> : k_gdn_stepn<128, 2, 0, false>;
+    } else {
+      if (nq == 4) kern = k4 ? k_gdn_stepn<64, 4, 4, false> : k_gdn_stepn<64, 4, 0, false>;
+      else kern = k4 ? k_gdn_stepn<64, 2, 4, false> : k_gdn_stepn<64, 2, 0, false>;
+    }
+    cudaLaunchKernelEx(&cfg, kern, mix, conv_wt, (const float *)conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias,
+                       ssm_a, norm_w, (const float *)S, (const float *const *)Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv,
+                       sh->conv_k, sh->v_tiled, sh->eps, (float)(1.0 / sqrt((double)sh->dk)), (int)n_tok);
+    return;
+  }
   if (!gdn_fused_fits(sh, n_tok, S_keep != NULL)) {
     gdn_conv_launch(sh, mix, conv_wt, conv_state, conv_p, conv_keep, raw, n_tok, stream);
     gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, S, Sp, S_keep, o, n_tok, stream);

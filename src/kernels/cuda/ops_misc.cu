@@ -125,10 +125,17 @@ static __device__ __forceinline__ unsigned long long block_max_u64(unsigned long
   return k;
 }
 
+/* row blockIdx.y of x (rows ld apart) in its own region of the scratch, gridDim.x + 1 8-byte words
+ * from word row * (gridDim.x + 1): the counter, then its blocks' maxima (row 0's region is a
+ * one-row launch's: the layouts share the scratch) */
 static __global__ void __launch_bounds__(AMAX_THREADS)
-    k_argmax(const float *x, int64_t n, int32_t *out, unsigned long long *part, unsigned int *cnt) {
+    k_argmax(const float *x, int64_t ld, int64_t n, int32_t *out, unsigned long long *scr) {
   PDL_ENTER();
   __shared__ bool last;
+  const int row = blockIdx.y;
+  x += (int64_t)row * ld;
+  unsigned int *cnt = (unsigned int *)(scr + (int64_t)row * (gridDim.x + 1));
+  unsigned long long *part = scr + (int64_t)row * (gridDim.x + 1) + 1;
   unsigned long long best = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const unsigned long long k = amax_key(x[i], (uint32_t)i);
@@ -150,15 +157,22 @@ static __global__ void __launch_bounds__(AMAX_THREADS)
   }
   best = block_max_u64(best);
   if (threadIdx.x == 0) {
-    *out = best ? (int32_t)(0xFFFFFFFFu - (uint32_t)best) : 0;
+    out[row] = best ? (int32_t)(0xFFFFFFFFu - (uint32_t)best) : 0;
     *cnt = 0;
   }
 }
 
+extern "C" size_t cuda_argmax_rows_scratch_bytes(int64_t n, int rows) {
+  return (size_t)(rows > 1 ? rows : 1) * ((size_t)amax_blocks(n) * 8 + 8);
+}
+
+extern "C" void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, void *scratch,
+                                 void *stream) {
+  if (n <= 0 || rows <= 0) return;
+  pdl_launch(k_argmax, dim3(amax_blocks(n), rows), dim3(AMAX_THREADS), (size_t)(0), OPS_STREAM(stream), x, ld, n, out,
+             (unsigned long long *)scratch);
+}
+
 extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream) {
-  if (n <= 0) return;
-  const int nb = amax_blocks(n);
-  /* the counter first: its place must not depend on n */
-  unsigned long long *part = (unsigned long long *)scratch + 1;
-  pdl_launch(k_argmax, dim3(nb), dim3(AMAX_THREADS), (size_t)(0), OPS_STREAM(stream), x, n, out, part, (unsigned int *)scratch);
+  cuda_argmax_rows(x, n, n, 1, out, scratch, stream);
 }
