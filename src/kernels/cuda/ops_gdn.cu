@@ -1391,6 +1391,31 @@ static int gdn_stepn_mode(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
   return g_gdn_stepn;
 }
 
+/* A launch of grid x block threads on stream with programmatic dependent launch (where on) and,
+ * when cluster > 1, clusters of that many consecutive blocks; at: the attributes' storage. */
+static cudaLaunchConfig_t gdn_cfg(unsigned grid, int block, int cluster, void *stream, cudaLaunchAttribute at[2]) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3((unsigned)block);
+  cfg.stream = OPS_STREAM(stream);
+  int na = 0;
+  if (cluster > 1) {
+    at[na].id = cudaLaunchAttributeClusterDimension;
+    at[na].val.clusterDim.x = (unsigned)cluster;
+    at[na].val.clusterDim.y = 1;
+    at[na].val.clusterDim.z = 1;
+    na++;
+  }
+  if (cuda_rt_pdl()) {
+    at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[na].val.programmaticStreamSerializationAllowed = 1;
+    na++;
+  }
+  cfg.attrs = at;
+  cfg.numAttrs = (unsigned)na;
+  return cfg;
+}
+
 static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
                             float *const *conv_p, float *const *conv_keep, float *raw, const float *z,
                             const float *b, const float *a, const float *dt_bias, const float *ssm_a,
@@ -1400,26 +1425,10 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   const int sn = conv_keep ? gdn_stepn_mode(sh, n_tok, S_keep != NULL) : 0;
   if (sn) {
     const int nq = sn == 2 ? 8 : gdn_step_nq(), G = sn == 2 ? (sh->dv + GN_CB - 1) / GN_CB : 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(sh->Nv * G));
-    cfg.blockDim = dim3(sn == 2 ? GN_CB * 8 : (sh->dv + 32 / nq - 1) / (32 / nq) * 32);
-    cfg.stream = OPS_STREAM(stream);
     cudaLaunchAttribute at[2];
-    int na = 0;
-    if (G > 1) { /* the column blocks of a head in one cluster (the norm's gather) */
-      at[na].id = cudaLaunchAttributeClusterDimension;
-      at[na].val.clusterDim.x = (unsigned)G;
-      at[na].val.clusterDim.y = 1;
-      at[na].val.clusterDim.z = 1;
-      na++;
-    }
-    if (cuda_rt_pdl()) {
-      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      at[na].val.programmaticStreamSerializationAllowed = 1;
-      na++;
-    }
-    cfg.attrs = at;
-    cfg.numAttrs = (unsigned)na;
+    /* the column blocks of a head in one cluster (the norm's gather) */
+    cudaLaunchConfig_t cfg = gdn_cfg((unsigned)(sh->Nv * G),
+                                     sn == 2 ? GN_CB * 8 : (sh->dv + 32 / nq - 1) / (32 / nq) * 32, G, stream, at);
     const bool k4 = sh->conv_k == 4;
     void (*kern)(const float *, const float *, const float *, float *const *, float *const *, float *, const float *,
                  const float *, const float *, const float *, const float *, const float *, const float *,
@@ -1444,28 +1453,10 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
     gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, S, Sp, S_keep, o, n_tok, stream);
     return;
   }
-  const int r = sh->Nv / sh->Nk;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(sh->Nv);
-  const int nq = gdn_step_nq();
-  cfg.blockDim = dim3((sh->dv + 32 / nq - 1) / (32 / nq) * 32);
-  cfg.stream = OPS_STREAM(stream);
+  const int r = sh->Nv / sh->Nk, nq = gdn_step_nq();
   cudaLaunchAttribute at[2];
-  int na = 0;
-  if (r > 1) { /* the value heads of a key head in one cluster (k_gdn_step1) */
-    at[na].id = cudaLaunchAttributeClusterDimension;
-    at[na].val.clusterDim.x = (unsigned)r;
-    at[na].val.clusterDim.y = 1;
-    at[na].val.clusterDim.z = 1;
-    na++;
-  }
-  if (cuda_rt_pdl()) {
-    at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[na].val.programmaticStreamSerializationAllowed = 1;
-    na++;
-  }
-  cfg.attrs = at;
-  cfg.numAttrs = (unsigned)na;
+  /* the value heads of a key head in one cluster (k_gdn_step1) */
+  const cudaLaunchConfig_t cfg = gdn_cfg((unsigned)sh->Nv, (sh->dv + 32 / nq - 1) / (32 / nq) * 32, r, stream, at);
   cudaLaunchKernelEx(&cfg, sh->dk == 128 ? (nq == 4 ? k_gdn_step1<128, 4> : k_gdn_step1<128, 2>)
                                           : (nq == 4 ? k_gdn_step1<64, 4> : k_gdn_step1<64, 2>), mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
                      norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
