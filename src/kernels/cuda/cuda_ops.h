@@ -230,7 +230,9 @@ size_t cuda_argmax_scratch_bytes(int64_t n);
  * nothing is larger than -inf. One launch (the last block to finish reduces). n < 2^31. */
 void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream);
 /* out[r] = kern_argmax(x + r * ld, n) for rows r < rows, in one launch; scratch of
- * cuda_argmax_rows_scratch_bytes(n, rows) (zero once; it serves cuda_argmax over n too). */
+ * cuda_argmax_rows_scratch_bytes(n, rows) (zero once; it serves cuda_argmax over n too). Every
+ * launch on one scratch uses the same n: row r's counter lies after rows 0..r-1's maxima, whose
+ * count depends on n (row 0's counter, word 0, does not). */
 size_t cuda_argmax_rows_scratch_bytes(int64_t n, int rows);
 void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, void *scratch, void *stream);
 
