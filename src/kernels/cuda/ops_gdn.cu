@@ -840,7 +840,9 @@ static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
   }
   if (SPLIT && G > 1) {
     /* the head's dv outputs of every row from the cluster's blocks (block rank c holds columns
-     * [32 c, 32 c + 32)), then the norm as below; reuses vs (its values were read above) */
+     * [32 c, 32 c + 32)), then the norm as below. Clusters are sm_90's: before it the host never
+     * launches this form with G > 1 (gdn_stepn_mode) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float full[GN_MAX][128];
     cg::cluster_group cl = cg::this_cluster();
     cl.sync(); /* every block's os written */
@@ -854,6 +856,9 @@ static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
       const float ss = ops_sumsq16_warp(full[t], dv);
       if (lane == 0) s_rr[t] = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
     }
+#else
+    __trap();
+#endif
   } else {
     __syncthreads();
     for (int t = warp; t < n; t += nwarp) {
