@@ -1218,6 +1218,15 @@ static int g_gdn_impl = -1; /* 1: k_gdn_recur2 where it applies; 0: k_gdn_recur;
 
 extern "C" void cuda_gdn_set_impl(int two) { g_gdn_impl = two ? 1 : 0; }
 
+/* true where k_gdn_recur2 and the kernels of its layout apply (g_gdn_impl, from FLOE_CUDA_GDN2 at the first call) */
+static bool gdn2_on(void) {
+  if (g_gdn_impl < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN2");
+    g_gdn_impl = !(e && e[0] == '0');
+  }
+  return g_gdn_impl == 1;
+}
+
 /* Prefill chunks (not kept) where k_gdn_recur2 applies: 7 = k_gdn_recur_cols3 (chunked cp.async
  * loads) with 8 threads a column and 16 columns a block + k_gdn_gnorm (the default: on the H200
  * the 35B-A3B shape's 4096-token prefill 7837-8063 -> 8225-8324 tok/s against 6, alternated in one
@@ -1256,11 +1265,7 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
                              const float *a, const float *dt_bias, const float *ssm_a, const float *norm_w, float *S,
                              float *const *Sp, float *const *keep, float *o, int64_t n_tok, void *stream) {
   if (n_tok <= 0) return;
-  if (g_gdn_impl < 0) {
-    const char *e = getenv("FLOE_CUDA_GDN2");
-    g_gdn_impl = !(e && e[0] == '0');
-  }
-  if (g_gdn_impl == 1 && gdn_cols_mode() > 0 && !keep && (n_tok > 1 || gdn_dec_cols_on()) && n_tok <= 65535 &&
+  if (gdn2_on() && gdn_cols_mode() > 0 && !keep && (n_tok > 1 || gdn_dec_cols_on()) && n_tok <= 65535 &&
       sh->dk == 128 && sh->dv <= 128) {
     const dim3 grid(sh->Nv, (sh->dv + G2_COLS - 1) / G2_COLS);
     if (g_gdn_cols == 7)
@@ -1285,7 +1290,7 @@ static void gdn_recur_launch(const cuda_gdn_shape *sh, const float *raw, const f
                norm_w, sh->Nv, sh->dv, sh->eps);
     return;
   }
-  if (g_gdn_impl == 1 && (sh->dk == 128 || sh->dk == 64) && sh->dv <= 128) {
+  if (gdn2_on() && (sh->dk == 128 || sh->dk == 64) && sh->dv <= 128) {
     const dim3 grid(sh->Nv), block((sh->dv + 15) / 16 * 32);
 #define GDN2_CASE(D, KP)                                                                                        \
   pdl_launch(k_gdn_recur2<D, KP>, grid, block, (size_t)0, OPS_STREAM(stream), raw, z, b, a, dt_bias, ssm_a, norm_w, \
@@ -1358,12 +1363,8 @@ static bool gdn_fused_fits(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
     const char *e = getenv("FLOE_CUDA_GDN_FUSED");
     g_gdn_fused = !(e && e[0] == '0');
   }
-  if (g_gdn_impl < 0) {
-    const char *e = getenv("FLOE_CUDA_GDN2");
-    g_gdn_impl = !(e && e[0] == '0');
-  }
   const int r = sh->Nv / sh->Nk;
-  if (n_tok != 1 || g_gdn_fused != 1 || g_gdn_impl != 1 || (sh->dk != 128 && sh->dk != 64) || sh->dv > 128 ||
+  if (n_tok != 1 || g_gdn_fused != 1 || !gdn2_on() || (sh->dk != 128 && sh->dk != 64) || sh->dv > 128 ||
       r > G1_CLUSTER_MAX)
     return false;
   if (!keep && gdn_dec_cols_on() && gdn_cols_mode() > 0) return false; /* the column-split recurrence instead */
@@ -1383,11 +1384,7 @@ static int gdn_stepn_mode(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
     const char *e = getenv("FLOE_CUDA_GDN_STEPN");
     g_gdn_stepn = e && e[0] >= '0' && e[0] <= '2' && !e[1] ? e[0] - '0' : 2;
   }
-  if (g_gdn_impl < 0) {
-    const char *e = getenv("FLOE_CUDA_GDN2");
-    g_gdn_impl = !(e && e[0] == '0');
-  }
-  if (!keep || n_tok < 2 || n_tok > GN_MAX || g_gdn_impl != 1 || (sh->dk != 128 && sh->dk != 64) || sh->dv > 128)
+  if (!keep || n_tok < 2 || n_tok > GN_MAX || !gdn2_on() || (sh->dk != 128 && sh->dk != 64) || sh->dv > 128)
     return 0;
   if (g_gdn_stepn == 2 && sh->dv > GN_CB) { /* a cluster of the head's column blocks */
     gdn_cluster_query();
@@ -1395,6 +1392,9 @@ static int gdn_stepn_mode(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
   }
   return g_gdn_stepn;
 }
+
+/* threads of a block over all dv columns of a value head, nq threads a column (whole warps) */
+static int gdn_head_threads(int dv, int nq) { return (dv + 32 / nq - 1) / (32 / nq) * 32; }
 
 /* A launch of grid x block threads on stream with programmatic dependent launch (where on) and,
  * when cluster > 1, clusters of that many consecutive blocks; at: the attributes' storage. */
@@ -1433,7 +1433,7 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
     cudaLaunchAttribute at[2];
     /* the column blocks of a head in one cluster (the norm's gather) */
     cudaLaunchConfig_t cfg = gdn_cfg((unsigned)(sh->Nv * G),
-                                     sn == 2 ? GN_CB * 8 : (sh->dv + 32 / nq - 1) / (32 / nq) * 32, G, stream, at);
+                                     sn == 2 ? GN_CB * 8 : gdn_head_threads(sh->dv, nq), G, stream, at);
     const bool k4 = sh->conv_k == 4;
     void (*kern)(const float *, const float *, const float *, float *const *, float *const *, float *, const float *,
                  const float *, const float *, const float *, const float *, const float *, const float *,
@@ -1461,7 +1461,7 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   const int r = sh->Nv / sh->Nk, nq = gdn_step_nq();
   cudaLaunchAttribute at[2];
   /* the value heads of a key head in one cluster (k_gdn_step1) */
-  const cudaLaunchConfig_t cfg = gdn_cfg((unsigned)sh->Nv, (sh->dv + 32 / nq - 1) / (32 / nq) * 32, r, stream, at);
+  const cudaLaunchConfig_t cfg = gdn_cfg((unsigned)sh->Nv, gdn_head_threads(sh->dv, nq), r, stream, at);
   cudaLaunchKernelEx(&cfg, sh->dk == 128 ? (nq == 4 ? k_gdn_step1<128, 4> : k_gdn_step1<128, 2>)
                                           : (nq == 4 ? k_gdn_step1<64, 4> : k_gdn_step1<64, 2>), mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
                      norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
