@@ -26,7 +26,7 @@
 #   tier80    the 80B shape (removes the 35B file) with --gpu-mem $TIER80_MEM
 #   stream80  the 80B streamed (--mem-budget + --gpu-mem): read-ahead by the router vs the previous token
 #   gridsync  bench/bench_cuda_grid.cu: grid barriers and phased reads in one cooperative launch
-#   attnpipe  one decode attention launch at several KV with each tile loop (FLOE_CUDA_ATTN_PIPE)
+#   attnpipe  one decode attention launch at several KV, the pipelined tile loop vs three phases a tile
 #   vram35    vram_used_bytes and the tier cost model's rates, resident and with --gpu-mem
 #   tiergraph tiered decode as recorded graph segments vs eager steps (FLOE_CUDA_TIER_GRAPH=0), alternated
 #   tier397   the Qwen3.5-397B-A17B shape cut to L397 layers (default 12, ~44 GB: the disk holds
@@ -614,14 +614,13 @@ sec_ncuattn() {
   done
   return $rc
 }
-# attnpipe: one decode attention launch (bench_cuda_ops attn KV 66 8) at each KV of PIPE_KV with each
-# tile loop of PIPE_VALS (FLOE_CUDA_ATTN_PIPE: 2 = K two tiles ahead, 1 = one, 0 = three phases a
-# tile), PIPE_R rounds alternated
+# attnpipe: one decode attention launch (bench_cuda_ops attn KV 66 8) at each KV of PIPE_KV with the
+# pipelined tile loop and without (FLOE_CUDA_ATTN_PIPE=1 / 0), PIPE_R rounds alternated
 sec_attnpipe() {
   local kv p r rc=0
   for kv in ${PIPE_KV:-1 1024 8192 32768 131072}; do
     for r in $(seq 1 "${PIPE_R:-2}"); do
-      for p in ${PIPE_VALS:-2 1 0}; do
+      for p in 1 0; do
         FLOE_CUDA_ATTN_PIPE=$p timeout 30 "$BUILD/bin/bench_cuda_ops" attn "$kv" 66 8 | grep attn | sed "s/^/pipe $p: /" || rc=1
       done
     done

@@ -93,10 +93,9 @@ int cuda_attn_mma(void);
 /* The tensor-core kernel's query rows a block in launches of >= 16 rows: 2 = 32 (the default: K/V
  * tiles read once for twice the rows), 1 = 16. The same bits; FLOE_CUDA_ATTN_MT=1 at setup. */
 void cuda_attn_set_mt(int mt);
-/* launches of one m16 tile of k_attn_tc: 2 = the pipelined tile loop with K two tiles ahead (the
- * default where the device lets a block have the shared memory, else 1), 1 = the pipelined tile loop,
- * 0 = three phases a tile; the same bits (FLOE_CUDA_ATTN_PIPE=1 / 0) */
-void cuda_attn_set_pipe(int pipe);
+/* launches of one m16 tile of k_attn_tc: 1 = the pipelined tile loop (the default), 0 = three phases a
+ * tile; the same bits (FLOE_CUDA_ATTN_PIPE=0) */
+void cuda_attn_set_pipe(int on);
 /* 1 when a launch of n_tok rows runs the row-group kernel (its scratch is the same size) */
 int cuda_attn_rows_used(int64_t n_tok);
 /* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once.

@@ -1016,19 +1016,14 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
 static __host__ __device__ constexpr int atc_rb(int hd) { return (hd + 8) * 2; } /* staged K/V row, bytes */
 static __host__ __device__ constexpr int atc_nkw(int hd) { return hd / 16 < 8 ? hd / 16 : 8; } /* warps with k-chunks */
 static __host__ __device__ constexpr int atc_kcw(int hd) { return hd / 16 < 8 ? 1 : hd / 128; } /* k-chunks a warp */
-/* K/V tile buffers of a pipeline form: 2 stages of K and V (pipe 0 / 1), or 3 of K and 2 of V
- * (pipe 2: two K tiles in flight while one is computed) */
-static __host__ __device__ constexpr int atc_bufs(int pipe) { return pipe == 2 ? 5 : 2 * ATC_ST; }
 /* the stages, reused by the combine (atr_finish: 2 x QR x ATT_MAX_SPLIT floats) */
-static __host__ __device__ constexpr size_t atc_stage_bytes(int hd, int mt, int pipe) {
-  return atr_max((size_t)atc_bufs(pipe) * ATC_TP * atc_rb(hd), (size_t)2 * ATC_QR * mt * ATT_MAX_SPLIT * 4);
+static __host__ __device__ constexpr size_t atc_stage_bytes(int hd, int mt) {
+  return atr_max((size_t)ATC_ST * 2 * ATC_TP * atc_rb(hd), (size_t)2 * ATC_QR * mt * ATT_MAX_SPLIT * 4);
 }
 /* MT m16 tiles of query rows a block */
-static __host__ __device__ constexpr size_t atc_smem(int hd, int mt, int pipe) {
-  return atc_stage_bytes(hd, mt, pipe) + (size_t)atc_nkw(hd) * ATC_QR * mt * ATC_SS * 4 +
-         (size_t)3 * ATC_QR * mt * ATC_PS * 2;
+static __host__ __device__ constexpr size_t atc_smem(int hd, int mt) {
+  return atc_stage_bytes(hd, mt) + (size_t)atc_nkw(hd) * ATC_QR * mt * ATC_SS * 4 + (size_t)3 * ATC_QR * mt * ATC_PS * 2;
 }
-
 
 /* x = t[0] + t[1] + t[2] exactly, in bfloat16 (t[k] the rounded rest of x after the terms before) */
 static __device__ __forceinline__ void atc_split3(float x, uint32_t *t) {
@@ -1062,7 +1057,7 @@ static __device__ __forceinline__ void atc_ldsm2t(uint32_t *r, const void *p) {
                : "memory");
 }
 
-template <int HD, int MT, int PIPE>
+template <int HD, int MT, bool PIPE>
 static __global__ void __launch_bounds__(ATT_THREADS, 1)
     k_attn_tc(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
               int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale, int n_tok, int R, int HBH) {
@@ -1072,7 +1067,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   constexpr int NT = HD / 8, NVW = NT < 8 ? NT : 8, NTW = NT < 8 ? 1 : NT / 8; /* V sums: warps, n8 tiles a warp */
   static_assert(QR <= 32 && TP % 32 == 0 && NKW * KCW == HD / 16, "atr_finish's rows; whole k-chunks");
   extern __shared__ __align__(16) unsigned char att_sm[];
-  float *red = (float *)(att_sm + atc_stage_bytes(HD, MT, PIPE));      /* [NKW][QR][ATC_SS]: partial scores */
+  float *red = (float *)(att_sm + atc_stage_bytes(HD, MT));      /* [NKW][QR][ATC_SS]: partial scores */
   uint16_t *es = (uint16_t *)(red + (size_t)NKW * QR * ATC_SS); /* [3][QR][ATC_PS]: the weights' terms */
   __shared__ float s_alpha[QR], s_m[QR], s_l[QR];
   __shared__ int s_np[2][QR]; /* the query row's positions in tile it (s_np[it & 1]; 0: none) */
@@ -1125,29 +1120,21 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     const int ntiles = (int)((pend - p0 + TP - 1) / TP);
     /* k_attn's tile load: K (kv & 1) and V (kv & 2) of tile it up to pend into stage it % ATC_ST,
      * the V rows past the tile's positions zeroed */
-    /* tile it's K and V buffers: stage it % 2 of K and V side by side, or (pipe 2) K in buffer
-     * it % 3 and V in buffer 3 + it % 2 */
-    auto kbuf = [&](int it) {
-      return att_sm + (PIPE == 2 ? (size_t)(it % 3) * TB : (size_t)(it % ATC_ST) * 2 * TB);
-    };
-    auto vbuf = [&](int it) {
-      return att_sm + (PIPE == 2 ? (size_t)(3 + it % 2) * TB : (size_t)(it % ATC_ST) * 2 * TB + TB);
-    };
     auto issue = [&](int it, int kv) {
       const int64_t tp0 = p0 + (int64_t)it * TP;
       const int n = (int)(pend - tp0 < TP ? pend - tp0 : TP);
-      if (kv & 1) att_load_rows<HD, true, RB>(kbuf(it), K, tp0, n, hd, exact);
+      unsigned char *ks = att_sm + (size_t)(it % ATC_ST) * 2 * TB;
+      if (kv & 1) att_load_rows<HD, true, RB>(ks, K, tp0, n, hd, exact);
       if (kv & 2) {
-        unsigned char *vb = vbuf(it);
-        att_load_rows<HD, true, RB>(vb, V, tp0, n, hd, exact);
+        att_load_rows<HD, true, RB>(ks + TB, V, tp0, n, hd, exact);
         for (int e = tid; e < (TP - n) * (RB / 16); e += ATT_THREADS)
-          *(uint4 *)(vb + (size_t)n * RB + (size_t)e * 16) = make_uint4(0u, 0u, 0u, 0u);
+          *(uint4 *)(ks + TB + (size_t)n * RB + (size_t)e * 16) = make_uint4(0u, 0u, 0u, 0u);
       }
     };
     /* s_np of tile it, and this warp's partial scores of every position of it into red */
     auto scores = [&](int it) {
       const int64_t tp0 = p0 + (int64_t)it * TP;
-      const unsigned char *ks = kbuf(it);
+      const unsigned char *ks = att_sm + (size_t)(it % ATC_ST) * 2 * TB;
       if (tid < QR) s_np[it & 1][tid] = atr_tile_n(u, tid, i0, i1, HBH, np0, tp0, TP);
       if (warp >= NKW) return;
       /* the accumulators of all n8 tiles at once, so that consecutive mma are independent (each
@@ -1232,7 +1219,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     /* o = o * alpha + e V over tile it, rows 16 m + g and + 8 */
     auto vsum = [&](int it) {
       if (warp >= NVW) return;
-      const unsigned char *vs = vbuf(it);
+      const unsigned char *vs = att_sm + (size_t)(it % ATC_ST) * 2 * TB + TB;
 #pragma unroll
       for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -1264,14 +1251,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
             for (int j = 0; j < NTW; j++) atc_mma(o[m][j], a[m][s], b[j][0], b[j][1]);
       }
     };
-    if constexpr (PIPE == 2) { /* K(0), K(1), V(0): three groups */
-      issue(0, 1);
-      ops_cp_commit();
-      if (1 < ntiles) issue(1, 1);
-      ops_cp_commit();
-      issue(0, 2);
-      ops_cp_commit();
-    } else if constexpr (PIPE == 1) { /* tile 0; then K(it + 1) and V(it + 1) load while tile it is computed (below) */
+    if constexpr (PIPE) { /* tile 0; then K(it + 1) and V(it + 1) load while tile it is computed (below) */
       issue(0, 3);
       ops_cp_commit();
     } else {
@@ -1293,26 +1273,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
       s_m[tid] = -INFINITY;
       s_l[tid] = 0.0f;
     }
-    if constexpr (PIPE == 2) {
-      /* pipe 1's phases with K two tiles ahead: phase it issues K(it + 2) into the buffer of
-       * K(it - 1) (scored in phase it - 1) and V(it + 1) after this phase's V sums into the one of
-       * V(it - 1). The groups, oldest first: K(0), K(1), V(0), then K(it + 2), V(it + 1) a phase
-       * (empty past the last tile): at phase it's start all but the two newest (K(it + 1), V(it))
-       * have landed, K(it) and V(it - 1) among them. */
-      for (int it = 0; it <= ntiles; it++) {
-        ops_cp_wait<2>();
-        __syncthreads(); /* K(it) and V(it - 1) landed; phase it - 1 done */
-        if (it + 2 < ntiles) issue(it + 2, 1);
-        ops_cp_commit();
-        if (it > 0) vsum(it - 1);
-        if (it == ntiles) break;
-        scores(it);
-        __syncthreads(); /* the V sums of it - 1 are done: V(it + 1) may take their buffer */
-        if (it + 1 < ntiles) issue(it + 1, 2);
-        ops_cp_commit();
-        softmax(it);
-      }
-    } else if constexpr (PIPE == 1) {
+    if constexpr (PIPE) {
       /* phase it: the V sums of tile it - 1 and the scores of tile it (independent), a barrier, the
        * softmax of it: two barriers a tile instead of three. K(it + 1) goes into the stage half that
        * held K(it - 1) (its scores were done in phase it - 1), V(it + 1) after this phase's V sums
@@ -1498,63 +1459,53 @@ static int attn_tc_mt(void) {
 }
 extern "C" void cuda_attn_set_mt(int mt) { g_attn_mt = mt == 2 ? 2 : 1; }
 
-/* k_attn_tc's launches of one m16 tile (decode, a verify's rows): 2 = the pipelined tile loop with
- * K two tiles ahead (three K buffers; the default where the device lets a block have the shared
- * memory, else 1), 1 = the pipelined tile loop (the V sums of a tile beside the next tile's scores,
- * two barriers a tile), 0 = three phases a tile. The same operations on every value: the same bits
- * (test_cuda_ops compares them). Launches of 32-row blocks keep the three phases (both accumulator
- * sets at once would not fit the registers). FLOE_CUDA_ATTN_PIPE=0 / 1 at setup or the first call. */
+/* k_attn_tc's launches of one m16 tile (decode, a verify's rows): 1 = the pipelined tile loop (the
+ * V sums of a tile beside the next tile's scores, two barriers a tile; the default), 0 = three
+ * phases a tile. The same operations on every value: the same bits (test_cuda_ops compares them).
+ * Launches of 32-row blocks keep the three phases (both accumulator sets at once would not fit the
+ * registers). FLOE_CUDA_ATTN_PIPE=0 at setup or the first call. */
 static int g_attn_pipe = -1;
-static int attn_tc_pipe(void) {
+static bool attn_tc_pipe(void) {
   if (g_attn_pipe < 0) {
     const char *e = getenv("FLOE_CUDA_ATTN_PIPE");
-    g_attn_pipe = e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
+    g_attn_pipe = !(e && e[0] == '0');
   }
-  return g_attn_pipe;
+  return g_attn_pipe == 1;
 }
-extern "C" void cuda_attn_set_pipe(int pipe) { g_attn_pipe = pipe < 0 ? 0 : pipe > 2 ? 2 : pipe; }
+extern "C" void cuda_attn_set_pipe(int on) { g_attn_pipe = on ? 1 : 0; }
 
-/* the shared-memory opt-in of one form, once; -1 where the device refuses it */
-template <int HD, int MT, int PIPE>
-static int attn_tc_smem_once(void) {
-  static int done = 0;
-  if (!done) {
-    done = cudaFuncSetAttribute(k_attn_tc<HD, MT, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)atc_smem(HD, MT, PIPE)) == cudaSuccess ? 1 : -1;
-    if (done < 0) (void)cudaGetLastError();
-  }
-  return done > 0 ? 0 : -1;
-}
-template <int HD, int MT, int PIPE>
+template <int HD, int MT, bool PIPE>
 static int launch_attn_tc(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                           const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
-  if (attn_tc_smem_once<HD, MT, PIPE>()) return -1;
+  static int done = 0;
+  const size_t sm = atc_smem(HD, MT);
+  if (!done) {
+    if (cudaFuncSetAttribute(k_attn_tc<HD, MT, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    done = 1;
+  }
   if (!q) return 0; /* the check's call: attribute only */
   const int hbh = atr_hbh(sh), R = ATC_QR * MT / hbh, G = sh->n_head / sh->n_head_kv;
   dim3 grid((unsigned)((n_tok + R - 1) / R), (unsigned)(sh->n_head_kv * (G / hbh)), (unsigned)sh->n_split);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
-  pdl_launch(k_attn_tc<HD, MT, PIPE>, dim3(grid), dim3(ATT_THREADS), atc_smem(HD, MT, PIPE), OPS_STREAM(stream), q, kc,
-             vc, pos0, out, part, cnt, sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split, scale,
-             (int)n_tok, R, hbh);
+  pdl_launch(k_attn_tc<HD, MT, PIPE>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part, cnt,
+             sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split, scale, (int)n_tok, R, hbh);
   return 0;
 }
 template <int HD>
 static int launch_attn_tc_mt(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                              const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
-  if (!q) { /* the check's call: the three forms every device must take, then the one it may refuse */
-    const int rc = launch_attn_tc<HD, 1, 0>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
-                   launch_attn_tc<HD, 1, 1>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
-                   launch_attn_tc<HD, 2, 0>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-    (void)launch_attn_tc<HD, 1, 2>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-    return rc;
-  }
+  if (!q) /* the check's call: all three */
+    return launch_attn_tc<HD, 1, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
+           launch_attn_tc<HD, 1, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
+           launch_attn_tc<HD, 2, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
   if (attn_tc_mt() == 2 && n_tok >= 16)
-    return launch_attn_tc<HD, 2, 0>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  const int pipe = attn_tc_pipe();
-  if (pipe == 2 && attn_tc_smem_once<HD, 1, 2>() == 0)
-    return launch_attn_tc<HD, 1, 2>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  if (pipe >= 1) return launch_attn_tc<HD, 1, 1>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  return launch_attn_tc<HD, 1, 0>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+    return launch_attn_tc<HD, 2, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  if (attn_tc_pipe()) return launch_attn_tc<HD, 1, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  return launch_attn_tc<HD, 1, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
 }
 static int attn_tc_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
                             const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
