@@ -697,6 +697,7 @@ static void check_act(uint32_t type, int64_t cols, int nb) {
  * equal the plain norm's (cuda_add_rmsnorm / cuda_moe_combine, held to the CPU by test_cuda_ops),
  * the x written back equals, and the quantized bytes equal cuda_mm_act_quantize of those rows and
  * the CPU's kern_act_quantize_rows. */
+static int mm_act2 = 1; /* the quantizer form set by cuda_mm_set_act2 (check_norm_act's router check) */
 static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int64_t n, int T) {
   tmat m = make_mat(type, bits, group, sbt, 3, n, 1);
   char nm[64];
@@ -730,7 +731,7 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
       cuda_mm_norm_act(&g.M, dx1, ddl, dw, dh1, T, n, 1e-6f, dq1, xs, NULL);
       cuda_add_rmsnorm(dx2, ddl, dw, dh2, T, n, 1e-6f, NULL);
     } else {
-      cuda_mm_combine_act(&g.M, dx1, dy, dwt, K, dsh, dshl, dw, dh1, 1e-6f, T, n, dq1, xs, NULL);
+      cuda_mm_combine_act(&g.M, dx1, NULL, dy, dwt, K, dsh, dshl, dw, dh1, 1e-6f, T, n, dq1, xs, NULL);
       cuda_moe_combine(dx2, dy, dwt, K, dsh, dshl, dw, dh2, 1e-6f, T, n, NULL);
     }
     cuda_mm_act_quantize(&g.M, T, dh2, n, dq2, xs, NULL);
@@ -748,6 +749,38 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
     }
     CHECK(qok, "%s n=%lld T=%d %s fused: quantized bytes == cuda_mm_act_quantize", nm, (long long)n, T, fn);
     CHECK(cok, "%s n=%lld T=%d %s fused: quantized bytes == kern_act_quantize_rows", nm, (long long)n, T, fn);
+  }
+  if (T == 1) { /* the norm with the router (cuda_mm_norm_router), then the combine adding delta */
+    const int64_t rows = 37;
+    tmat mr = make_mat(FLOE_TYPE_F32, 0, 0, 0, rows, n, 1);
+    dmat gr = upload(&mr, 1);
+    float *dlg1 = dev_put(NULL, 4 * (size_t)rows), *dlg2 = dev_put(NULL, 4 * (size_t)rows), lg1[37], lg2[37];
+    cuda_rt_h2d(dx1, x, fb, err, sizeof err);
+    cuda_rt_h2d(dx2, x, fb, err, sizeof err);
+    dev_poison(dh1, fb), dev_poison(dh2, fb), dev_poison(dq1, xs), dev_poison(dq2, xs), dev_poison(dlg1, 4 * rows);
+    const int rc = cuda_mm_norm_router(&gr.M, &g.M, dx1, ddl, dw, dh1, n, 1e-6f, dq1, dlg1, NULL);
+    const int want = type == FLOE_TYPE_MLX || !mm_act2 ? FLOE_E_UNSUPPORTED : 0;
+    CHECK(rc == want, "%s n=%lld norm+router: %s (rc %d)", nm, (long long)n, want ? "refused" : "launched", rc);
+    if (rc == 0) {
+      cuda_mm_norm_act(&g.M, dx2, ddl, dw, dh2, 1, n, 1e-6f, dq2, xs, NULL);
+      cuda_mm_matmul(&gr.M, 1, dh2, n, NULL, 0, dlg2, rows, NULL);
+      CHECK(cuda_rt_check("norm_router", err, sizeof err) == 0, "%s norm+router launch: %s", nm, err);
+      dev_get(h1, dh1, fb), dev_get(h2, dh2, fb), dev_get(x1, dx1, fb), dev_get(q1, dq1, ab), dev_get(q2, dq2, ab);
+      dev_get(lg1, dlg1, 4 * rows), dev_get(lg2, dlg2, 4 * rows);
+      CHECK(memcmp(h1, h2, fb) == 0 && memcmp(q1, q2, ab) == 0 && memcmp(lg1, lg2, 4 * rows) == 0,
+            "%s n=%lld norm+router: h, its quantization and the router's logits == norm, then matmul", nm, (long long)n);
+      CHECK(memcmp(x1, x, fb) == 0, "%s n=%lld norm+router: x not written", nm, (long long)n);
+      /* the combine adding delta (x1: x before the add) == the combine after the norm's add (x2) */
+      cuda_mm_combine_act(&g.M, dx1, ddl, dy, dwt, K, dsh, dshl, dw, dh1, 1e-6f, 1, n, dq1, xs, NULL);
+      cuda_mm_combine_act(&g.M, dx2, NULL, dy, dwt, K, dsh, dshl, dw, dh2, 1e-6f, 1, n, dq2, xs, NULL);
+      dev_get(h1, dh1, fb), dev_get(h2, dh2, fb), dev_get(x1, dx1, fb), dev_get(x2, dx2, fb);
+      dev_get(q1, dq1, ab), dev_get(q2, dq2, ab);
+      CHECK(memcmp(h1, h2, fb) == 0 && memcmp(x1, x2, fb) == 0 && memcmp(q1, q2, ab) == 0,
+            "%s n=%lld combine with delta: x, h and its quantization == the combine after the add", nm, (long long)n);
+    }
+    cuda_rt_free(dlg1), cuda_rt_free(dlg2);
+    dmat_free(&gr);
+    tmat_free(&mr);
   }
   void *frees[] = {dw, ddl, dy, dwt, dsh, dshl, dx1, dx2, dh1, dh2, dq1, dq2};
   for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) cuda_rt_free(frees[i]);
@@ -802,6 +835,59 @@ static void check_router_route(uint32_t type, int NE, int K, int norm, int sh, i
   free(x);
   dmat_free(&g);
   tmat_free(&m);
+}
+
+/* One token's routing in the gate+up launch (cuda_mm_moe_gate_up_route) against the two steps
+ * (cuda_moe_route / cuda_moe_route_sh, then cuda_mm_moe_gate_up on their ids), bit for bit: the
+ * selections, their weights and every GLU output, three runs on poisoned outputs. Logits with ties
+ * (two experts' equal) test the lower index's pick. Rows of up to two superblocks (k_k4s's) and
+ * the switch off are refused with nothing launched. */
+static void check_glu_route(uint32_t type, int NE, int K, int norm, int sh, int64_t E, int64_t I) {
+  const int nst = NE + (sh ? 1 : 0), ks = K + (sh ? 1 : 0);
+  tmat mg = make_mat(type, 0, 0, 0, I, E, nst), mu = make_mat(type, 0, 0, 0, I, E, nst);
+  dmat gg = upload(&mg, nst), gu = upload(&mu, nst);
+  float *x = malloc(sizeof(float) * (size_t)E), lg[1100];
+  fill_x(x, E);
+  for (int e = 0; e <= NE; e++) lg[e] = 2.0f * floe_rng_normal(&rng);
+  lg[NE / 3] = lg[NE / 2]; /* a tie */
+  const size_t ab = cuda_mm_act_bytes(&gg.M);
+  float *dx = dev_put(x, sizeof(float) * (size_t)E), *dl = dev_put(lg, 4 * (size_t)(NE + 1));
+  void *dxq = dev_put(NULL, ab);
+  cuda_mm_act_quantize(&gg.M, 1, dx, E, dxq, ab, NULL);
+  float *dw1 = dev_put(NULL, 4 * (size_t)ks), *dw2 = dev_put(NULL, 4 * (size_t)ks);
+  int32_t *ds1 = dev_put(NULL, 4 * (size_t)ks), *ds2 = dev_put(NULL, 4 * (size_t)ks);
+  float *dh1 = dev_put(NULL, 4 * (size_t)(ks * I)), *dh2 = dev_put(NULL, 4 * (size_t)(ks * I));
+  if (sh) cuda_moe_route_sh(dl, 1, NE, K, norm, dl + NE, NE, ds2, dw2, NULL);
+  else cuda_moe_route(dl, 1, NE, K, norm, ds2, dw2, NULL);
+  cuda_mm_moe_gate_up(&gg.M, &gu.M, 1, ks, ds2, dx, E, dxq, ab, dh2, I, NULL);
+  float w1[40], w2[40], *h1 = malloc(4 * (size_t)(ks * I)), *h2 = malloc(4 * (size_t)(ks * I));
+  int32_t s1[40], s2[40];
+  dev_get(w2, dw2, 4 * (size_t)ks), dev_get(s2, ds2, 4 * (size_t)ks), dev_get(h2, dh2, 4 * (size_t)(ks * I));
+  const int nsb = (int)(E / 256), want = nsb > 2 ? 0 : FLOE_E_UNSUPPORTED;
+  int ok = 1, rc = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    dev_poison(dw1, 4 * (size_t)ks), dev_poison(ds1, 4 * (size_t)ks), dev_poison(dh1, 4 * (size_t)(ks * I));
+    rc |= cuda_mm_moe_gate_up_route(&gg.M, &gu.M, dl, NE, K, norm, sh ? NE : -1, ds1, dw1, dxq, dh1, I, NULL) != want;
+    if (want) break;
+    dev_get(w1, dw1, 4 * (size_t)ks), dev_get(s1, ds1, 4 * (size_t)ks), dev_get(h1, dh1, 4 * (size_t)(ks * I));
+    ok &= memcmp(w1, w2, 4 * (size_t)ks) == 0 && memcmp(s1, s2, 4 * (size_t)ks) == 0 &&
+          memcmp(h1, h2, 4 * (size_t)(ks * I)) == 0;
+  }
+  CHECK(cuda_rt_check("glu_route", err, sizeof err) == 0 && rc == 0, "route+gate+up %s NE=%d K=%d E=%lld: %s (%s)",
+        floe_type_info(type)->name, NE, K, (long long)E, want ? "refused" : "launched", err);
+  if (!want) {
+    CHECK(ok, "route+gate+up %s NE=%d K=%d norm=%d shared=%d E=%lld I=%lld: experts, weights, GLU rows == the two "
+              "steps, 3 runs", floe_type_info(type)->name, NE, K, norm, sh, (long long)E, (long long)I);
+    cuda_mm_set_route_glu(0);
+    CHECK(cuda_mm_moe_gate_up_route(&gg.M, &gu.M, dl, NE, K, norm, sh ? NE : -1, ds1, dw1, dxq, dh1, I, NULL) ==
+              FLOE_E_UNSUPPORTED, "route+gate+up: off (cuda_mm_set_route_glu(0)) is refused");
+    cuda_mm_set_route_glu(1);
+  }
+  void *fr[] = {dx, dl, dxq, dw1, dw2, ds1, ds2, dh1, dh2};
+  for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) cuda_rt_free(fr[i]);
+  free(x), free(h1), free(h2);
+  dmat_free(&gg), dmat_free(&gu);
+  tmat_free(&mg), tmat_free(&mu);
 }
 
 int main(void) {
@@ -864,6 +950,13 @@ int main(void) {
   check_router_route(FLOE_TYPE_F16, 40, 32, 0, 1, 77);     /* K = 32; a 77-value tail */
   check_router_route(FLOE_TYPE_F16, 60, 4, 1, 0, 200);
   check_router_route(FLOE_TYPE_F32, 500, 32, 1, 0, 64);  /* the largest K */
+  SECTION("the routing in the gate+up launch (one token)");
+  check_glu_route(FLOE_TYPE_Q4_K, 256, 8, 1, 1, 2048, 512); /* the 35B-A3B shape */
+  check_glu_route(FLOE_TYPE_Q4_K, 256, 8, 1, 0, 2048, 512);
+  check_glu_route(FLOE_TYPE_Q5_K, 100, 6, 0, 1, 768, 72);   /* rows not a multiple of 4 */
+  check_glu_route(FLOE_TYPE_Q4_K, 512, 10, 1, 1, 1280, 40); /* 16 experts a lane */
+  check_glu_route(FLOE_TYPE_Q5_K, 1000, 32, 1, 0, 1024, 8); /* 32 a lane, the largest K */
+  check_glu_route(FLOE_TYPE_Q4_K, 64, 4, 1, 1, 512, 64);    /* two superblocks: k_k4s's rows, refused */
   SECTION("activation quantization, both implementations");
   check_act(FLOE_TYPE_Q4_K, 256, 3);
   check_act(FLOE_TYPE_Q4_K, 4096, 2);     /* the 35B-A3B's GatedDeltaNet output: 16 chunks */
@@ -879,6 +972,7 @@ int main(void) {
   for (int impl = 0; impl < 2; impl++) {
     SECTION("norms with the quantization fused (%s)", impl ? "warp per chunk, combine loads batched" : "first forms");
     cuda_mm_set_act2(impl);
+    mm_act2 = impl;
     check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 2048, 1);
     check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 3, 3);
     check_norm_act(FLOE_TYPE_Q8_0, 0, 0, 0, 32 * 37, 2);

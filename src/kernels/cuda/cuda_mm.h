@@ -105,9 +105,20 @@ void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const flo
  * rmsnorm(x2 row t) * w2], each half cuda_rmsnorm's bits. */
 void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y, int64_t n_rows,
                        int64_t n, float eps, void *stream);
-void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
-                         const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n,
-                         void *xq, size_t xq_stride, void *stream);
+/* (cuda_mm_combine_act's delta, when not NULL: x += delta first, the residual add a
+ * cuda_mm_norm_router call left to it, the same bits as that add done by cuda_mm_norm_act) */
+void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *delta, const float *y, const float *w, int K,
+                         const float *sh, const float *sh_logit, const float *norm_w, float *h, float eps,
+                         int64_t n_tok, int64_t n, void *xq, size_t xq_stride, void *stream);
+/* One row's norm before the MoE and its float router (F32 / F16 / BF16 R of n columns) in one
+ * launch: h = rmsnorm(x + delta) * w and xq = its quantization for W (NULL W / xq: none) as
+ * cuda_mm_norm_act(W, x, delta, w, h, 1, n, eps, xq) writes them, and logits = R h as
+ * cuda_mm_matmul(R, 1, h) writes them; x itself is NOT updated (the router's blocks all read it):
+ * the caller passes delta to the MoE's cuda_mm_combine_act. 0 when launched, FLOE_E_UNSUPPORTED
+ * (nothing launched) for other router types, an activation layout without the warp quantizer
+ * (MLX), rows too long for the block's shared memory, or FLOE_CUDA_ACT2=0. */
+int cuda_mm_norm_router(const cuda_mat *R, const cuda_mat *W, const float *x, const float *delta, const float *w,
+                        float *h, int64_t n, float eps, void *xq, float *logits, void *stream);
 
 /* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb).
  * xq_stride: a multiple of 64 (cuda_mm_act_bytes is), xq 64-byte aligned (the kernels read the
@@ -134,6 +145,18 @@ void cuda_mm_dequant_rows(const cuda_mat *W, const int32_t *rows, int64_t n, flo
 void cuda_mm_moe_gate_up(const cuda_mat *gate, const cuda_mat *up, int64_t T, int K, const int32_t *ids,
                          const float *X, int64_t ldx, const void *xq, size_t xq_stride, float *H, int64_t ldh,
                          void *stream);
+
+/* One token's routing and its experts' gate+up+GLU in one launch (the decode step): the routing
+ * of cuda_moe_route (sh_id < 0) or cuda_moe_route_sh (the shared expert's gate logit at
+ * logits[n_expert], its slot K with id sh_id) from the router's logits, sel / w written as those
+ * write them, then H as cuda_mm_moe_gate_up(T = 1, K (+ 1), sel, ..., xq) writes it: the same bits.
+ * 0 when launched; FLOE_E_UNSUPPORTED where it does not apply (types other than Q4_K / Q5_K,
+ * other kernel settings, no quantized input, more than 1024 experts or 32 a token;
+ * cuda_mm_set_route_glu(0) / FLOE_CUDA_ROUTE_GLU=0): then nothing was launched. */
+int cuda_mm_moe_gate_up_route(const cuda_mat *gate, const cuda_mat *up, const float *logits, int n_expert, int K,
+                              int norm_topk, int sh_id, int32_t *sel, float *w, const void *xq, float *H, int64_t ldh,
+                              void *stream);
+void cuda_mm_set_route_glu(int on);
 
 /* MoE down for T * K slots: Y[s * ldy + r] = down_e row r . h_s, with h_s = H + s * ldh and
  * e = ids[s] (ids NULL: expert 0). When the down type has a quantized path each h_s is first

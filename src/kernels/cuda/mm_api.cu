@@ -189,6 +189,17 @@ void cuda_mm_moe_gate_up(const cuda_mat *gate, const cuda_mat *up, int64_t T, in
   }
 }
 
+int cuda_mm_moe_gate_up_route(const cuda_mat *gate, const cuda_mat *up, const float *logits, int n_expert, int K,
+                              int norm_topk, int sh_id, int32_t *sel, float *w, const void *xq, float *H, int64_t ldh,
+                              void *stream) {
+  if (!xq || !cuda_mm_act_bytes(gate) || gate->rows <= 0 || (sh_id >= 0 && sh_id >= gate->n_expert))
+    return FLOE_E_UNSUPPORTED;
+  const KRoute rt = { logits, n_expert, K, norm_topk, sh_id, sel, w };
+  return mm_k4_glu_route_launch(mm_kargs(gate), mm_kargs(up), rt, (const uint8_t *)xq, H, ldh, (cudaStream_t)stream)
+             ? 0
+             : FLOE_E_UNSUPPORTED;
+}
+
 void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids, const float *H, int64_t ldh,
                       void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream) {
   if (T <= 0 || K <= 0 || down->rows <= 0) return;

@@ -75,6 +75,11 @@ bool mm_k4_down_qx_launch(const KArgs &a, int64_t ns, const int32_t *ids, const 
                           float *Y, int64_t ldy, cudaStream_t st);
 /* 1 when activation rows are quantized with act_row_warp (FLOE_CUDA_ACT2, mm_act.cu) */
 int mm_act2_on(void);
+/* mm_float.cu's k_norm_plain1 (cuda_mm_norm_router): false (nothing launched) for other types or
+ * shapes */
+bool mm_norm_plain1_launch(const KArgs &a, const float *x, const float *delta, const float *w, float *h, int n,
+                           float eps, const KArgs &qa, int qkind, uint8_t *xq, int sqoff, size_t smem, float *Y,
+                           cudaStream_t st);
 bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, const MMOut &o, cudaStream_t st);
 /* k_q16's several-row launch for the other quantized types (Q8_0, Q6_K, ...; mm_q16.cu) */
 bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);
@@ -175,6 +180,19 @@ bool mm_q4l_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K,
                    const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
 bool mm_k4_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                   const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+/* One token's routing (k_moe_route_warp's, from the router's logits; the shared expert's gate
+ * logit at logits[ne] when sh_id >= 0) for the gate+up launch that routes (mm_k4_glu_route_launch):
+ * sel / w receive the k (+ 1) slots as cuda_moe_route(_sh) writes them. */
+struct KRoute {
+  const float *logits;
+  int ne, k, norm_topk, sh_id;
+  int32_t *sel;
+  float *w;
+};
+/* the MoE gate+up+GLU of one token with its routing in the launch (mm_k4.cu k_k4w_rt); false where
+ * it does not apply (the caller routes, then launches gate+up) */
+bool mm_k4_glu_route_launch(const KArgs &a, const KArgs &a2, const KRoute &rt, const uint8_t *xq, float *Y,
+                            int64_t ldy, cudaStream_t st);
 /* mm_mma.cu: the tensor-core kernels (Q4_K / Q5_K, rows of at most 16 superblocks): prefill's
  * matmuls (false: not taken, run another kernel) and the grouped MoE modes (grp from
  * cuda_mm_moe_group; mm_mma_fits tells beforehand whether a mode takes them) */

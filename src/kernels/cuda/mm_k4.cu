@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/mm_common.cuh"
+#include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace {
@@ -447,6 +448,33 @@ __device__ __forceinline__ void k4w_prefetch(const KArgs &a, const KArgs &a2, in
   }
 }
 
+/* Slot slot of a MoE-mode k_k4w (expert e; out of range: NaN rows): the rows r0, r0 + step, ... of
+ * this warp, each computed by the warp alone. */
+template <int T, int MODE, int NR, bool V>
+__device__ __forceinline__ void k4w_slot(const KArgs &a, const KArgs &a2, int K, int e, int64_t slot,
+                                         const uint8_t *xq, size_t xs, float *Y, int64_t ldy, int64_t r0,
+                                         int64_t step) {
+  const bool l0 = (threadIdx.x & 31) == 0;
+  if (e < 0 || e >= a.n_expert) {
+    if (l0)
+      for (int64_t r = r0; r < a.rows; r += step) Y[slot * ldy + r] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const uint8_t *x = xq + (size_t)(MODE == MM_GLU ? slot / K : slot) * xs;
+  for (int64_t r = r0; r < a.rows; r += step) {
+    float g, up;
+    if constexpr (MODE == MM_GLU) {
+      if constexpr (V) k4v_dot<T, true>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
+      else k4w_dot<T, true, NR>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
+      if (l0) Y[slot * ldy + r] = floe_siluf(g) * up;
+    } else {
+      if constexpr (V) k4v_dot<T, false>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
+      else k4w_dot<T, false, NR>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
+      if (l0) Y[slot * ldy + r] = g;
+    }
+  }
+}
+
 /* A warp per weight row; the grid may be smaller than one block per 4 rows (k4w_grid: no more
  * blocks than fit at once, so all of them prefetch), the warps then take rows r, r + 4 gridDim.x,
  * ... Each row is computed by one warp exactly as before. */
@@ -471,26 +499,35 @@ __global__ void __launch_bounds__(128) k_k4w(KArgs a, KArgs a2, int K, const int
       if (l0) Y[r] = y;
     }
   } else {
-    const int e = ids ? ids[slot] : 0;
-    if (e < 0 || e >= a.n_expert) {
-      if (l0)
-        for (int64_t r = r0; r < a.rows; r += step) Y[slot * ldy + r] = __int_as_float(0x7fc00000);
-    } else {
-      const uint8_t *x = xq + (size_t)(MODE == MM_GLU ? slot / K : slot) * xs;
-      for (int64_t r = r0; r < a.rows; r += step) {
-        float g, up;
-        if constexpr (MODE == MM_GLU) {
-          if constexpr (V) k4v_dot<T, true>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
-          else k4w_dot<T, true, NR>(a, mm_row(a, e, r), a2, mm_row(a2, e, r), x, &g, &up);
-          if (l0) Y[slot * ldy + r] = floe_siluf(g) * up;
-        } else {
-          if constexpr (V) k4v_dot<T, false>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
-          else k4w_dot<T, false, NR>(a, mm_row(a, e, r), a, nullptr, x, &g, nullptr);
-          if (l0) Y[slot * ldy + r] = g;
-        }
-      }
-    }
+    k4w_slot<T, MODE, NR, V>(a, a2, K, ids ? ids[slot] : 0, slot, xq, xs, Y, ldy, r0, step);
   }
+}
+
+/* The routing of one token and its experts' gate+up+GLU in one launch (the decode step's MoE:
+ * cuda_mm_moe_gate_up_route): every block's first warp routes the router's logits as
+ * k_moe_route_warp does (moe_route.cuh moe_route_warp, the same bits), the selections into shared
+ * memory; block (0, 0) also stores them for the down projection and the combine. Then slot
+ * blockIdx.y is k_k4w<T, MM_GLU, 1, true>'s slot: the same operations on the same values. The
+ * routing is repeated by every block (a warp's work, ~1 KB of logits from L2) instead of a launch
+ * of its own; the experts are not known before the wait, so nothing is prefetched. */
+template <int T, int RR>
+__global__ void __launch_bounds__(128) k_k4w_rt(KArgs a, KArgs a2, KRoute rt, const uint8_t *xq, float *Y,
+                                                int64_t ldy) {
+  PDL_ENTER();
+  __shared__ int32_t s_sel[33];
+  __shared__ float s_w[33];
+  const int ks = rt.sh_id >= 0 ? rt.k + 1 : rt.k;
+  if (threadIdx.x < 32)
+    moe_route_warp<RR>([&](int e) { return rt.logits[e]; }, [&]() { return rt.logits[rt.ne]; }, rt.sh_id >= 0, rt.ne,
+                       rt.k, rt.norm_topk, rt.sh_id, s_sel, s_w);
+  __syncthreads();
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < ks) {
+    rt.sel[threadIdx.x] = s_sel[threadIdx.x];
+    rt.w[threadIdx.x] = s_w[threadIdx.x];
+  }
+  const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5), step = (int64_t)gridDim.x * 4;
+  const int64_t slot = blockIdx.y;
+  k4w_slot<T, MM_GLU, 1, true>(a, a2, ks, s_sel[slot], slot, xq, 0, Y, ldy, r0, step);
 }
 
 /* k_k4w's MM_PLAIN form for matrices with more rows than its warps (the output head: 248320 rows
@@ -855,6 +892,14 @@ unsigned k4w_grid(int64_t g4, unsigned gy) {
   return mm_grid_capped(g4, gy, cap);
 }
 
+/* k4w_grid for k_k4w_rt */
+template <int T, int RR>
+unsigned k4w_rt_grid(int64_t g4, unsigned gy) {
+  static int cap = 0;
+  if (!cap) cap = mm_resident_blocks(k_k4w_rt<T, RR>, 128);
+  return mm_grid_capped(g4, gy, cap);
+}
+
 /* k4w_grid for k_k4w2 */
 template <int T, bool V = false>
 unsigned k4w2_grid(int64_t g4) {
@@ -1048,6 +1093,39 @@ bool mm_k4_down_qx_launch(const KArgs &a, int64_t ns, const int32_t *ids, const 
     case FLOE_TYPE_Q5_K: return down_qx_t<FLOE_TYPE_Q5_K>(a, ns, ids, H, ldh, xs, Y, ldy, st);
     default: return false;
   }
+}
+
+namespace {
+template <int T>
+void glu_route_t(const KArgs &a, const KArgs &a2, const KRoute &rt, const uint8_t *xq, float *Y, int64_t ldy,
+                 cudaStream_t st) {
+  const int64_t g4 = (a.rows + 3) / 4;
+  const unsigned gy = (unsigned)(rt.sh_id >= 0 ? rt.k + 1 : rt.k);
+#define RTG_LAUNCH(R) \
+  pdl_launch(k_k4w_rt<T, R>, dim3(k4w_rt_grid<T, R>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, rt, xq, Y, ldy)
+  if (rt.ne <= 256) RTG_LAUNCH(8);
+  else if (rt.ne <= 512) RTG_LAUNCH(16);
+  else RTG_LAUNCH(32);
+#undef RTG_LAUNCH
+}
+} // namespace
+
+/* the routing in the gate+up launch (FLOE_CUDA_ROUTE_GLU=0: two launches) */
+static int g_route_glu = -1;
+void cuda_mm_set_route_glu(int on) { g_route_glu = on ? 1 : 0; }
+
+bool mm_k4_glu_route_launch(const KArgs &a, const KArgs &a2, const KRoute &rt, const uint8_t *xq, float *Y,
+                            int64_t ldy, cudaStream_t st) {
+  if (g_route_glu < 0) g_route_glu = mm_env_int("FLOE_CUDA_ROUTE_GLU", 1) != 0;
+  /* only where the plain path would run k_k4w<T, MM_GLU, 1, true> (the same bits) */
+  const int nsb = (int)(a.cols / 256);
+  if (!g_route_glu || !k4w_on() || (k4s_on() && nsb <= 2) || k4w_pipe() != 1 || k4v_on() < 1 ||
+      (a.type != FLOE_TYPE_Q4_K && a.type != FLOE_TYPE_Q5_K) || a2.type != a.type || rt.ne < 1 ||
+      rt.ne > 32 * ROUTE_RMAX || rt.k < 1 || rt.k > 32 || rt.k > rt.ne)
+    return false;
+  if (a.type == FLOE_TYPE_Q4_K) glu_route_t<FLOE_TYPE_Q4_K>(a, a2, rt, xq, Y, ldy, st);
+  else glu_route_t<FLOE_TYPE_Q5_K>(a, a2, rt, xq, Y, ldy, st);
+  return true;
 }
 
 bool mm_k4_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
