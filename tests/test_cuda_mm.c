@@ -697,7 +697,6 @@ static void check_act(uint32_t type, int64_t cols, int nb) {
  * equal the plain norm's (cuda_add_rmsnorm / cuda_moe_combine, held to the CPU by test_cuda_ops),
  * the x written back equals, and the quantized bytes equal cuda_mm_act_quantize of those rows and
  * the CPU's kern_act_quantize_rows. */
-static int mm_act2 = 1; /* the quantizer form set by cuda_mm_set_act2 (check_norm_act's router check) */
 static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int64_t n, int T) {
   tmat m = make_mat(type, bits, group, sbt, 3, n, 1);
   char nm[64];
@@ -731,7 +730,7 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
       cuda_mm_norm_act(&g.M, dx1, ddl, dw, dh1, T, n, 1e-6f, dq1, xs, NULL);
       cuda_add_rmsnorm(dx2, ddl, dw, dh2, T, n, 1e-6f, NULL);
     } else {
-      cuda_mm_combine_act(&g.M, dx1, NULL, dy, dwt, K, dsh, dshl, dw, dh1, 1e-6f, T, n, dq1, xs, NULL);
+      cuda_mm_combine_act(&g.M, dx1, dy, dwt, K, dsh, dshl, dw, dh1, 1e-6f, T, n, dq1, xs, NULL);
       cuda_moe_combine(dx2, dy, dwt, K, dsh, dshl, dw, dh2, 1e-6f, T, n, NULL);
     }
     cuda_mm_act_quantize(&g.M, T, dh2, n, dq2, xs, NULL);
@@ -749,38 +748,6 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
     }
     CHECK(qok, "%s n=%lld T=%d %s fused: quantized bytes == cuda_mm_act_quantize", nm, (long long)n, T, fn);
     CHECK(cok, "%s n=%lld T=%d %s fused: quantized bytes == kern_act_quantize_rows", nm, (long long)n, T, fn);
-  }
-  if (T == 1) { /* the norm with the router (cuda_mm_norm_router), then the combine adding delta */
-    const int64_t rows = 37;
-    tmat mr = make_mat(FLOE_TYPE_F32, 0, 0, 0, rows, n, 1);
-    dmat gr = upload(&mr, 1);
-    float *dlg1 = dev_put(NULL, 4 * (size_t)rows), *dlg2 = dev_put(NULL, 4 * (size_t)rows), lg1[37], lg2[37];
-    cuda_rt_h2d(dx1, x, fb, err, sizeof err);
-    cuda_rt_h2d(dx2, x, fb, err, sizeof err);
-    dev_poison(dh1, fb), dev_poison(dh2, fb), dev_poison(dq1, xs), dev_poison(dq2, xs), dev_poison(dlg1, 4 * rows);
-    const int rc = cuda_mm_norm_router(&gr.M, &g.M, dx1, ddl, dw, dh1, n, 1e-6f, dq1, dlg1, NULL);
-    const int want = type == FLOE_TYPE_MLX || !mm_act2 ? FLOE_E_UNSUPPORTED : 0;
-    CHECK(rc == want, "%s n=%lld norm+router: %s (rc %d)", nm, (long long)n, want ? "refused" : "launched", rc);
-    if (rc == 0) {
-      cuda_mm_norm_act(&g.M, dx2, ddl, dw, dh2, 1, n, 1e-6f, dq2, xs, NULL);
-      cuda_mm_matmul(&gr.M, 1, dh2, n, NULL, 0, dlg2, rows, NULL);
-      CHECK(cuda_rt_check("norm_router", err, sizeof err) == 0, "%s norm+router launch: %s", nm, err);
-      dev_get(h1, dh1, fb), dev_get(h2, dh2, fb), dev_get(x1, dx1, fb), dev_get(q1, dq1, ab), dev_get(q2, dq2, ab);
-      dev_get(lg1, dlg1, 4 * rows), dev_get(lg2, dlg2, 4 * rows);
-      CHECK(memcmp(h1, h2, fb) == 0 && memcmp(q1, q2, ab) == 0 && memcmp(lg1, lg2, 4 * rows) == 0,
-            "%s n=%lld norm+router: h, its quantization and the router's logits == norm, then matmul", nm, (long long)n);
-      CHECK(memcmp(x1, x, fb) == 0, "%s n=%lld norm+router: x not written", nm, (long long)n);
-      /* the combine adding delta (x1: x before the add) == the combine after the norm's add (x2) */
-      cuda_mm_combine_act(&g.M, dx1, ddl, dy, dwt, K, dsh, dshl, dw, dh1, 1e-6f, 1, n, dq1, xs, NULL);
-      cuda_mm_combine_act(&g.M, dx2, NULL, dy, dwt, K, dsh, dshl, dw, dh2, 1e-6f, 1, n, dq2, xs, NULL);
-      dev_get(h1, dh1, fb), dev_get(h2, dh2, fb), dev_get(x1, dx1, fb), dev_get(x2, dx2, fb);
-      dev_get(q1, dq1, ab), dev_get(q2, dq2, ab);
-      CHECK(memcmp(h1, h2, fb) == 0 && memcmp(x1, x2, fb) == 0 && memcmp(q1, q2, ab) == 0,
-            "%s n=%lld combine with delta: x, h and its quantization == the combine after the add", nm, (long long)n);
-    }
-    cuda_rt_free(dlg1), cuda_rt_free(dlg2);
-    dmat_free(&gr);
-    tmat_free(&mr);
   }
   void *frees[] = {dw, ddl, dy, dwt, dsh, dshl, dx1, dx2, dh1, dh2, dq1, dq2};
   for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) cuda_rt_free(frees[i]);
@@ -864,6 +831,7 @@ static void check_glu_route(uint32_t type, int NE, int K, int norm, int sh, int6
   int32_t s1[40], s2[40];
   dev_get(w2, dw2, 4 * (size_t)ks), dev_get(s2, ds2, 4 * (size_t)ks), dev_get(h2, dh2, 4 * (size_t)(ks * I));
   const int nsb = (int)(E / 256), want = nsb > 2 ? 0 : FLOE_E_UNSUPPORTED;
+  cuda_mm_set_k4w(1); /* the decode kernels' defaults (the section before leaves k_k4w off) */
   int ok = 1, rc = 0;
   for (int rep = 0; rep < 3; rep++) {
     dev_poison(dw1, 4 * (size_t)ks), dev_poison(ds1, 4 * (size_t)ks), dev_poison(dh1, 4 * (size_t)(ks * I));
@@ -883,6 +851,7 @@ static void check_glu_route(uint32_t type, int NE, int K, int norm, int sh, int6
               FLOE_E_UNSUPPORTED, "route+gate+up: off (cuda_mm_set_route_glu(0)) is refused");
     cuda_mm_set_route_glu(1);
   }
+  cuda_mm_set_k4w(0); /* as found */
   void *fr[] = {dx, dl, dxq, dw1, dw2, ds1, ds2, dh1, dh2};
   for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) cuda_rt_free(fr[i]);
   free(x), free(h1), free(h2);
@@ -972,7 +941,6 @@ int main(void) {
   for (int impl = 0; impl < 2; impl++) {
     SECTION("norms with the quantization fused (%s)", impl ? "warp per chunk, combine loads batched" : "first forms");
     cuda_mm_set_act2(impl);
-    mm_act2 = impl;
     check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 2048, 1);
     check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 3, 3);
     check_norm_act(FLOE_TYPE_Q8_0, 0, 0, 0, 32 * 37, 2);

@@ -93,12 +93,6 @@ typedef struct cu_sess {
   unsigned *route_ctr;         /* cuda_mm_router_route's block counter (0 between launches) */
   void *grp;                   /* a prefill chunk's MoE slots grouped by expert (cuda_mm_moe_group) */
   bool route_fused;            /* one-token steps route in the router's launch (FLOE_CUDA_ROUTE_FUSED=1) */
-  bool norm_router;            /* one-token steps: the norm before the MoE in the router's launch (FLOE_CUDA_NORM_ROUTER=0: off) */
-  /* that norm, deferred by residual() to cu_moe of layer pn_l (-1: none): x += pn_delta, h = rmsnorm(x) pn_w */
-  int64_t pn_l;
-  float *pn_x;
-  const float *pn_delta, *pn_w;
-  const float *comb_delta;     /* the residual add the MoE's combine does first (the norm in the router's launch left it) */
   void *attn_scr, *amax_scr;
   int64_t arows; /* attention rows per launch (attn_scr holds their split-K parts): AB, or more with the row-group kernel */
   float *rope;                 /* [n_ctx][n_rot] */
@@ -420,9 +414,6 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
    * there (248.5 vs 251.8 tok/s, 35B-A3B shape) */
   const char *rf = getenv("FLOE_CUDA_ROUTE_FUSED");
   c->route_fused = rf && rf[0] == '1';
-  const char *nr = getenv("FLOE_CUDA_NORM_ROUTER");
-  c->norm_router = !(nr && nr[0] == '0');
-  c->pn_l = -1;
   if ((rc = cuda_rt_memset_async(c->route_ctr, 0, 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->amax_scr, 0, cuda_argmax_rows_scratch_bytes(V, KV_KEEP_MAX), c->stream)))
@@ -630,7 +621,7 @@ static const dmat *next_act(model_session *s, int64_t l, bool moe, int *slot) {
 
 /* h = rmsnorm(x (+= delta)) * w, n rows (delta NULL: no add), quantized in the same launch for
  * the next_act(l_next, moe) consumer; or, when y is not NULL, the MoE combine of y (K slots,
- * weights wts, shared expert sh / shl) into x first (after x += delta). */
+ * weights wts, shared expert sh / shl) into x first. */
 static void h_norm(model_session *s, float *x, const float *delta, const float *w, int64_t n, int64_t l_next, bool moe,
                    const float *y, const float *wts, int K, const float *sh, const float *shl) {
   cu_sess *c = s->dev;
@@ -642,7 +633,7 @@ static void h_norm(model_session *s, float *x, const float *delta, const float *
   void *xq = lay ? c->xq[slot] : NULL;
   const size_t xs = lay ? cuda_mm_act_bytes(W) : 0;
   if (y)
-    cuda_mm_combine_act(W, x, delta, y, wts, K, sh, shl, w, c->h, hp->rms_eps, n, hp->n_embd, xq, xs, c->stream);
+    cuda_mm_combine_act(W, x, y, wts, K, sh, shl, w, c->h, hp->rms_eps, n, hp->n_embd, xq, xs, c->stream);
   else
     cuda_mm_norm_act(W, x, delta, w, c->h, n, hp->n_embd, hp->rms_eps, xq, xs, c->stream);
   if (lay) {
@@ -853,46 +844,10 @@ static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *
   prof(s, MODEL_PH_OTHER);
 }
 
-/* The float router that one token's MoE block of layer l launches first on h (the router with the
- * shared expert's gate row, or the router alone without a shared expert), when the norm before it
- * may go into its launch (cuda_mm_norm_router); NULL: the norm is launched on its own. */
-static const dmat *norm_router_of(model_session *s, int64_t l, int64_t n) {
-  cu_sess *c = s->dev;
-  const cu_model *cm = s->m->dev;
-  const cu_layer *L = &cm->L[l];
-  if (n != 1 || !c->norm_router || c->tier || c->route_fused || s->m->hp.n_expert <= 0 || act_bytes_of(&L->router))
-    return NULL;
-  if (L->cat_rt.d.data) return &L->cat_rt;
-  return s->m->hp.n_ff_shexp == 0 && L->router.d.data ? &L->router : NULL;
-}
-
-/* The deferred norm launched on its own (what h_norm would have launched in residual()). */
-static void pn_flush(model_session *s) {
-  cu_sess *c = s->dev;
-  if (c->pn_l < 0) return;
-  const int64_t l = c->pn_l;
-  c->pn_l = -1;
-  h_norm(s, c->pn_x, c->pn_delta, c->pn_w, 1, l, true, NULL, NULL, 0, NULL, NULL);
-}
-
-/* After a block: x += out, h = the next block's normed input (this layer's ffn_norm). For one
- * token whose MoE router can take it, the norm is deferred to the router's launch (cu_moe), the
- * add to the MoE's combine; the quantized h it will write is marked as h_norm marks it. */
+/* After a block: x += out, h = the next block's normed input (this layer's ffn_norm). */
 static void residual(model_session *s, int64_t l, float *x, int64_t n) {
   cu_sess *c = s->dev;
   const cu_model *cm = s->m->dev;
-  pn_flush(s);
-  if (norm_router_of(s, l, n)) {
-    int slot = 0;
-    const dmat *lay = next_act(s, l, true, &slot);
-    c->hq[0] = c->hq[1] = NULL;
-    if (lay) {
-      c->hq[slot] = lay->h;
-      c->hq_n = n;
-    }
-    c->pn_l = l, c->pn_x = x, c->pn_delta = c->out, c->pn_w = cm->L[l].ffn_norm;
-    return;
-  }
   h_norm(s, x, c->out, cm->L[l].ffn_norm, n, l, true, NULL, NULL, 0, NULL, NULL);
 }
 
@@ -1117,20 +1072,6 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, I = hp->n_ff_exp, Is = hp->n_ff_shexp;
   /* run: enqueue this part's kernels (a replayed segment has them) */
   bool run = !c->replay;
-  /* the norm residual() deferred: in the router's launch, else on its own now */
-  bool nr_done = false;
-  if (c->pn_l == l && run) {
-    const dmat *R = norm_router_of(s, l, n);
-    int slot = 0;
-    const dmat *lay = next_act(s, l, true, &slot);
-    if (R && cuda_mm_norm_router(&R->d, lay ? &lay->d : NULL, c->pn_x, c->pn_delta, c->pn_w, c->h, E, hp->rms_eps,
-                                 lay ? c->xq[slot] : NULL, c->rlog, c->stream) == 0) {
-      c->pn_l = -1;
-      c->comb_delta = c->pn_delta;
-      nr_done = true;
-    }
-  }
-  pn_flush(s);
   size_t xs_r, xs_e;
   const uint8_t *xq_r = act_at(s, 0, &L->router, n, c->h, E, &xs_r, run), *xq_e;
   const floe_mat *lay_e = &H->exp_gate[0];
@@ -1159,7 +1100,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     prof(s, MODEL_PH_ROUTER);
   } else if (L->sh_in_stack) {
     if (n == 1 && L->cat_rt.d.data) {
-      if (!nr_done) mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
+      mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
       shg = c->rlog + NE;
     } else if (!mm_parts(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE, NE, shg, 1, NE + 1, NULL, 0)) {
       mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
@@ -1170,9 +1111,8 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     prof(s, MODEL_PH_ROUTER);
   } else {
     if (n == 1 && L->cat_rt.d.data) {
-      if (!nr_done) mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
+      mm(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE + 1);
       shg = c->rlog + NE;
-    } else if (nr_done) { /* the router alone (no shared expert), in the norm's launch */
     } else if (Is == 0 ||
                !mm_parts(s, &L->cat_rt, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE, NE, shg, 1, NE + 1, NULL, 0)) {
       mm(s, &L->router, n, c->h, E, &H->router, xq_r, xs_r, c->rlog, NE);
@@ -1259,9 +1199,8 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   }
   if (!c->replay) {
     const bool shx = !L->sh_in_stack && Is > 0; /* the shared expert apart */
-    h_norm(s, x, c->comb_delta, next, n, l + 1, false, c->yr, c->selw, shx ? (int)K : ks, shx ? c->ys : NULL,
+    h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, shx ? (int)K : ks, shx ? c->ys : NULL,
            shx ? shg : NULL);
-    c->comb_delta = NULL;
   }
   prof(s, MODEL_PH_EXPERTS);
 }
@@ -1270,7 +1209,6 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
 static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n, float *logits, bool greedy) {
   (void)x;
   cu_sess *c = s->dev;
-  pn_flush(s); /* (never pending here: every residual() is followed by its MoE block) */
   const model *m = s->m;
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
@@ -1318,7 +1256,6 @@ static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n
 
 /* Staged in pinned memory (a recorded step copies there), copied out by eval_end. */
 static void cu_hidden(model_session *s, const float *x, int64_t first, int64_t n, float *dst) {
-  pn_flush(s); /* (never pending here: every residual() is followed by its MoE block) */
   cu_sess *c = s->dev;
   const int64_t E = s->m->hp.n_embd;
   if (!c->replay) cuda_rt_d2h_async(c->hid_h, x + first * E, (size_t)((n - first) * E) * 4, c->stream);

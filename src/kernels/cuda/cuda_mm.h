@@ -105,20 +105,9 @@ void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const flo
  * rmsnorm(x2 row t) * w2], each half cuda_rmsnorm's bits. */
 void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y, int64_t n_rows,
                        int64_t n, float eps, void *stream);
-/* (cuda_mm_combine_act's delta, when not NULL: x += delta first, the residual add a
- * cuda_mm_norm_router call left to it, the same bits as that add done by cuda_mm_norm_act) */
-void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *delta, const float *y, const float *w, int K,
-                         const float *sh, const float *sh_logit, const float *norm_w, float *h, float eps,
-                         int64_t n_tok, int64_t n, void *xq, size_t xq_stride, void *stream);
-/* One row's norm before the MoE and its float router (F32 / F16 / BF16 R of n columns) in one
- * launch: h = rmsnorm(x + delta) * w and xq = its quantization for W (NULL W / xq: none) as
- * cuda_mm_norm_act(W, x, delta, w, h, 1, n, eps, xq) writes them, and logits = R h as
- * cuda_mm_matmul(R, 1, h) writes them; x itself is NOT updated (the router's blocks all read it):
- * the caller passes delta to the MoE's cuda_mm_combine_act. 0 when launched, FLOE_E_UNSUPPORTED
- * (nothing launched) for other router types, an activation layout without the warp quantizer
- * (MLX), rows too long for the block's shared memory, or FLOE_CUDA_ACT2=0. */
-int cuda_mm_norm_router(const cuda_mat *R, const cuda_mat *W, const float *x, const float *delta, const float *w,
-                        float *h, int64_t n, float eps, void *xq, float *logits, void *stream);
+void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
+                         const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n,
+                         void *xq, size_t xq_stride, void *stream);
 
 /* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb).
  * xq_stride: a multiple of 64 (cuda_mm_act_bytes is), xq 64-byte aligned (the kernels read the

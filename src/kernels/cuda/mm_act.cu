@@ -132,6 +132,60 @@ __global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const fl
 }
 
 #define NORM_THREADS 512
+#define NORM_PER 4 /* values a thread keeps in registers (rows up to 2048 in one memory round trip) */
+
+/* The squares for sumsq16_rows: value i's square (a plain multiply, as sumsq16's) at row i % 16,
+ * column i / 16 of sq, rows sq_rs floats apart. sq_rs: a multiple of 4 (float4 rows) that is 4
+ * more than a multiple of 32 (the 16 rows start in different banks). */
+static __host__ __device__ __forceinline__ int sq_rs(int n) { return ((n + 15) / 16 + 31) / 32 * 32 + 4; }
+__device__ __forceinline__ void sq_put(float *sq, int rs, int i, float v) { sq[(i & 15) * rs + (i >> 4)] = __fmul_rn(v, v); }
+
+/* ops_sumsq16_warp from the squares sq_put stored (called by one whole warp): lane k < 16 adds
+ * its row, x[k]^2, x[k+16]^2, ... in order, then fold16: the same adds in the same order; the
+ * row comes in float4 loads, eight in flight, so the serial path is the chain of adds. */
+__device__ __forceinline__ float sumsq16_rows(const float *sq, int n) {
+  const int lane = threadIdx.x & 31, rs = sq_rs(n);
+  float acc = 0.0f;
+  if (lane < 16) {
+    const int cnt = (n - lane + 15) / 16; /* values lane + 16 m < n */
+    const float *r = sq + lane * rs;
+    int m = 0;
+#pragma unroll 8
+    for (; m + 4 <= cnt; m += 4) {
+      const float4 v = *(const float4 *)(r + m);
+      acc = __fadd_rn(acc, v.x);
+      acc = __fadd_rn(acc, v.y);
+      acc = __fadd_rn(acc, v.z);
+      acc = __fadd_rn(acc, v.w);
+    }
+    for (; m < cnt; m++) acc = __fadd_rn(acc, r[m]);
+  }
+  acc = ops_fold16(acc);
+  return __shfl_sync(0xffffffffu, acc, 0);
+}
+
+/* y = (xs * r) * w for the row staged in xs (r = 1 / sqrt(sumsq / n + eps), the CPU's 16-lane
+ * sum of squares: ops_sumsq16_warp, or sumsq16_rows from sq when sq is not NULL), into global y
+ * and back into xs; wr: this thread's weights for i = tid + k * bs, k < NORM_PER. */
+__device__ __forceinline__ void norm_row(float *xs, const float *sq, const float *__restrict__ w,
+                                         const float wr[NORM_PER], float *y, int n, float eps) {
+  __shared__ float rs;
+  const int tid = threadIdx.x, bs = blockDim.x;
+  __syncthreads();
+  if (tid < 32) {
+    const float ss = sq ? sumsq16_rows(sq, n) : ops_sumsq16_warp(xs, n);
+    if (tid == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
+  }
+  __syncthreads();
+  const float r = rs;
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int i = tid + k * bs;
+    if (i < n) xs[i] = y[i] = __fmul_rn(__fmul_rn(xs[i], r), wr[k]);
+  }
+  for (int i = tid + NORM_PER * bs; i < n; i += bs) xs[i] = y[i] = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
+  __syncthreads();
+}
 
 /* RMSNorm over rows, optionally after the residual add (x += delta, written back) and optionally
  * followed by the quantization of the normed row (qkind >= 0: act_row for qa into xq). One block
@@ -208,12 +262,10 @@ __global__ void __launch_bounds__(NORM_THREADS)
 #define COMB_THREADS 512
 #define COMB_KB 12 /* MoE slots whose loads the register path issues together */
 
-/* x[t] (+= delta[t] first, when delta is not NULL: the residual add that cuda_mm_norm_router left
- * to the combine) += sum_j w[t*K+j] * y[t*K+j] (j ascending) + sigmoid(sh_logit[t]) * sh[t]; then, when nw
+/* x[t] += sum_j w[t*K+j] * y[t*K+j] (j ascending) + sigmoid(sh_logit[t]) * sh[t]; then, when nw
  * is not NULL, h[t] = rmsnorm(x[t]) * nw, and when qkind >= 0 h[t] quantized for qa into xq. */
 __global__ void __launch_bounds__(COMB_THREADS)
-    k_combine(float *__restrict__ x, const float *__restrict__ delta, const float *__restrict__ y,
-              const float *__restrict__ w, int K,
+    k_combine(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ w, int K,
               const float *__restrict__ sh, const float *__restrict__ shl, const float *__restrict__ nw,
               float *__restrict__ h, float eps, int n, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs,
               int impl, int sqoff) {
@@ -238,7 +290,7 @@ __global__ void __launch_bounds__(COMB_THREADS)
     for (int k = 0; k < NORM_PER; k++) {
       const int i = tid + k * bs;
       acc[k] = 0.0f;
-      xv[k] = i < n ? (delta ? __fadd_rn(x[t * n + i], delta[t * n + i]) : x[t * n + i]) : 0.0f;
+      xv[k] = i < n ? x[t * n + i] : 0.0f;
       sv[k] = sh && i < n ? sh[t * n + i] : 0.0f;
     }
     for (int j0 = 0; j0 < K; j0 += COMB_KB) {
@@ -277,8 +329,7 @@ __global__ void __launch_bounds__(COMB_THREADS)
 #pragma unroll 8
     for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(y[(t * K + j) * n + i], w[t * K + j]));
     if (sh) acc = __fadd_rn(acc, __fmul_rn(sh[t * n + i], g));
-    const float xt = delta ? __fadd_rn(x[t * n + i], delta[t * n + i]) : x[t * n + i];
-    const float v = __fadd_rn(xt, acc);
+    const float v = __fadd_rn(x[t * n + i], acc);
     x[t * n + i] = v;
     xs[i] = v;
     if (sq) sq_put(sq, rs, i, v);
@@ -349,23 +400,6 @@ extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta
              delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
 }
 
-extern "C" int cuda_mm_norm_router(const cuda_mat *R, const cuda_mat *W, const float *x, const float *delta,
-                                   const float *w, float *h, int64_t n, float eps, void *xq, float *logits,
-                                   void *stream) {
-  if (!act2_on() || !R || !x || !delta || !w || n <= 0) return FLOE_E_UNSUPPORTED;
-  KArgs qa;
-  int qkind;
-  size_t extra;
-  act_epilogue(xq ? W : nullptr, &qa, &qkind, &extra);
-  if (qkind == KACT_MLX) return FLOE_E_UNSUPPORTED; /* act_row_warp does not take it */
-  const int sqoff = sq_off(n, extra);
-  if (!sqoff) return FLOE_E_UNSUPPORTED;
-  return mm_norm_plain1_launch(mm_kargs(R), x, delta, w, h, (int)n, eps, qa, qkind, (uint8_t *)xq, sqoff,
-                               norm_smem(n, extra, sqoff), logits, (cudaStream_t)stream)
-             ? 0
-             : FLOE_E_UNSUPPORTED;
-}
-
 extern "C" void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y,
                                   int64_t n_rows, int64_t n, float eps, void *stream) {
   if (n_rows <= 0) return;
@@ -374,9 +408,9 @@ extern "C" void cuda_mm_norm_pair(const float *x1, const float *w1, const float 
              x1, w1, x2, w2, y, (int)n, eps, sqoff);
 }
 
-extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *delta, const float *y, const float *w,
-                                    int K, const float *sh, const float *sh_logit, const float *norm_w, float *h,
-                                    float eps, int64_t n_tok, int64_t n, void *xq, size_t xq_stride, void *stream) {
+extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
+                                    const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok,
+                                    int64_t n, void *xq, size_t xq_stride, void *stream) {
   if (n_tok <= 0) return;
   KArgs qa;
   int qkind;
@@ -384,7 +418,7 @@ extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *de
   act_epilogue(xq && norm_w ? W : nullptr, &qa, &qkind, &extra);
   const int sqoff = norm_w && act2_on() ? sq_off(n, extra) : 0;
   pdl_launch(k_combine, dim3((unsigned)n_tok), dim3(COMB_THREADS), norm_smem(n, extra, sqoff), (cudaStream_t)stream, x,
-             delta, y, w, K, sh, sh_logit, norm_w, h, eps, (int)n, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
+             y, w, K, sh, sh_logit, norm_w, h, eps, (int)n, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
 }
 
 void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st) {

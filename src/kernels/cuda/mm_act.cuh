@@ -1,13 +1,11 @@
 /* The activation quantizer's device helpers (mm_act.cu's comment says what they compute): the
  * CPU's per-unit 127 / amax arithmetic, the Q4_K / Q5_K / IQ4_XS position permutations, and
- * act_row_warp, a row's A32 / A256 bytes with a warp per 256-value chunk; then the RMSNorm's row
- * helpers (the CPU's 16-lane sum of squares). In a header so that a matmul kernel can quantize
- * its own input row (k_k4s's MoE down projection) or norm it (k_norm_plain1, the router) with the
- * same code as k_act and k_norm. */
+ * act_row_warp, a row's A32 / A256 bytes with a warp per 256-value chunk. In a header so that a
+ * matmul kernel can quantize its own input row (k_k4s's MoE down projection) with the same code
+ * as k_act. */
 #ifndef FLOE_CUDA_MM_ACT_CUH
 #define FLOE_CUDA_MM_ACT_CUH
 #include "kernels/cuda/mm_common.cuh"
-#include "kernels/cuda/ops_common.cuh"
 
 namespace {
 
@@ -140,69 +138,6 @@ __device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *
       }
     }
   }
-}
-
-#define NORM_PER 4 /* values a thread keeps in registers (rows up to 2048 in one memory round trip) */
-
-/* The squares for sumsq16_rows: value i's square (a plain multiply, as sumsq16's) at row i % 16,
- * column i / 16 of sq, rows sq_rs floats apart. sq_rs: a multiple of 4 (float4 rows) that is 4
- * more than a multiple of 32 (the 16 rows start in different banks). */
-static __host__ __device__ __forceinline__ int sq_rs(int n) { return ((n + 15) / 16 + 31) / 32 * 32 + 4; }
-__device__ __forceinline__ void sq_put(float *sq, int rs, int i, float v) { sq[(i & 15) * rs + (i >> 4)] = __fmul_rn(v, v); }
-
-/* ops_sumsq16_warp from the squares sq_put stored (called by one whole warp): lane k < 16 adds
- * its row, x[k]^2, x[k+16]^2, ... in order, then fold16: the same adds in the same order; the
- * row comes in float4 loads, eight in flight, so the serial path is the chain of adds. */
-__device__ __forceinline__ float sumsq16_rows(const float *sq, int n) {
-  const int lane = threadIdx.x & 31, rs = sq_rs(n);
-  float acc = 0.0f;
-  if (lane < 16) {
-    const int cnt = (n - lane + 15) / 16; /* values lane + 16 m < n */
-    const float *r = sq + lane * rs;
-    int m = 0;
-#pragma unroll 8
-    for (; m + 4 <= cnt; m += 4) {
-      const float4 v = *(const float4 *)(r + m);
-      acc = __fadd_rn(acc, v.x);
-      acc = __fadd_rn(acc, v.y);
-      acc = __fadd_rn(acc, v.z);
-      acc = __fadd_rn(acc, v.w);
-    }
-    for (; m < cnt; m++) acc = __fadd_rn(acc, r[m]);
-  }
-  acc = ops_fold16(acc);
-  return __shfl_sync(0xffffffffu, acc, 0);
-}
-
-/* y = (xs * r) * w for the row staged in xs (r = 1 / sqrt(sumsq / n + eps), the CPU's 16-lane
- * sum of squares: ops_sumsq16_warp, or sumsq16_rows from sq when sq is not NULL), into global y
- * (when not NULL) and back into xs; wr: this thread's weights for i = tid + k * bs, k < NORM_PER. */
-__device__ __forceinline__ void norm_row(float *xs, const float *sq, const float *__restrict__ w,
-                                         const float wr[NORM_PER], float *y, int n, float eps) {
-  __shared__ float rs;
-  const int tid = threadIdx.x, bs = blockDim.x;
-  __syncthreads();
-  if (tid < 32) {
-    const float ss = sq ? sumsq16_rows(sq, n) : ops_sumsq16_warp(xs, n);
-    if (tid == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
-  }
-  __syncthreads();
-  const float r = rs;
-#pragma unroll
-  for (int k = 0; k < NORM_PER; k++) {
-    const int i = tid + k * bs;
-    if (i < n) {
-      const float v = __fmul_rn(__fmul_rn(xs[i], r), wr[k]);
-      xs[i] = v;
-      if (y) y[i] = v;
-    }
-  }
-  for (int i = tid + NORM_PER * bs; i < n; i += bs) {
-    const float v = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
-    xs[i] = v;
-    if (y) y[i] = v;
-  }
-  __syncthreads();
 }
 
 } // namespace

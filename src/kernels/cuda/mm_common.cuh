@@ -75,11 +75,6 @@ bool mm_k4_down_qx_launch(const KArgs &a, int64_t ns, const int32_t *ids, const 
                           float *Y, int64_t ldy, cudaStream_t st);
 /* 1 when activation rows are quantized with act_row_warp (FLOE_CUDA_ACT2, mm_act.cu) */
 int mm_act2_on(void);
-/* mm_float.cu's k_norm_plain1 (cuda_mm_norm_router): false (nothing launched) for other types or
- * shapes */
-bool mm_norm_plain1_launch(const KArgs &a, const float *x, const float *delta, const float *w, float *h, int n,
-                           float eps, const KArgs &qa, int qkind, uint8_t *xq, int sqoff, size_t smem, float *Y,
-                           cudaStream_t st);
 bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, const MMOut &o, cudaStream_t st);
 /* k_q16's several-row launch for the other quantized types (Q8_0, Q6_K, ...; mm_q16.cu) */
 bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);

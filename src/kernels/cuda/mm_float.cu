@@ -14,7 +14,6 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/mm_common.cuh"
-#include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -675,45 +674,6 @@ __global__ void __launch_bounds__(128) k_plain1(KArgs a, const float *__restrict
   if ((threadIdx.x & 31) == 0) Y[r] = y;
 }
 
-/* The decode step's norm before the MoE and its float router in one launch (k_norm's and
- * k_plain1's work; cuda_mm_norm_router): every block forms v = x + delta and h = rmsnorm(v) * w as
- * k_norm does (the same helpers: the CPU's 16-lane sum of squares, then (v r) w), in shared memory,
- * then its warps' router rows as k_plain1 (plain1_row on h). Block 0 also stores h and its
- * quantization for the experts (act_row_warp, k_norm's epilogue). x is not written (other blocks
- * read it): the combine adds delta to x itself (cuda_mm_combine_act's delta). A block's norm is a
- * chain of ~2 K values from L2, the launch it saves a kernel boundary and the L2 round trip of h. */
-template <int T>
-__global__ void __launch_bounds__(128)
-    k_norm_plain1(KArgs a, const float *__restrict__ x, const float *__restrict__ delta, const float *__restrict__ w,
-                  float *__restrict__ h, int n, float eps, KArgs qa, int qkind, uint8_t *__restrict__ xq, int sqoff,
-                  float *__restrict__ Y, int pf) {
-  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (pf && r < a.rows) mm_pf_l2(mm_row(a, 0, r), a.row_bytes, threadIdx.x & 31); /* the row, before the wait */
-  PDL_ENTER();
-  extern __shared__ float xs[];
-  float *sq = xs + sqoff;
-  const int rs = sq_rs(n), tid = threadIdx.x, bs = blockDim.x;
-  const bool b0 = blockIdx.x == 0;
-  float wr[NORM_PER];
-#pragma unroll
-  for (int k = 0; k < NORM_PER; k++) {
-    const int i = tid + k * bs;
-    wr[k] = i < n ? w[i] : 0.0f;
-  }
-#pragma unroll 4
-  for (int i = tid; i < n; i += bs) {
-    const float v = __fadd_rn(x[i], delta[i]);
-    xs[i] = v;
-    sq_put(sq, rs, i, v);
-  }
-  norm_row(xs, sq, w, wr, b0 ? h : nullptr, n, eps);
-  if (b0 && qkind >= 0) act_row_warp(qa, qkind, xs, xq);
-  if (r < a.rows) { /* warp-uniform */
-    const float y = plain1_row<T>(a, r, xs);
-    if ((tid & 31) == 0) Y[r] = y;
-  }
-}
-
 /* A few activation rows (2..PN_NB: a speculative verify, a small batch) with k_plain1's shape: a
  * warp per weight row, whose values are loaded once per 64-value step and used for every
  * activation row; each (weight row, activation row) output is plain1_row's chain (lanes 2t / 2t+1
@@ -990,23 +950,6 @@ int router_route_launch(const KArgs &a, const float *x, float *logits, int NE, i
 #undef RT_TYPE
 #undef RT_LAUNCH
   return 0;
-}
-
-bool mm_norm_plain1_launch(const KArgs &a, const float *x, const float *delta, const float *w, float *h, int n,
-                           float eps, const KArgs &qa, int qkind, uint8_t *xq, int sqoff, size_t smem, float *Y,
-                           cudaStream_t st) {
-  if ((a.type != FLOE_TYPE_F32 && a.type != FLOE_TYPE_F16 && a.type != FLOE_TYPE_BF16) || a.cols != n ||
-      a.n_expert != 1)
-    return false;
-  const dim3 g((unsigned)((a.rows + 3) / 4));
-  const int pf = mm_pf_on();
-#define NP_LAUNCH(T) \
-  pdl_launch(k_norm_plain1<T>, g, dim3(128), smem, st, a, x, delta, w, h, n, eps, qa, qkind, xq, sqoff, Y, pf)
-  if (a.type == FLOE_TYPE_F32) NP_LAUNCH(FLOE_TYPE_F32);
-  else if (a.type == FLOE_TYPE_F16) NP_LAUNCH(FLOE_TYPE_F16);
-  else NP_LAUNCH(FLOE_TYPE_BF16);
-#undef NP_LAUNCH
-  return true;
 }
 
 bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, const MMOut &o, cudaStream_t st) {

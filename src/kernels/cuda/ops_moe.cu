@@ -95,7 +95,7 @@ extern "C" void cuda_moe_route_sh(const float *logits, int64_t n_tok, int n_expe
 extern "C" void cuda_moe_combine(float *x, const float *y, const float *w, int K, const float *sh,
                                  const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok,
                                  int64_t n, void *stream) {
-  cuda_mm_combine_act(NULL, x, NULL, y, w, K, sh, sh_logit, norm_w, h, eps, n_tok, n, NULL, 0, stream);
+  cuda_mm_combine_act(NULL, x, y, w, K, sh, sh_logit, norm_w, h, eps, n_tok, n, NULL, 0, stream);
 }
 
 static __global__ void k_silu_glu(float *g, const float *u, int64_t n) {
