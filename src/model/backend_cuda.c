@@ -1122,7 +1122,9 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     else cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
     prof(s, MODEL_PH_ROUTER);
   }
-  const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : cm->output_norm;
+  /* the combine's norm: the next layer's input norm; after the last layer the output norm, after
+   * the MTP block (l = n_layer) its own norm (mtp_end / sg_mtp read that h, quantized for the head) */
+  const float *next = l + 1 < hp->n_layer ? cm->L[l + 1].attn_norm : l >= hp->n_layer ? cm->mtp_norm : cm->output_norm;
   /* several tokens: the slots grouped by expert, each expert's weights read once per tile of slots
    * (decode keeps the per-slot kernels: one token has one slot per expert) */
   const int ks = L->sh_in_stack ? (int)K + 1 : (int)K;
@@ -1308,9 +1310,9 @@ static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h,
   mtp_concat(s, hd, n, emb, cat);
   c->hq[0] = c->hq[1] = NULL; /* h is about to change: no quantized copy of it is valid */
   mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
-  /* the block's attention input (cu_attention reads h; it quantizes h itself, hq being empty) */
-  cuda_rmsnorm(x, cm->L[m->hp.n_layer].attn_norm, c->h, n, E, eps, c->stream);
-  c->hq[0] = c->hq[1] = NULL;
+  /* the block's attention input, quantized in the same launch for its first matmul (as a layer's
+   * input norm: h_norm) */
+  h_norm(s, x, NULL, cm->L[m->hp.n_layer].attn_norm, n, m->hp.n_layer, false, NULL, NULL, 0, NULL, NULL);
   prof(s, MODEL_PH_OTHER);
   return x;
 }
@@ -1321,12 +1323,8 @@ static int cu_mtp_end(model_session *s, float *x, int64_t n, int64_t first, floa
   const model *m = s->m;
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd;
-  if (!c->replay) {
-    /* the MoE's combine left h = output_norm(x) (its "next" norm); the block's own norm instead */
-    cuda_rmsnorm(x, cm->mtp_norm, c->h, n, E, m->hp.rms_eps, c->stream);
-    c->hq[0] = c->hq[1] = NULL;
-    if (h_out) cuda_rt_d2h_async(c->hid_h, c->h, (size_t)(n * E) * sizeof(float), c->stream);
-  }
+  /* the MoE's combine left h = mtp_norm(x) (its "next" norm for l = n_layer), quantized for the head */
+  if (!c->replay && h_out) cuda_rt_d2h_async(c->hid_h, c->h, (size_t)(n * E) * sizeof(float), c->stream);
   if (h_out) {
     c->hid_dst = h_out;
     c->hid_rows = n;
@@ -1370,12 +1368,9 @@ static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *
   mtp_concat(s, hd, n, emb, cat);
   c->hq[0] = c->hq[1] = NULL;
   mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
-  cuda_rmsnorm(x, cm->L[l].attn_norm, c->h, n, E, eps, c->stream);
-  c->hq[0] = c->hq[1] = NULL;
+  h_norm(s, x, NULL, cm->L[l].attn_norm, n, l, false, NULL, NULL, 0, NULL, NULL);
   cu_attention(s, l, x, n, 0, true);
-  cu_moe(s, l, x, n);
-  cuda_rmsnorm(x, cm->mtp_norm, c->h, n, E, eps, c->stream);
-  c->hq[0] = c->hq[1] = NULL;
+  cu_moe(s, l, x, n); /* its combine leaves h = mtp_norm(x), quantized for the head */
   mm_own(s, &cm->output, 1, c->h + (n - 1) * E, E, c->logits, V);
   cuda_argmax(c->logits, V, draft, c->amax_scr, c->stream);
   c->tok = tok0;
