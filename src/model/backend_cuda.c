@@ -622,12 +622,10 @@ static const dmat *next_act(model_session *s, int64_t l, bool moe, int *slot) {
 /* h = rmsnorm(x (+= delta)) * w, n rows (delta NULL: no add), quantized in the same launch for
  * the next_act(l_next, moe) consumer; or, when y is not NULL, the MoE combine of y (K slots,
  * weights wts, shared expert sh / shl) into x first. */
-static void h_norm(model_session *s, float *x, const float *delta, const float *w, int64_t n, int64_t l_next, bool moe,
-                   const float *y, const float *wts, int K, const float *sh, const float *shl) {
+static void h_norm_at(model_session *s, float *x, const float *delta, const float *w, int64_t n, const dmat *lay,
+                      int slot, const float *y, const float *wts, int K, const float *sh, const float *shl) {
   cu_sess *c = s->dev;
   const floe_hparams *hp = &s->m->hp;
-  int slot = 0;
-  const dmat *lay = next_act(s, l_next, moe, &slot);
   c->hq[0] = c->hq[1] = NULL;
   const cuda_mat *W = lay ? &lay->d : NULL;
   void *xq = lay ? c->xq[slot] : NULL;
@@ -640,6 +638,22 @@ static void h_norm(model_session *s, float *x, const float *delta, const float *
     c->hq[slot] = lay->h;
     c->hq_n = n;
   }
+}
+static void h_norm(model_session *s, float *x, const float *delta, const float *w, int64_t n, int64_t l_next, bool moe,
+                   const float *y, const float *wts, int K, const float *sh, const float *shl) {
+  int slot = 0;
+  const dmat *lay = next_act(s, l_next, moe, &slot);
+  h_norm_at(s, x, delta, w, n, lay, slot, y, wts, K, sh, shl);
+}
+
+/* The MTP block's input norm (layer n_layer, full attention), quantized in the same launch for
+ * its attention's first matmul as next_act quantizes a trunk attention layer's input (next_act's
+ * l = n_layer is the output head: the last trunk layer's combine asks for that one). */
+static void h_norm_mtp(model_session *s, float *x, int64_t n) {
+  const cu_model *cm = s->m->dev;
+  const cu_layer *L = &cm->L[s->m->hp.n_layer];
+  const dmat *lay = s->act_q && act_bytes_of(&L->wq) ? &L->wq : NULL;
+  h_norm_at(s, x, NULL, L->attn_norm, n, lay, 0, NULL, NULL, 0, NULL, NULL);
 }
 
 /* Y = W X through the input prepared for layout lay (quantized when W shares it), else float. */
@@ -1312,7 +1326,7 @@ static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h,
   mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
   /* the block's attention input, quantized in the same launch for its first matmul (as a layer's
    * input norm: h_norm) */
-  h_norm(s, x, NULL, cm->L[m->hp.n_layer].attn_norm, n, m->hp.n_layer, false, NULL, NULL, 0, NULL, NULL);
+  h_norm_mtp(s, x, n);
   prof(s, MODEL_PH_OTHER);
   return x;
 }
@@ -1368,7 +1382,7 @@ static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *
   mtp_concat(s, hd, n, emb, cat);
   c->hq[0] = c->hq[1] = NULL;
   mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
-  h_norm(s, x, NULL, cm->L[l].attn_norm, n, l, false, NULL, NULL, 0, NULL, NULL);
+  h_norm_mtp(s, x, n);
   cu_attention(s, l, x, n, 0, true);
   cu_moe(s, l, x, n); /* its combine leaves h = mtp_norm(x), quantized for the head */
   mm_own(s, &cm->output, 1, c->h + (n - 1) * E, E, c->logits, V);
