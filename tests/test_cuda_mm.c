@@ -697,6 +697,7 @@ static void check_act(uint32_t type, int64_t cols, int nb) {
  * equal the plain norm's (cuda_add_rmsnorm / cuda_moe_combine, held to the CPU by test_cuda_ops),
  * the x written back equals, and the quantized bytes equal cuda_mm_act_quantize of those rows and
  * the CPU's kern_act_quantize_rows. */
+static int g_act2 = 1; /* the quantizer form set by cuda_mm_set_act2 (check_norm_act's norm pair) */
 static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int64_t n, int T) {
   tmat m = make_mat(type, bits, group, sbt, 3, n, 1);
   char nm[64];
@@ -748,6 +749,35 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
     }
     CHECK(qok, "%s n=%lld T=%d %s fused: quantized bytes == cuda_mm_act_quantize", nm, (long long)n, T, fn);
     CHECK(cok, "%s n=%lld T=%d %s fused: quantized bytes == kern_act_quantize_rows", nm, (long long)n, T, fn);
+  }
+  { /* the MTP's norm pair with the quantization of its 2n-value rows for a 2n-column matrix */
+    tmat m2 = make_mat(type, bits, group, sbt, 3, 2 * n, 1);
+    dmat g2 = upload(&m2, 1);
+    const size_t ab2 = kern_act_bytes(&m2.W), xs2 = (ab2 + 63) / 64 * 64 + 64, fb2 = 2 * fb;
+    float *dp1 = dev_put(NULL, fb2), *dp2 = dev_put(NULL, fb2), *p1 = malloc(fb2), *p2 = malloc(fb2);
+    void *dr1 = dev_put(NULL, xs2 * T), *dr2 = dev_put(NULL, xs2 * T);
+    uint8_t *r1 = malloc(xs2 * T), *r2 = malloc(xs2 * T);
+    cuda_rt_h2d(dx1, x, fb, err, sizeof err);
+    dev_poison(dp1, fb2), dev_poison(dp2, fb2), dev_poison(dr1, xs2 * T), dev_poison(dr2, xs2 * T);
+    const int qd = cuda_mm_norm_pair_act(&g2.M, dx1, dw, ddl, dw, dp1, T, n, 1e-6f, dr1, xs2, NULL);
+    cuda_mm_norm_pair(dx1, dw, ddl, dw, dp2, T, n, 1e-6f, NULL);
+    cuda_mm_act_quantize(&g2.M, T, dp2, 2 * n, dr2, xs2, NULL);
+    CHECK(cuda_rt_check("norm_pair_act", err, sizeof err) == 0, "%s norm pair launch: %s", nm, err);
+    const int want = n % 256 == 0 && type != FLOE_TYPE_MLX && g_act2;
+    CHECK(qd == want, "%s n=%lld T=%d norm pair: %s", nm, (long long)n, T, want ? "quantized in the launch" : "not quantized (refused)");
+    dev_get(p1, dp1, fb2), dev_get(p2, dp2, fb2), dev_get(r1, dr1, xs2 * T), dev_get(r2, dr2, xs2 * T);
+    CHECK(memcmp(p1, p2, fb2) == 0, "%s n=%lld T=%d norm pair (quantizing): the normed rows == cuda_mm_norm_pair's", nm,
+          (long long)n, T);
+    if (qd) {
+      int ok = 1;
+      for (int t = 0; t < T; t++) ok &= memcmp(r1 + (size_t)t * xs2, r2 + (size_t)t * xs2, ab2) == 0;
+      CHECK(ok, "%s n=%lld T=%d norm pair: its quantized rows == cuda_mm_act_quantize of the 2n-value rows", nm,
+            (long long)n, T);
+    }
+    cuda_rt_free(dp1), cuda_rt_free(dp2), cuda_rt_free(dr1), cuda_rt_free(dr2);
+    free(p1), free(p2), free(r1), free(r2);
+    dmat_free(&g2);
+    tmat_free(&m2);
   }
   void *frees[] = {dw, ddl, dy, dwt, dsh, dshl, dx1, dx2, dh1, dh2, dq1, dq2};
   for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) cuda_rt_free(frees[i]);
@@ -941,9 +971,11 @@ int main(void) {
   for (int impl = 0; impl < 2; impl++) {
     SECTION("norms with the quantization fused (%s)", impl ? "warp per chunk, combine loads batched" : "first forms");
     cuda_mm_set_act2(impl);
+    g_act2 = impl;
     check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 2048, 1);
     check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 256 * 3, 3);
     check_norm_act(FLOE_TYPE_Q8_0, 0, 0, 0, 32 * 37, 2);
+    check_norm_act(FLOE_TYPE_Q8_0, 0, 0, 0, 256, 2); /* the default model's width: its MTP norm pair quantizes */
     check_norm_act(FLOE_TYPE_IQ4_XS, 0, 0, 0, 256 * 5, 1);
     check_norm_act(FLOE_TYPE_Q6_K, 0, 0, 0, 256 * 9, 2);
     check_norm_act(FLOE_TYPE_Q5_K, 0, 0, 0, 256 * 12, 1); /* past the combine's register path */
@@ -951,6 +983,7 @@ int main(void) {
     check_norm_act(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 32 * 40, 1);
   }
   cuda_mm_set_act2(1);
+  g_act2 = 1;
   SECTION("mlx");
   static const int mbits[] = {4, 8, 2, 3, 5, 6};
   static const int mgroups[] = {32, 64, 128};

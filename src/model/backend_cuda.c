@@ -1291,7 +1291,7 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen);
 /* The MTP block's input rows: the embedding rows of c->tok (into emb) and h rows hd, each normed
  * into its half of the [n][2E] concat rows cat (one norm launch per half row: the norm kernel
  * writes contiguous rows). */
-static void mtp_concat(model_session *s, const float *hd, int64_t n, float *emb, float *cat) {
+static size_t mtp_concat(model_session *s, const float *hd, int64_t n, float *emb, float *cat) {
   cu_sess *c = s->dev;
   const cu_model *cm = s->m->dev;
   const int64_t E = s->m->hp.n_embd;
@@ -1301,7 +1301,24 @@ static void mtp_concat(model_session *s, const float *hd, int64_t n, float *emb,
     cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
   else
     cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
-  cuda_mm_norm_pair(emb, cm->mtp_enorm, hd, cm->mtp_hnorm, cat, n, E, eps, c->stream);
+  /* the concat rows quantized for mtp_fc in the same launch where the norms' kernel can (xq[1]) */
+  const dmat *F = s->act_q && act_bytes_of(&cm->mtp_fc) ? &cm->mtp_fc : NULL;
+  const size_t xs = F ? cuda_mm_act_bytes(&F->d) : 0;
+  return cuda_mm_norm_pair_act(F ? &F->d : NULL, emb, cm->mtp_enorm, hd, cm->mtp_hnorm, cat, n, E, eps,
+                               F ? c->xq[1] : NULL, xs, c->stream)
+             ? xs
+             : 0;
+}
+
+/* x = mtp_fc cat (n rows of 2E): through the quantized rows mtp_concat left in xq[1] (xs: their
+ * stride, 0: none), else quantized here */
+static void mtp_fc_mm(model_session *s, int64_t n, const float *cat, float *x, size_t xs) {
+  cu_sess *c = s->dev;
+  const cu_model *cm = s->m->dev;
+  const int64_t E = s->m->hp.n_embd;
+  c->hq[0] = c->hq[1] = NULL; /* xq[1] holds cat's rows, not h's */
+  if (xs) mm(s, &cm->mtp_fc, n, cat, 2 * E, cm->mtp_fc.h, c->xq[1], xs, x, E);
+  else mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
 }
 
 static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h, int64_t n, int64_t pos0,
@@ -1321,9 +1338,8 @@ static float *cu_mtp_begin(model_session *s, const int32_t *tok, const float *h,
    * at least [B][2E]: model_mtp_eval checks 2n <= B*K) */
   float *emb = c->ys, *hd = c->out, *cat = c->yr;
   cuda_rt_h2d_async(hd, c->hin_h, (size_t)(n * E) * sizeof(float), c->stream);
-  mtp_concat(s, hd, n, emb, cat);
-  c->hq[0] = c->hq[1] = NULL; /* h is about to change: no quantized copy of it is valid */
-  mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
+  const size_t cxs = mtp_concat(s, hd, n, emb, cat);
+  mtp_fc_mm(s, n, cat, x, cxs); /* (h is about to change: hq cleared there) */
   /* the block's attention input, quantized in the same launch for its first matmul (as a layer's
    * input norm: h_norm) */
   h_norm_mtp(s, x, n);
@@ -1379,9 +1395,8 @@ static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *
   c->tok = tokd;
   c->pos = posd;
   float *x = c->x, *emb = c->ys, *cat = c->yr;
-  mtp_concat(s, hd, n, emb, cat);
-  c->hq[0] = c->hq[1] = NULL;
-  mm_own(s, &cm->mtp_fc, n, cat, 2 * E, x, E);
+  const size_t cxs = mtp_concat(s, hd, n, emb, cat);
+  mtp_fc_mm(s, n, cat, x, cxs);
   h_norm_mtp(s, x, n);
   cu_attention(s, l, x, n, 0, true);
   cu_moe(s, l, x, n); /* its combine leaves h = mtp_norm(x), quantized for the head */

@@ -105,6 +105,11 @@ void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const flo
  * rmsnorm(x2 row t) * w2], each half cuda_rmsnorm's bits. */
 void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y, int64_t n_rows,
                        int64_t n, float eps, void *stream);
+/* cuda_mm_norm_pair, and when W (2n columns) has an activation layout that the warp quantizer
+ * writes in whole 256-value chunks (n a multiple of 256, not MLX, FLOE_CUDA_ACT2 on) xq row t =
+ * cuda_mm_act_quantize(W) of y row t, in the same launch: returns 1 then, else 0 (xq not written). */
+int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const float *w1, const float *x2, const float *w2,
+                          float *y, int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream);
 void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
                          const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n,
                          void *xq, size_t xq_stride, void *stream);

@@ -233,10 +233,13 @@ __global__ void __launch_bounds__(NORM_THREADS)
 }
 
 /* The MTP's input rows: y row t = [rmsnorm(x1 row t) * w1 | rmsnorm(x2 row t) * w2] (rows of n, y's
- * of 2n), a block per half row: k_norm's loads and norm_row, so each half is k_norm's bits. */
+ * of 2n), a block per half row: k_norm's loads and norm_row, so each half is k_norm's bits; with
+ * qkind >= 0 each block also writes its half's chunks of y row t's quantization (act_row_warp's
+ * bytes: its 256-value chunks do not depend on each other). */
 __global__ void __launch_bounds__(NORM_THREADS)
     k_norm_pair(const float *__restrict__ x1, const float *__restrict__ w1, const float *__restrict__ x2,
-                const float *__restrict__ w2, float *__restrict__ y, int n, float eps, int sqoff) {
+                const float *__restrict__ w2, float *__restrict__ y, int n, float eps, int sqoff, KArgs qa, int qkind,
+                uint8_t *__restrict__ xq, size_t xqs) {
   PDL_ENTER();
   extern __shared__ float xs[];
   float *sq = sqoff ? xs + sqoff : nullptr;
@@ -257,6 +260,8 @@ __global__ void __launch_bounds__(NORM_THREADS)
     if (sq) sq_put(sq, rs, i, v);
   }
   norm_row(xs, sq, w, wr, y + (2 * t + h) * n, n, eps);
+  /* the half's chunks of the 2n-value row's quantization for qa (n a multiple of 256) */
+  if (qkind >= 0) act_row_warp_from(qa, qkind, xs, xq + (size_t)t * xqs, n, h * (n / 256));
 }
 
 #define COMB_THREADS 512
@@ -400,12 +405,24 @@ extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta
              delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
 }
 
-extern "C" void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y,
-                                  int64_t n_rows, int64_t n, float eps, void *stream) {
-  if (n_rows <= 0) return;
+extern "C" int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const float *w1, const float *x2,
+                                     const float *w2, float *y, int64_t n_rows, int64_t n, float eps, void *xq,
+                                     size_t xq_stride, void *stream) {
+  if (n_rows <= 0) return 0;
+  KArgs qa;
+  int qkind;
+  size_t extra;
+  act_epilogue(xq && W && W->cols == 2 * n ? W : nullptr, &qa, &qkind, &extra);
+  if (qkind == KACT_MLX || !act2_on() || n % 256) qkind = -1; /* the warp quantizer's whole chunks only */
   const int sqoff = act2_on() ? sq_off(n, 0) : 0;
   pdl_launch(k_norm_pair, dim3((unsigned)(2 * n_rows)), dim3(NORM_THREADS), norm_smem(n, 0, sqoff), (cudaStream_t)stream,
-             x1, w1, x2, w2, y, (int)n, eps, sqoff);
+             x1, w1, x2, w2, y, (int)n, eps, sqoff, qa, qkind, (uint8_t *)xq, xq_stride);
+  return qkind >= 0;
+}
+
+extern "C" void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y,
+                                  int64_t n_rows, int64_t n, float eps, void *stream) {
+  (void)cuda_mm_norm_pair_act(NULL, x1, w1, x2, w2, y, n_rows, n, eps, NULL, 0, stream);
 }
 
 extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,

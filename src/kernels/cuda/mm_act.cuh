@@ -61,11 +61,12 @@ __device__ __forceinline__ int perm256(int type, int p) {
 
 /* act_row for KACT_A32 / KACT_A256 (kind), a warp per 256-value chunk: lane l holds values
  * 4l..4l+3 and 128+4l..128+4l+3 of its chunk (one A256 unit; eight A32 units of 8 lanes each).
- * Needs no shared memory and no barrier; x: shared or global memory. */
-__device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *o) {
-  int8_t *q = (int8_t *)o;
-  float *d = (float *)(o + a.off_d);
-  const int n = (int)a.cols;
+ * Needs no shared memory and no barrier; x: shared or global memory. act_row_warp_at: n values
+ * of x (a multiple of 256 unless they end the row) into the row's parts at q (codes), d (scales)
+ * and sp (the A256 16-value sums / the A32 scales repeated), each already moved to the first
+ * chunk written: act_row_warp's bytes for those chunks of a longer row. */
+__device__ __forceinline__ void act_row_warp_at(const KArgs &a, int kind, const float *x, int8_t *q, float *d,
+                                                uint8_t *sp, int n) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int c = warp; c * 256 < n; c += nw) {
     const int j0 = c * 256 + 4 * lane, j1 = j0 + 128;
@@ -104,7 +105,7 @@ __device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *
       int8_t *qc = q + c * 256;
       *(uint32_t *)(qc + iperm256(a.type, 4 * lane)) = pack4(q0);
       *(uint32_t *)(qc + iperm256(a.type, 128 + 4 * lane)) = pack4(q1);
-      int16_t *bs = (int16_t *)(o + a.off_s) + c * 16;
+      int16_t *bs = (int16_t *)sp + c * 16;
       if ((lane & 3) == 0) {
         bs[lane >> 2] = (int16_t)s0;
         bs[8 + (lane >> 2)] = (int16_t)s1;
@@ -122,7 +123,7 @@ __device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *
         q0[i] = q8i(v0[i], id0);
         q1[i] = q8i(v1[i], id1);
       }
-      float *dexp = (float *)(o + a.off_s);
+      float *dexp = (float *)sp;
       const int u0 = c * 8 + (lane >> 3), u1 = u0 + 4, i8 = lane & 7;
       if (in0) {
         *(uint32_t *)(q + j0) = pack4(q0);
@@ -138,6 +139,15 @@ __device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *
       }
     }
   }
+}
+__device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *o) {
+  act_row_warp_at(a, kind, x, (int8_t *)o, (float *)(o + a.off_d), o + a.off_s, (int)a.cols);
+}
+/* chunks c0.. of the row at o (256 values each) from x */
+__device__ __forceinline__ void act_row_warp_from(const KArgs &a, int kind, const float *x, uint8_t *o, int n, int c0) {
+  const bool u = kind == KACT_A256;
+  act_row_warp_at(a, kind, x, (int8_t *)o + (size_t)c0 * 256, (float *)(o + a.off_d) + (u ? c0 : 8 * c0),
+                  o + a.off_s + (u ? (size_t)c0 * 16 * 2 : (size_t)c0 * 64 * 4), n);
 }
 
 } // namespace
