@@ -1075,6 +1075,16 @@ static void cu_gdn_multi(model_session *lead, const model_rows *r, int k, int64_
   gdn_rows(lead, r, k, l, x, n);
 }
 
+/* The routing of n tokens from c->rlog into c->sel / c->selw; shg: the shared expert's gate logits
+ * when it is slot K of the stack (id n_expert), else NULL. */
+static void moe_route(model_session *s, int64_t n, const float *shg) {
+  cu_sess *c = s->dev;
+  const floe_hparams *hp = &s->m->hp;
+  const int NE = (int)hp->n_expert, K = (int)hp->n_expert_used, nt = hp->norm_topk ? 1 : 0;
+  if (shg) cuda_moe_route_sh(c->rlog, n, NE, K, nt, shg, NE, c->sel, c->selw, c->stream);
+  else cuda_moe_route(c->rlog, n, NE, K, nt, c->sel, c->selw, c->stream);
+}
+
 static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
   cu_sess *c = s->dev;
   if (c->replay && !c->seg) return; /* a segmented step comes here for the host decisions */
@@ -1121,7 +1131,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
       mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
     }
     if (defer) deferred = true;
-    else cuda_moe_route_sh(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, shg, (int)NE, c->sel, c->selw, c->stream);
+    else moe_route(s, n, shg);
     prof(s, MODEL_PH_ROUTER);
   } else {
     if (n == 1 && L->cat_rt.d.data) {
@@ -1133,7 +1143,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
       if (Is > 0) mm(s, &L->sh_gate_inp, n, c->h, E, &H->router, xq_r, xs_r, shg, 1);
     }
     if (defer) deferred = true;
-    else cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
+    else moe_route(s, n, NULL);
     prof(s, MODEL_PH_ROUTER);
   }
   /* the combine's norm: the next layer's input norm; after the last layer the output norm, after
@@ -1185,11 +1195,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     if (!deferred || cuda_mm_moe_gate_up_route(&L->gate.d, &L->up.d, c->rlog, (int)NE, (int)K, hp->norm_topk ? 1 : 0,
                                                L->sh_in_stack ? (int)NE : -1, c->sel, c->selw, xq_e, c->hr, I,
                                                c->stream) != 0) {
-      if (deferred && L->sh_in_stack)
-        cuda_moe_route_sh(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, shg, (int)NE, c->sel, c->selw,
-                          c->stream);
-      else if (deferred)
-        cuda_moe_route(c->rlog, n, (int)NE, (int)K, hp->norm_topk ? 1 : 0, c->sel, c->selw, c->stream);
+      if (deferred) moe_route(s, n, L->sh_in_stack ? shg : NULL);
       cuda_mm_moe_gate_up_grp(&L->gate.d, &L->up.d, n, ks, ids, grp, c->h, E, qe ? xq_e : NULL, qe ? xs_e : 0, c->hr,
                               I, c->stream);
     }

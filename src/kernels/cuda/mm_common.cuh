@@ -236,6 +236,13 @@ int mm_resident_blocks(F k, int threads) {
     return nsm * per;
   return -1;
 }
+/* mm_grid_capped for kernel K (THREADS a block), its resident blocks asked once per kernel */
+template <auto K, int THREADS = 128>
+unsigned mm_grid_of(int64_t g4, unsigned gy) {
+  static int cap = 0; /* per kernel */
+  if (!cap) cap = mm_resident_blocks(K, THREADS);
+  return mm_grid_capped(g4, gy, cap);
+}
 /* the integer value of environment variable name, dflt when it is unset or empty */
 static inline int mm_env_int(const char *name, int dflt) {
   const char *e = getenv(name);

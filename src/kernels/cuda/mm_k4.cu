@@ -882,55 +882,9 @@ unsigned mm_grid_capped(int64_t g4, unsigned gy, int cap) {
 
 namespace {
 
-/* k_k4w's x blocks for g4 needed (a block per 4 rows) and gy slots: without prefetch, g4; with it,
- * at most what is resident at once over all slots (so every block prefetches before the wait). */
-
-template <int T, int MODE, int NR = 1, bool V = false>
-unsigned k4w_grid(int64_t g4, unsigned gy) {
-  static int cap = 0; /* per instantiation */
-  if (!cap) cap = mm_resident_blocks(k_k4w<T, MODE, NR, V>, 128);
-  return mm_grid_capped(g4, gy, cap);
-}
-
-/* k4w_grid for k_k4w_rt */
-template <int T, int RR>
-unsigned k4w_rt_grid(int64_t g4, unsigned gy) {
-  static int cap = 0;
-  if (!cap) cap = mm_resident_blocks(k_k4w_rt<T, RR>, 128);
-  return mm_grid_capped(g4, gy, cap);
-}
-
-/* k4w_grid for k_k4w2 */
-template <int T, bool V = false>
-unsigned k4w2_grid(int64_t g4) {
-  static int cap = 0;
-  if (!cap) cap = mm_resident_blocks(k_k4w2<T, V>, 128);
-  return mm_grid_capped(g4, 1, cap);
-}
-
-/* k4w_grid for k_k4wn */
-template <int T, int NB, bool P = false>
-unsigned k4wn_grid(int64_t g4, unsigned gy) {
-  static int cap = 0;
-  if (!cap) cap = mm_resident_blocks(k_k4wn<T, NB, P>, 128);
-  return mm_grid_capped(g4, gy, cap);
-}
-
-/* k4w_grid for k_k4vn */
-template <int T, int NB>
-unsigned k4vn_grid(int64_t g4, unsigned gy) {
-  static int cap = 0;
-  if (!cap) cap = mm_resident_blocks(k_k4vn<T, NB>, 128);
-  return mm_grid_capped(g4, gy, cap);
-}
-
-/* k4w_grid for k_k4s */
-template <int T, int MODE, int G, bool QX = false, bool V = false>
-unsigned k4s_grid(int64_t g4, unsigned gy) {
-  static int cap = 0;
-  if (!cap) cap = mm_resident_blocks(k_k4s<T, MODE, G, QX, V>, 128);
-  return mm_grid_capped(g4, gy, cap);
-}
+/* The grids below (mm_grid_of): k_k4w's x blocks for g4 needed (a block per 4 rows) and gy slots:
+ * without prefetch, g4; with it, at most what is resident at once over all slots (so every block
+ * prefetches before the wait); the same for k_k4w_rt, k_k4w2, k_k4wn, k_k4vn and k_k4s. */
 
 /* the pf argument: rows always; the whole matrix when it fits in L2; the expert ids of MM_DOWN
  * (cuda_mm_moe_down launches its quantized k_k4w right after the activation quantization, which
@@ -955,13 +909,13 @@ bool few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut
   do {                                                                                                           \
     const unsigned gy = (unsigned)((nb + (NB)-1) / (NB));                                                        \
     if (k4v_on() >= 3 && k4w_pipe() == 1)                                                                        \
-      pdl_launch(k_k4vn<T, NB>, dim3(k4vn_grid<T, NB>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o,   \
+      pdl_launch(k_k4vn<T, NB>, dim3(mm_grid_of<k_k4vn<T, NB>>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o,   \
                  k4w_pf(a, MM_PLAIN, gy));                                                                       \
     else if (k4w_pipe() > 1)                                                                                     \
-      pdl_launch(k_k4wn<T, NB, true>, dim3(k4wn_grid<T, NB, true>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, \
+      pdl_launch(k_k4wn<T, NB, true>, dim3(mm_grid_of<k_k4wn<T, NB, true>>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, \
                  xq, xs, o, k4w_pf(a, MM_PLAIN, gy));                                                            \
     else                                                                                                         \
-      pdl_launch(k_k4wn<T, NB>, dim3(k4wn_grid<T, NB>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o,  \
+      pdl_launch(k_k4wn<T, NB>, dim3(mm_grid_of<k_k4wn<T, NB>>(g4, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o,  \
                  k4w_pf(a, MM_PLAIN, gy));                                                                       \
   } while (0)
   if (nb <= 2) K4WN_LAUNCH(2);
@@ -984,7 +938,7 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
     const unsigned gy = (unsigned)(mode == MM_PLAIN ? 1 : nb);
     const int pf = k4w_pf(a, mode, gy);
 #define K4S_LAUNCH(M, G, V)                                                                                        \
-  pdl_launch(k_k4s<T, M, G, false, V>, dim3(k4s_grid<T, M, G, false, V>(g4, gy), gy), dim3(128), (size_t)0, st, a, \
+  pdl_launch(k_k4s<T, M, G, false, V>, dim3(mm_grid_of<k_k4s<T, M, G, false, V>>(g4, gy), gy), dim3(128), (size_t)0, st, a, \
              a2, K, ids, xq, xs, Y, ldy, pf, (const float *)nullptr, (int64_t)0)
 #define K4S_NSB(M, V)                 \
   do {                                \
@@ -1014,7 +968,7 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
     const int pf = k4w_pf(a, mode, gy);
     if (mode == MM_PLAIN && k4w_pair() && k4w_pipe() == 1) {
       const bool v = k4v_on() >= 1;
-      const unsigned gx = v ? k4w2_grid<T, true>(g4) : k4w2_grid<T, false>(g4);
+      const unsigned gx = v ? mm_grid_of<k_k4w2<T, true>>(g4, 1) : mm_grid_of<k_k4w2<T, false>>(g4, 1);
       if (gx < g4) { /* a warp has two rows or more */
         if (v) pdl_launch(k_k4w2<T, true>, dim3(gx), dim3(128), (size_t)0, st, a, xq, Y, pf);
         else pdl_launch(k_k4w2<T, false>, dim3(gx), dim3(128), (size_t)0, st, a, xq, Y, pf);
@@ -1022,7 +976,7 @@ void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, cons
       }
     }
 #define K4W_LAUNCH(M, NR, V)                                                                                     \
-  pdl_launch(k_k4w<T, M, NR, V>, dim3(k4w_grid<T, M, NR, V>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, \
+  pdl_launch(k_k4w<T, M, NR, V>, dim3(mm_grid_of<k_k4w<T, M, NR, V>>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, K, ids, xq, \
              xs, Y, ldy, pf)
 #define K4W_MODES(NR, V)                                                                                         \
   do {                                                                                                           \
@@ -1074,10 +1028,10 @@ bool down_qx_t(const KArgs &a, int64_t ns, const int32_t *ids, const float *H, i
   const unsigned gy = (unsigned)ns;
   const int pf = k4w_pf(a, MM_DOWN, gy);
   if (nsb == 1)
-    pdl_launch(k_k4s<T, MM_DOWN, 1, true>, dim3(k4s_grid<T, MM_DOWN, 1, true>(g4, gy), gy), dim3(128), (size_t)0, st,
+    pdl_launch(k_k4s<T, MM_DOWN, 1, true>, dim3(mm_grid_of<k_k4s<T, MM_DOWN, 1, true>>(g4, gy), gy), dim3(128), (size_t)0, st,
                a, a, 1, ids, (const uint8_t *)nullptr, (size_t)0, Y, ldy, pf, H, ldh);
   else
-    pdl_launch(k_k4s<T, MM_DOWN, 2, true>, dim3(k4s_grid<T, MM_DOWN, 2, true>(g4, gy), gy), dim3(128), (size_t)0, st,
+    pdl_launch(k_k4s<T, MM_DOWN, 2, true>, dim3(mm_grid_of<k_k4s<T, MM_DOWN, 2, true>>(g4, gy), gy), dim3(128), (size_t)0, st,
                a, a, 1, ids, (const uint8_t *)nullptr, (size_t)0, Y, ldy, pf, H, ldh);
   return true;
 }
@@ -1102,7 +1056,7 @@ void glu_route_t(const KArgs &a, const KArgs &a2, const KRoute &rt, const uint8_
   const int64_t g4 = (a.rows + 3) / 4;
   const unsigned gy = (unsigned)(rt.sh_id >= 0 ? rt.k + 1 : rt.k);
 #define RTG_LAUNCH(R) \
-  pdl_launch(k_k4w_rt<T, R>, dim3(k4w_rt_grid<T, R>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, rt, xq, Y, ldy)
+  pdl_launch(k_k4w_rt<T, R>, dim3(mm_grid_of<k_k4w_rt<T, R>>(g4, gy), gy), dim3(128), (size_t)0, st, a, a2, rt, xq, Y, ldy)
   if (rt.ne <= 256) RTG_LAUNCH(8);
   else if (rt.ne <= 512) RTG_LAUNCH(16);
   else RTG_LAUNCH(32);

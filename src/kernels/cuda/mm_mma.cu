@@ -960,24 +960,18 @@ static int g_few_mma = -1, g_one_mma = -1;
 void cuda_mm_set_few_mma(int on) { g_few_mma = on ? 1 : 0; }
 void cuda_mm_set_one_mma(int on) { g_one_mma = on ? 1 : 0; }
 
-/* k_k4mn's blocks: one per 16-row tile, at most what is resident at once over the gy block rows
- * (each then loops over tiles, so that every block prefetches before the wait) */
-template <int T, int NW>
-static unsigned mn_grid(int64_t ntile, unsigned gy) {
-  static int cap = 0; /* per instantiation */
-  if (!cap) cap = mm_resident_blocks(k_k4mn<T, NW>, 32 * NW);
-  return mm_grid_capped(ntile, gy, cap);
-}
 
+/* k_k4mn's blocks: one per 16-row tile, at most what is resident at once over the gy block rows
+ * (each then loops over tiles, so that every block prefetches before the wait: mm_grid_of) */
 template <int T>
 static void launch_mn(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
   const int64_t ntile = (a.rows + 15) / 16;
   const unsigned gy = (unsigned)((nb + 7) / 8);
   const int pf = mm_pf_on() && (size_t)a.rows * a.row_bytes <= ((size_t)24 << 20);
   if (a.cols / 256 <= 8)
-    pdl_launch(k_k4mn<T, 4>, dim3(mn_grid<T, 4>(ntile, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o, pf);
+    pdl_launch(k_k4mn<T, 4>, dim3(mm_grid_of<k_k4mn<T, 4>, 32 * 4>(ntile, gy), gy), dim3(128), (size_t)0, st, a, nb, xq, xs, o, pf);
   else
-    pdl_launch(k_k4mn<T, 8>, dim3(mn_grid<T, 8>(ntile, gy), gy), dim3(256), (size_t)0, st, a, nb, xq, xs, o, pf);
+    pdl_launch(k_k4mn<T, 8>, dim3(mm_grid_of<k_k4mn<T, 8>, 32 * 8>(ntile, gy), gy), dim3(256), (size_t)0, st, a, nb, xq, xs, o, pf);
 }
 
 bool mm_mma_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
