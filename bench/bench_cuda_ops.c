@@ -219,7 +219,7 @@ int main(int argc, char **argv) {
   }
 
   /* GDN */
-  cuda_gdn_shape g = { 16, 32, 128, 128, 4, 1, 1e-6f };
+  cuda_gdn_shape g = { 16, 32, 128, 128, 4, 1, 1e-6f, 0 };
   const int C = 2 * 16 * 128 + 32 * 128, vd = 32 * 128;
   float *mix = zdev(512 * C * 4), *wt = zdev(4 * C * 4), *cst = zdev(3 * C * 4), *raw = zdev(512 * C * 4);
   float *z = zdev(512 * vd * 4), *b = zdev(512 * 32 * 4), *a = zdev(512 * 32 * 4), *dtb = zdev(32 * 4), *A = zdev(32 * 4);

@@ -968,8 +968,12 @@ int main(void) {
   check_act(FLOE_TYPE_Q4_0, 32 * 71, 2);
   check_act(FLOE_TYPE_IQ4_NL, 32 * 300, 2);
   check_act(FLOE_TYPE_MXFP4, 32 * 9, 2);
-  for (int impl = 0; impl < 2; impl++) {
-    SECTION("norms with the quantization fused (%s)", impl ? "warp per chunk, combine loads batched" : "first forms");
+  for (int v = 0; v < 6; v++) {
+    /* each quantizer form with the weights loaded after / before the wait (and the late trigger) */
+    const int impl = v & 1, pw = v < 2 ? 0 : v < 4 ? 1 : 3;
+    SECTION("norms with the quantization fused (%s, FLOE_CUDA_PREW %d)",
+            impl ? "warp per chunk, combine loads batched" : "first forms", pw);
+    cuda_rt_set_prew(pw);
     cuda_mm_set_act2(impl);
     g_act2 = impl;
     check_norm_act(FLOE_TYPE_Q4_K, 0, 0, 0, 2048, 1);
@@ -982,6 +986,7 @@ int main(void) {
     check_norm_act(FLOE_TYPE_MLX, 4, 64, FLOE_TYPE_BF16, 64 * 7, 2);
     check_norm_act(FLOE_TYPE_MLX, 8, 32, FLOE_TYPE_F16, 32 * 40, 1);
   }
+  cuda_rt_set_prew(0);
   cuda_mm_set_act2(1);
   g_act2 = 1;
   SECTION("mlx");

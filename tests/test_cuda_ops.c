@@ -268,9 +268,13 @@ static void test_attn_tc(const cuda_attn_shape *sh, float *dq, void *dK, void *d
  * runs with the row-group kernel (cuda_attn_set_rows(1)), then again in launches of fewer rows,
  * then with k_attn (a block per row): all bit-identical to the decode of each row alone (k_attn,
  * one row a launch). */
+static int g_attn_cases; /* every other case loads the prep's norm weights before the wait (cuda_rt_set_prew) */
+
 static void test_attn_case(int nh, int nkv, int hd, int n_rot, int gated, int bf16, int64_t n0, int n_tok, int n_split) {
-  SECTION("attention: %d/%d heads, hd %d, rot %d, %s, %s cache, %lld cached + %d rows, %d parts", nh, nkv, hd, n_rot,
-          gated ? "gated" : "plain", bf16 ? "bf16" : "f32", (long long)n0, n_tok, n_split);
+  const int pw = g_attn_cases++ & 1;
+  cuda_rt_set_prew(pw);
+  SECTION("attention: %d/%d heads, hd %d, rot %d, %s, %s cache, %lld cached + %d rows, %d parts, FLOE_CUDA_PREW %d", nh,
+          nkv, hd, n_rot, gated ? "gated" : "plain", bf16 ? "bf16" : "f32", (long long)n0, n_tok, n_split, pw);
   cuda_attn_shape sh = { nh, nkv, hd, n_rot, gated, bf16, n0 + n_tok + 3, 1e-6f, n_split };
   char err[256];
   CHECK(cuda_attn_check(&sh, err, sizeof err) == 0, "shape accepted");
@@ -484,10 +488,14 @@ static void gdn_ref_token(gdn_ref *g, const float *mix, const float *z, const fl
   }
 }
 
+static int g_gdn_cases; /* every other case's plain steps load the conv / norm weights before the wait */
+
 static void test_gdn_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int n_pre, int n_dec) {
-  SECTION("gdn: Nk %d Nv %d dk %d dv %d K %d %s, %d prefill rows then %d decode steps", Nk, Nv, dk, dv, K,
-          tiled ? "tiled" : "grouped", n_pre, n_dec);
-  gdn_ref g = { { Nk, Nv, dk, dv, K, tiled, 1e-6f }, 0, 0, 0, 0, 0, 0, 0 };
+  const int pw = g_gdn_cases++ & 1;
+  cuda_rt_set_prew(pw);
+  SECTION("gdn: Nk %d Nv %d dk %d dv %d K %d %s, %d prefill rows then %d decode steps, FLOE_CUDA_PREW %d", Nk, Nv, dk,
+          dv, K, tiled ? "tiled" : "grouped", n_pre, n_dec, pw);
+  gdn_ref g = { { Nk, Nv, dk, dv, K, tiled, 1e-6f, 0 }, 0, 0, 0, 0, 0, 0, 0 };
   char err[256];
   CHECK(cuda_gdn_check(&g.sh, err, sizeof err) == 0, "shape accepted");
   const int64_t C = 2 * (int64_t)Nk * dk + (int64_t)Nv * dv, vd = (int64_t)Nv * dv, n = n_pre + n_dec;
@@ -541,6 +549,37 @@ static void test_gdn_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int 
   float *go2 = malloc(n * vd * 4);
   get(go2, dout2, n_pre * vd * 4);
   CHECK(n_diff_bits(go2, go, n_pre * vd) == 0, "prefill rows == token-by-token rows, bit for bit");
+  /* the decode steps again with pre_state (the states read before the wait), each after another
+   * kernel that writes neither of them (a conv over scratch buffers), as the decode step's
+   * projection: the same rows and states */
+  {
+    cuda_gdn_shape shp = g.sh;
+    shp.pre_state = 1;
+    cuda_rt_set_prew(1);
+    /* from the states after the prefill rows (the token-by-token run's dconv2 / dS2) */
+    get(gconv, dconv2, (K - 1) * C * 4);
+    get(gS, dS2, Sn * 4);
+    float *dconv3 = dup_dev(gconv, (K - 1) * C * 4), *dS3 = dup_dev(gS, Sn * 4), *dout3 = dup_dev(NULL, n * vd * 4);
+    float *dconvx = dup_dev(g.conv, (K - 1) * C * 4), *drawx = dup_dev(NULL, C * 4), *draw3 = dup_dev(NULL, n * C * 4);
+    for (int64_t t = 0; t < n_dec; t++) {
+      const int64_t r = n_pre + t;
+      cuda_gdn_conv(&g.sh, dmix + r * C, dwt, dconvx, drawx, 1, NULL);
+      cuda_gdn_step(&shp, dmix + r * C, dwt, dconv3, draw3 + r * C, dz + r * vd, db + r * Nv, da + r * Nv, ddtb, dA,
+                    dnw, dS3, dout3 + r * vd, 1, NULL);
+    }
+    CHECK(sync_ok(), "pre_state decode ran");
+    float *go3 = malloc(n * vd * 4), *gS3 = malloc(Sn * 4), *gc3 = malloc((K - 1) * C * 4), *gS1 = malloc(Sn * 4);
+    float *gc1 = malloc((K - 1) * C * 4);
+    get(go3, dout3, n * vd * 4), get(gS3, dS3, Sn * 4), get(gc3, dconv3, (K - 1) * C * 4);
+    get(gS1, dS, Sn * 4), get(gc1, dconv, (K - 1) * C * 4);
+    CHECK(n_diff_bits(go3 + n_pre * vd, go + n_pre * vd, n_dec * vd) == 0 && n_diff_bits(gS3, gS1, Sn) == 0 &&
+              n_diff_bits(gc3, gc1, (K - 1) * C) == 0,
+          "pre_state: decode rows, S and conv windows bit-identical to the plain steps");
+    cuda_rt_set_prew(0);
+    free(go3), free(gS3), free(gc3), free(gS1), free(gc1);
+    cuda_rt_free(dconv3), cuda_rt_free(dS3), cuda_rt_free(dout3), cuda_rt_free(dconvx), cuda_rt_free(drawx);
+    cuda_rt_free(draw3);
+  }
   cuda_rt_free(dwt), cuda_rt_free(dconv), cuda_rt_free(dS), cuda_rt_free(ddtb), cuda_rt_free(dA), cuda_rt_free(dnw);
   cuda_rt_free(dmix), cuda_rt_free(dz), cuda_rt_free(db), cuda_rt_free(da), cuda_rt_free(draw), cuda_rt_free(dout);
   cuda_rt_free(dconv2), cuda_rt_free(dS2), cuda_rt_free(dout2);
@@ -555,7 +594,7 @@ static void test_gdn_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int 
 static void test_gdn_keep_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int n) {
   SECTION("gdn kept chunk: Nk %d Nv %d dk %d dv %d K %d %s, %d rows", Nk, Nv, dk, dv, K, tiled ? "tiled" : "grouped",
           n);
-  const cuda_gdn_shape sh = { Nk, Nv, dk, dv, K, tiled, 1e-6f };
+  const cuda_gdn_shape sh = { Nk, Nv, dk, dv, K, tiled, 1e-6f, 0 };
   const int64_t C = 2 * (int64_t)Nk * dk + (int64_t)Nv * dv, vd = (int64_t)Nv * dv;
   const size_t Sn = (size_t)Nv * dk * dv, Cn = (size_t)(K - 1) * C;
   float *wt = malloc(K * C * 4), *conv = malloc(Cn * 4), *S = malloc(Sn * 4), *dtb = malloc(Nv * 4), *A = malloc(Nv * 4);

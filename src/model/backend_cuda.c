@@ -350,7 +350,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if (c->n_split < 1) c->n_split = 1;
   c->ash.n_split = c->n_split;
   c->gsh = (cuda_gdn_shape){ (int)Nk, (int)Nv, (int)dk, Nv ? (int)(vd / Nv) : 0, (int)hp->ssm_conv_kernel,
-                             m->v_tiled ? 1 : 0, hp->rms_eps };
+                             m->v_tiled ? 1 : 0, hp->rms_eps, 1 /* gdn_rows: a projection before each step */ };
   if (has_attn && (rc = cuda_attn_check(&c->ash, err, errlen))) return rc;
   if (has_gdn && (rc = cuda_gdn_check(&c->gsh, err, errlen))) return rc;
   /* quantized activation rows: the largest any matrix needs */
@@ -1396,7 +1396,6 @@ static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *
   const model *m = s->m;
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd, V = m->hp.n_vocab, l = m->hp.n_layer;
-  const float eps = m->hp.rms_eps;
   int32_t *tok0 = c->tok, *pos0 = c->pos;
   c->tok = tokd;
   c->pos = posd;

@@ -123,6 +123,10 @@ typedef struct cuda_gdn_shape {
   int conv_k;          /* causal conv kernel K (window K-1) */
   int v_tiled;         /* value head hv uses key head hv % Nk (qwen35moe), else hv / (Nv/Nk) */
   float eps;           /* gated RMSNorm */
+  /* 1: the kernel launched right before each one-token step writes neither the recurrent and conv
+   * states nor their pointers (the decode step: the q|k|v|z|b|a projection), so the step reads
+   * them before its griddepcontrol.wait (pdl.cuh); 0 (tests that run steps back to back): after */
+  int pre_state;
 } cuda_gdn_shape;
 /* 0 or FLOE_E_UNSUPPORTED: dk 1..128, dv 2..128, Nv % Nk == 0 (any ratio), 2 <= K <= 8. */
 int cuda_gdn_check(const cuda_gdn_shape *sh, char *err, size_t errlen);

@@ -187,6 +187,15 @@ __device__ __forceinline__ void norm_row(float *xs, const float *sq, const float
   __syncthreads();
 }
 
+/* this thread's weights for i = tid + k * blockDim.x, k < NORM_PER (w NULL: zeros) */
+__device__ __forceinline__ void norm_w_regs(const float *__restrict__ w, int n, float wr[NORM_PER]) {
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int i = threadIdx.x + k * blockDim.x;
+    wr[k] = w && i < n ? w[i] : 0.0f;
+  }
+}
+
 /* RMSNorm over rows, optionally after the residual add (x += delta, written back) and optionally
  * followed by the quantization of the normed row (qkind >= 0: act_row for qa into xq). One block
  * per row; a one-row norm is latency-bound, so every global load of a phase is issued before its
@@ -194,20 +203,19 @@ __device__ __forceinline__ void norm_row(float *xs, const float *sq, const float
  * w == NULL: only the add. Bit-identical to layer_rmsnorm (and vadd + layer_rmsnorm). */
 __global__ void __launch_bounds__(NORM_THREADS)
     k_norm(float *__restrict__ x, const float *__restrict__ delta, const float *__restrict__ w, float *__restrict__ y,
-           int n, float eps, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs, int impl, int sqoff) {
-  PDL_ENTER();
+           int n, float eps, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs, int impl, int sqoff,
+           int prew) {
+  float wr[NORM_PER];
+  if (prew & 1) norm_w_regs(w, n, wr); /* the model's weights: before the wait (pdl.cuh, cuda_rt_prew) */
+  if (prew & 2) PDL_WAIT(); /* the next kernel scheduled once the row is in (PDL_TRIGGER below) */
+  else PDL_ENTER();
   extern __shared__ float xs[];
   float *sq = sqoff ? xs + sqoff : nullptr; /* the squares for sumsq16_rows */
   const int rs = sq_rs(n);
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x, bs = blockDim.x;
   float *xr = x + row * n;
-  float wr[NORM_PER];
-#pragma unroll
-  for (int k = 0; k < NORM_PER; k++) {
-    const int i = tid + k * bs;
-    wr[k] = w && i < n ? w[i] : 0.0f;
-  }
+  if (!(prew & 1)) norm_w_regs(w, n, wr);
   if (delta) {
     const float *dr = delta + row * n;
 #pragma unroll 4
@@ -225,6 +233,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
       if (sq) sq_put(sq, rs, i, v);
     }
   }
+  if (prew & 2) PDL_TRIGGER();
   if (!w) return;
   norm_row(xs, sq, w, wr, y + row * n, n, eps);
   if (qkind < 0) return;
@@ -239,20 +248,19 @@ __global__ void __launch_bounds__(NORM_THREADS)
 __global__ void __launch_bounds__(NORM_THREADS)
     k_norm_pair(const float *__restrict__ x1, const float *__restrict__ w1, const float *__restrict__ x2,
                 const float *__restrict__ w2, float *__restrict__ y, int n, float eps, int sqoff, KArgs qa, int qkind,
-                uint8_t *__restrict__ xq, size_t xqs) {
+                uint8_t *__restrict__ xq, size_t xqs, int prew) {
+  const int h = blockIdx.x & 1;
+  const float *w = h ? w2 : w1;
+  float wr[NORM_PER];
+  if (prew & 1) norm_w_regs(w, n, wr);
   PDL_ENTER();
   extern __shared__ float xs[];
   float *sq = sqoff ? xs + sqoff : nullptr;
-  const int rs = sq_rs(n), h = blockIdx.x & 1;
+  const int rs = sq_rs(n);
   const int64_t t = blockIdx.x >> 1;
   const int tid = threadIdx.x, bs = blockDim.x;
-  const float *xr = (h ? x2 : x1) + t * n, *w = h ? w2 : w1;
-  float wr[NORM_PER];
-#pragma unroll
-  for (int k = 0; k < NORM_PER; k++) {
-    const int i = tid + k * bs;
-    wr[k] = i < n ? w[i] : 0.0f;
-  }
+  const float *xr = (h ? x2 : x1) + t * n;
+  if (!(prew & 1)) norm_w_regs(w, n, wr);
 #pragma unroll 4
   for (int i = tid; i < n; i += bs) {
     const float v = xr[i];
@@ -273,19 +281,17 @@ __global__ void __launch_bounds__(COMB_THREADS)
     k_combine(float *__restrict__ x, const float *__restrict__ y, const float *__restrict__ w, int K,
               const float *__restrict__ sh, const float *__restrict__ shl, const float *__restrict__ nw,
               float *__restrict__ h, float eps, int n, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs,
-              int impl, int sqoff) {
-  PDL_ENTER();
+              int impl, int sqoff, int prew) {
+  float wr[NORM_PER];
+  if (prew & 1) norm_w_regs(nw, n, wr);
+  if (prew & 2) PDL_WAIT(); /* as k_norm */
+  else PDL_ENTER();
   extern __shared__ float xs[];
   float *sq = sqoff ? xs + sqoff : nullptr; /* the squares for sumsq16_rows */
   const int rs = sq_rs(n);
   const int64_t t = blockIdx.x;
   const int tid = threadIdx.x, bs = blockDim.x;
-  float wr[NORM_PER];
-#pragma unroll
-  for (int k = 0; k < NORM_PER; k++) {
-    const int i = tid + k * bs;
-    wr[k] = nw && i < n ? nw[i] : 0.0f;
-  }
+  if (!(prew & 1)) norm_w_regs(nw, n, wr);
   const float g = sh ? floe_sigmoidf(shl[t]) : 0.0f;
   if (impl && n <= NORM_PER * bs) {
     /* the row in registers (NORM_PER values a thread): every load of a batch of COMB_KB slots is
@@ -339,6 +345,7 @@ __global__ void __launch_bounds__(COMB_THREADS)
     xs[i] = v;
     if (sq) sq_put(sq, rs, i, v);
   }
+  if (prew & 2) PDL_TRIGGER();
   if (!nw) return;
   norm_row(xs, sq, nw, wr, h + t * n, n, eps);
   if (qkind < 0) return;
@@ -402,7 +409,7 @@ extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta
   act_epilogue(xq && w ? W : nullptr, &qa, &qkind, &extra);
   const int sqoff = w && act2_on() ? sq_off(n, extra) : 0;
   pdl_launch(k_norm, dim3((unsigned)n_rows), dim3(NORM_THREADS), norm_smem(n, extra, sqoff), (cudaStream_t)stream, x,
-             delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
+             delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff, cuda_rt_prew());
 }
 
 extern "C" int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const float *w1, const float *x2,
@@ -416,7 +423,7 @@ extern "C" int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const f
   if (qkind == KACT_MLX || !act2_on() || n % 256) qkind = -1; /* the warp quantizer's whole chunks only */
   const int sqoff = act2_on() ? sq_off(n, 0) : 0;
   pdl_launch(k_norm_pair, dim3((unsigned)(2 * n_rows)), dim3(NORM_THREADS), norm_smem(n, 0, sqoff), (cudaStream_t)stream,
-             x1, w1, x2, w2, y, (int)n, eps, sqoff, qa, qkind, (uint8_t *)xq, xq_stride);
+             x1, w1, x2, w2, y, (int)n, eps, sqoff, qa, qkind, (uint8_t *)xq, xq_stride, cuda_rt_prew());
   return qkind >= 0;
 }
 
@@ -435,7 +442,8 @@ extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y,
   act_epilogue(xq && norm_w ? W : nullptr, &qa, &qkind, &extra);
   const int sqoff = norm_w && act2_on() ? sq_off(n, extra) : 0;
   pdl_launch(k_combine, dim3((unsigned)n_tok), dim3(COMB_THREADS), norm_smem(n, extra, sqoff), (cudaStream_t)stream, x,
-             y, w, K, sh, sh_logit, norm_w, h, eps, (int)n, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff);
+             y, w, K, sh, sh_logit, norm_w, h, eps, (int)n, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff,
+             cuda_rt_prew());
 }
 
 void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st) {

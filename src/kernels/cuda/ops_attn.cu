@@ -174,19 +174,27 @@ extern "C" size_t cuda_attn_scratch_bytes(const cuda_attn_shape *sh, int64_t n_t
 static __global__ void __launch_bounds__(256)
     k_attn_prep(float *q, const float *k, const float *v, const float *qn, const float *kn, const float *cs,
                 void *kc, void *vc, const int32_t *pos0, int nh, int nkv, int hd, int n_rot, int gated,
-                int64_t n_ctx, int bf16, float eps) {
+                int64_t n_ctx, int bf16, float eps, int prew) {
+  const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
+  const bool in = i < hd, isq = hh < nh;
+  /* the norm's weight: the model's, so before the wait when prew (pdl.cuh, cuda_rt_prew) */
+  float wn = (prew & 1) && in ? (isq ? qn : kn)[i] : 0.0f;
   PDL_ENTER();
   __shared__ float xs[256];
   __shared__ float rs;
-  const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
-  const bool in = i < hd;
   const int64_t pos = (int64_t)*pos0 + t;
   if (pos < 0 || pos >= n_ctx) return; /* the caller's bug; never write outside the cache */
-  const bool isq = hh < nh;
   const int kh = hh - nh;
   const int64_t qdim = (int64_t)nh * hd * (gated ? 2 : 1), kvd = (int64_t)nkv * hd;
   float *qh = isq ? q + t * qdim + (int64_t)hh * hd * (gated ? 2 : 1) : NULL;
   const float *src = isq ? qh : k + t * kvd + (int64_t)kh * hd;
+  if (!(prew & 1) && in) wn = (isq ? qn : kn)[i];
+  /* this thread's two rope factors, loaded now beside its value (rope_head's c[i] and c[h2 + i]
+   * for i < h2, c[i - h2] and c[i] for h2 <= i < n_rot) */
+  const int h2 = n_rot / 2;
+  const float *c = cs + pos * n_rot;
+  const float c0 = i < h2 ? c[i] : i < n_rot ? c[i - h2] : 0.0f;
+  const float c1 = i < h2 ? c[h2 + i] : i < n_rot ? c[i] : 0.0f;
   if (in) xs[i] = src[i];
   __syncthreads();
   if (i < 32) {
@@ -194,18 +202,16 @@ static __global__ void __launch_bounds__(256)
     if (i == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)hd, eps));
   }
   __syncthreads();
-  const float y = in ? __fmul_rn(__fmul_rn(xs[i], rs), (isq ? qn : kn)[i]) : 0.0f;
+  const float y = in ? __fmul_rn(__fmul_rn(xs[i], rs), wn) : 0.0f;
   __syncthreads();
   if (in) xs[i] = y;
   __syncthreads();
   if (!in) return;
   float o = y;
-  const int h2 = n_rot / 2;
-  const float *c = cs + pos * n_rot;
   if (i < h2) /* x[j] = a*c - b*s; x[j+h] = b*c + a*s (rope_head) */
-    o = __fsub_rn(__fmul_rn(xs[i], c[i]), __fmul_rn(xs[i + h2], c[h2 + i]));
+    o = __fsub_rn(__fmul_rn(xs[i], c0), __fmul_rn(xs[i + h2], c1));
   else if (i < n_rot)
-    o = __fadd_rn(__fmul_rn(xs[i], c[i - h2]), __fmul_rn(xs[i - h2], c[i]));
+    o = __fadd_rn(__fmul_rn(xs[i], c0), __fmul_rn(xs[i - h2], c1));
   if (isq) {
     qh[i] = o;
     return;
@@ -229,7 +235,7 @@ extern "C" void cuda_attn_prep(const cuda_attn_shape *sh, float *q, const float 
   const int nt = (sh->head_dim + 31) / 32 * 32;
   pdl_launch(k_attn_prep, dim3(grid), dim3(nt), (size_t)(0), OPS_STREAM(stream), q, k, v, q_norm, k_norm, rope_cs, kcache, vcache, pos0,
                                                    sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_rot,
-                                                   sh->gated, sh->n_ctx, sh->kv_bf16, sh->eps);
+                                                   sh->gated, sh->n_ctx, sh->kv_bf16, sh->eps, cuda_rt_prew());
 }
 
 /* ---- attention ---- */

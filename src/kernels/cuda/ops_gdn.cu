@@ -556,55 +556,93 @@ static __global__ void __launch_bounds__(128 * NQ)
     k_gdn_step1(const float *mix, const float *wt, float *conv_g, float *const *conv_p, float *const *conv_keep,
                 float *raw, const float *z, const float *b, const float *a, const float *dt_bias, const float *ssm_a,
                 const float *norm_w, float *Sg, float *const *Sp, float *const *S_keep, float *o, int Nk, int Nv,
-                int dv, int K, int v_tiled, float eps, float qscale) {
-  PDL_ENTER();
-  if (conv_p) conv_g = *conv_p;
-  if (Sp) Sg = *Sp;
-  float *conv_d = conv_keep ? conv_keep[0] : conv_g; /* where the windows after the token go */
-  float *Sd = S_keep ? S_keep[0] : Sg;
+                int dv, int K, int v_tiled, float eps, float qscale, int prew, int pres) {
   constexpr int dk = DK, H = DK / NQ, CPW = 32 / NQ; /* rows a thread holds, columns a warp */
-  __shared__ float qk[2 * dk];
-  __shared__ float vs[128];
-  __shared__ float os[128];
-  __shared__ float wq[(GDN_KMAX - 1) * 2 * dk]; /* rank 0: the q / k windows after the token */
-  __shared__ float s_rr, s_beta, s_decay, s_rn[2];
   const int r = Nv / Nk, kh = blockIdx.x / r, rank = blockIdx.x % r;
   const int hv = v_tiled ? kh + rank * Nk : kh * r + rank;
   const int lane = threadIdx.x & 31, qi = lane / CPW, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
   const int jj = warp * CPW + lane % CPW;
   const bool col = jj < dv;
   const int64_t kd = (int64_t)Nk * dk, vd = (int64_t)Nv * dv, C = 2 * kd + vd;
-  /* S's column first: its loads are in flight while the conv runs */
   const int64_t so = (int64_t)hv * dk * dv + (col ? jj : 0);
-  float s[H], p[H];
-#pragma unroll
-  for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
   const int nch = 2 * dk + dv; /* conv channels: q | k of kh, v of hv */
   /* recur2's beta and decay by the last thread that has a conv channel (its loads now, its math
    * in its first conv round, while the conv's loads are in flight; with four threads a column
    * the block can have more threads than channels) */
   const bool bd = threadIdx.x == ((int)blockDim.x < nch ? (int)blockDim.x : nch) - 1;
-  const float b_in = bd ? b[hv] : 0.0f, a_in = bd ? a[hv] : 0.0f, A_in = bd ? ssm_a[hv] : 0.0f;
-  const float dtb_in = bd ? dt_bias[hv] : 0.0f;
+  /* Loads that do not depend on the kernel before this one go before the wait (pdl.cuh): the
+   * model's constants when prew (cuda_rt_prew), and when pres (the caller's promise that the kernel
+   * launched right before this one writes neither the states nor their pointers) S's column and
+   * the conv windows of the first round; otherwise after it, in the same order (the same bits).
+   * S's column first either way: its loads are in flight while the conv runs. */
+  float s[H], p[H];
+  float win[G1_SLOTS][GDN_KMAX - 1], w[G1_SLOTS][GDN_KMAX - 1], wl[G1_SLOTS];
+  float A_in = 0.0f, dtb_in = 0.0f, wn = 0.0f;
+  float *conv_d = nullptr, *Sd = nullptr;
+  /* the conv channel of slot sl in round u0 (q | k of kh, then v of hv) */
+  auto chan = [&](int u) -> int64_t {
+    return u < dk ? (int64_t)kh * dk + u : u < 2 * dk ? kd + (int64_t)kh * dk + (u - dk) : 2 * kd + (int64_t)hv * dv + (u - 2 * dk);
+  };
+  auto load_state = [&]() {
+    if (conv_p) conv_g = *conv_p;
+    if (Sp) Sg = *Sp;
+    conv_d = conv_keep ? conv_keep[0] : conv_g; /* where the windows after the token go */
+    Sd = S_keep ? S_keep[0] : Sg;
+#pragma unroll
+    for (int i = 0; i < H; i++) s[i] = col ? Sg[so + (int64_t)gq_row<NQ>(qi, i) * dv] : 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < G1_SLOTS; sl++) { /* the first round's windows */
+      const int u = threadIdx.x + sl * blockDim.x;
+      const bool ok = u < nch;
+      const int64_t ch = chan(ok ? u : 0);
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++) win[sl][q] = ok && q < K - 1 ? conv_g[(int64_t)q * C + ch] : 0.0f;
+    }
+  };
+  auto load_consts = [&]() {
+    A_in = bd ? ssm_a[hv] : 0.0f;
+    dtb_in = bd ? dt_bias[hv] : 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < G1_SLOTS; sl++) { /* the first round's conv weights */
+      const int u = threadIdx.x + sl * blockDim.x;
+      const bool ok = u < nch;
+      const int64_t ch = chan(ok ? u : 0);
+#pragma unroll
+      for (int q = 0; q < GDN_KMAX - 1; q++) w[sl][q] = ok && q < K - 1 ? wt[(int64_t)q * C + ch] : 0.0f;
+      wl[sl] = ok ? wt[(int64_t)(K - 1) * C + ch] : 0.0f;
+    }
+    wn = col ? norm_w[jj] : 0.0f;
+  };
+  if (pres) load_state();
+  if (prew & 1) load_consts();
+  PDL_ENTER();
+  if (!pres) load_state();
+  __shared__ float qk[2 * dk];
+  __shared__ float vs[128];
+  __shared__ float os[128];
+  __shared__ float wq[(GDN_KMAX - 1) * 2 * dk]; /* rank 0: the q / k windows after the token */
+  __shared__ float s_rr, s_beta, s_decay, s_rn[2];
+  const float b_in = bd ? b[hv] : 0.0f, a_in = bd ? a[hv] : 0.0f;
+  if (!(prew & 1)) load_consts();
   /* the conv of channels u < 2 dk (q | k of kh) and 2 dk + j (v of hv), as k_gdn_conv; G1_SLOTS
    * channels a thread at a time, all their loads issued before any use (one latency, not two) */
   for (int u0 = threadIdx.x; u0 < nch; u0 += G1_SLOTS * blockDim.x) {
-    float win[G1_SLOTS][GDN_KMAX - 1], w[G1_SLOTS][GDN_KMAX - 1], wl[G1_SLOTS], m[G1_SLOTS];
+    float m[G1_SLOTS];
     int64_t chs[G1_SLOTS];
 #pragma unroll
     for (int sl = 0; sl < G1_SLOTS; sl++) {
       const int u = u0 + sl * blockDim.x;
-      const int64_t ch = u < dk ? (int64_t)kh * dk + u
-                         : u < 2 * dk ? kd + (int64_t)kh * dk + (u - dk)
-                                      : 2 * kd + (int64_t)hv * dv + (u - 2 * dk);
       const bool ok = u < nch;
+      const int64_t ch = chan(ok ? u : 0);
       chs[sl] = ch;
+      if (u0 != threadIdx.x) { /* a later round (dk + dv channels past G1_SLOTS a thread) */
 #pragma unroll
-      for (int q = 0; q < GDN_KMAX - 1; q++) {
-        win[sl][q] = ok && q < K - 1 ? conv_g[(int64_t)q * C + ch] : 0.0f;
-        w[sl][q] = ok && q < K - 1 ? wt[(int64_t)q * C + ch] : 0.0f;
+        for (int q = 0; q < GDN_KMAX - 1; q++) {
+          win[sl][q] = ok && q < K - 1 ? conv_g[(int64_t)q * C + ch] : 0.0f;
+          w[sl][q] = ok && q < K - 1 ? wt[(int64_t)q * C + ch] : 0.0f;
+        }
+        wl[sl] = ok ? wt[(int64_t)(K - 1) * C + ch] : 0.0f;
       }
-      wl[sl] = ok ? wt[(int64_t)(K - 1) * C + ch] : 0.0f;
       m[sl] = ok ? mix[ch] : 0.0f;
     }
     if (bd && u0 == threadIdx.x) {
@@ -651,7 +689,6 @@ static __global__ void __launch_bounds__(128 * NQ)
   }
   const float vv = col ? vs[jj] : 0.0f;
   const float zz = col ? z[(int64_t)hv * dv + jj] : 0.0f;
-  const float wn = col ? norm_w[jj] : 0.0f;
   __syncthreads();
   const float beta = s_beta, decay = s_decay;
   /* k_gdn_recur2's token */
@@ -1465,7 +1502,7 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
   cudaLaunchKernelEx(&cfg, sh->dk == 128 ? (nq == 4 ? k_gdn_step1<128, 4> : k_gdn_step1<128, 2>)
                                           : (nq == 4 ? k_gdn_step1<64, 4> : k_gdn_step1<64, 2>), mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
                      norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
-                     (float)(1.0 / sqrt((double)sh->dk)));
+                     (float)(1.0 / sqrt((double)sh->dk)), cuda_rt_prew(), (cuda_rt_prew() & 1) && sh->pre_state);
 }
 
 extern "C" void cuda_gdn_step(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,

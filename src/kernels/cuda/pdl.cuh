@@ -64,10 +64,23 @@ static __device__ __forceinline__ void pdl_trace_mark() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); \
     PDL_TRACE_MARK();                                         \
   } while (0)
+/* PDL_ENTER's two halves, for a kernel that lets the next one be scheduled later than its entry
+ * (PDL_WAIT() at entry, PDL_TRIGGER() once its own loads are in: the next kernel's blocks then
+ * issue their pre-wait prefetches after them) */
+#define PDL_WAIT()                                     \
+  do {                                                 \
+    asm volatile("griddepcontrol.wait;" ::: "memory"); \
+    PDL_TRACE_MARK();                                  \
+  } while (0)
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define PDL_ENTER() \
   do {              \
     PDL_TRACE_MARK(); \
+  } while (0)
+#define PDL_WAIT() PDL_ENTER()
+#define PDL_TRIGGER() \
+  do {                \
   } while (0)
 #endif
 

@@ -214,6 +214,21 @@ extern "C" int cuda_rt_pdl(void) {
   return on;
 }
 
+/* pdl.cuh: bit 0, kernels load the model's constants they need (norm and conv weights) and, where
+ * the caller allows it (cuda_gdn_shape.pre_state), the recurrent states before griddepcontrol.wait;
+ * bit 1, k_norm / k_combine let the next kernel be scheduled only once their row is loaded. The
+ * same bits every way. Opt-in until measured on the H200: FLOE_CUDA_PREW=1 / 2 / 3 at the first
+ * launch, or cuda_rt_set_prew (tests). */
+static int g_prew = -1;
+extern "C" void cuda_rt_set_prew(int bits) { g_prew = bits & 3; }
+extern "C" int cuda_rt_prew(void) {
+  if (g_prew < 0) {
+    const char *e = getenv("FLOE_CUDA_PREW");
+    g_prew = e && e[0] ? atoi(e) & 3 : 0;
+  }
+  return g_prew;
+}
+
 /* ---- the launch trace (pdl.cuh; built with -DFLOE_CUDA_TRACE=ON) ---- */
 #ifdef FLOE_CUDA_TRACE
 extern "C" int cuda_rt_trace_built(void) { return 1; }
