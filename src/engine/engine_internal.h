@@ -34,6 +34,9 @@ int spec_choose_k(spec *sp, int forced, int64_t room);
  * chosen) and the conditional acceptance alpha[j] of draft position j (expected tokens of a step:
  * 1 + sum_i prod_{j<=i} alpha_j). Ties go to the smaller k. */
 int spec_best_k(const double *cost, const double *alpha, int kmax);
+/* k drafts' expected tokens per second relative to a plain step's, from the same cost[] and
+ * alpha[] (0 when cost[k] or cost[0] is unknown): below SPEC_PRUNE (0.9) k loses clearly. */
+double spec_rate_rel(const double *cost, const double *alpha, int k);
 /* Tests only: every step's cost is taken as cost[k] (5 values, seconds) instead of its measured
  * wall time, so the automatic choice is deterministic; NULL: measure again. Process-wide. */
 void spec_test_pin_costs(const double *cost);

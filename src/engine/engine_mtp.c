@@ -28,13 +28,18 @@
  * 1 + sum_i prod_{j<=i} alpha_j (alpha_j: the measured conditional acceptance at draft position
  * j), over its measured cost (the median of the last 8 step wall times: draft + verify, or a
  * plain decode step for k = 0; a step that recorded a GPU graph is not counted); each k is tried
- * a few times first (round robin) and the neighbours of the best are re-measured every 16 steps
- * (spec_best_k is the choice itself).
- * Under a memory budget a verify step reads the union of its rows' experts (and the MTP block's
- * experts stream too); when drafting costs more than it gains, k = 0 wins, and 32 such choices
- * in a row switch drafting off for 256 steps that skip the MTP block entirely (plain decode);
- * then it is fed and measured again (spec_choose_k). Only greedy requests reach the automatic
- * choice (engine.c): a sampled request's draws depend on each step's k, and k on timing. */
+ * a few times first (round robin over 0, 1, ...; k >= 2 only while k - 1 measured at least
+ * SPEC_PRUNE of the plain step's tokens per second: where one draft loses clearly, more drafts
+ * are not tried first) and the neighbours of the best are re-measured every 16 steps, so a k
+ * left out can still be reached from k - 1 (spec_best_k is the choice itself).
+ * Where drafting costs more than it gains (a small model on the CPU, whose verify rows cost
+ * about a decode step each; under a memory budget, where a verify step reads the union of its
+ * rows' experts), k = 0 wins, and 32 such choices in a row (4 when every k > 0 measured below
+ * SPEC_PRUNE of the plain rate) switch drafting off for 256 steps that skip the MTP block
+ * entirely (plain decode); then it is fed and measured again (spec_choose_k), and each time it
+ * is switched off again without a k > 0 chosen in between the span doubles, up to 4096 steps.
+ * Only greedy requests reach the automatic choice (engine.c): a sampled request's draws depend
+ * on each step's k, and k on timing. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +52,10 @@
 #define SPEC_KMAX 4
 #define SPEC_EXPLORE 3 /* steps of each k measured before choosing */
 #define SPEC_OFF_AFTER 32 /* automatic choices of k = 0 in a row that switch drafting off ... */
-#define SPEC_OFF 256      /* ... for this many decode steps */
+#define SPEC_OFF_CLEAR 4  /* ... or this many where every k > 0 measured below SPEC_PRUNE of k = 0 */
+#define SPEC_OFF 256      /* ... for this many decode steps, doubled each time again ... */
+#define SPEC_OFF_MAX 4096 /* ... up to this many */
+#define SPEC_PRUNE 0.9    /* tokens per second, relative to plain steps, below which a k loses clearly */
 #define SPEC_WIN 8     /* step times kept per k: their median is the cost (a preempted step, or one
                         * that flushes the MTP's pending rows, is an outlier, not a trend) */
 
@@ -68,6 +76,7 @@ struct spec {
   int64_t cost_n[SPEC_KMAX + 1], n_choice;
   int64_t zero_run; /* automatic choices of k = 0 in a row (probes aside) */
   int64_t off;      /* decode steps left with drafting off: no MTP rows are fed */
+  int64_t off_len;  /* the span of the next switch-off (SPEC_OFF, doubling; back to it when k > 0 wins) */
   bool unfed;       /* the step spec_choose_k just chose is one of those */
   int64_t a_tried[SPEC_KMAX], a_acc[SPEC_KMAX]; /* lifetime acceptance (not reset with the stats) */
   /* counters (floe_session_stats) */
@@ -210,6 +219,12 @@ static double expected_tokens(const double *alpha, int k) {
   return e;
 }
 
+/* k drafts' measured tokens per second relative to plain steps' (0: either unmeasured) */
+double spec_rate_rel(const double *cost, const double *alpha, int k) {
+  if (cost[k] <= 0 || cost[0] <= 0) return 0;
+  return expected_tokens(alpha, k) / cost[k] * cost[0];
+}
+
 int spec_best_k(const double *cost, const double *alpha, int kmax) {
   int k = 0;
   double best = -1;
@@ -229,25 +244,36 @@ int spec_choose_k(spec *sp, int forced, int64_t room) {
     sp->unfed = true;
     return 0;
   } else {
-    /* exploration, round robin (1, 2, 3, 4, 0, 1, ...) so that every k sees the same drift of
-     * the machine and of the expert cache (a cold cache makes the first steps slow) */
-    static const int order[SPEC_KMAX + 1] = { 1, 2, 3, 4, 0 };
+    double alpha[SPEC_KMAX]; /* the conditional acceptance per draft position (Laplace-smoothed) */
+    for (int j = 0; j < SPEC_KMAX; j++) alpha[j] = (double)(sp->a_acc[j] + 1) / (double)(sp->a_tried[j] + 2);
+    /* exploration, round robin (0, 1, 2, 3, 4, 0, ...) so that every k sees the same drift of
+     * the machine and of the expert cache (a cold cache makes the first steps slow); k >= 2 only
+     * once k - 1 and 0 are measured and k - 1 has not lost clearly (spec_rate_rel) */
     k = -1;
-    for (int i = 0; i <= SPEC_KMAX; i++)
-      if (sp->cost_n[order[i]] < SPEC_EXPLORE && (k < 0 || sp->cost_n[order[i]] < sp->cost_n[k])) k = order[i];
+    for (int kk = 0; kk <= SPEC_KMAX; kk++) {
+      if (sp->cost_n[kk] >= SPEC_EXPLORE || (k >= 0 && sp->cost_n[kk] >= sp->cost_n[k])) continue;
+      if (kk >= 2 && (!sp->cost_n[kk - 1] || !sp->cost_n[0] || spec_rate_rel(sp->cost, alpha, kk - 1) < SPEC_PRUNE))
+        break;
+      k = kk;
+    }
     if (k < 0) {
-      double alpha[SPEC_KMAX]; /* the conditional acceptance per draft position (Laplace-smoothed) */
-      for (int j = 0; j < SPEC_KMAX; j++) alpha[j] = (double)(sp->a_acc[j] + 1) / (double)(sp->a_tried[j] + 2);
       k = spec_best_k(sp->cost, alpha, SPEC_KMAX);
-      /* k = 0 chosen SPEC_OFF_AFTER times in a row: drafting is switched off for SPEC_OFF steps,
-       * which then skip the MTP's rows too (what a plain step in MTP mode still pays for); then
-       * the rows are fed again and the choice (with its probes) resumes. The MTP's attention rows
-       * of the switched-off span stay stale: that can only lower the acceptance of later drafts
-       * (so the decision errs towards off), never change the output. */
+      /* k = 0 chosen SPEC_OFF_AFTER times in a row (SPEC_OFF_CLEAR when every measured k > 0
+       * loses clearly): drafting is switched off for off_len steps, which then skip the MTP's
+       * rows too (what a plain step in MTP mode still pays for); then the rows are fed again and
+       * the choice (with its probes) resumes. The MTP's attention rows of the switched-off span
+       * stay stale: that can only lower the acceptance of later drafts (so the decision errs
+       * towards off), never change the output. */
+      bool clear = k == 0;
+      for (int kk = 1; kk <= SPEC_KMAX && clear; kk++)
+        clear = !sp->cost_n[kk] || spec_rate_rel(sp->cost, alpha, kk) < SPEC_PRUNE;
       sp->zero_run = k == 0 ? sp->zero_run + 1 : 0;
-      if (sp->zero_run >= SPEC_OFF_AFTER) {
+      if (k > 0) sp->off_len = SPEC_OFF;
+      if (sp->zero_run >= (clear ? SPEC_OFF_CLEAR : SPEC_OFF_AFTER)) {
         sp->zero_run = 0;
-        sp->off = SPEC_OFF;
+        if (sp->off_len < SPEC_OFF) sp->off_len = SPEC_OFF;
+        sp->off = sp->off_len;
+        sp->off_len = sp->off_len * 2 < SPEC_OFF_MAX ? sp->off_len * 2 : SPEC_OFF_MAX;
       }
       if (++sp->n_choice % 16 == 0) { /* re-measure a neighbour: costs drift (cache, experts) */
         const int nb = (sp->n_choice / 16) % 2 ? k + 1 : k - 1;
