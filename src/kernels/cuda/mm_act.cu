@@ -131,7 +131,6 @@ __global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const fl
   act_row(a, kind, stage ? s_dyn : X + (int64_t)blockIdx.x * ldx, s_amax, xq + (size_t)blockIdx.x * xs);
 }
 
-
 /* RMSNorm over rows, optionally after the residual add (x += delta, written back) and optionally
  * followed by the quantization of the normed row (qkind >= 0: act_row for qa into xq). One block
  * per row; a one-row norm is latency-bound, so every global load of a phase is issued before its
