@@ -97,6 +97,7 @@ int spec_new(model_session *ms, spec **out, char *err, size_t errlen) {
   sp->V = V;
   sp->cap = MODEL_MAX_BATCH - 1;
   sp->hpos = -1;
+  sp->off_len = SPEC_OFF;
   sp->ptok = malloc((size_t)sp->cap * sizeof *sp->ptok);
   sp->ph = malloc((size_t)((sp->cap + 1) * E) * sizeof(float));
   sp->hlast = malloc((size_t)E * sizeof(float));
@@ -271,7 +272,6 @@ int spec_choose_k(spec *sp, int forced, int64_t room) {
       if (k > 0) sp->off_len = SPEC_OFF;
       if (sp->zero_run >= (clear ? SPEC_OFF_CLEAR : SPEC_OFF_AFTER)) {
         sp->zero_run = 0;
-        if (sp->off_len < SPEC_OFF) sp->off_len = SPEC_OFF;
         sp->off = sp->off_len;
         sp->off_len = sp->off_len * 2 < SPEC_OFF_MAX ? sp->off_len * 2 : SPEC_OFF_MAX;
       }

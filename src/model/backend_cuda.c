@@ -624,11 +624,19 @@ static const dmat *next_act(model_session *s, int64_t l, bool moe, int *slot) {
 /* h = rmsnorm(x (+= delta)) * w, n rows (delta NULL: no add), quantized in the same launch for
  * the next_act(l_next, moe) consumer; or, when y is not NULL, the MoE combine of y (K slots,
  * weights wts, shared expert sh / shl) into x first. */
+/* After a kernel that wrote h (n rows) and, with lay, its quantization for lay into xq[slot]:
+ * only that quantized copy of h is valid */
+static void hq_note(cu_sess *c, const dmat *lay, int slot, int64_t n) {
+  c->hq[0] = c->hq[1] = NULL;
+  if (lay) {
+    c->hq[slot] = lay->h;
+    c->hq_n = n;
+  }
+}
 static void h_norm_at(model_session *s, float *x, const float *delta, const float *w, int64_t n, const dmat *lay,
                       int slot, const float *y, const float *wts, int K, const float *sh, const float *shl) {
   cu_sess *c = s->dev;
   const floe_hparams *hp = &s->m->hp;
-  c->hq[0] = c->hq[1] = NULL;
   const cuda_mat *W = lay ? &lay->d : NULL;
   void *xq = lay ? c->xq[slot] : NULL;
   const size_t xs = lay ? cuda_mm_act_bytes(W) : 0;
@@ -636,10 +644,7 @@ static void h_norm_at(model_session *s, float *x, const float *delta, const floa
     cuda_mm_combine_act(W, x, y, wts, K, sh, shl, w, c->h, hp->rms_eps, n, hp->n_embd, xq, xs, c->stream);
   else
     cuda_mm_norm_act(W, x, delta, w, c->h, n, hp->n_embd, hp->rms_eps, xq, xs, c->stream);
-  if (lay) {
-    c->hq[slot] = lay->h;
-    c->hq_n = n;
-  }
+  hq_note(c, lay, slot, n);
 }
 static void h_norm(model_session *s, float *x, const float *delta, const float *w, int64_t n, int64_t l_next, bool moe,
                    const float *y, const float *wts, int K, const float *sh, const float *shl) {
@@ -1215,13 +1220,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
       comb = cuda_mm_moe_down_combine(&L->down.d, ks, ids, c->hr, I, c->xqd, c->xq_row, c->selw, x, next, c->h,
                                       hp->rms_eps, lay ? &lay->d : NULL, lay ? c->xq[slot] : NULL,
                                       lay ? cuda_mm_act_bytes(&lay->d) : 0, c->comb_ctr, c->stream) == 0;
-      if (comb) { /* as h_norm_at records what the norm quantized */
-        c->hq[0] = c->hq[1] = NULL;
-        if (lay) {
-          c->hq[slot] = lay->h;
-          c->hq_n = n;
-        }
-      }
+      if (comb) hq_note(c, lay, slot, n);
     }
     if (!comb) cuda_mm_moe_down_grp(&L->down.d, n, ks, ids, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
     if (!L->sh_in_stack && Is > 0)

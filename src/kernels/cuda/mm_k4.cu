@@ -688,6 +688,19 @@ __global__ void __launch_bounds__(128) k_k4vn(KArgs a, int64_t nb, const uint8_t
   }
 }
 
+/* A short row's output from its lane's term t (k_k4s's layout: G groups of GL lanes a row, group s
+ * < nsb holding superblock s, ok = s < nsb): k_k4w's kred16 with the groups past the last
+ * superblock at zeros, the same adds of the same values; valid in the row's first lane. Called by
+ * the whole warp. */
+template <int G, int GL>
+__device__ __forceinline__ float k4s_fold(bool ok, float t) {
+  const float acc0 = ok ? 0.0f + t : 0.0f;
+  const float b = (acc0 + 0.0f) + (0.0f + 0.0f);
+  const float c = b + 0.0f;
+  const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, GL) : 0.0f + 0.0f;
+  return c + c1;
+}
+
 /* Short rows (one or two superblocks: the MoE down projection of the 35B-A3B and 80B-A3B shapes,
  * 512 columns): k_k4w would leave the groups past the last superblock idle, half or three quarters
  * of the warp, and need twice or four times the warps. Here a warp takes R = 4 / G rows with G
@@ -753,21 +766,7 @@ __global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int
       t = k4w_term<T>(a, mm_row(a, e, rc), x, ok ? s : 0, w);
       if constexpr (MODE == MM_GLU) t2 = k4w_term<T>(a2, mm_row(a2, e, rc), x, ok ? s : 0, w);
     }
-    float y, y2 = 0.0f;
-    {
-      const float acc0 = ok ? 0.0f + t : 0.0f;
-      const float b = (acc0 + 0.0f) + (0.0f + 0.0f);
-      const float c = b + 0.0f;
-      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, GL) : 0.0f + 0.0f;
-      y = c + c1;
-    }
-    if constexpr (MODE == MM_GLU) {
-      const float acc0 = ok ? 0.0f + t2 : 0.0f;
-      const float b = (acc0 + 0.0f) + (0.0f + 0.0f);
-      const float c = b + 0.0f;
-      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, GL) : 0.0f + 0.0f;
-      y2 = c + c1;
-    }
+    const float y = k4s_fold<G, GL>(ok, t), y2 = MODE == MM_GLU ? k4s_fold<G, GL>(ok, t2) : 0.0f;
     if (s == 0 && w == 0 && r < a.rows) {
       if constexpr (MODE == MM_GLU) Y[slot * ldy + r] = floe_siluf(y) * y2;
       else if constexpr (MODE == MM_DOWN) Y[slot * ldy + r] = y;
@@ -822,11 +821,7 @@ __global__ void __launch_bounds__(1024, 1)
       if constexpr (V) k4v_terms<T, false>(a, mm_row(a, e, rc), nullptr, xj, ok ? s : 0, w, &t, &t2);
       else t = k4w_term<T>(a, mm_row(a, e, rc), xj, ok ? s : 0, w);
       (void)t2;
-      const float acc0 = ok ? 0.0f + t : 0.0f;
-      const float b = (acc0 + 0.0f) + (0.0f + 0.0f);
-      const float c = b + 0.0f;
-      const float c1 = G == 2 ? __shfl_down_sync(MM_FULL, c, GL) : 0.0f + 0.0f;
-      y = c + c1;
+      y = k4s_fold<G, GL>(ok, t);
     }
     if (s == 0 && w == 0) ys[j * R + ri] = y;
     __syncthreads();
@@ -1122,15 +1117,12 @@ bool down_qx_t(const KArgs &a, int64_t ns, const int32_t *ids, const float *H, i
 } // namespace
 
 namespace {
-/* k_k4sc where k_k4s would run the down projection (k_k4w / k_k4s on, rows of one or two
- * superblocks) and ns <= 32 slots: false otherwise (nothing launched) */
+/* k_k4sc, where mm_k4_down_comb_ok said it applies */
 template <int T>
-bool down_comb_t(const KArgs &a, int ns, const int32_t *ids, const uint8_t *xq, size_t xs, const float *wts, float *x,
+void down_comb_t(const KArgs &a, int ns, const int32_t *ids, const uint8_t *xq, size_t xs, const float *wts, float *x,
                  const float *nw, float *h, float eps, const KArgs &qa, int qkind, uint8_t *xqo, unsigned *ctr,
                  int sqoff, size_t smem, cudaStream_t st) {
-  const int nsb = (int)(a.cols / 256);
-  if (!k4w_on() || !k4s_on() || nsb < 1 || nsb > 2 || a.cols % 256 || ns < 1 || ns > 32 || a.rows > INT32_MAX)
-    return false;
+  const int nsb = (int)(a.cols / 256); /* 1 or 2 (mm_k4_down_comb_ok) */
   const bool v = k4v_on() >= 2;
   const int R = (v ? 8 : 4) / (nsb == 1 ? 1 : 2), threads = 32 * ns;
   const int64_t g = (a.rows + R - 1) / R;
@@ -1150,7 +1142,6 @@ bool down_comb_t(const KArgs &a, int ns, const int32_t *ids, const uint8_t *xq, 
     else K4SC_LAUNCH(2, false);
   }
 #undef K4SC_LAUNCH
-  return true;
 }
 } // namespace
 
@@ -1163,13 +1154,11 @@ bool mm_k4_down_comb_ok(const KArgs &a, int ns) {
 bool mm_k4_down_comb_launch(const KArgs &a, int ns, const int32_t *ids, const uint8_t *xq, size_t xs, const float *wts,
                             float *x, const float *nw, float *h, float eps, const KArgs &qa, int qkind, uint8_t *xqo,
                             unsigned *ctr, int sqoff, size_t smem, cudaStream_t st) {
-  switch (a.type) {
-    case FLOE_TYPE_Q4_K:
-      return down_comb_t<FLOE_TYPE_Q4_K>(a, ns, ids, xq, xs, wts, x, nw, h, eps, qa, qkind, xqo, ctr, sqoff, smem, st);
-    case FLOE_TYPE_Q5_K:
-      return down_comb_t<FLOE_TYPE_Q5_K>(a, ns, ids, xq, xs, wts, x, nw, h, eps, qa, qkind, xqo, ctr, sqoff, smem, st);
-    default: return false;
-  }
+  if (!mm_k4_down_comb_ok(a, ns)) return false;
+  if (a.type == FLOE_TYPE_Q4_K)
+    down_comb_t<FLOE_TYPE_Q4_K>(a, ns, ids, xq, xs, wts, x, nw, h, eps, qa, qkind, xqo, ctr, sqoff, smem, st);
+  else down_comb_t<FLOE_TYPE_Q5_K>(a, ns, ids, xq, xs, wts, x, nw, h, eps, qa, qkind, xqo, ctr, sqoff, smem, st);
+  return true;
 }
 
 void cuda_mm_set_down_qx(int on) { g_down_qx = on ? 1 : 0; }
