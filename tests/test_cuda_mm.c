@@ -787,66 +787,6 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
   tmat_free(&m);
 }
 
-/* One token's MoE down projection with the combine and the next norm in its launch
- * (cuda_mm_moe_down_combine, opt-in) against cuda_mm_moe_down + cuda_mm_combine_act: x, the normed
- * row and its quantization for a next matrix of type qtype, bit for bit; called twice in a row (its
- * block counter must come back to 0); cap > 0: at most cap blocks, so that blocks loop over tiles. */
-static void check_down_comb(uint32_t type, int64_t E, int64_t I, int K, int n_exp, uint32_t qtype, int cap) {
-  tmat md = make_mat(type, 0, 0, 0, E, I, n_exp), mq = make_mat(qtype, 0, 0, 0, 3, E, 1);
-  char nm[64];
-  tname(&md.W, nm, sizeof nm);
-  dmat gd = upload(&md, n_exp), gq = upload(&mq, 1);
-  int32_t ids[32];
-  for (int j = 0; j < K; j++) {
-    int e, dup;
-    do { /* K distinct experts */
-      e = (int)(floe_rng_u64(&rng) % (uint64_t)n_exp);
-      dup = 0;
-      for (int u = 0; u < j; u++) dup |= ids[u] == e;
-    } while (dup);
-    ids[j] = e;
-  }
-  float *H = malloc(sizeof(float) * (size_t)(K * I)), *x = malloc(sizeof(float) * (size_t)E);
-  float *nw = malloc(sizeof(float) * (size_t)E), w[32];
-  fill_x(H, K * I), fill_x(x, E);
-  for (int64_t i = 0; i < E; i++) nw[i] = 0.5f + (float)(floe_rng_u64(&rng) % 1000) / 1000.0f;
-  for (int j = 0; j < K; j++) w[j] = (float)(floe_rng_u64(&rng) % 1000) / 3000.0f;
-  const size_t abd = kern_act_bytes(&md.W), ab = kern_act_bytes(&mq.W), xs = (ab + 63) / 64 * 64;
-  const size_t fb = sizeof(float) * (size_t)E;
-  int32_t *dids = dev_put(ids, sizeof(int32_t) * (size_t)K);
-  float *dH = dev_put(H, sizeof(float) * (size_t)(K * I)), *dw = dev_put(w, sizeof(float) * (size_t)K);
-  float *dnw = dev_put(nw, fb), *dx1 = dev_put(x, fb), *dx2 = dev_put(x, fb), *dh1 = dev_put(NULL, fb);
-  float *dh2 = dev_put(NULL, fb), *dY = dev_put(NULL, fb * (size_t)K);
-  void *dxqd1 = dev_put(NULL, abd * (size_t)K), *dxqd2 = dev_put(NULL, abd * (size_t)K);
-  void *dq1 = dev_put(NULL, xs), *dq2 = dev_put(NULL, xs);
-  unsigned *dctr = dev_put(NULL, 16);
-  cuda_rt_memset_async(dctr, 0, 16, NULL);
-  float *x1 = malloc(fb), *x2 = malloc(fb), *h1 = malloc(fb), *h2 = malloc(fb);
-  uint8_t *q1 = malloc(xs), *q2 = malloc(xs);
-  unsigned ctr[4];
-  if (cap) cuda_mm_set_pf(1, cap);
-  int ok = 1, rc = 0;
-  for (int rep = 0; rep < 2; rep++) { /* x accumulates: the second call starts from the first's x */
-    dev_poison(dh1, fb), dev_poison(dh2, fb), dev_poison(dq1, xs), dev_poison(dq2, xs);
-    rc |= cuda_mm_moe_down_combine(&gd.M, K, dids, dH, I, dxqd1, abd, dw, dx1, dnw, dh1, 1e-6f, &gq.M, dq1, xs, dctr, NULL);
-    cuda_mm_moe_down(&gd.M, 1, K, dids, dH, I, dxqd2, abd, dY, E, NULL);
-    cuda_mm_combine_act(&gq.M, dx2, dY, dw, K, NULL, NULL, dnw, dh2, 1e-6f, 1, E, dq2, xs, NULL);
-    CHECK(cuda_rt_check("down_comb", err, sizeof err) == 0, "%s down+combine launch: %s", nm, err);
-    dev_get(x1, dx1, fb), dev_get(x2, dx2, fb), dev_get(h1, dh1, fb), dev_get(h2, dh2, fb);
-    dev_get(q1, dq1, xs), dev_get(q2, dq2, xs), dev_get(ctr, dctr, sizeof ctr);
-    ok &= memcmp(x1, x2, fb) == 0 && memcmp(h1, h2, fb) == 0 && memcmp(q1, q2, ab) == 0 && ctr[0] == 0;
-  }
-  if (cap) cuda_mm_set_pf(1, 0);
-  CHECK(rc == 0, "%s E=%lld I=%lld K=%d: the fused launch applies", nm, (long long)E, (long long)I, K);
-  CHECK(ok, "%s E=%lld I=%lld K=%d%s: x, the normed row and its quantization == down + combine bit for bit, twice", nm,
-        (long long)E, (long long)I, K, cap ? " (blocks capped)" : "");
-  void *frees[] = {dids, dH, dw, dnw, dx1, dx2, dh1, dh2, dY, dxqd1, dxqd2, dq1, dq2, dctr};
-  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) cuda_rt_free(frees[i]);
-  free(H), free(x), free(nw), free(x1), free(x2), free(h1), free(h2), free(q1), free(q2);
-  dmat_free(&gd), dmat_free(&gq);
-  tmat_free(&md), tmat_free(&mq);
-}
-
 /* The router with the routing in its last block (cuda_mm_router_route) against the two steps
  * (cuda_mm_matmul on the float path, then cuda_moe_route / cuda_moe_route_sh), bit for bit; run
  * three times (the block counter must come back to 0). */
@@ -1016,27 +956,6 @@ int main(void) {
   check_glu_route(FLOE_TYPE_Q4_K, 512, 10, 1, 1, 1280, 40); /* 16 experts a lane */
   check_glu_route(FLOE_TYPE_Q5_K, 1000, 32, 1, 0, 1024, 8); /* 32 a lane, the largest K */
   check_glu_route(FLOE_TYPE_Q4_K, 64, 4, 1, 1, 512, 64);    /* two superblocks: k_k4s's rows, refused */
-  SECTION("the MoE down projection with the combine in its launch (one token, opt-in)");
-  {
-    cuda_mm_set_down_comb(0);
-    tmat md = make_mat(FLOE_TYPE_Q4_K, 0, 0, 0, 256, 512, 2);
-    dmat gd = upload(&md, 2);
-    CHECK(cuda_mm_moe_down_combine(&gd.M, 2, NULL, NULL, 512, NULL, 0, NULL, NULL, NULL, NULL, 1e-6f, NULL, NULL, 0,
-                                   NULL, NULL) == FLOE_E_UNSUPPORTED,
-          "off: refused, nothing launched");
-    dmat_free(&gd), tmat_free(&md);
-    cuda_mm_set_down_comb(1);
-    for (int lv = 1; lv <= 2; lv++) { /* k_k4s's 8-lane and 4-lane forms */
-      cuda_mm_set_k4v(lv);
-      check_down_comb(FLOE_TYPE_Q4_K, 2048, 512, 9, 16, FLOE_TYPE_Q4_K, 0); /* the 35B-A3B shape */
-      check_down_comb(FLOE_TYPE_Q5_K, 2048, 256, 11, 64, FLOE_TYPE_Q8_0, 0); /* one superblock a row */
-      check_down_comb(FLOE_TYPE_Q4_K, 768, 512, 3, 8, FLOE_TYPE_Q6_K, 5);    /* blocks looping over tiles */
-      check_down_comb(FLOE_TYPE_Q4_K, 512, 512, 32, 40, FLOE_TYPE_IQ4_XS, 0); /* 32 slots: 1024 threads */
-      check_down_comb(FLOE_TYPE_Q5_K, 256, 512, 1, 3, FLOE_TYPE_Q4_K, 0);
-    }
-    cuda_mm_set_k4v(2);
-    cuda_mm_set_down_comb(0);
-  }
   SECTION("activation quantization, both implementations");
   check_act(FLOE_TYPE_Q4_K, 256, 3);
   check_act(FLOE_TYPE_Q4_K, 4096, 2);     /* the 35B-A3B's GatedDeltaNet output: 16 chunks */

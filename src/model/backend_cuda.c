@@ -91,7 +91,6 @@ typedef struct cu_sess {
   float *logits;               /* [LB][V] */
   int32_t *tok, *pos, *greedy; /* [B], [B] positions pos0 + t, [1] */
   unsigned *route_ctr;         /* cuda_mm_router_route's block counter (0 between launches) */
-  unsigned *comb_ctr;          /* cuda_mm_moe_down_combine's block counter (0 between launches) */
   void *grp;                   /* a prefill chunk's MoE slots grouped by expert (cuda_mm_moe_group) */
   bool route_fused;            /* one-token steps route in the router's launch (FLOE_CUDA_ROUTE_FUSED=1) */
   void *attn_scr, *amax_scr;
@@ -399,7 +398,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->sel, B * (K + 1) * 4 }, { &c->hr, B * (K + 1) * ffm * 4 }, { &c->hs, B * (Is > 0 ? Is : 1) * 4 },
     { &c->yr, B * (K + 1) * E * 4 }, { &c->ys, B * E * 4 }, { &c->xq[0], (size_t)B * c->xq_row },
     { &c->xq[1], (size_t)B * c->xq_row }, { &c->xqd, (size_t)(B * (K + 1)) * c->xq_row }, { &c->logits, LB * V * 4 },
-    { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 }, { &c->route_ctr, 16 }, { &c->comb_ctr, 16 },
+    { &c->tok, B * 4 }, { &c->pos, B * 4 }, { &c->greedy, 16 }, { &c->route_ctr, 16 },
     { &c->grp, NE > 0 ? cuda_mm_moe_group_bytes(B * (K + 1), grp_experts) : 16 },
     { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16 },
     { &c->amax_scr, cuda_argmax_rows_scratch_bytes(V, KV_KEEP_MAX) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
@@ -416,7 +415,6 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   const char *rf = getenv("FLOE_CUDA_ROUTE_FUSED");
   c->route_fused = rf && rf[0] == '1';
   if ((rc = cuda_rt_memset_async(c->route_ctr, 0, 16, c->stream)) ||
-      (rc = cuda_rt_memset_async(c->comb_ctr, 0, 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->attn_scr, 0, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16, c->stream)) ||
       (rc = cuda_rt_memset_async(c->amax_scr, 0, cuda_argmax_rows_scratch_bytes(V, KV_KEEP_MAX), c->stream)))
     return floe_err(err, errlen, FLOE_E_IO, "cuda: cannot clear the scratch");
@@ -624,19 +622,11 @@ static const dmat *next_act(model_session *s, int64_t l, bool moe, int *slot) {
 /* h = rmsnorm(x (+= delta)) * w, n rows (delta NULL: no add), quantized in the same launch for
  * the next_act(l_next, moe) consumer; or, when y is not NULL, the MoE combine of y (K slots,
  * weights wts, shared expert sh / shl) into x first. */
-/* After a kernel that wrote h (n rows) and, with lay, its quantization for lay into xq[slot]:
- * only that quantized copy of h is valid */
-static void hq_note(cu_sess *c, const dmat *lay, int slot, int64_t n) {
-  c->hq[0] = c->hq[1] = NULL;
-  if (lay) {
-    c->hq[slot] = lay->h;
-    c->hq_n = n;
-  }
-}
 static void h_norm_at(model_session *s, float *x, const float *delta, const float *w, int64_t n, const dmat *lay,
                       int slot, const float *y, const float *wts, int K, const float *sh, const float *shl) {
   cu_sess *c = s->dev;
   const floe_hparams *hp = &s->m->hp;
+  c->hq[0] = c->hq[1] = NULL;
   const cuda_mat *W = lay ? &lay->d : NULL;
   void *xq = lay ? c->xq[slot] : NULL;
   const size_t xs = lay ? cuda_mm_act_bytes(W) : 0;
@@ -644,7 +634,10 @@ static void h_norm_at(model_session *s, float *x, const float *delta, const floa
     cuda_mm_combine_act(W, x, y, wts, K, sh, shl, w, c->h, hp->rms_eps, n, hp->n_embd, xq, xs, c->stream);
   else
     cuda_mm_norm_act(W, x, delta, w, c->h, n, hp->n_embd, hp->rms_eps, xq, xs, c->stream);
-  hq_note(c, lay, slot, n);
+  if (lay) {
+    c->hq[slot] = lay->h;
+    c->hq_n = n;
+  }
 }
 static void h_norm(model_session *s, float *x, const float *delta, const float *w, int64_t n, int64_t l_next, bool moe,
                    const float *y, const float *wts, int K, const float *sh, const float *shl) {
@@ -1190,7 +1183,6 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     if (c->seg) seg_open(s, cu_tier_cpu_jobs(c->tier) ? SEG_M(l) : SEG_MC(l));
   }
   run = !c->replay;
-  bool comb = false; /* the combine ran in the down projection's launch */
   if (run) {
     void *grp = NULL;
     if (n > 1 && n >= c->moe_group_min && qe && L->gate.d.n_expert <= CUDA_MM_GROUP_MAX_EXPERT &&
@@ -1212,17 +1204,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
       cuda_mm_moe_gate_up(&L->sh_gate.d, &L->sh_up.d, n, 1, NULL, c->h, E, qs ? xq_e : NULL, qs ? xs_e : 0, c->hs,
                           Is, c->stream);
     }
-    /* one token, resident, the shared expert (if any) a slot: the down projection, the combine
-     * and the next norm in one launch where cuda_mm_moe_down_combine applies (opt-in) */
-    if (n == 1 && !c->tier && !grp && (L->sh_in_stack || Is == 0)) {
-      int slot = 0;
-      const dmat *lay = next_act(s, l + 1, false, &slot);
-      comb = cuda_mm_moe_down_combine(&L->down.d, ks, ids, c->hr, I, c->xqd, c->xq_row, c->selw, x, next, c->h,
-                                      hp->rms_eps, lay ? &lay->d : NULL, lay ? c->xq[slot] : NULL,
-                                      lay ? cuda_mm_act_bytes(&lay->d) : 0, c->comb_ctr, c->stream) == 0;
-      if (comb) hq_note(c, lay, slot, n);
-    }
-    if (!comb) cuda_mm_moe_down_grp(&L->down.d, n, ks, ids, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
+    cuda_mm_moe_down_grp(&L->down.d, n, ks, ids, grp, c->hr, I, c->xqd, c->xq_row, c->yr, E, c->stream);
     if (!L->sh_in_stack && Is > 0)
       cuda_mm_moe_down(&L->sh_down.d, n, 1, NULL, c->hs, Is, c->xq[1], c->xq_row, c->ys, E, c->stream);
   }
@@ -1237,7 +1219,7 @@ static void cu_moe(model_session *s, int64_t l, float *x, int64_t n) {
     }
     if (cut) seg_open(s, SEG_C(l));
   }
-  if (!c->replay && !comb) {
+  if (!c->replay) {
     const bool shx = !L->sh_in_stack && Is > 0; /* the shared expert apart */
     h_norm(s, x, NULL, next, n, l + 1, false, c->yr, c->selw, shx ? (int)K : ks, shx ? c->ys : NULL,
            shx ? shg : NULL);

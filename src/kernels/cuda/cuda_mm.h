@@ -113,19 +113,6 @@ int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const float *w1, c
 void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
                          const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n,
                          void *xq, size_t xq_stride, void *stream);
-/* One token's MoE down projection and combine in one launch (after the down input's quantization):
- * the bytes of cuda_mm_moe_down(down, 1, K, ids, H, ldh, xq_scratch, xq_stride, Y, ...) followed
- * by cuda_mm_combine_act(W, x, Y, w, K, NULL, NULL, norm_w, h, eps, 1, down->rows, xq, ...), with
- * no Y in memory (the shared expert, if any, is one of the K slots). ctr: a device counter, 0 at
- * the first call, left 0 by each. Opt-in until measured on a GPU (FLOE_CUDA_DOWN_COMB=1 at the
- * first call, or cuda_mm_set_down_comb); returns FLOE_E_UNSUPPORTED, having launched nothing, where
- * it is off or does not apply (Q4_K / Q5_K downs of one or two superblocks a row, K <= 32, rows a
- * multiple of 256, the quantized input path, W's layout not MLX), else 0. */
-int cuda_mm_moe_down_combine(const cuda_mat *down, int K, const int32_t *ids, const float *H, int64_t ldh,
-                             void *xq_scratch, size_t xq_stride, const float *w, float *x, const float *norm_w, float *h,
-                             float eps, const cuda_mat *W, void *xq, size_t xq_out_stride, unsigned *ctr,
-                             void *stream);
-void cuda_mm_set_down_comb(int on);
 
 /* xq row b (xq + b * xq_stride) = kern_act_quantize(W, X + b * ldx), for b in [0, nb).
  * xq_stride: a multiple of 64 (cuda_mm_act_bytes is), xq 64-byte aligned (the kernels read the

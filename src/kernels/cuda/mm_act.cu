@@ -131,6 +131,71 @@ __global__ void __launch_bounds__(ACT_THREADS) k_act(KArgs a, int kind, const fl
   act_row(a, kind, stage ? s_dyn : X + (int64_t)blockIdx.x * ldx, s_amax, xq + (size_t)blockIdx.x * xs);
 }
 
+#define NORM_THREADS 512
+#define NORM_PER 4 /* values a thread keeps in registers (rows up to 2048 in one memory round trip) */
+
+/* The squares for sumsq16_rows: value i's square (a plain multiply, as sumsq16's) at row i % 16,
+ * column i / 16 of sq, rows sq_rs floats apart. sq_rs: a multiple of 4 (float4 rows) that is 4
+ * more than a multiple of 32 (the 16 rows start in different banks). */
+static __host__ __device__ __forceinline__ int sq_rs(int n) { return ((n + 15) / 16 + 31) / 32 * 32 + 4; }
+__device__ __forceinline__ void sq_put(float *sq, int rs, int i, float v) { sq[(i & 15) * rs + (i >> 4)] = __fmul_rn(v, v); }
+
+/* ops_sumsq16_warp from the squares sq_put stored (called by one whole warp): lane k < 16 adds
+ * its row, x[k]^2, x[k+16]^2, ... in order, then fold16: the same adds in the same order; the
+ * row comes in float4 loads, eight in flight, so the serial path is the chain of adds. */
+__device__ __forceinline__ float sumsq16_rows(const float *sq, int n) {
+  const int lane = threadIdx.x & 31, rs = sq_rs(n);
+  float acc = 0.0f;
+  if (lane < 16) {
+    const int cnt = (n - lane + 15) / 16; /* values lane + 16 m < n */
+    const float *r = sq + lane * rs;
+    int m = 0;
+#pragma unroll 8
+    for (; m + 4 <= cnt; m += 4) {
+      const float4 v = *(const float4 *)(r + m);
+      acc = __fadd_rn(acc, v.x);
+      acc = __fadd_rn(acc, v.y);
+      acc = __fadd_rn(acc, v.z);
+      acc = __fadd_rn(acc, v.w);
+    }
+    for (; m < cnt; m++) acc = __fadd_rn(acc, r[m]);
+  }
+  acc = ops_fold16(acc);
+  return __shfl_sync(0xffffffffu, acc, 0);
+}
+
+/* y = (xs * r) * w for the row staged in xs (r = 1 / sqrt(sumsq / n + eps), the CPU's 16-lane
+ * sum of squares: ops_sumsq16_warp, or sumsq16_rows from sq when sq is not NULL), into global y
+ * and back into xs; wr: this thread's weights for i = tid + k * bs, k < NORM_PER. */
+__device__ __forceinline__ void norm_row(float *xs, const float *sq, const float *__restrict__ w,
+                                         const float wr[NORM_PER], float *y, int n, float eps) {
+  __shared__ float rs;
+  const int tid = threadIdx.x, bs = blockDim.x;
+  __syncthreads();
+  if (tid < 32) {
+    const float ss = sq ? sumsq16_rows(sq, n) : ops_sumsq16_warp(xs, n);
+    if (tid == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
+  }
+  __syncthreads();
+  const float r = rs;
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int i = tid + k * bs;
+    if (i < n) xs[i] = y[i] = __fmul_rn(__fmul_rn(xs[i], r), wr[k]);
+  }
+  for (int i = tid + NORM_PER * bs; i < n; i += bs) xs[i] = y[i] = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
+  __syncthreads();
+}
+
+/* this thread's weights for i = tid + k * blockDim.x, k < NORM_PER (w NULL: zeros) */
+__device__ __forceinline__ void norm_w_regs(const float *__restrict__ w, int n, float wr[NORM_PER]) {
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int i = threadIdx.x + k * blockDim.x;
+    wr[k] = w && i < n ? w[i] : 0.0f;
+  }
+}
+
 /* RMSNorm over rows, optionally after the residual add (x += delta, written back) and optionally
  * followed by the quantization of the normed row (qkind >= 0: act_row for qa into xq). One block
  * per row; a one-row norm is latency-bound, so every global load of a phase is issued before its
@@ -379,39 +444,6 @@ extern "C" void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y,
   pdl_launch(k_combine, dim3((unsigned)n_tok), dim3(COMB_THREADS), norm_smem(n, extra, sqoff), (cudaStream_t)stream, x,
              y, w, K, sh, sh_logit, norm_w, h, eps, (int)n, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff,
              cuda_rt_prew());
-}
-
-/* The MoE down projection and the combine in one launch after the down input's quantization
- * (k_k4sc, mm_k4.cu): opt-in until measured on a GPU (FLOE_CUDA_DOWN_COMB=1 at the first call, or
- * cuda_mm_set_down_comb). */
-static int g_down_comb = -1;
-extern "C" void cuda_mm_set_down_comb(int on) { g_down_comb = on ? 1 : 0; }
-
-extern "C" int cuda_mm_moe_down_combine(const cuda_mat *down, int K, const int32_t *ids, const float *H, int64_t ldh,
-                                        void *xq_scratch, size_t xq_stride, const float *w, float *x,
-                                        const float *norm_w, float *h, float eps, const cuda_mat *W, void *xq,
-                                        size_t xq_out_stride, unsigned *ctr, void *stream) {
-  if (g_down_comb < 0) g_down_comb = mm_env_int("FLOE_CUDA_DOWN_COMB", 0) == 1;
-  (void)xq_out_stride; /* one row */
-  if (!g_down_comb || !act2_on() || !xq_scratch || !cuda_mm_act_bytes(down) || !norm_w || !ctr || K < 1)
-    return FLOE_E_UNSUPPORTED;
-  const KArgs a = mm_kargs(down);
-  const int64_t n = a.rows;
-  if (!mm_k4_down_comb_ok(a, K) || n % 256) return FLOE_E_UNSUPPORTED;
-  KArgs qa;
-  int qkind;
-  size_t extra;
-  act_epilogue(xq ? W : nullptr, &qa, &qkind, &extra);
-  if (qkind == KACT_MLX) return FLOE_E_UNSUPPORTED; /* the tail quantizes with act_row_warp */
-  const int sqoff = sq_off(n, extra);
-  const size_t smem = norm_smem(n, extra, sqoff);
-  if (smem > 48 * 1024) return FLOE_E_UNSUPPORTED;
-  const cudaStream_t st = (cudaStream_t)stream;
-  mm_act_launch(a, K, H, ldh, (uint8_t *)xq_scratch, xq_stride, st);
-  if (!mm_k4_down_comb_launch(a, K, ids, (const uint8_t *)xq_scratch, xq_stride, w, x, norm_w, h, eps, qa, qkind,
-                              (uint8_t *)xq, ctr, sqoff, smem, st))
-    return FLOE_E_INVALID; /* mm_k4_down_comb_ok said it would launch */
-  return 0;
 }
 
 void mm_act_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, uint8_t *xq, size_t xs, cudaStream_t st) {

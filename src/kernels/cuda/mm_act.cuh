@@ -6,7 +6,6 @@
 #ifndef FLOE_CUDA_MM_ACT_CUH
 #define FLOE_CUDA_MM_ACT_CUH
 #include "kernels/cuda/mm_common.cuh"
-#include "kernels/cuda/ops_common.cuh"
 
 namespace {
 
@@ -149,72 +148,6 @@ __device__ __forceinline__ void act_row_warp_from(const KArgs &a, int kind, cons
   const bool u = kind == KACT_A256;
   act_row_warp_at(a, kind, x, (int8_t *)o + (size_t)c0 * 256, (float *)(o + a.off_d) + (u ? c0 : 8 * c0),
                   o + a.off_s + (u ? (size_t)c0 * 16 * 2 : (size_t)c0 * 64 * 4), n);
-}
-
-/* ---- the one-row norms' pieces (k_norm, k_combine in mm_act.cu; k_k4sc's tail in mm_k4.cu) ---- */
-#define NORM_THREADS 512
-#define NORM_PER 4 /* values a thread keeps in registers (rows up to 2048 in one memory round trip) */
-
-/* The squares for sumsq16_rows: value i's square (a plain multiply, as sumsq16's) at row i % 16,
- * column i / 16 of sq, rows sq_rs floats apart. sq_rs: a multiple of 4 (float4 rows) that is 4
- * more than a multiple of 32 (the 16 rows start in different banks). */
-__host__ __device__ __forceinline__ int sq_rs(int n) { return ((n + 15) / 16 + 31) / 32 * 32 + 4; }
-__device__ __forceinline__ void sq_put(float *sq, int rs, int i, float v) { sq[(i & 15) * rs + (i >> 4)] = __fmul_rn(v, v); }
-
-/* ops_sumsq16_warp from the squares sq_put stored (called by one whole warp): lane k < 16 adds
- * its row, x[k]^2, x[k+16]^2, ... in order, then fold16: the same adds in the same order; the
- * row comes in float4 loads, eight in flight, so the serial path is the chain of adds. */
-__device__ __forceinline__ float sumsq16_rows(const float *sq, int n) {
-  const int lane = threadIdx.x & 31, rs = sq_rs(n);
-  float acc = 0.0f;
-  if (lane < 16) {
-    const int cnt = (n - lane + 15) / 16; /* values lane + 16 m < n */
-    const float *r = sq + lane * rs;
-    int m = 0;
-#pragma unroll 8
-    for (; m + 4 <= cnt; m += 4) {
-      const float4 v = *(const float4 *)(r + m);
-      acc = __fadd_rn(acc, v.x);
-      acc = __fadd_rn(acc, v.y);
-      acc = __fadd_rn(acc, v.z);
-      acc = __fadd_rn(acc, v.w);
-    }
-    for (; m < cnt; m++) acc = __fadd_rn(acc, r[m]);
-  }
-  acc = ops_fold16(acc);
-  return __shfl_sync(0xffffffffu, acc, 0);
-}
-
-/* y = (xs * r) * w for the row staged in xs (r = 1 / sqrt(sumsq / n + eps), the CPU's 16-lane
- * sum of squares: ops_sumsq16_warp, or sumsq16_rows from sq when sq is not NULL), into global y
- * and back into xs; wr: this thread's weights for i = tid + k * bs, k < NORM_PER. */
-__device__ __forceinline__ void norm_row(float *xs, const float *sq, const float *__restrict__ w,
-                                         const float wr[NORM_PER], float *y, int n, float eps) {
-  __shared__ float rs;
-  const int tid = threadIdx.x, bs = blockDim.x;
-  __syncthreads();
-  if (tid < 32) {
-    const float ss = sq ? sumsq16_rows(sq, n) : ops_sumsq16_warp(xs, n);
-    if (tid == 0) rs = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
-  }
-  __syncthreads();
-  const float r = rs;
-#pragma unroll
-  for (int k = 0; k < NORM_PER; k++) {
-    const int i = tid + k * bs;
-    if (i < n) xs[i] = y[i] = __fmul_rn(__fmul_rn(xs[i], r), wr[k]);
-  }
-  for (int i = tid + NORM_PER * bs; i < n; i += bs) xs[i] = y[i] = __fmul_rn(__fmul_rn(xs[i], r), w[i]);
-  __syncthreads();
-}
-
-/* this thread's weights for i = tid + k * blockDim.x, k < NORM_PER (w NULL: zeros) */
-__device__ __forceinline__ void norm_w_regs(const float *__restrict__ w, int n, float wr[NORM_PER]) {
-#pragma unroll
-  for (int k = 0; k < NORM_PER; k++) {
-    const int i = threadIdx.x + k * blockDim.x;
-    wr[k] = w && i < n ? w[i] : 0.0f;
-  }
 }
 
 } // namespace

@@ -75,13 +75,6 @@ bool mm_k4_down_qx_launch(const KArgs &a, int64_t ns, const int32_t *ids, const 
                           float *Y, int64_t ldy, cudaStream_t st);
 /* 1 when activation rows are quantized with act_row_warp (FLOE_CUDA_ACT2, mm_act.cu) */
 int mm_act2_on(void);
-/* The MoE down projection of ns slots with the combine and the next norm in one launch (k_k4sc,
- * mm_k4.cu; cuda_mm_moe_down_combine): mm_k4_down_comb_ok says whether it applies to a; the
- * launch returns false (nothing launched) where it does not. xq: the slots' quantized rows. */
-bool mm_k4_down_comb_ok(const KArgs &a, int ns);
-bool mm_k4_down_comb_launch(const KArgs &a, int ns, const int32_t *ids, const uint8_t *xq, size_t xs, const float *wts,
-                            float *x, const float *nw, float *h, float eps, const KArgs &qa, int qkind, uint8_t *xqo,
-                            unsigned *ctr, int sqoff, size_t smem, cudaStream_t st);
 bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx, const MMOut &o, cudaStream_t st);
 /* k_q16's several-row launch for the other quantized types (Q8_0, Q6_K, ...; mm_q16.cu) */
 bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st);
@@ -234,13 +227,12 @@ int mm_few_on(void); /* cuda_mm_set_few / FLOE_CUDA_FEW (mm_k4.cu) */
  * test cap instead when set; g4 itself without prefetch or without a cap): the grid of kernels
  * whose blocks loop over their work so that every block prefetches before the wait (mm_k4.cu) */
 unsigned mm_grid_capped(int64_t g4, unsigned gy, int cap);
-/* blocks of kernel k (threads a block, smem bytes of dynamic shared memory) resident at once on
- * this GPU; -1 when it cannot be asked */
+/* blocks of kernel k (threads a block) resident at once on this GPU; -1 when it cannot be asked */
 template <typename F>
-int mm_resident_blocks(F k, int threads, size_t smem = 0) {
+int mm_resident_blocks(F k, int threads) {
   int dev = 0, nsm = 0, per = 0;
   if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, threads, smem) == cudaSuccess && nsm > 0 && per > 0)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, threads, 0) == cudaSuccess && nsm > 0 && per > 0)
     return nsm * per;
   return -1;
 }

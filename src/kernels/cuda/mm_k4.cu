@@ -775,85 +775,6 @@ __global__ void __launch_bounds__(128) k_k4s(KArgs a, KArgs a2, int K, const int
   }
 }
 
-/* The MoE down projection of one token's ns slots and the MoE combine in one launch (opt-in,
- * FLOE_CUDA_DOWN_COMB=1; cuda_mm_moe_down_combine). A block holds R rows of every slot: warp j is
- * slot j and computes y_j of those rows with k_k4s's lane layout and operations (so each y_j[r] is
- * k_k4s's bits); then thread t < R forms x[r] += sum_j w[j] * y_j[r] for row r = its t-th (j
- * ascending from +0, k_combine's adds). The grid's last block to finish (a counter at ctr, which it
- * resets) then runs k_combine's tail over the whole row: h = rmsnorm(x) * nw (norm_row) and, when
- * qkind >= 0, h quantized for qa into xqo (act_row_warp): k_k4s + k_combine's bits, one launch and
- * no y rows in memory. Blocks loop over row tiles when the grid is capped (every block prefetches
- * its slots' rows before the wait, as k_k4s). */
-#define K4SC_RMAX 8 /* rows a block (R = 32 / GL / G) */
-template <int T, int G, bool V>
-__global__ void __launch_bounds__(1024, 1)
-    k_k4sc(KArgs a, int ns, const int32_t *ids, const uint8_t *xq, size_t xs, const float *__restrict__ wts,
-           float *x, const float *__restrict__ nw, float *__restrict__ h, float eps, KArgs qa, int qkind,
-           uint8_t *__restrict__ xqo, unsigned *ctr, int pf, int sqoff) {
-  constexpr int GL = V ? 4 : 8; /* lanes a superblock */
-  constexpr int R = 32 / GL / G; /* rows a block */
-  static_assert(R <= K4SC_RMAX, "rows a block");
-  __shared__ float ys[32 * K4SC_RMAX]; /* y of slot j, row t at ys[j * R + t] */
-  __shared__ unsigned s_last;
-  const int lane = threadIdx.x & 31, gi = lane / GL, w = lane % GL, ri = gi / G, s = gi % G;
-  const int j = threadIdx.x >> 5; /* the warp's slot */
-  const int64_t step = (int64_t)gridDim.x * R;
-  if (pf) {
-    int e = 0;
-    if (pf_expert<MM_DOWN>(a, ids, j, pf, &e))
-      for (int64_t r = (int64_t)blockIdx.x * R; r < a.rows; r += step) {
-        const int64_t n = a.rows - r < R ? a.rows - r : R;
-        mm_pf_l2(mm_row(a, e, r), (size_t)n * a.row_bytes, lane);
-        if (!(pf & PF_ALL)) break;
-      }
-  }
-  PDL_ENTER();
-  const int e = ids ? ids[j] : 0;
-  const bool valid = e >= 0 && e < a.n_expert;
-  const uint8_t *xj = xq + (size_t)j * xs;
-  const int nsb = (int)(a.cols / 256);
-  const bool ok = s < nsb;
-  for (int64_t r0 = (int64_t)blockIdx.x * R; r0 < a.rows; r0 += step) { /* block-uniform */
-    const int64_t r = r0 + ri, rc = r < a.rows ? r : a.rows - 1; /* past the end: computed, not used */
-    float y = __int_as_float(0x7fc00000);                          /* an invalid expert's rows: NaN */
-    if (valid) {
-      float t, t2 = 0.0f;
-      if constexpr (V) k4v_terms<T, false>(a, mm_row(a, e, rc), nullptr, xj, ok ? s : 0, w, &t, &t2);
-      else t = k4w_term<T>(a, mm_row(a, e, rc), xj, ok ? s : 0, w);
-      (void)t2;
-      y = k4s_fold<G, GL>(ok, t);
-    }
-    if (s == 0 && w == 0) ys[j * R + ri] = y;
-    __syncthreads();
-    if (threadIdx.x < R && r0 + threadIdx.x < a.rows) {
-      const int64_t rr = r0 + threadIdx.x;
-      float acc = 0.0f;
-      for (int jj = 0; jj < ns; jj++) acc = __fadd_rn(acc, __fmul_rn(ys[jj * R + threadIdx.x], wts[jj]));
-      x[rr] = __fadd_rn(x[rr], acc);
-      __threadfence(); /* this row before the count below */
-    }
-    __syncthreads(); /* ys is free again */
-  }
-  if (threadIdx.x == 0) s_last = atomicAdd(ctr, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  /* the last block: k_combine's tail over the whole row (x through L2: other blocks wrote it) */
-  extern __shared__ float xs_dyn[];
-  float *sq = sqoff ? xs_dyn + sqoff : nullptr;
-  const int n = (int)a.rows, rs = sq_rs(n);
-  float wr[NORM_PER];
-  norm_w_regs(nw, n, wr);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = __ldcg(x + i);
-    xs_dyn[i] = v;
-    if (sq) sq_put(sq, rs, i, v);
-  }
-  norm_row(xs_dyn, sq, nw, wr, h, n, eps);
-  if (qkind >= 0) act_row_warp(qa, qkind, xs_dyn, xqo);
-  if (threadIdx.x == 0) *ctr = 0u; /* for the next launch (the stream orders it after this grid) */
-}
-
 /* k_k4w is the default for one activation row (H200: decode 252 -> 293 tok/s on the 35B-A3B
  * shape); FLOE_CUDA_K4W=0 (or cuda_mm_set_k4w(0)) selects k_k4, the same bits. */
 static int g_k4w = -1;
@@ -1115,51 +1036,6 @@ bool down_qx_t(const KArgs &a, int64_t ns, const int32_t *ids, const float *H, i
 }
 
 } // namespace
-
-namespace {
-/* k_k4sc, where mm_k4_down_comb_ok said it applies */
-template <int T>
-void down_comb_t(const KArgs &a, int ns, const int32_t *ids, const uint8_t *xq, size_t xs, const float *wts, float *x,
-                 const float *nw, float *h, float eps, const KArgs &qa, int qkind, uint8_t *xqo, unsigned *ctr,
-                 int sqoff, size_t smem, cudaStream_t st) {
-  const int nsb = (int)(a.cols / 256); /* 1 or 2 (mm_k4_down_comb_ok) */
-  const bool v = k4v_on() >= 2;
-  const int R = (v ? 8 : 4) / (nsb == 1 ? 1 : 2), threads = 32 * ns;
-  const int64_t g = (a.rows + R - 1) / R;
-  const int pf = k4w_pf(a, MM_DOWN, (unsigned)ns);
-#define K4SC_LAUNCH(G, VV)                                                                                        \
-  do {                                                                                                            \
-    static int cap[33]; /* blocks resident at once, per slot count (the block size) */                           \
-    if (!cap[ns]) cap[ns] = mm_resident_blocks(k_k4sc<T, G, VV>, threads, smem);                                  \
-    pdl_launch(k_k4sc<T, G, VV>, dim3(mm_grid_capped(g, 1, cap[ns])), dim3((unsigned)threads), smem, st, a, ns, ids, \
-               xq, xs, wts, x, nw, h, eps, qa, qkind, xqo, ctr, pf, sqoff);                                       \
-  } while (0)
-  if (nsb == 1) {
-    if (v) K4SC_LAUNCH(1, true);
-    else K4SC_LAUNCH(1, false);
-  } else {
-    if (v) K4SC_LAUNCH(2, true);
-    else K4SC_LAUNCH(2, false);
-  }
-#undef K4SC_LAUNCH
-}
-} // namespace
-
-bool mm_k4_down_comb_ok(const KArgs &a, int ns) {
-  const int nsb = (int)(a.cols / 256);
-  return (a.type == FLOE_TYPE_Q4_K || a.type == FLOE_TYPE_Q5_K) && k4w_on() && k4s_on() && nsb >= 1 && nsb <= 2 &&
-         a.cols % 256 == 0 && ns >= 1 && ns <= 32 && a.rows <= INT32_MAX;
-}
-
-bool mm_k4_down_comb_launch(const KArgs &a, int ns, const int32_t *ids, const uint8_t *xq, size_t xs, const float *wts,
-                            float *x, const float *nw, float *h, float eps, const KArgs &qa, int qkind, uint8_t *xqo,
-                            unsigned *ctr, int sqoff, size_t smem, cudaStream_t st) {
-  if (!mm_k4_down_comb_ok(a, ns)) return false;
-  if (a.type == FLOE_TYPE_Q4_K)
-    down_comb_t<FLOE_TYPE_Q4_K>(a, ns, ids, xq, xs, wts, x, nw, h, eps, qa, qkind, xqo, ctr, sqoff, smem, st);
-  else down_comb_t<FLOE_TYPE_Q5_K>(a, ns, ids, xq, xs, wts, x, nw, h, eps, qa, qkind, xqo, ctr, sqoff, smem, st);
-  return true;
-}
 
 void cuda_mm_set_down_qx(int on) { g_down_qx = on ? 1 : 0; }
 
