@@ -35,8 +35,8 @@ int cuda_rt_device_cc(int dev);
 int cuda_rt_pdl(void);
 /* Bit 0: kernels load the model's constants (norm and conv weights), and the recurrent states where
  * cuda_gdn_shape.pre_state allows, before their griddepcontrol.wait, while the kernel before them
- * still runs. Bit 1: the one-row norms let the next kernel start only once their row is in. Both
- * opt-in (FLOE_CUDA_PREW=1 / 2 / 3, read at the first launch; 0 by default); the same bits. */
+ * still runs. Bit 1: the one-row norms let the next kernel start only once their row is in. 1 by
+ * default (FLOE_CUDA_PREW=0 / 2 / 3, read at the first launch, sets others); the same bits. */
 int cuda_rt_prew(void);
 void cuda_rt_set_prew(int bits);
 /* L2 cache bytes of device dev (0 when unknown). */

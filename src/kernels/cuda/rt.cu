@@ -217,14 +217,14 @@ extern "C" int cuda_rt_pdl(void) {
 /* pdl.cuh: bit 0, kernels load the model's constants they need (norm and conv weights) and, where
  * the caller allows it (cuda_gdn_shape.pre_state), the recurrent states before griddepcontrol.wait;
  * bit 1, k_norm / k_combine let the next kernel be scheduled only once their row is loaded. The
- * same bits every way. Opt-in until measured on the H200: FLOE_CUDA_PREW=1 / 2 / 3 at the first
- * launch, or cuda_rt_set_prew (tests). */
+ * same bits every way. Bit 0 is the default (H200, 35B-A3B decode +3.1 %, bench/results.tsv);
+ * FLOE_CUDA_PREW=0 / 2 / 3 at the first launch, or cuda_rt_set_prew (tests), sets others. */
 static int g_prew = -1;
 extern "C" void cuda_rt_set_prew(int bits) { g_prew = bits & 3; }
 extern "C" int cuda_rt_prew(void) {
   if (g_prew < 0) {
     const char *e = getenv("FLOE_CUDA_PREW");
-    g_prew = e && e[0] ? atoi(e) & 3 : 0;
+    g_prew = e && e[0] ? atoi(e) & 3 : 1;
   }
   return g_prew;
 }
