@@ -346,6 +346,10 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
    * other whatever it is. */
   const char *sp = getenv("FLOE_CUDA_ATTN_SPLIT");
   const int split_max = sp && atoi(sp) > 0 ? atoi(sp) : has_attn ? cuda_attn_split_hint(&c->ash, 0) : 0;
+  /* FLOE_CUDA_ATTN_MIN_SPLIT=N (A/B): at least N parts, so that rows of a short session (under 1024
+   * positions: one part) run their 128-position tiles side by side (parts past a row's length exit) */
+  const char *smin = getenv("FLOE_CUDA_ATTN_MIN_SPLIT");
+  if (smin && atoi(smin) > c->n_split) c->n_split = atoi(smin) < 128 ? atoi(smin) : 128;
   if (split_max > 0 && c->n_split > split_max) c->n_split = split_max;
   if (c->n_split < 1) c->n_split = 1;
   c->ash.n_split = c->n_split;
