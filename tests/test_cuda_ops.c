@@ -136,6 +136,48 @@ static void test_norm(int64_t rows, int64_t n) {
   free(x), free(d), free(w), free(y), free(g), free(gx);
 }
 
+/* ---- outputs quantized in their own launch (cuda_act_out: cuda_attn_q, cuda_gdn_step_q) ----
+ * A matrix layout of `type` over cols columns, rows quantized in a kernel's launch (dxq), and the
+ * check: the bytes cuda_mm_act_quantize writes for the same float rows (both buffers filled with
+ * the same byte first, so the layouts' padding compares equal). */
+typedef struct act_buf {
+  cuda_mat W;
+  size_t xs, bytes;
+  uint8_t *dxq, *dref, *h1, *h2;
+} act_buf;
+static int act_unit_of(uint32_t type) { return type == FLOE_TYPE_Q8_0 ? 32 : 256; }
+static void act_buf_init(act_buf *a, uint32_t type, int64_t cols, int64_t rows) {
+  memset(a, 0, sizeof *a);
+  a->W.type = type;
+  a->W.rows = 1;
+  a->W.cols = cols;
+  a->W.n_expert = 1;
+  a->xs = cuda_mm_act_bytes(&a->W);
+  a->bytes = a->xs * (size_t)rows;
+  a->dxq = dup_dev(NULL, a->bytes), a->dref = dup_dev(NULL, a->bytes);
+  a->h1 = malloc(a->bytes), a->h2 = malloc(a->bytes);
+  dmemset(a->dxq, 0xab, a->bytes);
+}
+static cuda_act_out act_buf_out(act_buf *a, int64_t row) {
+  return (cuda_act_out){ &a->W, a->dxq + (size_t)row * a->xs, a->xs };
+}
+/* bytes of the rows at dxq that differ from cuda_mm_act_quantize of X (rows, ldx); SIZE_MAX when
+ * the quantization did not run */
+static size_t act_buf_diff(act_buf *a, const float *dX, int64_t rows, int64_t ldx) {
+  const size_t nb = a->xs * (size_t)rows;
+  dmemset(a->dref, 0xab, a->bytes);
+  cuda_mm_act_quantize(&a->W, rows, dX, ldx, a->dref, a->xs, NULL);
+  if (!sync_ok()) return SIZE_MAX;
+  get(a->h1, a->dxq, nb), get(a->h2, a->dref, nb);
+  size_t n = 0;
+  for (size_t i = 0; i < nb; i++) n += a->h1[i] != a->h2[i];
+  return n;
+}
+static void act_buf_free(act_buf *a) {
+  cuda_rt_free(a->dxq), cuda_rt_free(a->dref);
+  free(a->h1), free(a->h2);
+}
+
 /* ---- attention ---- */
 /* CPU attention of one row (attn_one's arithmetic) for all heads: out [nh][hd] */
 static void attn_ref(const cuda_attn_shape *sh, const float *q, const void *K, const void *V, int64_t np, float *out,
@@ -258,6 +300,60 @@ static void test_attn_tc(const cuda_attn_shape *sh, float *dq, void *dK, void *d
       CHECK(0, "tensor-core attention ran (three phases a tile)");
     }
     cuda_attn_set_pipe(1);
+    /* every part through the split-K scratch (no one-part shortcut): the same bits */
+    cuda_attn_set_onep(0);
+    poison(dout, n_tok * od * 4);
+    cuda_attn(sh, dq, dK, dV, dposv, n_tok, dout, dscr, NULL);
+    size_t nd1 = SIZE_MAX;
+    if (sync_ok()) {
+      get(g2, dout, n_tok * od * 4);
+      nd1 = n_diff_bits(g2, gt, n_tok * od);
+    }
+    CHECK(nd1 == 0, "tensor-core order, every part through the scratch: the same bits (%zu differ)", nd1);
+    cuda_attn_set_onep(1);
+    /* the output quantized in the launch for wo (cuda_attn_q), in three layouts, with and without
+     * the one-part shortcut, all rows in one launch and each row's decode: the same outputs, and
+     * cuda_mm_act_quantize's bytes where the block's heads are whole chunks / units */
+    const int G = sh->n_head / sh->n_head_kv;
+    int hbh = G < 16 ? G : 16;
+    while (G % hbh) hbh--;
+    static const uint32_t types[] = { FLOE_TYPE_Q4_K, FLOE_TYPE_Q8_0, FLOE_TYPE_Q6_K };
+    for (int ti = 0; ti < 3; ti++) {
+      if (od % act_unit_of(types[ti])) continue;
+      act_buf ab;
+      act_buf_init(&ab, types[ti], od, n_tok);
+      const int expect = (int64_t)hbh * sh->head_dim % act_unit_of(types[ti]) == 0;
+      for (int way = 0; way < 4; way++) {
+        const int onep = way & 1, dec = way >> 1;
+        cuda_attn_set_onep(onep);
+        poison(dout, n_tok * od * 4);
+        dmemset(ab.dxq, 0xab, ab.bytes);
+        int rc = 1;
+        if (!dec) {
+          const cuda_act_out qo = act_buf_out(&ab, 0);
+          rc = cuda_attn_q(sh, dq, dK, dV, dposv, n_tok, dout, dscr, &qo, NULL);
+        } else
+          for (int64_t t = 0; t < n_tok; t++) {
+            const cuda_act_out qo = act_buf_out(&ab, t);
+            rc &= cuda_attn_q(sh, dq + t * qdim, dK, dV, dposv + t, 1, dout + t * od, dscr, &qo, NULL);
+          }
+        CHECK(rc == expect, "%s, %s: cuda_attn_q quantizes (%d) where the blocks' %d heads x %d are whole %d-value units "
+              "(%d)", ti == 1 ? "q8_0" : ti ? "q6_K" : "q4_K", dec ? "decode rows" : "one launch", rc, hbh,
+              sh->head_dim, act_unit_of(types[ti]), expect);
+        size_t nd = SIZE_MAX, nq = SIZE_MAX;
+        if (sync_ok()) {
+          get(g2, dout, n_tok * od * 4);
+          nd = n_diff_bits(g2, gt, n_tok * od);
+          nq = rc ? act_buf_diff(&ab, dout, n_tok, od) : 0;
+        }
+        CHECK(nd == 0 && nq == 0,
+              "%s, %s, one-part shortcut %d: outputs the same bits (%zu differ), in-launch quantization == "
+              "cuda_mm_act_quantize (%zu bytes differ)",
+              ti == 1 ? "q8_0" : ti ? "q6_K" : "q4_K", dec ? "decode rows" : "one launch", onep, nd, nq);
+      }
+      cuda_attn_set_onep(1);
+      act_buf_free(&ab);
+    }
   }
   cuda_attn_set_mma(0);
   free(gt), free(g2), free(ro), free(scr);
@@ -662,6 +758,79 @@ static void test_gdn_keep_case(int Nk, int Nv, int dk, int dv, int K, int tiled,
   cuda_rt_free(db), cuda_rt_free(da), cuda_rt_free(dconv), cuda_rt_free(dS), cuda_rt_free(draw), cuda_rt_free(dout);
   free(wt), free(conv), free(S), free(dtb), free(A), free(nw), free(mix), free(z), free(b), free(a), free(rS);
   free(rconv), free(rraw), free(ro), free(gS), free(gC), free(graw), free(go);
+}
+
+/* The one-token step quantizing its output for ssm_out (cuda_gdn_step_q) against the step
+ * without (cuda_gdn_step_p) from the same states, n steps each: o, S and the conv windows the same
+ * bits, and the in-launch bytes == cuda_mm_act_quantize of o, for three ssm_out layouts (q4_K:
+ * A256 with its position permutation, a chunk's value heads trading maxima in a cluster; q6_K:
+ * A256 without; q8_0: A32, each head on its own). expect: whether the shape fits the fused
+ * quantization (gdn_act_cluster; an A32 layout fits where dv is a multiple of 32); on: the switch
+ * (cuda_gdn_set_act). */
+static void test_gdn_act_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int n, int expect256, int on) {
+  SECTION("gdn step quantizing o: Nk %d Nv %d dk %d dv %d K %d %s, %d steps", Nk, Nv, dk, dv, K,
+          tiled ? "tiled" : "grouped", n);
+  const cuda_gdn_shape sh = { Nk, Nv, dk, dv, K, tiled, 1e-6f, 0 };
+  const int64_t C = 2 * (int64_t)Nk * dk + (int64_t)Nv * dv, vd = (int64_t)Nv * dv;
+  const size_t Sn = (size_t)Nv * dk * dv, Cn = (size_t)(K - 1) * C;
+  float *wt = malloc(K * C * 4), *conv = malloc(Cn * 4), *S = malloc(Sn * 4), *dtb = malloc(Nv * 4), *A = malloc(Nv * 4);
+  float *nw = malloc(dv * 4), *mix = malloc(n * C * 4), *z = malloc(n * vd * 4), *b = malloc(n * Nv * 4);
+  float *a = malloc(n * Nv * 4);
+  for (int64_t i = 0; i < K * C; i++) wt[i] = urand(-0.6f, 0.6f);
+  for (size_t i = 0; i < Cn; i++) conv[i] = urand(-2, 2);
+  for (size_t i = 0; i < Sn; i++) S[i] = urand(-0.5f, 0.5f);
+  for (int i = 0; i < Nv; i++) dtb[i] = urand(-1, 1), A[i] = -expf(urand(-2, 1));
+  for (int i = 0; i < dv; i++) nw[i] = urand(0.5f, 1.5f);
+  for (int64_t i = 0; i < n * C; i++) mix[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n * vd; i++) z[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n * Nv; i++) b[i] = urand(-4, 4), a[i] = urand(-4, 25);
+  float *dwt = dup_dev(wt, K * C * 4), *ddtb = dup_dev(dtb, Nv * 4), *dA = dup_dev(A, Nv * 4), *dnw = dup_dev(nw, dv * 4);
+  float *dmix = dup_dev(mix, n * C * 4), *dz = dup_dev(z, n * vd * 4), *db = dup_dev(b, n * Nv * 4);
+  float *da = dup_dev(a, n * Nv * 4), *draw = dup_dev(NULL, n * C * 4);
+  float *dconv0 = dup_dev(conv, Cn * 4), *dS0 = dup_dev(S, Sn * 4), *dout0 = dup_dev(NULL, n * vd * 4);
+  float **cS0 = dup_dev(&dS0, sizeof dS0), **cC0 = dup_dev(&dconv0, sizeof dconv0);
+  poison(dout0, n * vd * 4);
+  for (int64_t t = 0; t < n; t++)
+    cuda_gdn_step_p(&sh, dmix + t * C, dwt, cC0, NULL, draw + t * C, dz + t * vd, db + t * Nv, da + t * Nv, ddtb, dA,
+                    dnw, cS0, NULL, dout0 + t * vd, 1, NULL);
+  CHECK(sync_ok(), "plain steps ran");
+  float *ro = malloc(n * vd * 4), *rS = malloc(Sn * 4), *rC = malloc(Cn * 4);
+  float *go = malloc(n * vd * 4), *gS = malloc(Sn * 4), *gC = malloc(Cn * 4);
+  get(ro, dout0, n * vd * 4), get(rS, dS0, Sn * 4), get(rC, dconv0, Cn * 4);
+  static const uint32_t types[] = { FLOE_TYPE_Q4_K, FLOE_TYPE_Q6_K, FLOE_TYPE_Q8_0 };
+  for (int ti = 0; ti < 3; ti++) {
+    if (vd % act_unit_of(types[ti])) continue;
+    const char *tn = ti == 0 ? "q4_K" : ti == 1 ? "q6_K" : "q8_0";
+    const int expect = on && (ti == 2 ? dv % 32 == 0 : expect256);
+    act_buf ab;
+    act_buf_init(&ab, types[ti], vd, n);
+    float *dconv = dup_dev(conv, Cn * 4), *dS = dup_dev(S, Sn * 4), *dout = dup_dev(NULL, n * vd * 4);
+    float **cS = dup_dev(&dS, sizeof dS), **cC = dup_dev(&dconv, sizeof dconv);
+    poison(dout, n * vd * 4);
+    int rc = 1;
+    for (int64_t t = 0; t < n; t++) {
+      const cuda_act_out qo = act_buf_out(&ab, t);
+      rc &= cuda_gdn_step_q(&sh, dmix + t * C, dwt, cC, NULL, draw + t * C, dz + t * vd, db + t * Nv, da + t * Nv, ddtb,
+                            dA, dnw, cS, NULL, dout + t * vd, 1, &qo, NULL);
+    }
+    CHECK(rc == expect, "%s: cuda_gdn_step_q quantizes (%d) where the shape fits (%d)", tn, rc, expect);
+    size_t nq = SIZE_MAX;
+    if (sync_ok()) {
+      get(go, dout, n * vd * 4), get(gS, dS, Sn * 4), get(gC, dconv, Cn * 4);
+      nq = rc ? act_buf_diff(&ab, dout, n, vd) : 0;
+    }
+    CHECK(n_diff_bits(go, ro, n * vd) == 0 && n_diff_bits(gS, rS, Sn) == 0 && n_diff_bits(gC, rC, Cn) == 0,
+          "%s: o, S and conv windows bit-identical to the plain steps (%zu, %zu, %zu differ)", tn,
+          n_diff_bits(go, ro, n * vd), n_diff_bits(gS, rS, Sn), n_diff_bits(gC, rC, Cn));
+    CHECK(nq == 0, "%s: the step's quantization of o == cuda_mm_act_quantize (%zu bytes differ)", tn, nq);
+    cuda_rt_free(dconv), cuda_rt_free(dS), cuda_rt_free(dout), cuda_rt_free(cS), cuda_rt_free(cC);
+    act_buf_free(&ab);
+  }
+  cuda_rt_free(dwt), cuda_rt_free(ddtb), cuda_rt_free(dA), cuda_rt_free(dnw), cuda_rt_free(dmix), cuda_rt_free(dz);
+  cuda_rt_free(db), cuda_rt_free(da), cuda_rt_free(draw), cuda_rt_free(dconv0), cuda_rt_free(dS0);
+  cuda_rt_free(dout0), cuda_rt_free(cS0), cuda_rt_free(cC0);
+  free(wt), free(conv), free(S), free(dtb), free(A), free(nw), free(mix), free(z), free(b), free(a);
+  free(ro), free(rS), free(rC), free(go), free(gS), free(gC);
 }
 
 /* ---- MoE ---- */
@@ -1084,6 +1253,18 @@ int main(void) {
     test_gdn_keep_case(2, 6, 64, 40, 3, 0, 1);
     /* k_gdn_stepn's limits: 16 rows (its most), 17 (the two launches), a conv width other than 4;
      * split into 32-column blocks: dv 128 (4 a cluster), 72 (3, the last part), 40, 8 (one block) */
+    if (impl == 0) { /* the fused step's quantization (the default impl's k_gdn_step1), switched on */
+      cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(0), cuda_gdn_set_dec_cols(0);
+      cuda_gdn_set_act(1);
+      test_gdn_act_case(16, 32, 128, 128, 4, 1, 3, 1, 1); /* the 35B-A3B shape: clusters of 4 (2 key heads) */
+      test_gdn_act_case(16, 32, 128, 128, 4, 0, 3, 1, 1); /* the 80B-A3B shape: clusters of 2 */
+      test_gdn_act_case(4, 4, 64, 64, 4, 1, 3, 1, 1);     /* the default model: 4 heads a chunk, no GQA */
+      test_gdn_act_case(2, 6, 64, 64, 3, 0, 2, 0, 1);     /* r 3: 4 key heads a chunk, Nk 2: no; q8_0 fits */
+      test_gdn_act_case(2, 4, 128, 96, 4, 1, 2, 0, 1);    /* dv 96 does not divide 256; q8_0 fits (96 = 3 x 32) */
+      cuda_gdn_set_act(0);
+      test_gdn_act_case(16, 32, 128, 128, 4, 1, 2, 1, 0); /* switched off: the caller quantizes */
+      cuda_gdn_set_impl(impl > 0), cuda_gdn_set_fused(impl != 2), cuda_gdn_set_cols(0), cuda_gdn_set_dec_cols(0);
+    }
     test_gdn_keep_case(16, 32, 128, 128, 4, 1, 16);
     test_gdn_keep_case(4, 4, 64, 64, 4, 1, 16);
     test_gdn_keep_case(1, 3, 128, 8, 4, 1, 17);

@@ -696,6 +696,19 @@ static void mm_own(model_session *s, const dmat *W, int64_t n, const float *X, i
   mm(s, W, n, X, ldx, W->h, xq, xs, Y, ldy);
 }
 
+/* Y = W X for a block's output matrix (ssm_out, wo): through the rows the block's kernels already
+ * quantized into xq[1] for W (done: every launch of the block did, xs their stride), else mm_own */
+static void out_mm(model_session *s, const dmat *W, int64_t n, const float *X, int64_t ldx, bool done, size_t xs,
+                   float *Y, int64_t ldy) {
+  cu_sess *c = s->dev;
+  if (!done) {
+    mm_own(s, W, n, X, ldx, Y, ldy);
+    return;
+  }
+  c->hq[1] = NULL; /* xq[1] holds X's rows, not h's */
+  mm(s, W, n, X, ldx, W->h, c->xq[1], xs, Y, ldy);
+}
+
 /* The state of an evaluation in flight, cleared at its start (multi: a multi-session pass) */
 static void eval_reset(cu_sess *c, bool multi) {
   c->lazy = c->lazy_valid = false;
@@ -895,6 +908,10 @@ static void attn_rows(model_session *lead, const model_rows *r, int k, int64_t l
     mm(lead, &L->wk, N, c->h, E, L->wq.h, xq, xs, kk, kvd);
     mm(lead, &L->wv, N, c->h, E, L->wq.h, xq, xs, v, kvd);
   }
+  /* att quantized for wo by the attention's own launches where they can (cuda_attn_q), else by mm_own */
+  cuda_act_out qo = { NULL, NULL, 0 };
+  if (lead->act_q && act_bytes_of(&L->wo)) qo = (cuda_act_out){ &L->wo.d, NULL, act_bytes_of(&L->wo) };
+  bool all_q = qo.W != NULL;
   for (int i = 0; i < k; i++) {
     cu_sess *cs = r[i].s->dev;
     const int64_t o = r[i].off, n = r[i].n;
@@ -908,19 +925,21 @@ static void attn_rows(model_session *lead, const model_rows *r, int k, int64_t l
       cuda_attn_prep(&sh, qi, ki, vi, L->q_norm, L->k_norm, cs->rope, cs->kc[l], cs->vc[l], pos, n, c->stream);
       for (int64_t t0 = 0; t0 < n; t0 += cs->arows) {
         const int64_t nb = n - t0 < cs->arows ? n - t0 : cs->arows;
-        cuda_attn(&sh, qi + t0 * qdim, cs->kc[l], cs->vc[l], pos + t0, nb, att + t0 * nh * hd, cs->attn_scr,
-                  c->stream);
+        qo.xq = c->xq[1] + (size_t)(o + t0) * qo.xs;
+        all_q &= cuda_attn_q(&sh, qi + t0 * qdim, cs->kc[l], cs->vc[l], pos + t0, nb, att + t0 * nh * hd,
+                             cs->attn_scr, qo.W ? &qo : NULL, c->stream) != 0;
       }
     } else
       for (int64_t t0 = 0; t0 < n; t0 += AB) {
         const int64_t nb = n - t0 < AB ? n - t0 : AB;
         cuda_attn_prep(&sh, qi + t0 * qdim, ki + t0 * kvd, vi + t0 * kvd, L->q_norm, L->k_norm, cs->rope, cs->kc[l],
                        cs->vc[l], pos + t0, nb, c->stream);
-        cuda_attn(&sh, qi + t0 * qdim, cs->kc[l], cs->vc[l], pos + t0, nb, att + t0 * nh * hd, cs->attn_scr,
-                  c->stream);
+        qo.xq = c->xq[1] + (size_t)(o + t0) * qo.xs;
+        all_q &= cuda_attn_q(&sh, qi + t0 * qdim, cs->kc[l], cs->vc[l], pos + t0, nb, att + t0 * nh * hd,
+                             cs->attn_scr, qo.W ? &qo : NULL, c->stream) != 0;
       }
   }
-  mm_own(lead, &L->wo, N, c->att, nh * hd, c->out, E);
+  out_mm(lead, &L->wo, N, c->att, nh * hd, all_q, qo.xs, c->out, E);
   residual(lead, l, x, N);
   prof(lead, MODEL_PH_ATTN);
 }
@@ -978,15 +997,22 @@ static void gdn_rows(model_session *lead, const model_rows *r, int k, int64_t l,
   /* the states through the table's cells (a recorded step follows keep_accept's swaps); a kept
    * chunk writes row t's states into their own buffers (keep_begin). Rows of one session are
    * consecutive in mix / z / b / a / o (N == 1: z is mix's tail, one row). */
+  /* o quantized for ssm_out by the step's own launch where it can (cuda_gdn_step_q), else by mm_own */
+  cuda_act_out qo = { NULL, NULL, 0 };
+  if (lead->act_q && act_bytes_of(&L->ssm_out)) qo = (cuda_act_out){ &L->ssm_out.d, NULL, act_bytes_of(&L->ssm_out) };
+  bool all_q = qo.W != NULL;
   for (int i = 0; i < k; i++) {
     model_session *si = r[i].s;
     const int64_t o = r[i].off;
     const bool kp = k == 1 && c->keep_n > 0;
-    cuda_gdn_step_p(&c->gsh, mix + o * C, L->conv_wt, tab_at(si, true, l, 0), kp ? tab_at(si, true, l, 1) : NULL,
-                    c->raw, z + o * vd, b + o * Nv, a + o * Nv, L->dt_bias, L->ssm_a, L->ssm_norm,
-                    tab_at(si, false, l, 0), kp ? tab_at(si, false, l, 1) : NULL, c->o + o * vd, r[i].n, c->stream);
+    qo.xq = c->xq[1] + (size_t)o * qo.xs;
+    all_q &= cuda_gdn_step_q(&c->gsh, mix + o * C, L->conv_wt, tab_at(si, true, l, 0),
+                             kp ? tab_at(si, true, l, 1) : NULL, c->raw, z + o * vd, b + o * Nv, a + o * Nv,
+                             L->dt_bias, L->ssm_a, L->ssm_norm, tab_at(si, false, l, 0),
+                             kp ? tab_at(si, false, l, 1) : NULL, c->o + o * vd, r[i].n, qo.W ? &qo : NULL,
+                             c->stream) != 0;
   }
-  mm_own(lead, &L->ssm_out, N, c->o, vd, c->out, E);
+  out_mm(lead, &L->ssm_out, N, c->o, vd, all_q, qo.xs, c->out, E);
   residual(lead, l, x, N);
   prof(lead, MODEL_PH_GDN);
 }

@@ -96,6 +96,11 @@ void cuda_attn_set_mt(int mt);
 /* launches of one m16 tile of k_attn_tc: 1 = the pipelined tile loop (the default), 0 = three phases a
  * tile; the same bits (FLOE_CUDA_ATTN_PIPE=0) */
 void cuda_attn_set_pipe(int on);
+/* Tests: k_attn_tc's rows of one part written by their block without the split-K scratch (1, the
+ * default; FLOE_CUDA_ATTN_ONEPART=0 at the first call: 0): the same bits either way */
+void cuda_attn_set_onep(int on);
+/* Tests: cuda_attn_set_act(0) leaves cuda_attn_q's quantization to the caller (returns 0) */
+void cuda_attn_set_act(int on);
 /* 1 when a launch of n_tok rows runs the row-group kernel (its scratch is the same size) */
 int cuda_attn_rows_used(int64_t n_tok);
 /* Scratch of cuda_attn for up to n_tok rows: split partials + completion counters. Zero once.
@@ -116,6 +121,22 @@ void cuda_attn_prep(const cuda_attn_shape *sh, float *q, const float *k, const f
  * parts past the row's length exit at once, the last part to finish combines. */
 void cuda_attn(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
                const int32_t *pos0, int64_t n_tok, float *out, void *scratch, void *stream);
+
+/* A block's output row quantized in the launch that computes it, for the matrix that reads it
+ * next: W's activation layout (A32 or A256 types), rows xq, xs = cuda_mm_act_bytes(W) bytes apart
+ * (row t of the launch at xq + t * xs); the bytes cuda_mm_act_quantize(W) writes for the output.
+ * The *_q launchers return 1 when they wrote them, 0 when the caller must quantize (W NULL, another
+ * layout, a shape or a kernel that cannot, or the switch off). */
+struct cuda_mat;
+typedef struct cuda_act_out {
+  const struct cuda_mat *W;
+  void *xq;
+  size_t xs;
+} cuda_act_out;
+/* cuda_attn, quantizing out for qo (the tensor-core kernel with a bf16 cache, where each block's
+ * heads are whole A256 chunks / A32 units; FLOE_CUDA_ATTN_ACT=0 at the first call: never) */
+int cuda_attn_q(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
+                const int32_t *pos0, int64_t n_tok, float *out, void *scratch, const cuda_act_out *qo, void *stream);
 
 /* ---- GatedDeltaNet (ops_gdn.cu) ---- */
 typedef struct cuda_gdn_shape {
@@ -169,6 +190,14 @@ void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, const float *co
                      float *const *conv_keep, float *raw, const float *z, const float *b, const float *a,
                      const float *dt_bias, const float *ssm_a, const float *norm_w, float *const *S,
                      float *const *S_keep, float *o, int64_t n_tok, void *stream);
+/* cuda_gdn_step_p, quantizing o for qo (one token in place through the one launch, where an A256
+ * chunk's value heads fit one thread block cluster: gdn_act_cluster) when switched on: off by
+ * default (measured slower on the 35B-A3B), FLOE_CUDA_GDN_ACT=1 at the first call or
+ * cuda_gdn_set_act(1) */
+int cuda_gdn_step_q(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *const *conv_state,
+                    float *const *conv_keep, float *raw, const float *z, const float *b, const float *a,
+                    const float *dt_bias, const float *ssm_a, const float *norm_w, float *const *S,
+                    float *const *S_keep, float *o, int64_t n_tok, const cuda_act_out *qo, void *stream);
 /* Tests and benchmarks, the same bits either way: cuda_gdn_set_fused(0) runs cuda_gdn_step's one
  * token as the two launches (FLOE_CUDA_GDN_FUSED=0 at the first call). Prefill chunks (not kept,
  * dk 128): cuda_gdn_set_cols(2) runs the recurrence with S's columns split over several blocks,
@@ -178,6 +207,8 @@ void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, const float *co
  * columns a block instead of 32; 1 without the overlap; 0 k_gdn_recur2, a block per value head
  * (FLOE_CUDA_GDN_COLS=0 .. 7). */
 void cuda_gdn_set_fused(int on);
+/* cuda_gdn_set_act(1): cuda_gdn_step_q quantizes where it fits; 0: leaves it to the caller (returns 0) */
+void cuda_gdn_set_act(int on);
 /* Threads a column of the fused one-token step (k_gdn_step1): 2 (the default) or 4 (twice the warps,
  * half the rows a thread; FLOE_CUDA_GDN_STEP_NQ=4). The same bits either way. */
 void cuda_gdn_set_step_nq(int nq);

@@ -377,6 +377,24 @@ static int act_kind(const KArgs &a) {
              : KACT_A32;
 }
 
+ActOut mm_act_out(const cuda_mat *W, void *xq, size_t xs) {
+  ActOut o;
+  memset(&o, 0, sizeof o);
+  o.kind = -1;
+  if (!W || !xq || !cuda_mm_act_bytes(W)) return o;
+  const KArgs a = mm_kargs(W);
+  const int kind = act_kind(a);
+  if (kind != KACT_A32 && kind != KACT_A256) return o;
+  o.xq = (uint8_t *)xq;
+  o.xs = xs;
+  o.off_d = a.off_d;
+  o.off_s = a.off_s;
+  o.cols = a.cols;
+  o.kind = kind;
+  o.type = a.type;
+  return o;
+}
+
 static int act_unit(const KArgs &a, int kind) { return kind == KACT_A32 ? 32 : kind == KACT_A256 ? 256 : a.group; }
 
 /* the epilogue's arguments for W (NULL, or no activation layout: none) */

@@ -7,6 +7,20 @@
 #define FLOE_CUDA_MM_ACT_CUH
 #include "kernels/cuda/mm_common.cuh"
 
+/* A kernel that ends a block and quantizes its own output for the next matmul, in its launch
+ * (cuda_mm_act_quantize's bytes for that matrix): the row layout's kind (KACT_A32 / KACT_A256;
+ * -1: none, the caller quantizes), the matrix type (the A256 position permutation), the regions of
+ * a quantized row (codes at 0, scales at off_d, the A256 16-value sums / the A32 repeated scales
+ * at off_s), the row length, and the rows (xq, xs bytes apart). */
+struct ActOut {
+  uint8_t *xq;
+  size_t xs, off_d, off_s;
+  int64_t cols;
+  int kind, type;
+};
+/* mm_act.cu: W's layout when it is A32 or A256 (kind -1 otherwise, or W NULL) */
+ActOut mm_act_out(const cuda_mat *W, void *xq, size_t xs);
+
 namespace {
 
 __device__ __forceinline__ int q8v(float x, float amax) {
@@ -65,8 +79,8 @@ __device__ __forceinline__ int perm256(int type, int p) {
  * of x (a multiple of 256 unless they end the row) into the row's parts at q (codes), d (scales)
  * and sp (the A256 16-value sums / the A32 scales repeated), each already moved to the first
  * chunk written: act_row_warp's bytes for those chunks of a longer row. */
-__device__ __forceinline__ void act_row_warp_at(const KArgs &a, int kind, const float *x, int8_t *q, float *d,
-                                                uint8_t *sp, int n) {
+__device__ __forceinline__ void act_row_warp_at(int type, int kind, const float *x, int8_t *q, float *d, uint8_t *sp,
+                                                int n) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int c = warp; c * 256 < n; c += nw) {
     const int j0 = c * 256 + 4 * lane, j1 = j0 + 128;
@@ -103,8 +117,8 @@ __device__ __forceinline__ void act_row_warp_at(const KArgs &a, int kind, const 
       s0 += __shfl_xor_sync(MM_FULL, s0, 2);
       s1 += __shfl_xor_sync(MM_FULL, s1, 2);
       int8_t *qc = q + c * 256;
-      *(uint32_t *)(qc + iperm256(a.type, 4 * lane)) = pack4(q0);
-      *(uint32_t *)(qc + iperm256(a.type, 128 + 4 * lane)) = pack4(q1);
+      *(uint32_t *)(qc + iperm256(type, 4 * lane)) = pack4(q0);
+      *(uint32_t *)(qc + iperm256(type, 128 + 4 * lane)) = pack4(q1);
       int16_t *bs = (int16_t *)sp + c * 16;
       if ((lane & 3) == 0) {
         bs[lane >> 2] = (int16_t)s0;
@@ -141,13 +155,60 @@ __device__ __forceinline__ void act_row_warp_at(const KArgs &a, int kind, const 
   }
 }
 __device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *o) {
-  act_row_warp_at(a, kind, x, (int8_t *)o, (float *)(o + a.off_d), o + a.off_s, (int)a.cols);
+  act_row_warp_at(a.type, kind, x, (int8_t *)o, (float *)(o + a.off_d), o + a.off_s, (int)a.cols);
 }
 /* chunks c0.. of the row at o (256 values each) from x */
 __device__ __forceinline__ void act_row_warp_from(const KArgs &a, int kind, const float *x, uint8_t *o, int n, int c0) {
   const bool u = kind == KACT_A256;
-  act_row_warp_at(a, kind, x, (int8_t *)o + (size_t)c0 * 256, (float *)(o + a.off_d) + (u ? c0 : 8 * c0),
+  act_row_warp_at(a.type, kind, x, (int8_t *)o + (size_t)c0 * 256, (float *)(o + a.off_d) + (u ? c0 : 8 * c0),
                   o + a.off_s + (u ? (size_t)c0 * 16 * 2 : (size_t)c0 * 64 * 4), n);
+}
+
+/* Values [v0, v0 + n) of a row quantized for qo into its row o, from x (n values; whole A256
+ * chunks: v0 and n multiples of 256, or n ends the row; A32: multiples of 32), called by whole
+ * warps (a warp a chunk): act_row_warp's bytes for those chunks. */
+__device__ __forceinline__ void act_out_range(const ActOut &qo, uint8_t *o, int64_t v0, const float *x, int n) {
+  const bool u = qo.kind == KACT_A256;
+  const int64_t k = u ? v0 / 256 : v0 / 32; /* the first unit */
+  act_row_warp_at(qo.type, qo.kind, x, (int8_t *)o + v0, (float *)(o + qo.off_d) + k,
+                  o + qo.off_s + (u ? (size_t)k * 16 * 2 : (size_t)k * 8 * 4), n);
+}
+
+/* The absolute maximum of x[0..n) (n <= 128; a maximum does not depend on the order it is taken
+ * in), in every lane of the calling warp: lane l takes values 4l..4l+3. */
+__device__ __forceinline__ float act_amax128(const float *x, int n) {
+  const int lane = threadIdx.x & 31;
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    if (4 * lane + i < n) m = fmaxf(m, fabsf(x[4 * lane + i]));
+#pragma unroll
+  for (int s = 1; s < 32; s <<= 1) m = fmaxf(m, __shfl_xor_sync(MM_FULL, m, s));
+  return m;
+}
+
+/* A part of an A256 chunk whose maximum amax is known (the chunk's other values are another
+ * block's): natural values j0 .. j0 + n of chunk c (j0 and n multiples of 16, n <= 128) from x,
+ * into row o's codes and 16-value sums; the chunk's scale too when j0 is 0. Called by a whole
+ * warp; act_row_warp's bytes for those values. */
+__device__ __forceinline__ void act_out_a256_part(const ActOut &qo, uint8_t *o, int64_t c, int j0, const float *x,
+                                                  int n, float amax) {
+  const int lane = threadIdx.x & 31;
+  const bool in = 4 * lane < n;
+  const float id = id8(amax);
+  int q[4], s = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    q[i] = in ? q8i(x[4 * lane + i], id) : 0;
+    s += q[i];
+  }
+  s += __shfl_xor_sync(MM_FULL, s, 1); /* the 16-value sums: 4 lanes each, an exact integer sum */
+  s += __shfl_xor_sync(MM_FULL, s, 2);
+  if (in) {
+    *(uint32_t *)(o + c * 256 + iperm256(qo.type, j0 + 4 * lane)) = pack4(q);
+    if ((lane & 3) == 0) ((int16_t *)(o + qo.off_s))[c * 16 + (j0 + 4 * lane) / 16] = (int16_t)s;
+  }
+  if (j0 == 0 && lane == 0) ((float *)(o + qo.off_d))[c] = d8(amax);
 }
 
 } // namespace

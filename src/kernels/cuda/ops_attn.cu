@@ -36,6 +36,7 @@ extern "C" {
 }
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_rt.h"
+#include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -668,9 +669,21 @@ static __device__ __forceinline__ float *atr_parts(float *part, int t0, int i, i
  * of its (row group, kv head batch) combines each of the nq query rows' parts (k_attn's combine:
  * the parts' maxima, their weights in part order, the sum divided, sigmoid(gate)) and writes out.
  * sm: at least 2 * nq * ATT_MAX_SPLIT floats of shared memory no longer in use. */
+/* qo (kind >= 0): the block's output values of each of its rows, quantized for the next matmul
+ * from out (written by this block before a barrier); the host checked that they are whole chunks
+ * (A256) / units (A32) of the row */
+static __device__ __forceinline__ void atr_quant(const ActOut &qo, const float *out, int nr, int t0, int head0,
+                                                 int HBH, int nh, int hd) {
+  for (int r = 0; r < nr; r++) {
+    const int64_t t = t0 + r;
+    act_out_range(qo, qo.xq + (size_t)t * qo.xs, (int64_t)head0 * hd, out + (t * nh + head0) * hd, HBH * hd);
+  }
+}
+
 template <int HD>
 static __device__ void atr_finish(unsigned char *sm, const float *part, int *cnt, const float *q, float *out, int nq,
-                                  int HBH, int t0, int head0, int64_t base, int n_split, int nh, int hd, int gated) {
+                                  int HBH, int t0, int head0, int64_t base, int n_split, int nh, int hd, int gated,
+                                  const ActOut &qo) {
   __shared__ float s_inv[32];
   __shared__ int s_last;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -734,6 +747,10 @@ static __device__ void atr_finish(unsigned char *sm, const float *part, int *cnt
     }
   }
   if (tid == 0) *ctr = 0; /* ready for the next launch (graph replay) */
+  if (qo.kind >= 0) {
+    __syncthreads();
+    atr_quant(qo, out, nq / HBH, t0, head0, HBH, nh, hd);
+  }
 }
 
 template <int HD, bool BF>
@@ -985,7 +1002,9 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     __syncthreads(); /* the stages, s_m and s_l are the next subgroup's */
     r0 = r1;
   }
-  atr_finish<HD>(att_sm, part, cnt, q, out, nq, HBH, t0, head0, base, n_split, nh, hd, gated);
+  ActOut qn;
+  qn.kind = -1; /* k_attn_rows leaves the quantization to the caller */
+  atr_finish<HD>(att_sm, part, cnt, q, out, nq, HBH, t0, head0, base, n_split, nh, hd, gated, qn);
 #undef PERM
 }
 
@@ -1066,7 +1085,8 @@ static __device__ __forceinline__ void atc_ldsm2t(uint32_t *r, const void *p) {
 template <int HD, int MT, bool PIPE>
 static __global__ void __launch_bounds__(ATT_THREADS, 1)
     k_attn_tc(const float *q, const void *kc, const void *vc, const int32_t *pos0, float *out, float *part, int *cnt,
-              int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale, int n_tok, int R, int HBH) {
+              int nh, int nkv, int hd, int64_t n_ctx, int gated, int n_split, float scale, int n_tok, int R, int HBH,
+              ActOut qo, int onep_ok) {
   PDL_ENTER();
   constexpr int TP = ATC_TP, QR = ATC_QR * MT, RB = atc_rb(HD), TB = TP * RB;
   constexpr int NKW = atc_nkw(HD), KCW = atc_kcw(HD);
@@ -1089,6 +1109,12 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   const unsigned char *K = (const unsigned char *)kc + (size_t)kh * n_ctx * hd * 2;
   const unsigned char *V = (const unsigned char *)vc + (size_t)kh * n_ctx * hd * 2;
   const int64_t np0 = base + t0 + 1; /* np of the block's row 0 */
+  /* onep: every row of the block's group has one part (np <= its part size: always with one split),
+   * so part 0's block writes the outputs with atr_finish's arithmetic for one part, and no block
+   * touches the counter or the scratch (the same bits, without the scratch's round trip) */
+  bool onep = onep_ok != 0;
+  for (int r = 0; r < nr && onep; r++) onep = np0 + r <= atr_ch(np0 + r, n_split);
+  if (onep && c > 0) return;
   /* the q terms' A fragments of this warp's k-chunks: register r of m-tile m, chunk k holds rows
    * 16 m + g + 8 (r & 1), dims 16 kc + 8 (r >> 1) + 2 tq and + 1 (low half first). Loaded after the
    * first tiles' copies are issued, so that their latencies overlap. */
@@ -1313,6 +1339,33 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     }
     ops_cp_wait<0>();
     __syncthreads(); /* every tile consumed */
+    if (onep) { /* atr_finish's combine of one part: M = max(-inf, m), its factor exp(m - M), L = 0 + f l, out = (0 + f o) / L */
+      if (warp < NVW)
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            const int i = 16 * m + g + 8 * h;
+            if (!atr_has_part(u, i, i0, i1, HBH, np0)) continue;
+            const float mi = s_m[i], M = fmaxf(-INFINITY, mi);
+            const float fc = floe_vexpf(__fsub_rn(mi, M)), L = __fadd_rn(0.0f, __fmul_rn(fc, s_l[i]));
+            const int64_t t = t0 + i / HBH;
+            const int head = head0 + i % HBH;
+#pragma unroll
+            for (int j = 0; j < NTW; j++)
+#pragma unroll
+              for (int e = 0; e < 2; e++) {
+                const int d = 8 * (warp * NTW + j) + 2 * tq + e;
+                if (d >= hd) continue;
+                float r = __fadd_rn(0.0f, __fmul_rn(fc, o[m][j][2 * h + e])) / L;
+                if (gated) r = __fmul_rn(r, floe_sigmoidf(q[(t * nh + head) * qs_row + hd + d]));
+                out[(t * nh + head) * hd + d] = r;
+              }
+          }
+      __syncthreads(); /* s_m and s_l are the next subgroup's */
+      r0 = r1;
+      continue;
+    }
     if (warp < NVW)
 #pragma unroll
       for (int m = 0; m < MT; m++)
@@ -1333,7 +1386,14 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     __syncthreads(); /* s_m and s_l are the next subgroup's */
     r0 = r1;
   }
-  atr_finish<HD>(att_sm, part, cnt, q, out, nq, HBH, t0, head0, base, n_split, nh, hd, gated);
+  if (onep) {
+    if (qo.kind >= 0) {
+      __syncthreads(); /* every output of the block written */
+      atr_quant(qo, out, nr, t0, head0, HBH, nh, hd);
+    }
+    return;
+  }
+  atr_finish<HD>(att_sm, part, cnt, q, out, nq, HBH, t0, head0, base, n_split, nh, hd, gated, qo);
 }
 
 /* k_attn's scores folded by transposition (att_fold_t) for head_dim 256: 1 = on (the default: on
@@ -1480,9 +1540,28 @@ static bool attn_tc_pipe(void) {
 }
 extern "C" void cuda_attn_set_pipe(int on) { g_attn_pipe = on ? 1 : 0; }
 
+/* k_attn_tc's rows of one part written by their block without the scratch (the same bits): 1 (the
+ * default), 0: every part through the scratch and the counter; FLOE_CUDA_ATTN_ONEPART=0 at the
+ * first call */
+static int g_attn_onep = -1;
+static int attn_onep(void) {
+  if (g_attn_onep < 0) {
+    const char *e = getenv("FLOE_CUDA_ATTN_ONEPART");
+    g_attn_onep = !(e && e[0] == '0');
+  }
+  return g_attn_onep;
+}
+extern "C" void cuda_attn_set_onep(int on) { g_attn_onep = on ? 1 : 0; }
+
+/* the output quantized in k_attn_tc's launch: 1 (the default) where it fits, 0 never;
+ * FLOE_CUDA_ATTN_ACT=0 at the first call */
+static int g_attn_act = -1;
+extern "C" void cuda_attn_set_act(int on) { g_attn_act = on ? 1 : 0; }
+
 template <int HD, int MT, bool PIPE>
 static int launch_attn_tc(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
-                          const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+                          const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, const ActOut &qo,
+                          void *stream) {
   static int done = 0;
   const size_t sm = atc_smem(HD, MT);
   if (!done) {
@@ -1498,29 +1577,32 @@ static int launch_attn_tc(const cuda_attn_shape *sh, const float *q, const void 
   dim3 grid((unsigned)((n_tok + R - 1) / R), (unsigned)(sh->n_head_kv * (G / hbh)), (unsigned)sh->n_split);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
   pdl_launch(k_attn_tc<HD, MT, PIPE>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part, cnt,
-             sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split, scale, (int)n_tok, R, hbh);
+             sh->n_head, sh->n_head_kv, sh->head_dim, sh->n_ctx, sh->gated, sh->n_split, scale, (int)n_tok, R, hbh, qo,
+             attn_onep());
   return 0;
 }
 template <int HD>
 static int launch_attn_tc_mt(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
-                             const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+                             const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, const ActOut &qo,
+                             void *stream) {
   if (!q) /* the check's call: all three */
-    return launch_attn_tc<HD, 1, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
-           launch_attn_tc<HD, 1, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream) |
-           launch_attn_tc<HD, 2, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+    return launch_attn_tc<HD, 1, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream) |
+           launch_attn_tc<HD, 1, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream) |
+           launch_attn_tc<HD, 2, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
   if (attn_tc_mt() == 2 && n_tok >= 16)
-    return launch_attn_tc<HD, 2, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  if (attn_tc_pipe()) return launch_attn_tc<HD, 1, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  return launch_attn_tc<HD, 1, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+    return launch_attn_tc<HD, 2, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
+  if (attn_tc_pipe()) return launch_attn_tc<HD, 1, true>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
+  return launch_attn_tc<HD, 1, false>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
 }
 static int attn_tc_dispatch(const cuda_attn_shape *sh, const float *q, const void *kc, const void *vc,
-                            const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, void *stream) {
+                            const int32_t *pos0, int64_t n_tok, float *out, float *part, int *cnt, const ActOut &qo,
+                            void *stream) {
   switch (attn_hd(sh->head_dim)) {
-  case 16: return launch_attn_tc_mt<16>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 32: return launch_attn_tc_mt<32>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 64: return launch_attn_tc_mt<64>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  case 128: return launch_attn_tc_mt<128>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
-  default: return launch_attn_tc_mt<256>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, stream);
+  case 16: return launch_attn_tc_mt<16>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
+  case 32: return launch_attn_tc_mt<32>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
+  case 64: return launch_attn_tc_mt<64>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
+  case 128: return launch_attn_tc_mt<128>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
+  default: return launch_attn_tc_mt<256>(sh, q, kc, vc, pos0, n_tok, out, part, cnt, qo, stream);
   }
 }
 
@@ -1549,7 +1631,11 @@ static int attn_set_smem(const cuda_attn_shape *sh) { /* every head batching att
   }
   rc |= sh->kv_bf16 ? attn_rows_dispatch<true>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)
                     : attn_rows_dispatch<false>(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
-  if (sh->kv_bf16) rc |= attn_tc_dispatch(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL);
+  ActOut qn;
+  memset(&qn, 0, sizeof qn);
+  qn.kind = -1;
+  if (sh->kv_bf16) rc |= attn_tc_dispatch(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, qn, NULL);
+  (void)attn_onep();
   (void)attn_rows_min(); /* the environment read at setup */
   (void)attn_mma_on();
   (void)attn_tc_mt();
@@ -1557,18 +1643,36 @@ static int attn_set_smem(const cuda_attn_shape *sh) { /* every head batching att
   return rc;
 }
 
-extern "C" void cuda_attn(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
-                          const int32_t *pos0, int64_t n_tok, float *out, void *scratch, void *stream) {
-  if (n_tok <= 0) return;
+extern "C" int cuda_attn_q(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
+                           const int32_t *pos0, int64_t n_tok, float *out, void *scratch, const cuda_act_out *qa,
+                           void *stream) {
+  if (n_tok <= 0) return 0;
   const int hb = attn_hb_for(sh, n_tok);
   /* the counters first, the partials after them (attn_cnt_bytes) */
   int *cnt = (int *)scratch;
   float *part = (float *)((char *)scratch + attn_cnt_bytes(sh, n_tok));
-  if (sh->kv_bf16 && attn_mma_on())
-    attn_tc_dispatch(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
-  else if (cuda_attn_rows_used(n_tok)) {
+  if (sh->kv_bf16 && attn_mma_on()) {
+    if (g_attn_act < 0) {
+      const char *e = getenv("FLOE_CUDA_ATTN_ACT");
+      g_attn_act = !(e && e[0] == '0');
+    }
+    ActOut qo = mm_act_out(qa && g_attn_act ? qa->W : NULL, qa ? qa->xq : NULL, qa ? qa->xs : 0);
+    /* a block's heads [head0, head0 + hbh) of a row: whole A256 chunks / A32 units of it */
+    const int64_t bv = (int64_t)atr_hbh(sh) * sh->head_dim;
+    if (qo.kind >= 0 && (qo.cols != (int64_t)sh->n_head * sh->head_dim || bv % (qo.kind == KACT_A256 ? 256 : 32)))
+      qo.kind = -1;
+    attn_tc_dispatch(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, qo, stream);
+    return qo.kind >= 0;
+  }
+  if (cuda_attn_rows_used(n_tok)) {
     if (sh->kv_bf16) attn_rows_dispatch<true>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
     else attn_rows_dispatch<false>(sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
   } else if (sh->kv_bf16) attn_dispatch<true>(hb, sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
   else attn_dispatch<false>(hb, sh, q, kcache, vcache, pos0, n_tok, out, part, cnt, stream);
+  return 0;
+}
+
+extern "C" void cuda_attn(const cuda_attn_shape *sh, const float *q, const void *kcache, const void *vcache,
+                          const int32_t *pos0, int64_t n_tok, float *out, void *scratch, void *stream) {
+  (void)cuda_attn_q(sh, q, kcache, vcache, pos0, n_tok, out, scratch, NULL, stream);
 }

@@ -27,6 +27,7 @@ extern "C" {
 #include "base/gdn_sum.h"
 }
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -551,13 +552,16 @@ static __device__ __forceinline__ void gdn_cluster_wait() {
 #define G1_CLUSTER_MAX 8 /* the portable cluster size: r above it takes the two launches */
 #define G1_SLOTS 2       /* conv channels a thread loads at once (dv 128: 384 channels, 256 threads, one pass) */
 
-template <int DK, int NQ>
+template <int DK, int NQ, bool QX>
 static __global__ void __launch_bounds__(128 * NQ)
     k_gdn_step1(const float *mix, const float *wt, float *conv_g, float *const *conv_p, float *const *conv_keep,
                 float *raw, const float *z, const float *b, const float *a, const float *dt_bias, const float *ssm_a,
                 const float *norm_w, float *Sg, float *const *Sp, float *const *S_keep, float *o, int Nk, int Nv,
-                int dv, int K, int v_tiled, float eps, float qscale, int prew, int pres) {
+                int dv, int K, int v_tiled, float eps, float qscale, int prew, int pres, ActOut qo, int cl) {
   constexpr int dk = DK, H = DK / NQ, CPW = 32 / NQ; /* rows a thread holds, columns a warp */
+  /* QX: the output row quantized for ssm_out here (qo); an A256 chunk is 256 / dv value heads, all
+   * in this cluster of cl blocks (gdn_act_cluster), which trade their heads' maxima (xch) */
+  const bool xch = QX && qo.kind == KACT_A256;
   const int r = Nv / Nk, kh = blockIdx.x / r, rank = blockIdx.x % r;
   const int hv = v_tiled ? kh + rank * Nk : kh * r + rank;
   const int lane = threadIdx.x & 31, qi = lane / CPW, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
@@ -675,7 +679,7 @@ static __global__ void __launch_bounds__(128 * NQ)
     }
   }
   __syncthreads();
-  if (r > 1) gdn_cluster_arrive(); /* this block's window reads are done (block-uniform) */
+  if (cl > 1 && !xch) gdn_cluster_arrive(); /* this block's window reads are done (block-uniform) */
   for (int h = warp; h < 2; h += nwarp) { /* the L2 norms of q (h 0) and k (h 1) */
     const float ss = ops_sumsq16_warp(qk + h * dk, dk);
     if (lane == 0) s_rn[h] = 1.0f / sqrtf(__fadd_rn(ss, 1e-6f));
@@ -716,9 +720,41 @@ static __global__ void __launch_bounds__(128 * NQ)
     if (threadIdx.x == 0) s_rr = 1.0f / sqrtf(__fadd_rn(ss / (float)dv, eps));
   }
   __syncthreads();
-  if (col && qi == NQ - 1) o[(int64_t)hv * dv + jj] = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
+  __shared__ float fin[QX ? 128 : 1]; /* QX: the head's output row */
+  __shared__ float s_amx[G1_CLUSTER_MAX]; /* xch: the chunk's heads' maxima, pushed by each of them */
+  if (col && qi == NQ - 1) {
+    const float y = __fmul_rn(__fmul_rn(wn, __fmul_rn(oo, s_rr)), floe_siluf(zz));
+    o[(int64_t)hv * dv + jj] = y;
+    if (QX) fin[jj] = y;
+  }
+  if (QX) __syncthreads();
+  if (xch) { /* this head's maximum into the s_amx of each block of its chunk, then the late arrive */
+    if (warp == 0) {
+      const float m = act_amax128(fin, dv);
+      if (lane == 0) {
+        const int hpc = 256 / dv, c0 = blockIdx.x - blockIdx.x % cl;
+        cg::cluster_group clg = cg::this_cluster();
+        for (int j = 0; j < cl; j++) {
+          const int bj = c0 + j, khj = bj / r, rj = bj % r, hvj = v_tiled ? khj + rj * Nk : khj * r + rj;
+          if (hvj / hpc == hv / hpc) clg.map_shared_rank(s_amx, (unsigned)j)[hv % hpc] = m;
+        }
+      }
+    }
+    __syncwarp();
+    gdn_cluster_arrive(); /* also: this block's window reads are done */
+  }
   __syncwarp(); /* the .aligned barrier wants each warp converged */
-  if (r > 1) gdn_cluster_wait(); /* every block of this key head has read its windows */
+  if (cl > 1) gdn_cluster_wait(); /* every block of this cluster has read its windows (and pushed its maximum) */
+  if (QX && warp == 0) {
+    uint8_t *row = qo.xq;
+    if (xch) {
+      const int hpc = 256 / dv;
+      float m = 0.0f;
+      for (int i = 0; i < hpc; i++) m = fmaxf(m, s_amx[i]);
+      act_out_a256_part(qo, row, (int64_t)hv / hpc, (hv % hpc) * dv, fin, dv, m);
+    } else
+      act_out_range(qo, row, (int64_t)hv * dv, fin, dv);
+  }
   if (rank == 0)
     for (int u = threadIdx.x; u < 2 * dk; u += blockDim.x) {
       const int64_t ch = u < dk ? (int64_t)kh * dk + u : kd + (int64_t)kh * dk + (u - dk);
@@ -1458,12 +1494,37 @@ static cudaLaunchConfig_t gdn_cfg(unsigned grid, int block, int cluster, void *s
   return cfg;
 }
 
-static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
-                            float *const *conv_p, float *const *conv_keep, float *raw, const float *z,
-                            const float *b, const float *a, const float *dt_bias, const float *ssm_a,
-                            const float *norm_w, float *S, float *const *Sp, float *const *S_keep, float *o,
-                            int64_t n_tok, void *stream) {
-  if (n_tok <= 0) return;
+/* k_gdn_step1's output quantized in its launch: 1 = where it fits, 0 = never (the default);
+ * -1: from FLOE_CUDA_GDN_ACT (=1 selects 1). Measured slower on the H200 (session 24): the 35B-A3B
+ * decode 477-483 tok/s with it against 488-499 without (three paired rounds). Its clusters of 4
+ * blocks (a chunk's two value heads are two key heads' there) and the arrive moved behind the
+ * outputs cost more than the k_act launch they save (~2.1 us a layer in the graph). */
+static int g_gdn_act = -1;
+
+extern "C" void cuda_gdn_set_act(int on) { g_gdn_act = on ? 1 : 0; }
+
+static int gcd_int(int a, int b) { return b ? gcd_int(b, a % b) : a; }
+
+/* The cluster size of a k_gdn_step1 launch that quantizes its output for layout q (A32: the r
+ * value heads of a key head, as without; A256: P key heads' blocks, so that each 256-value chunk's
+ * 256 / dv value heads are in one cluster: P = 256 / dv for tiled heads, the smallest P with
+ * P * r a multiple of 256 / dv otherwise); 0 when the shape does not fit. */
+static int gdn_act_cluster(const cuda_gdn_shape *sh, const ActOut &q) {
+  const int r = sh->Nv / sh->Nk, dv = sh->dv;
+  if (q.cols != (int64_t)sh->Nv * dv) return 0;
+  if (q.kind == KACT_A32) return dv % 32 == 0 ? r : 0;
+  if (q.kind != KACT_A256 || dv % 16 || 256 % dv) return 0;
+  const int hpc = 256 / dv, P = sh->v_tiled ? hpc : hpc / gcd_int(hpc, r);
+  if (sh->Nk % P || P * r > G1_CLUSTER_MAX) return 0;
+  return P * r;
+}
+
+static int gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
+                           float *const *conv_p, float *const *conv_keep, float *raw, const float *z,
+                           const float *b, const float *a, const float *dt_bias, const float *ssm_a,
+                           const float *norm_w, float *S, float *const *Sp, float *const *S_keep, float *o,
+                           int64_t n_tok, const cuda_act_out *qa, void *stream) {
+  if (n_tok <= 0) return 0;
   const int sn = conv_keep ? gdn_stepn_mode(sh, n_tok, S_keep != NULL) : 0;
   if (sn) {
     const int nq = sn == 2 ? 8 : gdn_step_nq(), G = sn == 2 ? (sh->dv + GN_CB - 1) / GN_CB : 1;
@@ -1488,29 +1549,48 @@ static void gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const fl
     cudaLaunchKernelEx(&cfg, kern, mix, conv_wt, (const float *)conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias,
                        ssm_a, norm_w, (const float *)S, (const float *const *)Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv,
                        sh->conv_k, sh->v_tiled, sh->eps, (float)(1.0 / sqrt((double)sh->dk)), (int)n_tok);
-    return;
+    return 0;
   }
   if (!gdn_fused_fits(sh, n_tok, S_keep != NULL)) {
     gdn_conv_launch(sh, mix, conv_wt, conv_state, conv_p, conv_keep, raw, n_tok, stream);
     gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, S, Sp, S_keep, o, n_tok, stream);
-    return;
+    return 0;
+  }
+  if (g_gdn_act < 0) {
+    const char *e = getenv("FLOE_CUDA_GDN_ACT");
+    g_gdn_act = e && e[0] == '1';
   }
   const int r = sh->Nv / sh->Nk, nq = gdn_step_nq();
+  const ActOut q = mm_act_out(qa && g_gdn_act && !S_keep ? qa->W : NULL, qa ? qa->xq : NULL, qa ? qa->xs : 0);
+  int cl = q.kind >= 0 ? gdn_act_cluster(sh, q) : 0;
+  if (cl > 1) gdn_cluster_query();
+  if (cl > 1 && g_cluster_ok != 1) cl = 0;
+  const bool qx = cl > 0;
+  if (!qx) cl = r; /* the value heads of a key head in one cluster (k_gdn_step1) */
   cudaLaunchAttribute at[2];
-  /* the value heads of a key head in one cluster (k_gdn_step1) */
-  const cudaLaunchConfig_t cfg = gdn_cfg((unsigned)sh->Nv, gdn_head_threads(sh->dv, nq), r, stream, at);
-  cudaLaunchKernelEx(&cfg, sh->dk == 128 ? (nq == 4 ? k_gdn_step1<128, 4> : k_gdn_step1<128, 2>)
-                                          : (nq == 4 ? k_gdn_step1<64, 4> : k_gdn_step1<64, 2>), mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a,
-                     norm_w, S, Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
-                     (float)(1.0 / sqrt((double)sh->dk)), cuda_rt_prew(), (cuda_rt_prew() & 1) && sh->pre_state);
+  const cudaLaunchConfig_t cfg = gdn_cfg((unsigned)sh->Nv, gdn_head_threads(sh->dv, nq), cl, stream, at);
+  void (*kern)(const float *, const float *, float *, float *const *, float *const *, float *, const float *,
+               const float *, const float *, const float *, const float *, const float *, float *, float *const *,
+               float *const *, float *, int, int, int, int, int, float, float, int, int, ActOut, int);
+  if (sh->dk == 128)
+    kern = nq == 4 ? (qx ? k_gdn_step1<128, 4, true> : k_gdn_step1<128, 4, false>)
+                   : (qx ? k_gdn_step1<128, 2, true> : k_gdn_step1<128, 2, false>);
+  else
+    kern = nq == 4 ? (qx ? k_gdn_step1<64, 4, true> : k_gdn_step1<64, 4, false>)
+                   : (qx ? k_gdn_step1<64, 2, true> : k_gdn_step1<64, 2, false>);
+  cudaLaunchKernelEx(&cfg, kern, mix, conv_wt, conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias, ssm_a, norm_w, S,
+                     Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv, sh->conv_k, sh->v_tiled, sh->eps,
+                     (float)(1.0 / sqrt((double)sh->dk)), cuda_rt_prew(), (cuda_rt_prew() & 1) && sh->pre_state, q,
+                     cl);
+  return qx ? 1 : 0;
 }
 
 extern "C" void cuda_gdn_step(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt, float *conv_state,
                               float *raw, const float *z, const float *b, const float *a, const float *dt_bias,
                               const float *ssm_a, const float *norm_w, float *S, float *o, int64_t n_tok,
                               void *stream) {
-  gdn_step_launch(sh, mix, conv_wt, conv_state, NULL, NULL, raw, z, b, a, dt_bias, ssm_a, norm_w, S, NULL, NULL, o,
-                  n_tok, stream);
+  (void)gdn_step_launch(sh, mix, conv_wt, conv_state, NULL, NULL, raw, z, b, a, dt_bias, ssm_a, norm_w, S, NULL, NULL,
+                        o, n_tok, NULL, stream);
 }
 
 extern "C" void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt,
@@ -1518,6 +1598,15 @@ extern "C" void cuda_gdn_step_p(const cuda_gdn_shape *sh, const float *mix, cons
                                 const float *b, const float *a, const float *dt_bias, const float *ssm_a,
                                 const float *norm_w, float *const *S, float *const *S_keep, float *o, int64_t n_tok,
                                 void *stream) {
-  gdn_step_launch(sh, mix, conv_wt, NULL, conv_state, conv_keep, raw, z, b, a, dt_bias, ssm_a, norm_w, NULL, S,
-                  S_keep, o, n_tok, stream);
+  (void)gdn_step_launch(sh, mix, conv_wt, NULL, conv_state, conv_keep, raw, z, b, a, dt_bias, ssm_a, norm_w, NULL, S,
+                        S_keep, o, n_tok, NULL, stream);
+}
+
+extern "C" int cuda_gdn_step_q(const cuda_gdn_shape *sh, const float *mix, const float *conv_wt,
+                               float *const *conv_state, float *const *conv_keep, float *raw, const float *z,
+                               const float *b, const float *a, const float *dt_bias, const float *ssm_a,
+                               const float *norm_w, float *const *S, float *const *S_keep, float *o, int64_t n_tok,
+                               const cuda_act_out *qo, void *stream) {
+  return gdn_step_launch(sh, mix, conv_wt, NULL, conv_state, conv_keep, raw, z, b, a, dt_bias, ssm_a, norm_w, NULL, S,
+                         S_keep, o, n_tok, qo, stream);
 }
