@@ -1201,6 +1201,7 @@ int main(void) {
   test_attn_case(8, 2, 32, 32, 1, 1, 300, 19, 3);      /* head_dim 32 */
   test_attn_case(8, 2, 80, 32, 1, 0, 250, 17, 2);      /* head_dim 80, zero-padded to 128 */
   test_attn_case(16, 2, 256, 64, 1, 1, 7, 1, 2);       /* one row */
+  test_attn_case(16, 2, 256, 64, 1, 1, 125, 6, 1);     /* one split: one part a row, part size 128 -> 256 at row 3 */
   test_attn_case(32, 1, 64, 64, 0, 1, 130, 9, 3);      /* GQA 32: a block of 16 heads of one row */
   /* dk 128 (and 64 where k_gdn_step1 / k_gdn_recur2 take it), ten settings: one thread per column
    * with the token-by-token conv; two threads per column, the conv a block per token, one token

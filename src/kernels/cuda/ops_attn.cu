@@ -1092,6 +1092,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   constexpr int NKW = atc_nkw(HD), KCW = atc_kcw(HD);
   constexpr int NT = HD / 8, NVW = NT < 8 ? NT : 8, NTW = NT < 8 ? 1 : NT / 8; /* V sums: warps, n8 tiles a warp */
   static_assert(QR <= 32 && TP % 32 == 0 && NKW * KCW == HD / 16, "atr_finish's rows; whole k-chunks");
+  static_assert((size_t)QR * HD * 4 <= atc_stage_bytes(HD, MT), "the staged outputs fit the stages");
   extern __shared__ __align__(16) unsigned char att_sm[];
   float *red = (float *)(att_sm + atc_stage_bytes(HD, MT));      /* [NKW][QR][ATC_SS]: partial scores */
   uint16_t *es = (uint16_t *)(red + (size_t)NKW * QR * ATC_SS); /* [3][QR][ATC_PS]: the weights' terms */
@@ -1115,6 +1116,10 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   bool onep = onep_ok != 0;
   for (int r = 0; r < nr && onep; r++) onep = np0 + r <= atr_ch(np0 + r, n_split);
   if (onep && c > 0) return;
+  /* qs: a one-part block quantizes its rows from shared memory (head_dim == HD: a row's heads are
+   * contiguous there; MT 1, the decode launches: at MT 2 the staging's registers spill); else from
+   * out after a barrier (atr_quant) */
+  const bool qs = MT == 1 && onep && qo.kind >= 0 && hd == HD;
   /* the q terms' A fragments of this warp's k-chunks: register r of m-tile m, chunk k holds rows
    * 16 m + g + 8 (r & 1), dims 16 kc + 8 (r >> 1) + 2 tq and + 1 (low half first). Loaded after the
    * first tiles' copies are issued, so that their latencies overlap. */
@@ -1340,6 +1345,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     ops_cp_wait<0>();
     __syncthreads(); /* every tile consumed */
     if (onep) { /* atr_finish's combine of one part: M = max(-inf, m), its factor exp(m - M), L = 0 + f l, out = (0 + f o) / L */
+      float *so = (float *)att_sm; /* qs: the outputs staged for the quantization (the tiles' stages are free) */
       if (warp < NVW)
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -1360,9 +1366,15 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
                 float r = __fadd_rn(0.0f, __fmul_rn(fc, o[m][j][2 * h + e])) / L;
                 if (gated) r = __fmul_rn(r, floe_sigmoidf(q[(t * nh + head) * qs_row + hd + d]));
                 out[(t * nh + head) * hd + d] = r;
+                if (qs) so[(size_t)i * HD + d] = r;
               }
           }
-      __syncthreads(); /* s_m and s_l are the next subgroup's */
+      if (qs) { /* the subgroup's rows quantized from shared memory: query row i = r * HBH + h */
+        __syncthreads();
+        for (int r = r0; r < r1; r++)
+          act_out_range(qo, qo.xq + (size_t)(t0 + r) * qo.xs, (int64_t)head0 * hd, so + (size_t)r * HBH * HD, HBH * hd);
+      }
+      __syncthreads(); /* s_m and s_l are the next subgroup's (and the stages its tiles') */
       r0 = r1;
       continue;
     }
@@ -1387,7 +1399,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
     r0 = r1;
   }
   if (onep) {
-    if (qo.kind >= 0) {
+    if (qo.kind >= 0 && !qs) {
       __syncthreads(); /* every output of the block written */
       atr_quant(qo, out, nr, t0, head0, HBH, nh, hd);
     }

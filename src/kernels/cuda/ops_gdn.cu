@@ -1496,7 +1496,8 @@ static cudaLaunchConfig_t gdn_cfg(unsigned grid, int block, int cluster, void *s
 
 /* k_gdn_step1's output quantized in its launch: 1 = where it fits, 0 = never (the default);
  * -1: from FLOE_CUDA_GDN_ACT (=1 selects 1). Measured slower on the H200 (session 24): the 35B-A3B
- * decode 477-483 tok/s with it against 488-499 without (three paired rounds). Its clusters of 4
+ * decode 477-483 tok/s with it against 488-499 without (three paired rounds), then 479-486 against
+ * 497-499 (three more); the default model's --mtp 0 about the same either way. Its clusters of 4
  * blocks (a chunk's two value heads are two key heads' there) and the arrive moved behind the
  * outputs cost more than the k_act launch they save (~2.1 us a layer in the graph). */
 static int g_gdn_act = -1;
