@@ -731,6 +731,7 @@ static __global__ void __launch_bounds__(128 * NQ)
   if (xch) { /* this head's maximum into the s_amx of each block of its chunk, then the late arrive */
     if (warp == 0) {
       const float m = act_amax128(fin, dv);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* clusters: the host launches QX only where they exist */
       if (lane == 0) {
         const int hpc = 256 / dv, c0 = blockIdx.x - blockIdx.x % cl;
         cg::cluster_group clg = cg::this_cluster();
@@ -739,6 +740,9 @@ static __global__ void __launch_bounds__(128 * NQ)
           if (hvj / hpc == hv / hpc) clg.map_shared_rank(s_amx, (unsigned)j)[hv % hpc] = m;
         }
       }
+#else
+      (void)m;
+#endif
     }
     __syncwarp();
     gdn_cluster_arrive(); /* also: this block's window reads are done */
