@@ -683,6 +683,38 @@ static void test_gdn_case(int Nk, int Nv, int dk, int dv, int K, int tiled, int 
   free(graw), free(go), free(gS), free(gconv), free(rraw), free(ro), free(go2);
 }
 
+/* The random inputs of a GDN kept-chunk or quantizing-step case (n rows), on the host and on the
+ * device (d*): conv weights, conv window, S, dt bias, A, norm weights, and the rows' mix, z, b, a */
+typedef struct gdn_in {
+  float *wt, *conv, *S, *dtb, *A, *nw, *mix, *z, *b, *a;
+  float *dwt, *ddtb, *dA, *dnw, *dmix, *dz, *db, *da;
+} gdn_in;
+static void gdn_in_make(gdn_in *g, const cuda_gdn_shape *sh, int n) {
+  const int Nv = sh->Nv, dv = sh->dv, K = sh->conv_k;
+  const int64_t C = 2 * (int64_t)sh->Nk * sh->dk + (int64_t)Nv * dv, vd = (int64_t)Nv * dv;
+  const size_t Sn = (size_t)Nv * sh->dk * dv, Cn = (size_t)(K - 1) * C;
+  g->wt = malloc(K * C * 4), g->conv = malloc(Cn * 4), g->S = malloc(Sn * 4), g->dtb = malloc(Nv * 4);
+  g->A = malloc(Nv * 4), g->nw = malloc(dv * 4), g->mix = malloc(n * C * 4), g->z = malloc(n * vd * 4);
+  g->b = malloc(n * Nv * 4), g->a = malloc(n * Nv * 4);
+  for (int64_t i = 0; i < K * C; i++) g->wt[i] = urand(-0.6f, 0.6f);
+  for (size_t i = 0; i < Cn; i++) g->conv[i] = urand(-2, 2);
+  for (size_t i = 0; i < Sn; i++) g->S[i] = urand(-0.5f, 0.5f);
+  for (int i = 0; i < Nv; i++) g->dtb[i] = urand(-1, 1), g->A[i] = -expf(urand(-2, 1));
+  for (int i = 0; i < dv; i++) g->nw[i] = urand(0.5f, 1.5f);
+  for (int64_t i = 0; i < n * C; i++) g->mix[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n * vd; i++) g->z[i] = urand(-3, 3);
+  for (int64_t i = 0; i < n * Nv; i++) g->b[i] = urand(-4, 4), g->a[i] = urand(-4, 25);
+  g->dwt = dup_dev(g->wt, K * C * 4), g->ddtb = dup_dev(g->dtb, Nv * 4), g->dA = dup_dev(g->A, Nv * 4);
+  g->dnw = dup_dev(g->nw, dv * 4), g->dmix = dup_dev(g->mix, n * C * 4), g->dz = dup_dev(g->z, n * vd * 4);
+  g->db = dup_dev(g->b, n * Nv * 4), g->da = dup_dev(g->a, n * Nv * 4);
+}
+static void gdn_in_free(gdn_in *g) {
+  cuda_rt_free(g->dwt), cuda_rt_free(g->ddtb), cuda_rt_free(g->dA), cuda_rt_free(g->dnw), cuda_rt_free(g->dmix);
+  cuda_rt_free(g->dz), cuda_rt_free(g->db), cuda_rt_free(g->da);
+  free(g->wt), free(g->conv), free(g->S), free(g->dtb), free(g->A), free(g->nw), free(g->mix), free(g->z), free(g->b);
+  free(g->a);
+}
+
 /* Kept chunks (cuda_gdn_conv_p / cuda_gdn_recur_p with keep): n rows against n single-row
  * in-place steps. Row t's kept S and conv window are bit for bit the in-place state after t + 1
  * rows, raw and o are the in-place rows, and the state the chunk started from is untouched. Also
@@ -693,20 +725,11 @@ static void test_gdn_keep_case(int Nk, int Nv, int dk, int dv, int K, int tiled,
   const cuda_gdn_shape sh = { Nk, Nv, dk, dv, K, tiled, 1e-6f, 0 };
   const int64_t C = 2 * (int64_t)Nk * dk + (int64_t)Nv * dv, vd = (int64_t)Nv * dv;
   const size_t Sn = (size_t)Nv * dk * dv, Cn = (size_t)(K - 1) * C;
-  float *wt = malloc(K * C * 4), *conv = malloc(Cn * 4), *S = malloc(Sn * 4), *dtb = malloc(Nv * 4), *A = malloc(Nv * 4);
-  float *nw = malloc(dv * 4), *mix = malloc(n * C * 4), *z = malloc(n * vd * 4), *b = malloc(n * Nv * 4);
-  float *a = malloc(n * Nv * 4);
-  for (int64_t i = 0; i < K * C; i++) wt[i] = urand(-0.6f, 0.6f);
-  for (size_t i = 0; i < Cn; i++) conv[i] = urand(-2, 2);
-  for (size_t i = 0; i < Sn; i++) S[i] = urand(-0.5f, 0.5f);
-  for (int i = 0; i < Nv; i++) dtb[i] = urand(-1, 1), A[i] = -expf(urand(-2, 1));
-  for (int i = 0; i < dv; i++) nw[i] = urand(0.5f, 1.5f);
-  for (int64_t i = 0; i < n * C; i++) mix[i] = urand(-3, 3);
-  for (int64_t i = 0; i < n * vd; i++) z[i] = urand(-3, 3);
-  for (int64_t i = 0; i < n * Nv; i++) b[i] = urand(-4, 4), a[i] = urand(-4, 25);
-  float *dwt = dup_dev(wt, K * C * 4), *ddtb = dup_dev(dtb, Nv * 4), *dA = dup_dev(A, Nv * 4), *dnw = dup_dev(nw, dv * 4);
-  float *dmix = dup_dev(mix, n * C * 4), *dz = dup_dev(z, n * vd * 4), *db = dup_dev(b, n * Nv * 4);
-  float *da = dup_dev(a, n * Nv * 4);
+  gdn_in g;
+  gdn_in_make(&g, &sh, n);
+  float *conv = g.conv, *S = g.S, *dwt = g.dwt, *ddtb = g.ddtb, *dA = g.dA, *dnw = g.dnw, *dmix = g.dmix, *dz = g.dz;
+  float *db = g.db;
+  float *da = g.da;
   /* in place, one row at a time; the state after each row kept on the host */
   float *dconv = dup_dev(conv, Cn * 4), *dS = dup_dev(S, Sn * 4), *draw = dup_dev(NULL, n * C * 4);
   float *dout = dup_dev(NULL, n * vd * 4);
@@ -754,10 +777,9 @@ static void test_gdn_keep_case(int Nk, int Nv, int dk, int dv, int K, int tiled,
         "in place through the cells == the plain launchers, bit for bit");
   for (int t = 0; t < n; t++) cuda_rt_free(rowS[t]), cuda_rt_free(rowC[t]);
   cuda_rt_free(cS), cuda_rt_free(cC), cuda_rt_free(tS), cuda_rt_free(tC), cuda_rt_free(kS), cuda_rt_free(kconv);
-  cuda_rt_free(dwt), cuda_rt_free(ddtb), cuda_rt_free(dA), cuda_rt_free(dnw), cuda_rt_free(dmix), cuda_rt_free(dz);
-  cuda_rt_free(db), cuda_rt_free(da), cuda_rt_free(dconv), cuda_rt_free(dS), cuda_rt_free(draw), cuda_rt_free(dout);
-  free(wt), free(conv), free(S), free(dtb), free(A), free(nw), free(mix), free(z), free(b), free(a), free(rS);
-  free(rconv), free(rraw), free(ro), free(gS), free(gC), free(graw), free(go);
+  cuda_rt_free(dconv), cuda_rt_free(dS), cuda_rt_free(draw), cuda_rt_free(dout);
+  gdn_in_free(&g);
+  free(rS), free(rconv), free(rraw), free(ro), free(gS), free(gC), free(graw), free(go);
 }
 
 /* The one-token step quantizing its output for ssm_out (cuda_gdn_step_q) against the step
@@ -773,20 +795,11 @@ static void test_gdn_act_case(int Nk, int Nv, int dk, int dv, int K, int tiled, 
   const cuda_gdn_shape sh = { Nk, Nv, dk, dv, K, tiled, 1e-6f, 0 };
   const int64_t C = 2 * (int64_t)Nk * dk + (int64_t)Nv * dv, vd = (int64_t)Nv * dv;
   const size_t Sn = (size_t)Nv * dk * dv, Cn = (size_t)(K - 1) * C;
-  float *wt = malloc(K * C * 4), *conv = malloc(Cn * 4), *S = malloc(Sn * 4), *dtb = malloc(Nv * 4), *A = malloc(Nv * 4);
-  float *nw = malloc(dv * 4), *mix = malloc(n * C * 4), *z = malloc(n * vd * 4), *b = malloc(n * Nv * 4);
-  float *a = malloc(n * Nv * 4);
-  for (int64_t i = 0; i < K * C; i++) wt[i] = urand(-0.6f, 0.6f);
-  for (size_t i = 0; i < Cn; i++) conv[i] = urand(-2, 2);
-  for (size_t i = 0; i < Sn; i++) S[i] = urand(-0.5f, 0.5f);
-  for (int i = 0; i < Nv; i++) dtb[i] = urand(-1, 1), A[i] = -expf(urand(-2, 1));
-  for (int i = 0; i < dv; i++) nw[i] = urand(0.5f, 1.5f);
-  for (int64_t i = 0; i < n * C; i++) mix[i] = urand(-3, 3);
-  for (int64_t i = 0; i < n * vd; i++) z[i] = urand(-3, 3);
-  for (int64_t i = 0; i < n * Nv; i++) b[i] = urand(-4, 4), a[i] = urand(-4, 25);
-  float *dwt = dup_dev(wt, K * C * 4), *ddtb = dup_dev(dtb, Nv * 4), *dA = dup_dev(A, Nv * 4), *dnw = dup_dev(nw, dv * 4);
-  float *dmix = dup_dev(mix, n * C * 4), *dz = dup_dev(z, n * vd * 4), *db = dup_dev(b, n * Nv * 4);
-  float *da = dup_dev(a, n * Nv * 4), *draw = dup_dev(NULL, n * C * 4);
+  gdn_in g;
+  gdn_in_make(&g, &sh, n);
+  float *conv = g.conv, *S = g.S, *dwt = g.dwt, *ddtb = g.ddtb, *dA = g.dA, *dnw = g.dnw, *dmix = g.dmix, *dz = g.dz;
+  float *db = g.db;
+  float *da = g.da, *draw = dup_dev(NULL, n * C * 4);
   float *dconv0 = dup_dev(conv, Cn * 4), *dS0 = dup_dev(S, Sn * 4), *dout0 = dup_dev(NULL, n * vd * 4);
   float **cS0 = dup_dev(&dS0, sizeof dS0), **cC0 = dup_dev(&dconv0, sizeof dconv0);
   poison(dout0, n * vd * 4);
@@ -826,10 +839,9 @@ static void test_gdn_act_case(int Nk, int Nv, int dk, int dv, int K, int tiled, 
     cuda_rt_free(dconv), cuda_rt_free(dS), cuda_rt_free(dout), cuda_rt_free(cS), cuda_rt_free(cC);
     act_buf_free(&ab);
   }
-  cuda_rt_free(dwt), cuda_rt_free(ddtb), cuda_rt_free(dA), cuda_rt_free(dnw), cuda_rt_free(dmix), cuda_rt_free(dz);
-  cuda_rt_free(db), cuda_rt_free(da), cuda_rt_free(draw), cuda_rt_free(dconv0), cuda_rt_free(dS0);
-  cuda_rt_free(dout0), cuda_rt_free(cS0), cuda_rt_free(cC0);
-  free(wt), free(conv), free(S), free(dtb), free(A), free(nw), free(mix), free(z), free(b), free(a);
+  cuda_rt_free(draw), cuda_rt_free(dconv0), cuda_rt_free(dS0), cuda_rt_free(dout0), cuda_rt_free(cS0);
+  cuda_rt_free(cC0);
+  gdn_in_free(&g);
   free(ro), free(rS), free(rC), free(go), free(gS), free(gC);
 }
 

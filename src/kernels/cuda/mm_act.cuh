@@ -157,21 +157,22 @@ __device__ __forceinline__ void act_row_warp_at(int type, int kind, const float 
 __device__ void act_row_warp(const KArgs &a, int kind, const float *x, uint8_t *o) {
   act_row_warp_at(a.type, kind, x, (int8_t *)o, (float *)(o + a.off_d), o + a.off_s, (int)a.cols);
 }
+/* Values from unit k on (A256: 256 values a unit, A32: 32) of the row at o (scales at off_d, sums /
+ * repeated scales at off_s) from x (n values; a multiple of 256, or n ends the row; A32: of 32),
+ * called by whole warps (a warp a chunk): act_row_warp's bytes for those values. */
+__device__ __forceinline__ void act_row_warp_units(int type, int kind, size_t off_d, size_t off_s, uint8_t *o,
+                                                   size_t k, const float *x, int n) {
+  const bool u = kind == KACT_A256;
+  act_row_warp_at(type, kind, x, (int8_t *)o + k * (u ? 256 : 32), (float *)(o + off_d) + k,
+                  o + off_s + (u ? k * 16 * 2 : k * 8 * 4), n);
+}
 /* chunks c0.. of the row at o (256 values each) from x */
 __device__ __forceinline__ void act_row_warp_from(const KArgs &a, int kind, const float *x, uint8_t *o, int n, int c0) {
-  const bool u = kind == KACT_A256;
-  act_row_warp_at(a.type, kind, x, (int8_t *)o + (size_t)c0 * 256, (float *)(o + a.off_d) + (u ? c0 : 8 * c0),
-                  o + a.off_s + (u ? (size_t)c0 * 16 * 2 : (size_t)c0 * 64 * 4), n);
+  act_row_warp_units(a.type, kind, a.off_d, a.off_s, o, (size_t)c0 * (kind == KACT_A256 ? 1 : 8), x, n);
 }
-
-/* Values [v0, v0 + n) of a row quantized for qo into its row o, from x (n values; whole A256
- * chunks: v0 and n multiples of 256, or n ends the row; A32: multiples of 32), called by whole
- * warps (a warp a chunk): act_row_warp's bytes for those chunks. */
+/* values [v0, v0 + n) of a row quantized for qo into its row o (v0 a multiple of the unit) */
 __device__ __forceinline__ void act_out_range(const ActOut &qo, uint8_t *o, int64_t v0, const float *x, int n) {
-  const bool u = qo.kind == KACT_A256;
-  const int64_t k = u ? v0 / 256 : v0 / 32; /* the first unit */
-  act_row_warp_at(qo.type, qo.kind, x, (int8_t *)o + v0, (float *)(o + qo.off_d) + k,
-                  o + qo.off_s + (u ? (size_t)k * 16 * 2 : (size_t)k * 8 * 4), n);
+  act_row_warp_units(qo.type, qo.kind, qo.off_d, qo.off_s, o, (size_t)(v0 / (qo.kind == KACT_A256 ? 256 : 32)), x, n);
 }
 
 /* The absolute maximum of x[0..n) (n <= 128; a maximum does not depend on the order it is taken

@@ -669,15 +669,19 @@ static __device__ __forceinline__ float *atr_parts(float *part, int t0, int i, i
  * of its (row group, kv head batch) combines each of the nq query rows' parts (k_attn's combine:
  * the parts' maxima, their weights in part order, the sum divided, sigmoid(gate)) and writes out.
  * sm: at least 2 * nq * ATT_MAX_SPLIT floats of shared memory no longer in use. */
-/* qo (kind >= 0): the block's output values of each of its rows, quantized for the next matmul
- * from out (written by this block before a barrier); the host checked that they are whole chunks
- * (A256) / units (A32) of the row */
-static __device__ __forceinline__ void atr_quant(const ActOut &qo, const float *out, int nr, int t0, int head0,
-                                                 int HBH, int nh, int hd) {
-  for (int r = 0; r < nr; r++) {
-    const int64_t t = t0 + r;
-    act_out_range(qo, qo.xq + (size_t)t * qo.xs, (int64_t)head0 * hd, out + (t * nh + head0) * hd, HBH * hd);
-  }
+/* qo (kind >= 0): the block's output values of its rows r0 .. r1 - 1 (heads head0 .. head0 + HBH - 1
+ * of row t0 + r), quantized for the next matmul from x (row r's values at x + r * xrs: out, written
+ * by this block before a barrier, or staged in shared memory); the host checked that they are
+ * whole chunks (A256) / units (A32) of the row */
+static __device__ __forceinline__ void atr_quant(const ActOut &qo, const float *x, size_t xrs, int r0, int r1, int t0,
+                                                 int head0, int HBH, int hd) {
+  for (int r = r0; r < r1; r++)
+    act_out_range(qo, qo.xq + (size_t)(t0 + r) * qo.xs, (int64_t)head0 * hd, x + (size_t)r * xrs, HBH * hd);
+}
+/* atr_quant of a block's nr rows from out (row t: nh * hd values) */
+static __device__ __forceinline__ void atr_quant_out(const ActOut &qo, const float *out, int nr, int t0, int head0,
+                                                     int HBH, int nh, int hd) {
+  atr_quant(qo, out + ((size_t)t0 * nh + head0) * hd, (size_t)nh * hd, 0, nr, t0, head0, HBH, hd);
 }
 
 template <int HD>
@@ -749,7 +753,7 @@ static __device__ void atr_finish(unsigned char *sm, const float *part, int *cnt
   if (tid == 0) *ctr = 0; /* ready for the next launch (graph replay) */
   if (qo.kind >= 0) {
     __syncthreads();
-    atr_quant(qo, out, nq / HBH, t0, head0, HBH, nh, hd);
+    atr_quant_out(qo, out, nq / HBH, t0, head0, HBH, nh, hd);
   }
 }
 
@@ -1371,8 +1375,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
           }
       if (qs) { /* the subgroup's rows quantized from shared memory: query row i = r * HBH + h */
         __syncthreads();
-        for (int r = r0; r < r1; r++)
-          act_out_range(qo, qo.xq + (size_t)(t0 + r) * qo.xs, (int64_t)head0 * hd, so + (size_t)r * HBH * HD, HBH * hd);
+        atr_quant(qo, so, (size_t)HBH * HD, r0, r1, t0, head0, HBH, hd);
       }
       __syncthreads(); /* s_m and s_l are the next subgroup's (and the stages its tiles') */
       r0 = r1;
@@ -1401,7 +1404,7 @@ static __global__ void __launch_bounds__(ATT_THREADS, 1)
   if (onep) {
     if (qo.kind >= 0 && !qs) {
       __syncthreads(); /* every output of the block written */
-      atr_quant(qo, out, nr, t0, head0, HBH, nh, hd);
+      atr_quant_out(qo, out, nr, t0, head0, HBH, nh, hd);
     }
     return;
   }
@@ -1557,10 +1560,7 @@ extern "C" void cuda_attn_set_pipe(int on) { g_attn_pipe = on ? 1 : 0; }
  * first call */
 static int g_attn_onep = -1;
 static int attn_onep(void) {
-  if (g_attn_onep < 0) {
-    const char *e = getenv("FLOE_CUDA_ATTN_ONEPART");
-    g_attn_onep = !(e && e[0] == '0');
-  }
+  if (g_attn_onep < 0) g_attn_onep = mm_env_int("FLOE_CUDA_ATTN_ONEPART", 1) != 0;
   return g_attn_onep;
 }
 extern "C" void cuda_attn_set_onep(int on) { g_attn_onep = on ? 1 : 0; }
@@ -1664,10 +1664,7 @@ extern "C" int cuda_attn_q(const cuda_attn_shape *sh, const float *q, const void
   int *cnt = (int *)scratch;
   float *part = (float *)((char *)scratch + attn_cnt_bytes(sh, n_tok));
   if (sh->kv_bf16 && attn_mma_on()) {
-    if (g_attn_act < 0) {
-      const char *e = getenv("FLOE_CUDA_ATTN_ACT");
-      g_attn_act = !(e && e[0] == '0');
-    }
+    if (g_attn_act < 0) g_attn_act = mm_env_int("FLOE_CUDA_ATTN_ACT", 1) != 0;
     ActOut qo = mm_act_out(qa && g_attn_act ? qa->W : NULL, qa ? qa->xq : NULL, qa ? qa->xs : 0);
     /* a block's heads [head0, head0 + hbh) of a row: whole A256 chunks / A32 units of it */
     const int64_t bv = (int64_t)atr_hbh(sh) * sh->head_dim;

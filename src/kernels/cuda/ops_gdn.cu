@@ -1561,10 +1561,7 @@ static int gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const flo
     gdn_recur_launch(sh, raw, z, b, a, dt_bias, ssm_a, norm_w, S, Sp, S_keep, o, n_tok, stream);
     return 0;
   }
-  if (g_gdn_act < 0) {
-    const char *e = getenv("FLOE_CUDA_GDN_ACT");
-    g_gdn_act = e && e[0] == '1';
-  }
+  if (g_gdn_act < 0) g_gdn_act = mm_env_int("FLOE_CUDA_GDN_ACT", 0) == 1;
   const int r = sh->Nv / sh->Nk, nq = gdn_step_nq();
   const ActOut q = mm_act_out(qa && g_gdn_act && !S_keep ? qa->W : NULL, qa ? qa->xq : NULL, qa ? qa->xs : 0);
   int cl = q.kind >= 0 ? gdn_act_cluster(sh, q) : 0;
