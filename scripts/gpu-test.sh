@@ -43,6 +43,7 @@
 #   kernels80l  kernels35l for the 80B-A3B shape cut to 4 layers
 #   nsys35    nsys trace of the 4-layer cut's decode graph (each node's start / end: the in-graph step)
 #   trace35   the in-graph cost of each kernel of the decode step (launch trace), 4-layer cut and 35B
+#   traceab   the trace's step and inter-step gap (35B and its 4-layer cut) per setting of TRACE_AB
 #   tracev    the same for a speculative step (bench_verify --only KIND, TV_KINDS default "v4 f3"):
 #             the 4-layer cut (labelled), the 35B ($SYNTH) and the default model
 #   kernelsdm  per-launch ncu times of the default model: 2 decode steps, then a VROWS-row chunk
@@ -443,14 +444,15 @@ sec_attn35() {
 }
 # ab_rounds SETTINGS KEY BENCH-ARGS...: floe bench on $SYNTH with each setting (VAR=VALUE words,
 # several joined by commas; "-" the defaults), ABR rounds (default 2) alternated in order, the
-# value of KEY from each run's JSON on one line
+# value of KEY from each run's JSON on one line; ABREPS repetitions a run (default 1: the first
+# steps record the CUDA graphs; with 3 the median is of steps that replay them)
 ab_rounds() {
   local set=$1 key=$2 r v rc=0
   shift 2
   for r in $(seq 1 "${ABR:-2}"); do
     for v in $set; do
       printf 'round %s %-28s ' "$r" "$v"
-      env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda "$@" -r 1 \
+      env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda "$@" -r "${ABREPS:-1}" \
         --json 2>/dev/null | grep -o "\"$key\":[0-9.]*" | head -1 || rc=1
     done
   done
@@ -538,6 +540,26 @@ sec_trace35() {
     echo "== 35B, 40 layers"
     python3 scripts/trace_step.py /tmp/trace40.txt /tmp/names4.txt | sed -n '1p;/^by launch/,$p' || rc=1
   fi
+  return $rc
+}
+# traceab: the launch trace of the 35B decode ($SYNTH, made when missing) and of the 4-layer cut for
+# each setting of TRACE_AB (VAR=VALUE words joined by commas; "-" the defaults): the step's body and
+# the gap between steps (trace_step.py's first line), then the costs by launch shape
+sec_traceab() {
+  local small=/tmp/floe-q35-4l.gguf rc=0 TB=$BUILD-trace v m
+  trace_build floe_cli || return 1
+  [ -f "$SYNTH" ] || sec_synth35 >/dev/null || return 1
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null ||
+    return 1
+  for m in "$small" "$SYNTH"; do
+    for v in ${TRACE_AB:--}; do
+      rm -f /tmp/tab.txt
+      env $([ "$v" = - ] || echo "${v//,/ }") FLOE_CUDA_TRACE=/tmp/tab.txt timeout 200 "$TB/bin/floe" bench -m "$m" \
+        --device cuda -p 0 -n 64 -r 1 -c 128 >/dev/null 2>&1 || rc=1
+      echo "== $(basename "$m") $v"
+      python3 scripts/trace_step.py /tmp/tab.txt | sed -n "1p;/^by launch/,\$p" | head -${TRACE_LINES:-14} || rc=1
+    done
+  done
   return $rc
 }
 # tracev: the in-graph cost of each kernel of one kind of bench_verify step (--only KIND: a verify of

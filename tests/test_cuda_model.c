@@ -857,6 +857,104 @@ static void test_lazy(const char *path) {
   free(lg[0]), free(lg[1]);
 }
 
+/* Decoding ahead (model.c eval_ahead; FLOE_CUDA_AHEAD=0 off): a greedy step launches the step for
+ * its pick before the host reads it. Against a session that waits for each pick (both deferring
+ * their logits): the same picks and positions step by step; a token other than the pick (the step
+ * in flight dropped), the deferred logits fetched while a step runs ahead, and a chunk of several
+ * tokens between the steps leave the same bits; the final logits are bit-identical. Then the
+ * engine's greedy generation and floe bench's decode loop give the same ids with it on and off. */
+static void test_ahead(const char *path) {
+  SECTION("decoding ahead (the default; FLOE_CUDA_AHEAD=0 off): the picks and logits of steps run one at a time");
+  char err[256];
+  model *mg = NULL;
+  if (load(path, true, &mg)) {
+    CHECK(0, "loaded %s", path);
+    return;
+  }
+  const int64_t V = mg->hp.n_vocab, T = 5, G = 24;
+  int32_t prompt[5];
+  for (int i = 0; i < T; i++) prompt[i] = (int32_t)((i * 7919 + 5) % V);
+  float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+  model_session *a = NULL, *b = NULL;
+  int rc = model_session_new(mg, 512, KV_BF16, 1, &a, err, sizeof err);
+  setenv("FLOE_CUDA_AHEAD", "0", 1);
+  if (!rc) rc = model_session_new(mg, 512, KV_BF16, 1, &b, err, sizeof err);
+  unsetenv("FLOE_CUDA_AHEAD");
+  if (!rc) rc = model_eval(a, prompt, T, la, false, err, sizeof err);
+  if (!rc) rc = model_eval(b, prompt, T, lb, false, err, sizeof err);
+  int same = 0, fetched = 0, steps = 0;
+  int32_t t = (int32_t)kern_argmax(lb, V);
+  for (int i = 0; i < G && !rc; i++) {
+    if (i == 6) t = (int32_t)((t + 1) % V); /* not the pick: the step in flight is dropped */
+    if (i == 15) { /* a chunk of three between the steps */
+      const int32_t chunk[3] = { t, (int32_t)((t + 3) % V), (int32_t)((t + 5) % V) };
+      rc = model_eval(a, chunk, 3, la, false, err, sizeof err);
+      if (!rc) rc = model_eval(b, chunk, 3, lb, false, err, sizeof err);
+      if (rc) break;
+      same += memcmp(la, lb, (size_t)V * 4) == 0 && model_session_pos(a) == model_session_pos(b);
+      t = (int32_t)kern_argmax(lb, V);
+      steps++;
+      continue;
+    }
+    a->lazy_ok = a->ahead_ok = true;
+    rc = model_eval(a, &t, 1, la, false, err, sizeof err);
+    a->lazy_ok = a->ahead_ok = false;
+    b->lazy_ok = true;
+    if (!rc) rc = model_eval(b, &t, 1, lb, false, err, sizeof err);
+    b->lazy_ok = false;
+    if (rc) break;
+    steps++;
+    same += a->greedy >= 0 && a->greedy == b->greedy && model_session_pos(a) == model_session_pos(b);
+    if (i == 10 || i == 20) { /* fetched while the next step runs ahead (it is dropped first) */
+      rc = model_logits_sync(a, err, sizeof err);
+      if (!rc) rc = model_logits_sync(b, err, sizeof err);
+      fetched += !rc && memcmp(la, lb, (size_t)V * 4) == 0 && a->ahead_pos < 0;
+    }
+    t = (int32_t)b->greedy;
+  }
+  if (!rc) { /* the last pick with its logits copied out: the state after every kind of step */
+    rc = model_eval(a, &t, 1, la, false, err, sizeof err);
+    if (!rc) rc = model_eval(b, &t, 1, lb, false, err, sizeof err);
+  }
+  CHECK(rc == 0, "ran%s%s", rc ? ": " : "", rc ? err : "");
+  CHECK(same == steps && steps == G, "picks and positions equal step by step (%d of %d)", same, steps);
+  CHECK(fetched == 2, "deferred logits fetched while a step ran ahead: bit-identical (%d of 2)", fetched);
+  CHECK(rc == 0 && memcmp(la, lb, (size_t)V * 4) == 0, "the final logits bit-identical");
+  CHECK(a && b && a->n_ahead >= G / 2 && a->n_ahead_drop >= 4 && b->n_ahead == 0 && b->n_ahead_drop == 0,
+        "steps run ahead: %lld accepted, %lld dropped (the other session: %lld, %lld)", a ? (long long)a->n_ahead : -1,
+        a ? (long long)a->n_ahead_drop : -1, b ? (long long)b->n_ahead : -1, b ? (long long)b->n_ahead_drop : -1);
+  if (a) model_session_free(a);
+  if (b) model_session_free(b);
+  model_free(mg);
+  free(la), free(lb);
+  /* the engine (greedy generation, a reset between prompts) and floe bench's loop */
+  enum { NG = 40, NP = 3 };
+  int32_t *base = malloc(NG * NP * 4), *got = malloc(NG * NP * 4);
+  double tps = 0;
+  setenv("FLOE_CUDA_AHEAD", "0", 1);
+  int rc1 = gen_ids(path, FLOE_DEVICE_CUDA, 0, base, NG, NP, &tps);
+  unsetenv("FLOE_CUDA_AHEAD");
+  int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, got, NG, NP, &tps);
+  int64_t eq = 0;
+  while (rc1 == 0 && rc2 == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
+  CHECK(rc1 == 0 && rc2 == 0 && eq == NG * NP, "engine greedy ids run ahead == waiting for each pick (%lld of %d)",
+        (long long)eq, NG * NP);
+  free(base), free(got);
+  float *lg[2] = { malloc((size_t)V * 4), malloc((size_t)V * 4) };
+  int32_t ch[2][NG];
+  setenv("FLOE_CUDA_AHEAD", "0", 1);
+  int rcs0 = eval_chain(path, 1, ch[0], NG, lg[0]);
+  unsetenv("FLOE_CUDA_AHEAD");
+  int rcs1 = eval_chain(path, 1, ch[1], NG, lg[1]);
+  int n_eq = 0;
+  while (rcs0 == 0 && rcs1 == 0 && n_eq < NG && ch[0][n_eq] == ch[1][n_eq]) n_eq++;
+  CHECK(rcs0 == 0 && rcs1 == 0 && n_eq == NG && memcmp(lg[0], lg[1], (size_t)V * 4) == 0,
+        "floe_session_eval (no logits) + floe_session_argmax run ahead == waiting (%d of %d ids), then the logits "
+        "bit-identical",
+        n_eq, NG);
+  free(lg[0]), free(lg[1]);
+}
+
 int main(void) {
   if (model_cuda_devices() <= 0) {
     printf("skipped: no CUDA device\n");
@@ -871,6 +969,7 @@ int main(void) {
   test_spec(test_fixture("../../models/default.gguf"), true);
   test_spec(test_fixture("../../models/default.gguf"), false);
   test_lazy(test_fixture("../../models/default.gguf"));
+  test_ahead(test_fixture("../../models/default.gguf"));
   test_chunk(test_fixture("../../models/default.gguf"));
   unsetenv("FLOE_CUDA_SPEC_GRAPH");
   const char *synth = getenv("FLOE_TEST_SYNTH");

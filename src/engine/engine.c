@@ -587,8 +587,11 @@ int floe_session_eval(floe_session *s, const int32_t *ids, size_t n, float *logi
   /* no logits asked for: the caller needs at most the greedy pick (floe_session_argmax), so the
    * backend may leave them on the device; every reader of last_logits fetches them first */
   s->ms->lazy_ok = logits == NULL;
+  /* one token without logits: greedy decoding (floe bench's loop), so the device may start the
+   * step for its pick at once (model.h ahead_ok; any other next use only waits for that step) */
+  s->ms->ahead_ok = logits == NULL && n == 1;
   int rc = model_eval(s->ms, ids, (int64_t)n, dst, all_logits && logits, err, errlen);
-  s->ms->lazy_ok = false;
+  s->ms->lazy_ok = s->ms->ahead_ok = false;
   if (rc) {
     floe_session_reset(s); /* state is undefined after a failed eval */
     return rc;
@@ -1014,6 +1017,9 @@ int floe_gen_step(floe_gen *const *gens, int n, int64_t prefill_chunk, floe_step
     to[k] = -1;
     seg[k] = (model_seg){ s->ms, &tok[i], 1, s->last_logits };
     s->ms->lazy_ok = gen_greedy_only(g);
+    /* greedy, and this step's pick will be evaluated in turn unless it ends the generation: the
+     * device may start that step before the host reads the pick (model.h ahead_ok) */
+    s->ms->ahead_ok = gen_greedy_only(g) && (g->p.max_tokens <= 0 || g->r.n_gen < g->p.max_tokens);
     sg[k++] = g;
   }
   if (k == 0) return 0;
@@ -1021,7 +1027,7 @@ int floe_gen_step(floe_gen *const *gens, int n, int64_t prefill_chunk, floe_step
   int64_t rows = 0;
   int segs = 0;
   int rc = model_eval_multi(seg, k, &rows, &segs, err, sizeof err);
-  for (int i = 0; i < k; i++) seg[i].s->lazy_ok = false;
+  for (int i = 0; i < k; i++) seg[i].s->lazy_ok = seg[i].s->ahead_ok = false;
   if (rows > info->rows) info->rows = rows, info->sessions = segs;
   for (int i = 0; i < k && !rc; i++) info->rows_total += seg[i].n;
   for (int i = 0; i < k; i++) {

@@ -28,7 +28,15 @@ enum model_device { MODEL_DEV_CPU = 0, MODEL_DEV_CUDA = 1 };
 /* MODEL_EVAL_LAZY (with LOGITS, one row: the greedy pick of the evaluation's last position): the
  * logits may stay on the device; eval_end then sets s->lazy_dst (the logits buffer they belong
  * in) and logits_fetch copies them there when the model layer is asked (model_logits_sync). */
-enum { MODEL_EVAL_LOGITS = 1, MODEL_EVAL_HIDDEN = 2, MODEL_EVAL_LAZY = 4 };
+enum { MODEL_EVAL_LOGITS = 1, MODEL_EVAL_HIDDEN = 2, MODEL_EVAL_LAZY = 4, MODEL_EVAL_NOWAIT = 8, MODEL_EVAL_AHEAD = 16 };
+/* Decoding ahead (model.c eval_ahead; only where the backend has pick_wait):
+ *   MODEL_EVAL_NOWAIT (with LOGITS | LAZY, one row): eval_end launches the step and returns at once;
+ *   its greedy pick is collected by pick_wait (s->greedy), its logits stay on the device (lazy).
+ *   MODEL_EVAL_AHEAD (with LOGITS | LAZY | NOWAIT, one row, inside keep_begin(1)): the step's token is
+ *   the greedy pick of the step launched just before it, which the host has not read yet (the
+ *   device passes it on), at that step's position + 1; the tokens handed to eval_begin / embed are
+ *   ignored. Its recurrent state is kept as a verify row's: ahead_end(true) makes it the current one
+ *   (and its pick and logits the session's, collected by pick_wait), ahead_end(false) drops it. */
 
 typedef struct model_backend {
   const char *name;          /* "cpu", "cuda" */
@@ -105,6 +113,17 @@ typedef struct model_backend {
   /* The final hidden states (the residual stream after the last layer, before the output norm)
    * of rows [first, n) into host memory (n_embd floats a row). */
   void (*hidden)(model_session *s, const float *x, int64_t first, int64_t n, float *dst);
+  /* Decoding ahead (the flags above; NULL: the backend never runs ahead). ahead_ok: whether a
+   * MODEL_EVAL_AHEAD step may follow now at position pos (the last evaluation was a NOWAIT one-row
+   * step or an accepted ahead step at pos - 1, and nothing else ran since; pos < 0: whether this
+   * session can decode ahead at all, a step in flight or not). pick_wait: waits for the
+   * last NOWAIT step (or accepted ahead step) whose pick was not collected; s->greedy = its pick.
+   * ahead_end: the ahead step in flight becomes the session's (accept: its state by keep_accept(1)'s
+   * swap, queued behind it, nothing waits) or is dropped (waits for it, then keep_accept(0)).
+   * 0 or FLOE_E_*. */
+  bool (*ahead_ok)(const model_session *s, int64_t pos);
+  int (*pick_wait)(model_session *s, char *err, size_t errlen);
+  int (*ahead_end)(model_session *s, bool accept, char *err, size_t errlen);
   /* Multi-session evaluation (model_eval_multi; NULL: the backend cannot, and the sessions are
    * evaluated one after another). Returns lead's residual buffer for a pass of n rows
    * (n <= MODEL_MAX_BATCH) that holds the rows of several sessions of one model, one segment after

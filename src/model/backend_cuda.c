@@ -54,8 +54,8 @@
 #define LB 16 /* logits rows per launch (the [LB][n_vocab] device buffer) */
 /* recorded steps: one token (without logits, with, with logits and its hidden state: a plain step
  * that feeds the MTP), kept verify chunks and MTP evaluations of
- * n = 1..KV_KEEP_MAX rows */
-enum { G_DEC = 0, G_LAZY = 3, G_VER = 4, G_MTP = G_VER + KV_KEEP_MAX, G_N = G_MTP + KV_KEEP_MAX };
+ * n = 1..KV_KEEP_MAX rows, the steps run ahead (two: their logits alternate between alog[0] / [1]) */
+enum { G_DEC = 0, G_LAZY = 3, G_VER = 4, G_MTP = G_VER + KV_KEEP_MAX, G_AHD = G_MTP + KV_KEEP_MAX, G_N = G_AHD + 2 };
 /* recorded multi-session passes of one-token segments (FLOE_CUDA_MULTI_GRAPH=1): the lead keeps
  * MG_N of them in graph slots G_N.., each keyed by its segments' sessions (their uids, in order)
  * and its first logits row; the least recently used is replaced */
@@ -102,8 +102,8 @@ typedef struct cu_sess {
   /* Kept states of a verify chunk (backend.h keep_begin): kS[l][t] / kconv[l][t], the state after
    * row t, allocated at the first verify. The GDN kernels find every state pointer through tab
    * (device, mirrored in pinned tab_h; tab_at gives the cell): entry 0 of a layer is the current
-   * state, entry 1 + t row t's kept one. keep_accept swaps host pointers and re-uploads the
-   * table, so a recorded step (which captured cells, not pointers) replays on the new state. */
+   * state, entry 1 + t row t's kept one. keep_accept swaps host pointers and the device's cells
+   * (cuda_tab_swap), so a recorded step (which captured cells, not pointers) replays on the new state. */
   float *(*kS)[KV_KEEP_MAX], *(*kconv)[KV_KEEP_MAX];
   float **tab, **tab_h;
   int64_t keep_n, keep_alloc;
@@ -143,6 +143,18 @@ typedef struct cu_sess {
   int32_t *sg_d, *sg_h;
   float *sg_row;
   int capturing;               /* -1 none, else the graph slot being captured */
+  /* decoding ahead (backend.h MODEL_EVAL_AHEAD; FLOE_CUDA_AHEAD=0 off): a NOWAIT step signals
+   * ev[0] and its pick lands in greedy_h[0]; an ahead step of parity p (graph G_AHD + p) writes its
+   * logits to alog[p] (never the buffer of the deferred logits before it), signals ev[1 + p] and
+   * its pick lands in greedy_h[1 + p]. pick_slot: the slot whose pick pick_wait collects (-1:
+   * none); ahead_slot: the ahead step in flight (-1: none), at ahead_pos; next_pos: the position an
+   * ahead step may take now (-1: none: anything else ran); cur_pos0, nowait, ahead: the step being
+   * issued. */
+  bool ahead_allowed, nowait, ahead;
+  float *alog[2];
+  void *ev[3];
+  int pick_slot, ahead_slot, apar;
+  int64_t ahead_pos, next_pos, cur_pos0;
   /* tiered one-token steps as recorded segments (the header's comment): seg_on: allowed in this
    * session; seg: this step runs as segments (capturing holds its kind's slot); seg_id: the
    * current segment (-1: none), seg_cap: being captured (else replay says whether its graph is
@@ -194,6 +206,9 @@ static void cu_session_free(model_session *s) {
     for (int j = 0; j < KV_KEEP_MAX; j++) cuda_graph_destroy(c->sgraph[i][j][0]), cuda_graph_destroy(c->sgraph[i][j][1]);
   cuda_rt_free(c->sg_d);
   cuda_rt_free(c->sg_row);
+  cuda_rt_free(c->alog[0]);
+  cuda_rt_free(c->alog[1]);
+  for (int i = 0; i < 3; i++) cuda_rt_event_destroy(c->ev[i]);
   cuda_rt_host_free(c->sg_h);
   cuda_rt_host_free(c->hin_h);
   cuda_rt_host_free(c->hid_h);
@@ -301,6 +316,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if (!c) return floe_err(err, errlen, FLOE_E_NOMEM, "out of memory");
   s->dev = c;
   c->capturing = -1;
+  c->pick_slot = c->ahead_slot = -1;
+  c->ahead_pos = c->next_pos = -1;
   c->profile = getenv("FLOE_CUDA_PROFILE") != NULL;
   /* tiered experts: the host decides per layer where each expert is computed, so no step is one
    * fixed graph; one-token steps are recorded in segments between those decisions */
@@ -326,6 +343,10 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
    * FLOE_CUDA_LAZY_LOGITS=0 copies every row out as before */
   const char *lz = getenv("FLOE_CUDA_LAZY_LOGITS");
   s->lazy_allowed = !(lz && lz[0] == '0');
+  /* greedy decoding runs the next step before the host reads the pick (model.c eval_ahead):
+   * recorded one-token steps only; FLOE_CUDA_AHEAD=0 waits for each pick as before */
+  const char *ah = getenv("FLOE_CUDA_AHEAD");
+  c->ahead_allowed = c->use_graph && s->lazy_allowed && !(ah && ah[0] == '0');
   const char *tr = getenv("FLOE_CUDA_TRACE");
   if (tr && *tr && (rc = cuda_rt_trace_start(err, errlen))) return rc;
   const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
@@ -407,6 +428,7 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     { &c->attn_scr, has_attn ? cuda_attn_scratch_bytes(&c->ash, c->arows) : 16 },
     { &c->amax_scr, cuda_argmax_rows_scratch_bytes(V, KV_KEEP_MAX) }, { &c->rope, has_attn ? (size_t)(n_ctx * hp->n_rot * 4) : 16 },
     { &c->plog, (NE + 1) * 4 }, { &c->pselw, (K + 1) * 4 }, { &c->psel, (K + 1) * 4 },
+    { &c->alog[0], c->ahead_allowed ? V * 4 : 16 }, { &c->alog[1], c->ahead_allowed ? V * 4 : 16 },
   };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if ((rc = dalloc(c, parts[i].p, parts[i].n, err, errlen))) return rc;
@@ -463,6 +485,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
       (rc = dalloc(c, &c->tab, tab_bytes(s), err, errlen)))
     return rc;
   if ((rc = tab_upload(s))) return floe_err(err, errlen, rc, "cuda: cannot upload the state table");
+  for (int i = 0; i < 3 && c->ahead_allowed; i++)
+    if ((rc = cuda_rt_event_create(&c->ev[i], err, errlen))) return rc;
   if (cm->tier && (rc = cu_tier_sess_open(cm->tier, n_threads, B, (int)K + 1, c->xq_row, &c->tier, err, errlen)))
     return rc;
   if ((rc = cuda_rt_stream_sync(c->stream, err, errlen))) return rc;
@@ -570,10 +594,9 @@ static void cu_keep_accept(model_session *s, int64_t a) {
     c->conv[l] = c->kconv[l][a - 1];
     c->kconv[l][a - 1] = p;
   }
-  if (tab_upload(s) && !c->err) { /* surfaces at the next eval_end */
-    c->err = FLOE_E_IO;
-    snprintf(c->msg, sizeof c->msg, "cannot upload the state table");
-  }
+  /* the device's cells follow in stream order: nothing waits (a step run ahead may still be
+   * writing the state it makes current) */
+  cuda_tab_swap(c->tab, 2 * ((const cu_model *)s->m->dev)->n_l, 1 + KV_KEEP_MAX, (int)a, c->stream);
 }
 
 /* ---- blocks ---- */
@@ -718,6 +741,8 @@ static void eval_reset(cu_sess *c, bool multi) {
   c->hid_dst = NULL;
   c->want_greedy = false;
   c->replay = false;
+  c->nowait = c->ahead = false;
+  c->next_pos = -1;
   c->capturing = -1;
   c->err = 0;
   c->multi = multi;
@@ -730,17 +755,26 @@ static void eval_reset(cu_sess *c, bool multi) {
  * step of that slot serves it (replayed when recorded, else recorded now). */
 static float *begin_chunk(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int slot) {
   cu_sess *c = s->dev;
+  const bool ahead = slot >= G_AHD && slot < G_AHD + 2; /* the token and position come from the device */
+  const bool lazy_valid = c->lazy_valid;
   eval_reset(c, false);
-  memcpy(c->tok_h, tokens, (size_t)n * sizeof *tokens);
-  for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
+  if (ahead) c->lazy_valid = lazy_valid; /* it writes alog[apar], not the deferred logits */
+  if (!ahead) { /* (a NOWAIT step before an ahead one may not have copied its own yet) */
+    memcpy(c->tok_h, tokens, (size_t)n * sizeof *tokens);
+    for (int64_t t = 0; t < n; t++) c->pos_h[t] = (int32_t)(pos0 + t);
+  }
   if (slot >= 0 && c->graph[slot]) {
     c->replay = true;
     c->capturing = slot;
     return c->x;
   }
   if (slot >= 0 && cuda_graph_begin(c->stream, c->msg, sizeof c->msg) == 0) c->capturing = slot;
-  cuda_rt_h2d_async(c->tok, c->tok_h, (size_t)n * 4, c->stream);
-  cuda_rt_h2d_async(c->pos, c->pos_h, (size_t)n * 4, c->stream);
+  if (ahead) {
+    cuda_step_next(c->greedy, c->tok, c->pos, c->stream);
+  } else {
+    cuda_rt_h2d_async(c->tok, c->tok_h, (size_t)n * 4, c->stream);
+    cuda_rt_h2d_async(c->pos, c->pos_h, (size_t)n * 4, c->stream);
+  }
   if (c->profile) {
     cuda_rt_stream_sync(c->stream, NULL, 0);
     c->t_blk = floe_time_s();
@@ -832,7 +866,14 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
   } else if (n == 1 && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_HIDDEN) && c->spec_graph) {
     slot = G_DEC + 2;
   }
-  if (!c->keep_n && n == 1 && flags == (MODEL_EVAL_LOGITS | MODEL_EVAL_LAZY) && one) slot = G_LAZY;
+  const int lazy1 = MODEL_EVAL_LOGITS | MODEL_EVAL_LAZY;
+  if (!c->keep_n && n == 1 && (flags == lazy1 || flags == (lazy1 | MODEL_EVAL_NOWAIT)) && one) slot = G_LAZY;
+  /* a step run ahead: its logits go to the alog buffer the deferred ones are not in */
+  const int apar = c->lazy_valid && c->lazy_src == c->alog[0] ? 1 : 0;
+  if (c->keep_n == 1 && n == 1 && flags == (lazy1 | MODEL_EVAL_NOWAIT | MODEL_EVAL_AHEAD) && c->use_graph &&
+      c->ahead_allowed && c->pick_slot >= 0 && c->next_pos == pos0)
+    slot = G_AHD + apar;
+  const bool nowait = (flags & MODEL_EVAL_NOWAIT) && (slot == G_LAZY || slot == G_AHD + apar) && !c->seg_on;
   float *x;
   if (c->seg_on && (slot == G_DEC || slot == G_DEC + 1 || slot == G_LAZY)) {
     x = begin_chunk(s, tokens, n, pos0, -1); /* the token and position copied before segment 0 */
@@ -843,6 +884,14 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
     x = begin_chunk(s, tokens, n, pos0, slot);
   }
   c->lazy = (flags & MODEL_EVAL_LAZY) != 0;
+  if ((flags & MODEL_EVAL_NOWAIT) && !nowait) { /* the model asks only after ahead_ok: never here */
+    c->err = FLOE_E_INVALID;
+    snprintf(c->msg, sizeof c->msg, "a step that cannot run ahead was asked to");
+  }
+  c->nowait = nowait;
+  c->ahead = slot == G_AHD + apar;
+  c->apar = apar;
+  c->cur_pos0 = pos0;
   return x;
 }
 
@@ -1278,12 +1327,14 @@ static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n
     return;
   }
   if (c->capturing >= 0) c->gfirst[c->capturing] = first;
+  /* a step run ahead: its logits beside the deferred ones, its pick in its own pinned cell */
+  float *lg = c->ahead ? c->alog[c->apar] : c->logits;
   for (int64_t r0 = first; r0 < n; r0 += LB) {
     const int64_t nb = n - r0 < LB ? n - r0 : LB;
-    mm_own(s, &cm->output, nb, c->h + r0 * E, E, c->logits, V);
+    mm_own(s, &cm->output, nb, c->h + r0 * E, E, lg, V);
     if (greedy && r0 + nb == n) {
-      cuda_argmax(c->logits + (nb - 1) * V, V, c->greedy, c->amax_scr, c->stream);
-      cuda_rt_d2h_async(c->greedy_h, c->greedy, 4, c->stream);
+      cuda_argmax(lg + (nb - 1) * V, V, c->greedy, c->amax_scr, c->stream);
+      cuda_rt_d2h_async(c->greedy_h + (c->ahead ? 1 + c->apar : 0), c->greedy, 4, c->stream);
       c->want_greedy = true;
     }
     if (c->lazy && greedy && nb == 1) { /* the row stays in c->logits until fetched */
@@ -1540,6 +1591,71 @@ static int cu_spec_greedy(model_session *s, const int32_t *tok, const float *h, 
   return 0;
 }
 
+/* ---- decoding ahead (backend.h MODEL_EVAL_NOWAIT / MODEL_EVAL_AHEAD) ---- */
+/* eval_end of a NOWAIT step, launched (rc: how that went): its event recorded, nothing waits. A
+ * plain one's pick is pending and its logits are the deferred ones; an ahead one waits for
+ * ahead_end. */
+static int nowait_end(model_session *s, int rc, char *err, size_t errlen) {
+  cu_sess *c = s->dev;
+  const int slot = c->ahead ? 1 + c->apar : 0;
+  if (!rc && cuda_rt_event_record(c->ev[slot], c->stream)) rc = floe_err(err, errlen, FLOE_E_IO, "cuda: event record");
+  if (!rc && (rc = cuda_rt_check("decode step", err, errlen))) rc = FLOE_E_IO;
+  if (!rc && c->err) rc = floe_err(err, errlen, c->err, "cuda: %s", c->msg);
+  if (rc) {
+    cuda_rt_stream_sync(c->stream, NULL, 0);
+    return rc;
+  }
+  if (c->ahead) {
+    c->ahead_slot = slot;
+    c->ahead_pos = c->cur_pos0;
+    return 0;
+  }
+  c->pick_slot = 0;
+  c->next_pos = c->cur_pos0 + 1;
+  if (c->lazy_to) {
+    s->lazy_dst = c->lazy_to;
+    c->lazy_src = c->logits;
+    c->lazy_valid = true;
+  }
+  return 0;
+}
+
+static bool cu_ahead_ok(const model_session *s, int64_t pos) {
+  const cu_sess *c = s->dev;
+  if (!c->ahead_allowed || !c->use_graph || c->seg_on || c->tier || c->multi) return false;
+  return pos < 0 || (c->pick_slot >= 0 && c->ahead_slot < 0 && !c->keep_n && c->next_pos == pos);
+}
+
+static int cu_pick_wait(model_session *s, char *err, size_t errlen) {
+  cu_sess *c = s->dev;
+  const int slot = c->pick_slot;
+  if (slot < 0) return floe_err(err, errlen, FLOE_E_INVALID, "cuda: no step's pick is pending");
+  c->pick_slot = -1;
+  if (cuda_rt_event_sync(c->ev[slot], err, errlen)) return FLOE_E_IO;
+  if (cuda_rt_check("decode step", err, errlen)) return FLOE_E_IO;
+  s->greedy = c->greedy_h[slot];
+  return 0;
+}
+
+static int cu_ahead_end(model_session *s, bool accept, char *err, size_t errlen) {
+  cu_sess *c = s->dev;
+  const int slot = c->ahead_slot;
+  if (slot < 1 || c->keep_n != 1) return floe_err(err, errlen, FLOE_E_INVALID, "cuda: no step runs ahead");
+  c->ahead_slot = -1;
+  c->next_pos = -1;
+  if (!accept) { /* the step finishes; its kept state is never made current */
+    const int rc = cuda_rt_stream_sync(c->stream, err, errlen) ? FLOE_E_IO : 0;
+    cu_keep_accept(s, 0);
+    return rc;
+  }
+  cu_keep_accept(s, 1); /* queued behind the step */
+  c->pick_slot = slot;
+  c->next_pos = c->ahead_pos + 1;
+  c->lazy_src = c->alog[slot - 1];
+  c->lazy_valid = true;
+  return 0;
+}
+
 static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   (void)n;
   cu_sess *c = s->dev;
@@ -1558,6 +1674,7 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
     }
     if (!rc && c->capturing >= 0) rc = cuda_graph_launch(c->graph[c->capturing], c->stream, err, errlen);
   }
+  if (c->nowait) return nowait_end(s, rc, err, errlen);
   if (!rc && cuda_rt_stream_sync(c->stream, err, errlen)) rc = FLOE_E_IO;
   if (!rc && c->tier) cu_tier_done(c->tier); /* the copies have landed: the expert-cache slots go back */
   if (!rc && (rc = cuda_rt_check("decode step", err, errlen))) rc = FLOE_E_IO;
@@ -1579,6 +1696,7 @@ static int cu_logits_fetch(model_session *s, float *dst, char *err, size_t errle
   cu_sess *c = s->dev;
   if (!c->lazy_valid)
     return floe_err(err, errlen, FLOE_E_INVALID, "cuda: the deferred logits were overwritten before they were read");
+  if (cuda_rt_stream_sync(c->stream, err, errlen)) return FLOE_E_IO; /* a NOWAIT step's (model.c drops an ahead one first) */
   return cuda_rt_d2h(dst, c->lazy_src, (size_t)s->m->hp.n_vocab * sizeof(float), err, errlen) ? FLOE_E_IO : 0;
 }
 
@@ -1608,6 +1726,9 @@ const model_backend model_backend_cuda = {
   .mtp_begin = cu_mtp_begin,
   .mtp_end = cu_mtp_end,
   .spec_greedy = cu_spec_greedy,
+  .ahead_ok = cu_ahead_ok,
+  .pick_wait = cu_pick_wait,
+  .ahead_end = cu_ahead_end,
   .multi_ok = cu_multi_ok,
   .multi_begin = cu_multi_begin,
   .attention_multi = cu_attention_multi,

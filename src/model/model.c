@@ -779,6 +779,7 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
   s->m = m;
   s->be = m->be;
   s->greedy = -1;
+  s->ahead_pos = -1;
   s->act_q = true;
   s->max_batch = MODEL_MAX_BATCH;
   int rc = kv_init_dims(&s->kv, hp, n_ctx, kv_type, err, errlen);
@@ -793,6 +794,7 @@ int model_session_new(const model *m, int64_t n_ctx, int kv_type, int n_threads,
 
 void model_session_free(model_session *s) {
   if (!s) return;
+  model_ahead_drop(s, NULL, 0);
   for (int i = 0; i < s->max_ckpt; i++) s->be->ckpt_free(s, &s->ckpt[i].c);
   free(s->ckpt);
   s->be->session_free(s);
@@ -800,10 +802,14 @@ void model_session_free(model_session *s) {
   free(s);
 }
 
-void model_session_set_exact(model_session *s, bool exact) { s->act_q = !exact; }
+void model_session_set_exact(model_session *s, bool exact) {
+  model_ahead_drop(s, NULL, 0);
+  s->act_q = !exact;
+}
 
 /* Forgets every token: the backend zeroes the recurrent state; attention rows past n_past are dead. */
 static void session_state_reset(model_session *s) {
+  model_ahead_drop(s, NULL, 0);
   s->be->state_reset(s);
   s->kv.n_past = 0;
 }
@@ -833,6 +839,7 @@ size_t model_session_ckpt_bytes(const model_session *s) { return s->be->ckpt_byt
 
 int model_session_checkpoint(model_session *s, int kind) {
   if (s->max_ckpt == 0) return 0;
+  if (model_ahead_drop(s, NULL, 0)) return FLOE_E_IO;
   const int64_t pos = s->kv.n_past;
   model_ckpt *dst = NULL;
   for (int i = 0; i < s->max_ckpt; i++) {
@@ -878,6 +885,7 @@ int64_t model_session_rewind(model_session *s, int64_t pos) {
   kv_state *kv = &s->kv;
   if (pos < 0) pos = 0;
   if (pos >= kv->n_past) return kv->n_past;
+  model_ahead_drop(s, NULL, 0);
   if (s->be->ckpt_bytes(s) == 0) {
     kv->n_past = pos;
     return pos;
@@ -919,8 +927,10 @@ int model_verify(model_session *s, const int32_t *tokens, int64_t n, float *logi
     return floe_err(err, errlen, FLOE_E_INVALID, "verify: %lld rows (1..%d)", (long long)n, KV_KEEP_MAX);
   if (!s->be->keep_begin || !s->be->keep_accept)
     return floe_err(err, errlen, FLOE_E_UNSUPPORTED, "verify: the %s backend cannot keep per-row states", s->be->name);
+  int rc = model_ahead_drop(s, err, errlen);
+  if (rc) return rc;
   const int64_t pos0 = s->kv.n_past;
-  int rc = s->be->keep_begin(s, n);
+  rc = s->be->keep_begin(s, n);
   if (rc) return floe_err(err, errlen, rc, "verify: out of memory for %lld kept states", (long long)n);
   /* no logits buffer: the rows' logits are still needed for the greedy picks of the caller */
   rc = model_eval_h(s, tokens, n, logits, logits != NULL, hidden, err, errlen);
@@ -944,7 +954,7 @@ void model_verify_accept(model_session *s, int64_t a) {
 /* The layers and the logits of model_eval's validated tokens, chunk by chunk, through the
  * session's backend (backend.h). */
 static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float *logits, bool all_logits, float *hidden,
-                       char *err, size_t errlen) {
+                       int xflags, char *err, size_t errlen) {
   const model *m = s->m;
   const model_backend *be = s->be;
   const floe_hparams *hp = &m->hp;
@@ -962,7 +972,9 @@ static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float
      * on the device (one row, no hidden states) */
     const bool lazy = greedy && s->lazy_ok && s->lazy_allowed && be->logits_fetch && !all_logits && !hidden;
     const int flags = (logits && nb - first > 0 ? MODEL_EVAL_LOGITS : 0) | (hidden ? MODEL_EVAL_HIDDEN : 0) |
-                      (lazy ? MODEL_EVAL_LAZY : 0);
+                      (lazy ? MODEL_EVAL_LAZY | xflags : 0);
+    if (xflags && (!lazy || n != 1))
+      return floe_err(err, errlen, FLOE_E_INVALID, "eval: a step run ahead must be one deferred greedy row");
     float *x = be->eval_begin(s, tokens + c0, nb, pos0, flags);
     be->embed(s, tokens + c0, nb, x);
     for (int64_t l = 0; l < hp->n_layer && !s->xs_err; l++) {
@@ -984,6 +996,56 @@ static int eval_chunks(model_session *s, const int32_t *tokens, int64_t n, float
     if (rc) return rc;
     s->kv.n_past += nb;
   }
+  return 0;
+}
+
+/* ---- decoding ahead (model.h ahead_ok, backend.h MODEL_EVAL_AHEAD) ---- */
+int model_ahead_drop(model_session *s, char *err, size_t errlen) {
+  if (s->ahead_pos < 0) return 0;
+  s->ahead_pos = -1;
+  s->n_ahead_drop++;
+  return s->be->ahead_end(s, false, err, errlen);
+}
+
+/* One greedy decode step of tok (the caller's checks done) with the next step run ahead: the step
+ * in flight is accepted when it evaluated tok at this position (else dropped, and tok evaluated
+ * without waiting), then the step for this one's pick is launched before the host reads that pick.
+ * Why: the host's round trip between two steps (the pick's copy, the caller's work, the next
+ * step's launch) then overlaps the device's work instead of idling it. The same kernels on the
+ * same inputs compute every step (only where the state and the logits are written differs), so
+ * the picks and logits are those of steps evaluated one at a time. 1: not applicable here (the
+ * caller evaluates normally, after model_ahead_drop); else 0 or FLOE_E_*. */
+static int eval_ahead(model_session *s, int32_t tok, float *logits, char *err, size_t errlen) {
+  const model_backend *be = s->be;
+  if (!s->ahead_ok || !be->pick_wait || !logits || !s->lazy_ok || !s->lazy_allowed || !be->logits_fetch ||
+      s->m->xs || !be->ahead_ok(s, -1))
+    return 1;
+  int rc;
+  if (s->ahead_pos >= 0 && s->ahead_pos == s->kv.n_past && tok == s->ahead_tok) {
+    s->ahead_pos = -1;
+    if ((rc = be->ahead_end(s, true, err, errlen))) return rc;
+    s->kv.n_past++;
+    s->n_ahead++;
+    s->lazy_dst = logits; /* its logits, on the device */
+  } else {
+    if ((rc = model_ahead_drop(s, err, errlen))) return rc;
+    if ((rc = eval_chunks(s, &tok, 1, logits, false, NULL, MODEL_EVAL_NOWAIT, err, errlen))) return rc;
+  }
+  /* the next step, for the pick not read yet (kept: accepted or dropped by the next call) */
+  const int64_t pos = s->kv.n_past;
+  if (pos < s->kv.n_ctx && be->ahead_ok(s, pos) && be->keep_begin(s, 1) == 0) {
+    float *keep_dst = s->lazy_dst;
+    rc = eval_chunks(s, &tok, 1, logits, false, NULL, MODEL_EVAL_NOWAIT | MODEL_EVAL_AHEAD, err, errlen);
+    s->lazy_dst = keep_dst; /* the deferred logits stay the accepted step's */
+    s->kv.n_past = pos;     /* pending until accepted */
+    if (rc) {
+      be->keep_accept(s, 0);
+      return rc;
+    }
+    s->ahead_pos = pos;
+  }
+  if ((rc = be->pick_wait(s, err, errlen))) return rc;
+  s->ahead_tok = (int32_t)s->greedy;
   return 0;
 }
 
@@ -1013,8 +1075,13 @@ int model_eval_h(model_session *s, const int32_t *tokens, int64_t n, float *logi
   s->greedy = -1;
   int rc = model_logits_settle(s, logits, err, errlen);
   if (rc) return rc;
-  rc = eval_chunks(s, tokens, n, logits, all_logits, hidden, err, errlen);
+  rc = n == 1 && !all_logits && !hidden ? eval_ahead(s, tokens[0], logits, err, errlen) : 1;
+  if (rc == 1) rc = model_ahead_drop(s, err, errlen);
+  else if (rc == 0) goto done;
   if (rc) return rc;
+  rc = eval_chunks(s, tokens, n, logits, all_logits, hidden, 0, err, errlen);
+  if (rc) return rc;
+done:;
   /* "other": whatever the timed phases did not cover (embedding, driver) */
   double t_now = 0;
   for (int i = 0; i < MODEL_PH_N; i++) t_now += s->ph[i];
@@ -1150,6 +1217,8 @@ static int eval_pass(const model_seg *seg, const int *ord, int k, int64_t N, cha
 int model_logits_sync(model_session *s, char *err, size_t errlen) {
   float *dst = s->lazy_dst;
   if (!dst) return 0;
+  int rc = model_ahead_drop(s, err, errlen);
+  if (rc) return rc;
   s->lazy_dst = NULL;
   return s->be->logits_fetch(s, dst, err, errlen);
 }
@@ -1178,7 +1247,12 @@ int model_eval_multi(const model_seg *seg, int k, int64_t *rows_out, int *segs_o
   if (m->gguf && gguf_check_unchanged(m->gguf, err, errlen)) return FLOE_E_IO;
   if (m->st && st_model_check_unchanged(m->st, err, errlen)) return FLOE_E_IO;
   for (int i = 0; i < k; i++) { /* as model_eval_h: the device's logits are rewritten by this pass */
-    int rc = model_logits_settle(seg[i].s, seg[i].logits, err, errlen);
+    int rc = 0;
+    if (k > 1) { /* several sessions: no step runs ahead */
+      seg[i].s->ahead_ok = false;
+      rc = model_ahead_drop(seg[i].s, err, errlen);
+    }
+    if (!rc) rc = model_logits_settle(seg[i].s, seg[i].logits, err, errlen);
     if (rc) return rc;
   }
   /* Which segments share the pass: all, when the backend can and the rows fit. The rows whose

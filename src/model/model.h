@@ -231,6 +231,17 @@ struct model_session {
    * the buffer whose logits are still on the device (NULL: none pending). */
   bool lazy_ok, lazy_allowed;
   float *lazy_dst;
+  /* Decoding ahead (model.c eval_ahead, backend.h MODEL_EVAL_AHEAD): ahead_ok, set by the caller
+   * around a one-token lazy evaluation, says the caller will most likely evaluate its greedy pick
+   * next (greedy decoding): the device then starts that step before the host has read the pick.
+   * ahead_pos: the position of that step in flight (-1: none), whose token is ahead_tok (the pick
+   * returned); it is accepted when the next evaluation is that token, dropped (waited for, its state
+   * never made current) by any other use of the session. n_ahead / n_ahead_drop: steps accepted /
+   * dropped since the session began. */
+  bool ahead_ok;
+  int64_t ahead_pos;
+  int32_t ahead_tok;
+  int64_t n_ahead, n_ahead_drop;
   float *lg_multi;           /* a multi-session pass led by this session: its rows' logits (model_eval_multi),
                               * kept between passes (a fresh 1 MB a row each step was mapped, faulted in
                               * and unmapped again) */
@@ -341,6 +352,10 @@ int model_eval(model_session *s, const int32_t *tokens, int64_t n, float *logits
 /* The logits a deferred evaluation (lazy_ok) left on the device, copied into their buffer
  * (s->lazy_dst); nothing to do when none are pending. 0 or FLOE_E_*. */
 int model_logits_sync(model_session *s, char *err, size_t errlen);
+/* The step run ahead (ahead_pos >= 0) dropped: waited for, its state never made current; the
+ * session's last evaluation stays as it was. Every use of a session other than the evaluation of
+ * that step's token does this first. 0 or FLOE_E_*. */
+int model_ahead_drop(model_session *s, char *err, size_t errlen);
 /* Before an evaluation that rewrites the device's logits: pending deferred logits are dropped when
  * next (the evaluation's logits buffer) is their buffer, else fetched into it first. */
 int model_logits_settle(model_session *s, const float *next, char *err, size_t errlen);

@@ -100,7 +100,8 @@ int model_mtp_eval(model_session *s, const int32_t *tok, const float *h, int64_t
                     (long long)n, (long long)pos0, (long long)s->kv.n_ctx);
   for (int64_t t = 0; t < n; t++)
     if (tok[t] < 0 || tok[t] >= V) return floe_err(err, errlen, FLOE_E_INVALID, "MTP: token %d out of range", tok[t]);
-  int rc0 = model_logits_settle(s, logits, err, errlen); /* the device's logits are rewritten */
+  int rc0 = model_ahead_drop(s, err, errlen);
+  if (!rc0) rc0 = model_logits_settle(s, logits, err, errlen); /* the device's logits are rewritten */
   if (rc0) return rc0;
   const double t0 = floe_time_s();
   if (dev) {
@@ -157,7 +158,8 @@ int model_spec_greedy(model_session *s, const int32_t *tok, const float *h, int6
     if (tok[t] < 0 || tok[t] >= V) return floe_err(err, errlen, FLOE_E_INVALID, "MTP: token %d out of range", tok[t]);
   if (m->gguf && gguf_check_unchanged(m->gguf, err, errlen)) return FLOE_E_IO; /* as model_eval_h */
   if (m->st && st_model_check_unchanged(m->st, err, errlen)) return FLOE_E_IO;
-  int rc0 = model_logits_settle(s, logits, err, errlen); /* the device's logits are rewritten */
+  int rc0 = model_ahead_drop(s, err, errlen);
+  if (!rc0) rc0 = model_logits_settle(s, logits, err, errlen); /* the device's logits are rewritten */
   if (rc0) return rc0;
   const double t0 = floe_time_s();
   if (m->xs) xs_lock(m->xs);

@@ -271,6 +271,12 @@ void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *s
 size_t cuda_argmax_rows_scratch_bytes(int64_t n, int rows);
 void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, void *scratch, void *stream);
 
+/* ---- decoding ahead (ops_misc.cu; backend_cuda.c MODEL_EVAL_AHEAD) ---- */
+/* A step for the pick the host has not read: tok[0] = pick[0], pos[0] += 1 (device ints). */
+void cuda_step_next(const int32_t *pick, int32_t *tok, int32_t *pos, void *stream);
+/* A table of rows cells apart stride (device pointers): cell 0 and cell t of every row swapped. */
+void cuda_tab_swap(float **tab, int64_t rows, int stride, int t, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,9 @@
  *     operations (src/quant/quant.c: Q8_0 q*d; Q4_K (d*sc)*q - dmin*m; Q6_K (d*sc)*q), so rows are
  *     bit-identical. Other types go to the matmul helper's row dequant (cuda_embed_check says).
  *   k_argmax: each block the largest kern_argmax_key of its share, the last block to finish the
- *     largest of those (a counter in scratch it resets): kern_argmax's index. */
+ *     largest of those (a counter in scratch it resets): kern_argmax's index.
+ *   k_step_next, k_tab_swap: a step run ahead takes its token from the step before (its argmax),
+ *     and its acceptance swaps the state table's cells in stream order (no host copy, no wait). */
 #include <cuda_fp16.h>
 
 extern "C" {
@@ -175,4 +177,30 @@ extern "C" void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows
 
 extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream) {
   cuda_argmax_rows(x, n, n, 1, out, scratch, stream);
+}
+
+static __global__ void k_step_next(const int32_t *pick, int32_t *tok, int32_t *pos) {
+  PDL_ENTER();
+  if (threadIdx.x == 0) {
+    tok[0] = pick[0];
+    pos[0] = pos[0] + 1;
+  }
+}
+
+extern "C" void cuda_step_next(const int32_t *pick, int32_t *tok, int32_t *pos, void *stream) {
+  pdl_launch(k_step_next, dim3(1), dim3(32), (size_t)0, OPS_STREAM(stream), pick, tok, pos);
+}
+
+static __global__ void k_tab_swap(float **tab, int64_t rows, int stride, int t) {
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+    float **c = tab + r * stride;
+    float *p = c[0];
+    c[0] = c[t];
+    c[t] = p;
+  }
+}
+
+extern "C" void cuda_tab_swap(float **tab, int64_t rows, int stride, int t, void *stream) {
+  if (rows <= 0 || t <= 0 || t >= stride) return;
+  k_tab_swap<<<1, 128, 0, OPS_STREAM(stream)>>>(tab, rows, stride, t);
 }
