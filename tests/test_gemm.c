@@ -10,7 +10,9 @@
  * and kern_matmul_batch with nb > 16 (Q4_K/Q5_K through this kernel, Q6_K/Q8_0 through the
  * blocked kern_matmul loop) against nb = 1. Then the same matrices packed with the rows in the lanes
  * (kern_k4_lanes_pack): each row recovered by kern_k4_lanes_row, and every path (the batched kernel,
- * AVX2 / scalar / the float path through the file's layout) equal to the unpacked matrix's. */
+ * AVX2 / scalar / the float path through the file's layout) equal to the unpacked matrix's, and the
+ * packed kernel at 1..8 activation rows (lanes_few, the decode of several requests) against the
+ * scalar reference directly, saturated inputs included. */
 #include <math.h>
 
 #include "kernels/cpu/kernels_internal.h"
@@ -191,6 +193,44 @@ int main(void) {
         drop(&c);
       }
   }
+  SECTION("rows in the lanes, 1..8 activation rows (decode of several requests): against the scalar reference");
+  floe_rng_seed(&rng, 4711);
+  for (int ti = 0; ti < 2; ti++) {
+    /* saturated (every code, scale and min at its maximum, activations +-127: the int16 bound of the
+     * packed lane sums, both signs) and random; awkward row counts (a masked last block) and ranges */
+    const int64_t pshape[][2] = {{16, 256}, {33, 2048}, {50, 4352}, {21, 768}, {47, 1280}};
+    for (size_t si = 0; si < sizeof pshape / sizeof pshape[0]; si++)
+      for (int extreme = 0; extreme < 2; extreme++) {
+        const int64_t rows = pshape[si][0], cols = pshape[si][1], ldy = rows + 3;
+        const int NB = 8;
+        tcase c = make(types[ti], rows, cols, NB, extreme);
+        floe_mat WL = c.W;
+        uint8_t *ld = malloc(c.W.row_bytes * (size_t)rows);
+        memcpy(ld, c.data, c.W.row_bytes * (size_t)rows);
+        WL.data = ld;
+        kern_k4_lanes_pack(&WL, ld);
+        float *Y = malloc(sizeof(float) * (size_t)(NB * ldy)), *Yr = malloc(sizeof(float) * (size_t)(NB * ldy));
+        const int64_t ranges[][2] = {{0, rows}, {1, rows - 2}, {rows - 5, rows}};
+        int64_t bad = 0;
+        for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++)
+          for (int nb = 1; nb <= NB; nb++) {
+            const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
+            for (int64_t i = 0; i < NB * ldy; i++) Y[i] = Yr[i] = -7.0f;
+            kern_matmul(&WL, nb, c.X, cols, c.xq, c.ab, Y, ldy, r0, r1);
+            int prev = kern_isa_set(FLOE_ISA_SCALAR);
+            for (int b = 0; b < nb; b++) kern_matmul(&c.W, 1, NULL, 0, c.xq + (size_t)b * c.ab, c.ab, Yr + b * ldy, ldy, r0, r1);
+            kern_isa_set(prev);
+            for (int64_t i = 0; i < NB * ldy; i++) bad += memcmp(&Y[i], &Yr[i], 4) != 0;
+          }
+        CHECK(bad == 0, "%s %lldx%lld%s lanes, nb 1..%d, 3 row ranges: %lld outputs differ from the scalar reference",
+              tname[ti], (long long)rows, (long long)cols, extreme ? " saturated" : "", NB, (long long)bad);
+        free(Y);
+        free(Yr);
+        free(ld);
+        drop(&c);
+      }
+  }
+
   SECTION("rows in the lanes (kern_k4_lanes_pack): every path against the file's layout, bit for bit");
   floe_rng_seed(&rng, 31337);
   for (int ti = 0; ti < 2; ti++) {

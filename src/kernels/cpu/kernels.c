@@ -514,13 +514,16 @@ int kern_k4_lanes_ok(const floe_mat *W) {
          W->cols % 256 == 0 && W->rows >= 16;
 }
 
-/* Row i's superblock (file layout, sb bytes at f) <-> its place in a lanes block (at p): bytes
- * 0-15 at hdr + 16 i; Q5_K's qh dword m (file bytes 16 + 4m) at 2048 + 64 m + 4 i; code dword c
- * (file bytes qo + 4c) at 64 c + 4 i. */
+/* Row i's superblock (file layout, sb bytes at f) <-> its place in a lanes block (at p): d (file
+ * bytes 0-1) at hdr + 2 i, dmin (2-3) at hdr + 32 + 2 i, scale byte j (4 + j) at hdr + 64 + 16 j + i;
+ * Q5_K's qh dword m (file bytes 16 + 4m) at 2048 + 64 m + 4 i; code dword c (file bytes qo + 4c) at
+ * 64 c + 4 i. */
 static void k4_lanes_sb(uint32_t type, int i, uint8_t *f, uint8_t *p, int to_lanes) {
   const int q5 = type == FLOE_TYPE_Q5_K, qo = q5 ? 48 : 16, hdr = q5 ? 2560 : 2048;
 #define K4MV(lanes_off, file_off, n) (to_lanes ? memcpy(p + (lanes_off), f + (file_off), n) : memcpy(f + (file_off), p + (lanes_off), n))
-  K4MV(hdr + 16 * i, 0, 16);
+  K4MV(hdr + 2 * i, 0, 2);
+  K4MV(hdr + 32 + 2 * i, 2, 2);
+  for (int j = 0; j < 12; j++) K4MV(hdr + 64 + 16 * j + i, 4 + j, 1);
   for (int m = 0; q5 && m < 8; m++) K4MV(2048 + 64 * m + 4 * i, 16 + 4 * m, 4);
   for (int c = 0; c < 32; c++) K4MV(64 * c + 4 * i, qo + 4 * c, 4);
 #undef K4MV

@@ -78,7 +78,8 @@ void kern_matmul_batch(const floe_mat *W, int64_t nb, const float *X, int64_t ld
  * A lanes block (16 rows x one superblock, 16 x 144 / 176 bytes: the same bytes as the 16 rows'
  * superblock k in the file, stored where the rows' superblocks 0.. lie, superblock-major): vector c
  * (64 bytes) lane i = code dword c of row i (32 vectors); Q5_K: 8 vectors, lane i = qh dword m of
- * row i; then bytes 0-15 of each row's superblock (d, dmin, the 12 scale bytes), row i at 16 i.
+ * row i; then bytes 0-15 of each row's superblock by planes (the batched kernel decodes the 16
+ * rows' scales at once): d of row i at 2 i, dmin at 32 + 2 i, scale byte j at 64 + 16 j + i.
  * kern_k4_lanes_ok: whether W can be packed (the AVX-512 ISA selected, Q4_K / Q5_K, cols % 256
  * == 0, at least 16 rows, not packed yet). kern_k4_lanes_pack: W->data (writable, == data) packed
  * in place, W->k4_lanes set. kern_k4_lanes_row: row r in the file's layout (W->row_bytes bytes). */

@@ -7,22 +7,24 @@
  * superblock the block's 128 code bytes per row are transposed (two 16x16 dword transposes) so
  * that vector c' holds code dword c' of the 16 rows: its low nibbles (and, Q5_K, the fifth bit from
  * the transposed qh) are the 4 weights of activation quad qlo(c') of every row, its high nibbles
- * those of quad qhi(c'). The scales are transposed too: int32 sc of activation group t per row,
- * (m[2p], m[2p+1]) word pairs per row, d and dmin per row as floats.
+ * those of quad qhi(c'). The scales are transposed too: word pairs (sc[2u], sc[2u+1]) and
+ * (m[2p], m[2p+1]) per row, d and dmin per row as floats.
  * Per activation row b (passes of 8, 4, 2, 1 rows, all in registers) and superblock:
- *   P = sum over 4 (Q4_K) or 8 (Q5_K) quads of a group of vpdpbusd(codes u8, x quad s8 broadcast
- *       from xq) -- no activation repacking at all;
- *   S1 = sum of P * sc: Q4_K one vpdpwssd with the scale as the word pair (sc, 0) (16 products
- *       < 2^15), Q5_K vpmulld + vpaddd; S2 = 4 vpdpwssd of the (m, m) pairs with the broadcast
- *       (BS[2p], BS[2p+1]) of row b (BS[j] = bsum[2j] + bsum[2j+1]);
+ *   PL, PH = sums over 4 (Q4_K) or 8 (Q5_K) quads of vpdpbusd(codes u8, x quad s8 broadcast from
+ *       xq) for the low and the high nibbles of the same code vectors -- no activation repacking;
+ *   S1 = sum of P * sc: Q4_K the word pair (PL, PH) (16 products each, |sum| < 2^15: the low
+ *       words are the exact sums) in one vpdpwssd with (sc[2u], sc[2u+1]), Q5_K vpmulld + vpaddd;
+ *       S2 = 4 vpdpwssd of the (m, m) pairs with the broadcast (BS[2p], BS[2p+1]) of row b
+ *       (BS[j] = bsum[2j] + bsum[2j+1]);
  *   t = cvt(S1) * (d * dx) - cvt(S2) * (dmin * dx), slot k % 16 += t (the first touch adds t to a
  *       zero register); y = reduce16 of the slots as 15 vector adds, one masked store of 16 outputs.
  * kern_matmul_batch hands over every activation row of a matrix at once, so each block of 16 rows
  * is transposed once (K <= 4096) for all of them.
- * Count per output and superblock (Q4_K, 8-row pass; tok_q4_8 has 512 vpdpbusd, 160 vpdpwssd, 64
- * unpack and ~60 float / move uops per 128 outputs): 4 vpdpbusd + ~2.8 other ALU uops = 3.4
- * cycles at 2 vector uops per cycle, plus the transposes (~470 cycles per 16 rows and superblock,
- * measured: 2.2 cycles per output at nb = 16, 0.1 at nb = 256).
+ * Count per activation row and 16-row block superblock (Q4_K): 64 vpdpbusd + 8 vpdpwssd (S1) + 4
+ * (S2) + 4 vmulps, all on the 2 multiply pipes (measured on AMD Zen 5): 40 cycles, the floor of
+ * each further row; shared by the rows of a pass: 32 code loads and 64 unpacks (vpandd /
+ * gf2p8affineqb), the scales (lanes: ~20 uops; file layout: the transposes, ~470 cycles per 16
+ * rows and superblock, measured 2.2 cycles per output at nb = 16, 0.1 at nb = 256).
  * Floors (1 thread, 3.07 GHz): VNNI peak 2 vpdpbusd zmm per cycle = 128 MACs, so one output and
  * superblock (256 MACs) is 2 cycles (1.66 vpdpbusd per cycle measured with 12 independent chains,
  * 1.39 with a broadcast load per vpdpbusd).
@@ -33,13 +35,13 @@
  *   passes inlined into gemm_t it spilled ~1 vector per vpdpbusd (nb 256: 4.96); passes of at most
  *   4 or 6 rows: 6.0 / 5.5 at nb 256 (the unpacking and code loads are shared by fewer rows).
  * Rows in the lanes (floe_mat.k4_lanes, kernels.h): a matrix packed at load holds each block's code
- * (and qh) vectors as the transposes above make them, so prep_lanes only decodes the 16 rows' scales
- * from their stored bytes 0-15 and the kernel runs from one activation row up (lanes_few: at most
- * NTMAX rows, each superblock's scales decoded just before its rows run; the blocks are read in
- * address order, prefetched FLOE_KPF_LANES bytes ahead). bench_gemm in cache, 512x2048 / 2048x512,
- * us per call: nb 1 10.9 / 12.2 (the one-row kernel 15.1 / 11.5), nb 4 19.6 / 22.9 (42.8 / 68.8);
- * bench_matvec out of cache, 2 threads, GB/s: nb 1 37-43 / 42-45 (file layout 42 / 47-49), nb 4
- * 27-29 / 29-30 (19 / 14), the 248320x2048 head 52-57 / 38-42 at nb 1 / 4 (50 / 22).
+ * (and qh) vectors as the transposes above make them and the 16 rows' bytes 0-15 by planes, so
+ * prep_lanes decodes the 16 rows' scales at once (~15 cycles) and the kernel runs from one
+ * activation row up (lanes_few: at most NTMAX rows, each superblock's scales decoded just before
+ * its rows run; the blocks are read in address order, prefetched FLOE_KPF_LANES bytes ahead into
+ * L1). Cycles per 16-row block and superblock, in L2, no prefetch (AMD EPYC Zen 5): nb 1 ~95,
+ * nb 4 ~220 (4 x 40 + the shared part). bench_matvec, the 248320x2048 head, 2 threads, out of
+ * cache: nb 1 3.9 ms (73 GB/s), nb 4 5.9 ms.
  */
 #pragma GCC target("gfni,tune=sapphirerapids")
 #include <immintrin.h>
@@ -54,10 +56,10 @@
 #define GKC 16 /* superblocks transposed per chunk (16 x 3.4 KiB): K <= 4096 is transposed once per 16 rows */
 
 /* FLOE_GEMM=0 turns the kernel off (A/B measurements against the one-row kernel). FLOE_KPF_LANES:
- * how far ahead (bytes) a lanes matrix is prefetched into L2 (KPF_NEAR into L1 as elsewhere; 0 =
- * off). bench_gemm, 1 thread, 2048x2048 x 64 matrices, nb 1: 8 KiB 105 us, 12 KiB 96, 24 KiB 83,
- * 36 KiB 90, 48 KiB 87 (the one-row kernel 77-86) on a machine shared with a CI run. */
-static int g_gemm_on = 1, g_kpf_lanes = 24576;
+ * how far ahead (bytes) a lanes matrix is prefetched into L1, one prefetch per line (0 = off).
+ * The 248320x2048 head, 2 threads, ms at nb 1 / 4: 6-8 KiB 4.3 / 6.4, 12-16 KiB 4.6-4.9 / 6.5-6.6;
+ * the former 24 KiB into L2 plus KPF_NEAR into L1 (two prefetches per line) 5.2 / 7.2. */
+static int g_gemm_on = 1, g_kpf_lanes = 8192;
 __attribute__((constructor)) static void gemm_from_env(void) {
   const char *e = getenv("FLOE_GEMM");
   if (e && e[0] == '0') g_gemm_on = 0;
@@ -109,27 +111,13 @@ typedef struct k4_blk {
   const __m512i *np, *qhp; /* the code and qh vectors below, or in a lanes matrix's bytes (unaligned) */
   __m512i n[32];  /* code dword c' */
   __m512i qh[8];  /* Q5_K: qh dword m */
-  __m512i sc[8];  /* int32 scale of activation group t (natural sub-block kperm_q4k[t]) */
+  __m512i scp[4]; /* words (sc[2u], sc[2u+1]): activation groups u', u' + 2 (u' = u < 2 ? u : u + 2) */
+  __m512i sc[8];  /* Q5_K: int32 sc[2u] (at 2u) and sc[2u+1] (at 2u + 1) */
   __m512i mp[4];  /* words (m[2p], m[2p+1]) */
   __m512 d, dm;
 } k4_blk;
 
-/* vpermt2b indices: output byte 16c + i = byte 16 (i % 8) + 4q + c of the 128-byte table */
-#define KCOL(q) \
-  {16 * 0 + 4 * q, 16 * 1 + 4 * q, 16 * 2 + 4 * q, 16 * 3 + 4 * q, 16 * 4 + 4 * q, 16 * 5 + 4 * q, 16 * 6 + 4 * q, 16 * 7 + 4 * q, \
-   16 * 0 + 4 * q, 16 * 1 + 4 * q, 16 * 2 + 4 * q, 16 * 3 + 4 * q, 16 * 4 + 4 * q, 16 * 5 + 4 * q, 16 * 6 + 4 * q, 16 * 7 + 4 * q, \
-   16 * 0 + 4 * q + 1, 16 * 1 + 4 * q + 1, 16 * 2 + 4 * q + 1, 16 * 3 + 4 * q + 1, 16 * 4 + 4 * q + 1, 16 * 5 + 4 * q + 1, \
-   16 * 6 + 4 * q + 1, 16 * 7 + 4 * q + 1, 16 * 0 + 4 * q + 1, 16 * 1 + 4 * q + 1, 16 * 2 + 4 * q + 1, 16 * 3 + 4 * q + 1, \
-   16 * 4 + 4 * q + 1, 16 * 5 + 4 * q + 1, 16 * 6 + 4 * q + 1, 16 * 7 + 4 * q + 1, 16 * 0 + 4 * q + 2, 16 * 1 + 4 * q + 2, \
-   16 * 2 + 4 * q + 2, 16 * 3 + 4 * q + 2, 16 * 4 + 4 * q + 2, 16 * 5 + 4 * q + 2, 16 * 6 + 4 * q + 2, 16 * 7 + 4 * q + 2, \
-   16 * 0 + 4 * q + 2, 16 * 1 + 4 * q + 2, 16 * 2 + 4 * q + 2, 16 * 3 + 4 * q + 2, 16 * 4 + 4 * q + 2, 16 * 5 + 4 * q + 2, \
-   16 * 6 + 4 * q + 2, 16 * 7 + 4 * q + 2, 16 * 0 + 4 * q + 3, 16 * 1 + 4 * q + 3, 16 * 2 + 4 * q + 3, 16 * 3 + 4 * q + 3, \
-   16 * 4 + 4 * q + 3, 16 * 5 + 4 * q + 3, 16 * 6 + 4 * q + 3, 16 * 7 + 4 * q + 3, 16 * 0 + 4 * q + 3, 16 * 1 + 4 * q + 3, \
-   16 * 2 + 4 * q + 3, 16 * 3 + 4 * q + 3, 16 * 4 + 4 * q + 3, 16 * 5 + 4 * q + 3, 16 * 6 + 4 * q + 3, 16 * 7 + 4 * q + 3}
-static const uint8_t kcol[4][64] __attribute__((aligned(64))) = {KCOL(0), KCOL(1), KCOL(2), KCOL(3)};
-#undef KCOL
-
-static inline __attribute__((always_inline)) void prep_scales(const __m512i *Z, const __m512i *R, k4_blk *B);
+static inline __attribute__((always_inline)) void prep_scales(const int T, const __m512i *Z, const __m512i *R, k4_blk *B);
 
 static inline __attribute__((always_inline)) void prep_blk(const int T, const uint8_t *const *rows, int64_t k, k4_blk *B) {
   const int bytes = T == FLOE_TYPE_Q4_K ? 144 : 176;
@@ -163,52 +151,80 @@ static inline __attribute__((always_inline)) void prep_blk(const int T, const ui
       R[i / 4] = _mm512_inserti64x4(R[i / 4], raw, 1);
     }
   }
-  prep_scales(Z, R, B);
-}
-
-/* The 512-bit kq4_scm2: 128-bit lane rr of raw = bytes 0-15 of a row's superblock; the same lane of
- * the result: bytes 0-7 sc, 8-15 m. */
-static inline __m512i kq4_scm4(__m512i raw) {
-  const __m512i P = _mm512_shuffle_epi8(raw, _mm512_broadcast_i32x4(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
-  const __m512i H = _mm512_shuffle_epi8(raw, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11)));
-  const __m512i lowA = _mm512_and_si512(P, _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
-  const __m512i lowB = _mm512_and_si512(_mm512_srli_epi16(P, 4), _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-  return _mm512_ternarylogic_epi32(lowA, lowB, _mm512_and_si512(_mm512_srli_epi16(H, 2), _mm512_set1_epi8(0x30)), 0xFE);
+  prep_scales(T, Z, R, B);
 }
 
 /* Offsets in a lanes block (kern_k4_lanes_pack): code vectors, Q5_K qh vectors, the 16 rows' bytes 0-15 */
 #define LN_QH 2048
 #define LN_HDR(T) ((T) == FLOE_TYPE_Q4_K ? 2048 : 2560)
 
-/* One superblock of a lanes block: the code (and qh) vectors are read where they lie; the scales
- * from the 16 stored row headers, 4 rows a vector as prep_blk builds them. */
+/* vpermb indices of a lanes header's scale word pairs, from a vector of 4 planes (16 rows each):
+ * dword lane i = plane 2h (byte 0) and plane 2h + 1 (byte 2) of row i; bytes 1 and 3 zeroed */
+#define KQ(h, i) 32 * (h) + (i), 0, 32 * (h) + 16 + (i), 0
+#define KQ16(h) KQ(h, 0), KQ(h, 1), KQ(h, 2), KQ(h, 3), KQ(h, 4), KQ(h, 5), KQ(h, 6), KQ(h, 7), KQ(h, 8), KQ(h, 9), \
+                KQ(h, 10), KQ(h, 11), KQ(h, 12), KQ(h, 13), KQ(h, 14), KQ(h, 15)
+static const uint8_t kplane[2][64] __attribute__((aligned(64))) = {{KQ16(0)}, {KQ16(1)}};
+#undef KQ16
+#undef KQ
+
+static inline __attribute__((always_inline)) void prep_q5_scales(const int T, k4_blk *B) {
+  if (T == FLOE_TYPE_Q5_K)
+    for (int u = 0; u < 4; u++) {
+      B->sc[2 * u] = _mm512_and_si512(B->scp[u], _mm512_set1_epi32(0xFFFF));
+      B->sc[2 * u + 1] = _mm512_srli_epi32(B->scp[u], 16);
+    }
+}
+
+/* One superblock of a lanes block: the code (and qh) vectors are read where they lie; the 16 rows'
+ * scales decoded from the header's planes (kernels.h) at once, ggml get_scale_min_k4 on 16 rows
+ * per byte plane: planes q[0..3] (A), q[4..7] (Q), q[8..11] (C); sc[0..3] = A & 63, m[0..3] =
+ * Q & 63, sc[4..7] = (C & 15) | (A >> 6) << 4, m[4..7] = (C >> 4) | (Q >> 6) << 4. */
 static inline __attribute__((always_inline)) void prep_lanes(const int T, const uint8_t *p, k4_blk *B) {
   B->np = (const __m512i *)p;
   B->qhp = (const __m512i *)(p + LN_QH);
-  __m512i Z[4], R[4];
-  for (int q = 0; q < 4; q++) {
-    R[q] = _mm512_loadu_si512(p + LN_HDR(T) + 64 * q);
-    Z[q] = kq4_scm4(R[q]);
-  }
-  prep_scales(Z, R, B);
+  const uint8_t *h = p + LN_HDR(T);
+  const __m512i DM = _mm512_loadu_si512(h), A = _mm512_loadu_si512(h + 64), Q = _mm512_loadu_si512(h + 128),
+                C = _mm512_loadu_si512(h + 192);
+  const __m512i c63 = _mm512_set1_epi8(63), c15 = _mm512_set1_epi8(15), c30 = _mm512_set1_epi8(0x30);
+  const __m512i sc03 = _mm512_and_si512(A, c63), m03 = _mm512_and_si512(Q, c63);
+  const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(C, c15), _mm512_and_si512(_mm512_srli_epi16(A, 2), c30));
+  const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(C, 4), c15), _mm512_and_si512(_mm512_srli_epi16(Q, 2), c30));
+  const __m512i i0 = _mm512_load_si512(kplane[0]), i1 = _mm512_load_si512(kplane[1]);
+  const __mmask64 w = 0x5555555555555555ull;
+  B->scp[0] = _mm512_maskz_permutexvar_epi8(w, i0, sc03);
+  B->scp[1] = _mm512_maskz_permutexvar_epi8(w, i1, sc03);
+  B->scp[2] = _mm512_maskz_permutexvar_epi8(w, i0, sc47);
+  B->scp[3] = _mm512_maskz_permutexvar_epi8(w, i1, sc47);
+  B->mp[0] = _mm512_maskz_permutexvar_epi8(w, i0, m03);
+  B->mp[1] = _mm512_maskz_permutexvar_epi8(w, i1, m03);
+  B->mp[2] = _mm512_maskz_permutexvar_epi8(w, i0, m47);
+  B->mp[3] = _mm512_maskz_permutexvar_epi8(w, i1, m47);
+  prep_q5_scales(T, B);
+  B->d = _mm512_cvtph_ps(_mm512_castsi512_si256(DM));
+  B->dm = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(DM, 1));
 }
 
-/* Z[q], R[q]: rows 4q..4q+3 a 128-bit lane each, their sc | m bytes and their raw bytes 0-15 */
-static inline __attribute__((always_inline)) void prep_scales(const __m512i *Z, const __m512i *R, k4_blk *B) {
-  /* columns: C bytes 16c + i = row i's byte 4q + c */
-  __m128i col[16];
-  for (int q = 0; q < 4; q++) {
-    const __m512i idx = _mm512_load_si512(kcol[q]);
-    const __m512i C = _mm512_mask_blend_epi8(0xFF00FF00FF00FF00ull, _mm512_permutex2var_epi8(Z[0], idx, Z[1]),
-                                             _mm512_permutex2var_epi8(Z[2], idx, Z[3]));
-    col[4 * q] = _mm512_castsi512_si128(C);
-    col[4 * q + 1] = _mm512_extracti32x4_epi32(C, 1);
-    col[4 * q + 2] = _mm512_extracti32x4_epi32(C, 2);
-    col[4 * q + 3] = _mm512_extracti32x4_epi32(C, 3);
+/* vpermt2b indices of the scale word pairs: dword lane i = byte 2v of row i % 8 (byte 0), byte
+ * 2v + 1 (byte 2) of a 128-byte table holding 8 rows' sc | m bytes, 16 a row (add 2v for pair v);
+ * bytes 1 and 3 are zeroed by the mask */
+#define KP(i) 16 * (i), 0, 16 * (i) + 1, 0
+static const uint8_t kpair[64] __attribute__((aligned(64))) = {KP(0), KP(1), KP(2), KP(3), KP(4), KP(5), KP(6), KP(7),
+                                                               KP(0), KP(1), KP(2), KP(3), KP(4), KP(5), KP(6), KP(7)};
+#undef KP
+
+/* Z[q], R[q]: rows 4q..4q+3 a 128-bit lane each, their sc | m bytes and their raw bytes 0-15.
+ * Pair v (scales v < 4, mins v >= 4): lanes 0-7 from rows 0-7 (Z[0], Z[1]), lanes 8-15 from rows
+ * 8-15 (Z[2], Z[3]), two zero-masked byte permutes and an or. */
+static inline __attribute__((always_inline)) void prep_scales(const int T, const __m512i *Z, const __m512i *R, k4_blk *B) {
+  const __m512i idx0 = _mm512_load_si512(kpair);
+  for (int v = 0; v < 8; v++) {
+    const __m512i idx = _mm512_add_epi8(idx0, _mm512_set1_epi8((char)(2 * v)));
+    const __m512i P = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(0x0000000055555555ull, Z[0], idx, Z[1]),
+                                      _mm512_maskz_permutex2var_epi8(0x5555555500000000ull, Z[2], idx, Z[3]));
+    if (v < 4) B->scp[v] = P;
+    else B->mp[v - 4] = P;
   }
-  for (int t = 0; t < 8; t++) B->sc[t] = _mm512_cvtepu8_epi32(col[kperm_q4k[t]]);
-  for (int p = 0; p < 4; p++)
-    B->mp[p] = _mm512_or_si512(_mm512_cvtepu8_epi32(col[8 + 2 * p]), _mm512_slli_epi32(_mm512_cvtepu8_epi32(col[9 + 2 * p]), 16));
+  prep_q5_scales(T, B);
   /* [d, dmin] = dword 0 of each row's 16 bytes: dwords 0, 4, 8, 12 of R[q] */
   const __m512i i01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i g = _mm512_inserti64x4(_mm512_permutex2var_epi32(R[0], i01, R[1]),
@@ -230,13 +246,14 @@ static inline __attribute__((always_inline)) void tok_sb(const int T, const int 
     S1[b] = _mm512_setzero_si512();
     x[b] = (const int32_t *)(xq + (size_t)(b0 + b) * xs + 256 * k);
   }
-  /* Q4_K: a sum of 16 products (4 quads) is below 2^15 (16 * 15 * 127), so the scale is applied by
-   * vpdpwssd with the int32 scale as the word pair (sc, 0) every 4 quads: 1 uop per 4 quads and
-   * row instead of vpmulld (2 uops) + vpaddd per 8. Q5_K (16 * 31 * 127 > 2^15): vpmulld per 8. */
+  /* Steps of 4 quads (Q4_K: a sum of 16 products is below 2^15, 16 * 15 * 127) or 8 (Q5_K: 16 *
+   * 31 * 127 > 2^15); a step's low-nibble quads are activation group u' = u < 2 ? u : u + 2, its
+   * high-nibble ones group u' + 2, with the scales sc[2u] and sc[2u+1]. Per step and row two
+   * chains of vpdpbusd (PL low nibbles, PH high), then the scales: Q4_K one vpdpwssd of the word
+   * pair (PL, PH) with (sc[2u], sc[2u+1]) (1 uop per 4 quads and row), Q5_K vpmulld + vpaddd per 8. */
   const int H = T == FLOE_TYPE_Q4_K ? 4 : 8;
 #pragma GCC unroll 4
   for (int u = 0; u < 4; u++) {
-    const int tlo = u < 2 ? u : u + 2;
 #pragma GCC unroll 2
     for (int h0 = 0; h0 < 8; h0 += H) {
       __m512i PL[8], PH[8];
@@ -269,10 +286,10 @@ static inline __attribute__((always_inline)) void tok_sb(const int T, const int 
       }
 #pragma GCC unroll 8
       for (int b = 0; b < NT; b++) {
-        if (T == FLOE_TYPE_Q4_K)
-          S1[b] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(S1[b], PL[b], B->sc[tlo]), PH[b], B->sc[tlo + 2]);
+        if (T == FLOE_TYPE_Q4_K) /* the word pair (PL, PH): the low word of PL, the low word of PH moved up */
+          S1[b] = _mm512_dpwssd_epi32(S1[b], _mm512_mask_blend_epi16(0xAAAAAAAAu, PL[b], _mm512_slli_epi32(PH[b], 16)), B->scp[u]);
         else
-          S1[b] = _mm512_add_epi32(S1[b], _mm512_add_epi32(_mm512_mullo_epi32(PL[b], B->sc[tlo]), _mm512_mullo_epi32(PH[b], B->sc[tlo + 2])));
+          S1[b] = _mm512_add_epi32(S1[b], _mm512_add_epi32(_mm512_mullo_epi32(PL[b], B->sc[2 * u]), _mm512_mullo_epi32(PH[b], B->sc[2 * u + 1])));
       }
     }
   }
@@ -343,10 +360,9 @@ static inline __attribute__((always_inline)) void store_slots(__m512 (*acc)[16],
 }
 
 /* The stream ahead of a lanes block's superblock at p (lsb bytes): g_kpf_lanes bytes ahead into
- * L2, KPF_NEAR into L1 */
+ * L1, one prefetch per line */
 static inline __attribute__((always_inline)) void pf_lanes(const char *p, size_t lsb) {
-  for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T1);
-  for (size_t o = 0; KPF_NEAR && o < lsb; o += 64) _mm_prefetch(p + KPF_NEAR + o, _MM_HINT_T0);
+  for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T0);
 }
 
 /* Lanes blocks [rb0, rb1) (16-row aligned) with at most NTMAX activation rows: one pass, each
