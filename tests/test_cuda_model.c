@@ -859,7 +859,7 @@ static void test_lazy(const char *path) {
 
 /* Decoding ahead (model.c eval_ahead; FLOE_CUDA_AHEAD=0 off): a greedy step launches the step for
  * its pick before the host reads it. Against a session that waits for each pick (both deferring
- * their logits): the same picks and positions step by step; a token other than the pick (the step
+ * their logits; its argmax's pick copied out, not written to pinned memory by the launch): the same picks and positions step by step; a token other than the pick (the step
  * in flight dropped), the deferred logits fetched while a step runs ahead, and a chunk of several
  * tokens between the steps leave the same bits; the final logits are bit-identical. Then the
  * engine's greedy generation and floe bench's decode loop give the same ids with it on and off. */
@@ -878,8 +878,10 @@ static void test_ahead(const char *path) {
   model_session *a = NULL, *b = NULL;
   int rc = model_session_new(mg, 512, KV_BF16, 1, &a, err, sizeof err);
   setenv("FLOE_CUDA_AHEAD", "0", 1);
+  setenv("FLOE_CUDA_PICK_DIRECT", "0", 1); /* and the pick copied after the argmax, not written by it */
   if (!rc) rc = model_session_new(mg, 512, KV_BF16, 1, &b, err, sizeof err);
   unsetenv("FLOE_CUDA_AHEAD");
+  unsetenv("FLOE_CUDA_PICK_DIRECT");
   if (!rc) rc = model_eval(a, prompt, T, la, false, err, sizeof err);
   if (!rc) rc = model_eval(b, prompt, T, lb, false, err, sizeof err);
   int same = 0, fetched = 0, steps = 0;

@@ -151,6 +151,8 @@ typedef struct cu_sess {
    * ahead step may take now (-1: none: anything else ran); cur_pos0, nowait, ahead: the step being
    * issued. */
   bool ahead_allowed, nowait, ahead;
+  int32_t *greedy_hd; /* greedy_h's device address: a one-token step's argmax writes the pick there
+                       * itself, no copy node after it (FLOE_CUDA_PICK_DIRECT=0: the copy; NULL) */
   float *alog[2];
   void *ev[3];
   int pick_slot, ahead_slot, apar;
@@ -487,6 +489,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if ((rc = tab_upload(s))) return floe_err(err, errlen, rc, "cuda: cannot upload the state table");
   for (int i = 0; i < 3 && c->ahead_allowed; i++)
     if ((rc = cuda_rt_event_create(&c->ev[i], err, errlen))) return rc;
+  const char *pd = getenv("FLOE_CUDA_PICK_DIRECT");
+  c->greedy_hd = pd && pd[0] == '0' ? NULL : cuda_rt_host_dev_ptr(c->greedy_h);
   if (cm->tier && (rc = cu_tier_sess_open(cm->tier, n_threads, B, (int)K + 1, c->xq_row, &c->tier, err, errlen)))
     return rc;
   if ((rc = cuda_rt_stream_sync(c->stream, err, errlen))) return rc;
@@ -1333,8 +1337,13 @@ static void cu_logits(model_session *s, const float *x, int64_t first, int64_t n
     const int64_t nb = n - r0 < LB ? n - r0 : LB;
     mm_own(s, &cm->output, nb, c->h + r0 * E, E, lg, V);
     if (greedy && r0 + nb == n) {
-      cuda_argmax(lg + (nb - 1) * V, V, c->greedy, c->amax_scr, c->stream);
-      cuda_rt_d2h_async(c->greedy_h + (c->ahead ? 1 + c->apar : 0), c->greedy, 4, c->stream);
+      const int cell = c->ahead ? 1 + c->apar : 0;
+      if (c->greedy_hd && nb == 1 && n - first == 1) { /* a one-token step: the launch writes the pinned cell */
+        cuda_argmax_to(lg, V, c->greedy, c->greedy_hd + cell, c->amax_scr, c->stream);
+      } else {
+        cuda_argmax(lg + (nb - 1) * V, V, c->greedy, c->amax_scr, c->stream);
+        cuda_rt_d2h_async(c->greedy_h + cell, c->greedy, 4, c->stream);
+      }
       c->want_greedy = true;
     }
     if (c->lazy && greedy && nb == 1) { /* the row stays in c->logits until fetched */

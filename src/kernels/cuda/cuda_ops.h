@@ -264,6 +264,9 @@ size_t cuda_argmax_scratch_bytes(int64_t n);
 /* *out = kern_argmax(x, n): the first index of the largest value, NaN never chosen, 0 when
  * nothing is larger than -inf. One launch (the last block to finish reduces). n < 2^31. */
 void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream);
+/* cuda_argmax, the index also written to out_h (the device's address of pinned host memory,
+ * cuda_rt_host_dev_ptr) by the same launch: no copy after it */
+void cuda_argmax_to(const float *x, int64_t n, int32_t *out, int32_t *out_h, void *scratch, void *stream);
 /* out[r] = kern_argmax(x + r * ld, n) for rows r < rows, in one launch; scratch of
  * cuda_argmax_rows_scratch_bytes(n, rows) (zero once; it serves cuda_argmax over n too). Every
  * launch on one scratch uses the same n: row r's counter lies after rows 0..r-1's maxima, whose

@@ -48,6 +48,9 @@ int cuda_rt_malloc(void **p, size_t n, char *err, size_t errlen);
 void cuda_rt_free(void *p);                 /* NULL is fine */
 int cuda_rt_host_alloc(void **p, size_t n, char *err, size_t errlen); /* pinned host memory */
 void cuda_rt_host_free(void *p);
+/* The device's address of pinned host memory from cuda_rt_host_alloc (a kernel may write it
+ * directly; the host reads it after synchronizing with the stream); NULL where there is none. */
+void *cuda_rt_host_dev_ptr(void *p);
 /* Page-locks existing host memory [p, p + n) (rounded out to pages) so that copies from it are
  * truly asynchronous and run at full PCIe speed; unregister with the same p. */
 int cuda_rt_host_register(void *p, size_t n, char *err, size_t errlen);

@@ -131,7 +131,7 @@ static __device__ __forceinline__ unsigned long long block_max_u64(unsigned long
  * from word row * (gridDim.x + 1): the counter, then its blocks' maxima (row 0's region is a
  * one-row launch's: the layouts share the scratch) */
 static __global__ void __launch_bounds__(AMAX_THREADS)
-    k_argmax(const float *x, int64_t ld, int64_t n, int32_t *out, unsigned long long *scr) {
+    k_argmax(const float *x, int64_t ld, int64_t n, int32_t *out, unsigned long long *scr, int32_t *out_h) {
   PDL_ENTER();
   __shared__ bool last;
   const int row = blockIdx.y;
@@ -159,7 +159,12 @@ static __global__ void __launch_bounds__(AMAX_THREADS)
   }
   best = block_max_u64(best);
   if (threadIdx.x == 0) {
-    out[row] = best ? (int32_t)(0xFFFFFFFFu - (uint32_t)best) : 0;
+    const int32_t v = best ? (int32_t)(0xFFFFFFFFu - (uint32_t)best) : 0;
+    out[row] = v;
+    if (out_h) { /* pinned host memory: read after the host synchronizes with the stream */
+      out_h[row] = v;
+      __threadfence_system();
+    }
     *cnt = 0;
   }
 }
@@ -172,11 +177,17 @@ extern "C" void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows
                                  void *stream) {
   if (n <= 0 || rows <= 0) return;
   pdl_launch(k_argmax, dim3(amax_blocks(n), rows), dim3(AMAX_THREADS), (size_t)(0), OPS_STREAM(stream), x, ld, n, out,
-             (unsigned long long *)scratch);
+             (unsigned long long *)scratch, (int32_t *)NULL);
 }
 
 extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream) {
   cuda_argmax_rows(x, n, n, 1, out, scratch, stream);
+}
+
+extern "C" void cuda_argmax_to(const float *x, int64_t n, int32_t *out, int32_t *out_h, void *scratch, void *stream) {
+  if (n <= 0) return;
+  pdl_launch(k_argmax, dim3(amax_blocks(n), 1), dim3(AMAX_THREADS), (size_t)(0), OPS_STREAM(stream), x, n, n, out,
+             (unsigned long long *)scratch, out_h);
 }
 
 static __global__ void k_step_next(const int32_t *pick, int32_t *tok, int32_t *pos) {

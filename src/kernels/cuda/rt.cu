@@ -102,6 +102,15 @@ int cuda_rt_host_alloc(void **p, size_t n, char *err, size_t errlen) {
   return 0;
 }
 
+void *cuda_rt_host_dev_ptr(void *p) {
+  void *d = NULL;
+  if (!p || cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return d;
+}
+
 void cuda_rt_host_free(void *p) {
   if (p) cudaFreeHost(p);
 }
