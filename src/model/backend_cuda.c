@@ -142,6 +142,11 @@ typedef struct cu_sess {
   void *sgraph[KV_KEEP_MAX][KV_KEEP_MAX][2];
   int32_t *sg_d, *sg_h;
   float *sg_row;
+  /* the step's inputs and outputs moved by one launch each (cuda_copy_parts) through the pinned
+   * buffers' device addresses instead of a copy node each (FLOE_CUDA_SPEC_DIRECT=0: the copies) */
+  bool spec_direct;
+  int32_t *tok_hd, *pos_hd, *sg_hd;
+  float *hin_hd, *hid_hd;
   int capturing;               /* -1 none, else the graph slot being captured */
   /* decoding ahead (backend.h MODEL_EVAL_AHEAD; FLOE_CUDA_AHEAD=0 off): a NOWAIT step signals
    * ev[0] and its pick lands in greedy_h[0]; an ahead step of parity p (graph G_AHD + p) writes its
@@ -489,6 +494,12 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   if ((rc = tab_upload(s))) return floe_err(err, errlen, rc, "cuda: cannot upload the state table");
   for (int i = 0; i < 3 && c->ahead_allowed; i++)
     if ((rc = cuda_rt_event_create(&c->ev[i], err, errlen))) return rc;
+  const char *sd = getenv("FLOE_CUDA_SPEC_DIRECT");
+  c->spec_direct = !(sd && sd[0] == '0');
+  c->tok_hd = cuda_rt_host_dev_ptr(c->tok_h);
+  c->pos_hd = cuda_rt_host_dev_ptr(c->pos_h);
+  c->hin_hd = cuda_rt_host_dev_ptr(c->hin_h);
+  c->hid_hd = cuda_rt_host_dev_ptr(c->hid_h);
   const char *pd = getenv("FLOE_CUDA_PICK_DIRECT");
   c->greedy_hd = pd && pd[0] == '0' ? NULL : cuda_rt_host_dev_ptr(c->greedy_h);
   if (cm->tier && (rc = cu_tier_sess_open(cm->tier, n_threads, B, (int)K + 1, c->xq_row, &c->tier, err, errlen)))
@@ -1506,9 +1517,17 @@ static void sg_issue(model_session *s, int64_t n, int k, bool lazy) {
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd, V = m->hp.n_vocab, P = s->kv.n_past, nv = k + 1;
   int32_t *T = c->tok, *Pd = c->pos;
-  cuda_rt_h2d_async(T, c->tok_h, (size_t)(n + 1) * 4, c->stream);
-  cuda_rt_h2d_async(Pd, c->pos_h, (size_t)(n + 2 * k) * 4, c->stream);
-  cuda_rt_h2d_async(c->out, c->hin_h, (size_t)(n * E) * 4, c->stream);
+  const bool dir = c->spec_direct && c->tok_hd && c->pos_hd && c->hin_hd && c->sg_hd && c->hid_hd;
+  if (dir) {
+    const cuda_copy_part in[3] = { { c->tok_hd, T, (size_t)(n + 1) * 4 },
+                                   { c->pos_hd, Pd, (size_t)(n + 2 * k) * 4 },
+                                   { c->hin_hd, c->out, (size_t)(n * E) * 4 } };
+    cuda_copy_parts(in, 3, c->stream);
+  } else {
+    cuda_rt_h2d_async(T, c->tok_h, (size_t)(n + 1) * 4, c->stream);
+    cuda_rt_h2d_async(Pd, c->pos_h, (size_t)(n + 2 * k) * 4, c->stream);
+    cuda_rt_h2d_async(c->out, c->hin_h, (size_t)(n * E) * 4, c->stream);
+  }
   sg_mtp(s, T, Pd, c->out, n, T + n + 1); /* draft 1 from the last row */
   for (int j = 2; j <= k; j++) /* draft j: (d_{j-1}, g_{j-1}) at P + j - 2; g is row 0 of h now (row n-1 at j = 2) */
     sg_mtp(s, T + n + j - 1, Pd + n + j - 2, c->h + (j == 2 ? n - 1 : 0) * E, 1, T + n + j);
@@ -1524,9 +1543,16 @@ static void sg_issue(model_session *s, int64_t n, int k, bool lazy) {
   mm_own(s, &cm->output, nv, c->h, E, c->logits, V);
   cuda_argmax_rows(c->logits, V, V, (int)nv, c->sg_d, c->amax_scr, c->stream);
   cuda_spec_accept(T + n + 1, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream);
-  cuda_rt_d2h_async(c->sg_h, T + n + 1, (size_t)k * 4, c->stream);
-  cuda_rt_d2h_async(c->sg_h + SG_AMAX, c->sg_d, (size_t)(SG_INTS - SG_AMAX) * 4, c->stream);
-  cuda_rt_d2h_async(c->hid_h, c->x, (size_t)(nv * E) * 4, c->stream);
+  if (dir) {
+    const cuda_copy_part out[3] = { { T + n + 1, c->sg_hd, (size_t)k * 4 },
+                                    { c->sg_d, c->sg_hd + SG_AMAX, (size_t)(SG_INTS - SG_AMAX) * 4 },
+                                    { c->x, c->hid_hd, (size_t)(nv * E) * 4 } };
+    cuda_copy_parts(out, 3, c->stream);
+  } else {
+    cuda_rt_d2h_async(c->sg_h, T + n + 1, (size_t)k * 4, c->stream);
+    cuda_rt_d2h_async(c->sg_h + SG_AMAX, c->sg_d, (size_t)(SG_INTS - SG_AMAX) * 4, c->stream);
+    cuda_rt_d2h_async(c->hid_h, c->x, (size_t)(nv * E) * 4, c->stream);
+  }
   if (!lazy) cuda_rt_d2h_async(c->logits_h, c->sg_row, (size_t)V * 4, c->stream);
   c->tok = tok0;
   c->pos = pos0;
@@ -1545,6 +1571,7 @@ static int cu_spec_greedy(model_session *s, const int32_t *tok, const float *h, 
                    (rc = dalloc(c, &c->sg_row, (size_t)V * 4, err, errlen)) ||
                    (rc = cuda_rt_host_alloc((void **)&c->sg_h, SG_INTS * 4, err, errlen))))
     return rc; /* freed by session_free */
+  if (!c->sg_hd) c->sg_hd = cuda_rt_host_dev_ptr(c->sg_h);
   s->bytes = c->bytes;
   if ((rc = cu_keep_begin(s, k + 1))) return floe_err(err, errlen, rc, "cuda speculative step: no kept states");
   c->replay = false;

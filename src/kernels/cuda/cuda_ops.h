@@ -274,6 +274,17 @@ void cuda_argmax_to(const float *x, int64_t n, int32_t *out, int32_t *out_h, voi
 size_t cuda_argmax_rows_scratch_bytes(int64_t n, int rows);
 void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, void *scratch, void *stream);
 
+/* Up to CUDA_COPY_PARTS copies of whole 4-byte words in one launch (src / dst: device addresses,
+ * pinned host memory's included, cuda_rt_host_dev_ptr): a recorded step's inputs and outputs
+ * without a copy node each. bytes a multiple of 4; an empty part (bytes 0) is skipped. */
+#define CUDA_COPY_PARTS 4
+typedef struct cuda_copy_part {
+  const void *src;
+  void *dst;
+  size_t bytes;
+} cuda_copy_part;
+void cuda_copy_parts(const cuda_copy_part *p, int n, void *stream);
+
 /* ---- decoding ahead (ops_misc.cu; backend_cuda.c MODEL_EVAL_AHEAD) ---- */
 /* A step for the pick the host has not read: tok[0] = pick[0], pos[0] += 1 (device ints). */
 void cuda_step_next(const int32_t *pick, int32_t *tok, int32_t *pos, void *stream);

@@ -215,3 +215,32 @@ extern "C" void cuda_tab_swap(float **tab, int64_t rows, int stride, int t, void
   if (rows <= 0 || t <= 0 || t >= stride) return;
   k_tab_swap<<<1, 128, 0, OPS_STREAM(stream)>>>(tab, rows, stride, t);
 }
+
+struct CopyParts {
+  const uint32_t *src[CUDA_COPY_PARTS];
+  uint32_t *dst[CUDA_COPY_PARTS];
+  int64_t n[CUDA_COPY_PARTS];
+};
+
+static __global__ void k_copy_parts(CopyParts c) {
+  PDL_ENTER();
+  const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, st = (int64_t)gridDim.x * blockDim.x;
+#pragma unroll
+  for (int p = 0; p < CUDA_COPY_PARTS; p++)
+    for (int64_t i = t; i < c.n[p]; i += st) c.dst[p][i] = c.src[p][i];
+  __threadfence_system(); /* host memory written: visible once the host synchronizes */
+}
+
+extern "C" void cuda_copy_parts(const cuda_copy_part *p, int n, void *stream) {
+  CopyParts c = {};
+  int64_t most = 0;
+  for (int i = 0; i < n && i < CUDA_COPY_PARTS; i++) {
+    c.src[i] = (const uint32_t *)p[i].src;
+    c.dst[i] = (uint32_t *)p[i].dst;
+    c.n[i] = (int64_t)(p[i].bytes / 4);
+    most = c.n[i] > most ? c.n[i] : most;
+  }
+  if (most == 0) return;
+  const int64_t blocks = (most + 255) / 256;
+  pdl_launch(k_copy_parts, dim3((unsigned)(blocks < 64 ? blocks : 64)), dim3(256), (size_t)0, OPS_STREAM(stream), c);
+}
