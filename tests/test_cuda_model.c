@@ -746,25 +746,55 @@ static void test_multi(const char *path, bool graph) {
  * bits, the buffer stays untouched until then, an evaluation into another buffer fetches the
  * pending row first, and the engine's greedy generation gives the plain run's ids. */
 /* floe bench's decode loop through the public API: n greedy steps of floe_session_eval without a
- * logits buffer and floe_session_argmax (deferred logits when lazy, else FLOE_CUDA_LAZY_LOGITS=0), then one evaluation into
- * last (its logits). The ids into ids. */
-static int eval_chain(const char *path, int lazy, int32_t *ids, int n, float *last) {
+ * logits buffer and floe_session_argmax (in a session opened with the switch off=0 in the
+ * environment; off NULL: the defaults), then one evaluation into last (its logits). The ids into
+ * ids. */
+static int eval_chain(const char *path, const char *off, int32_t *ids, int n, float *last) {
   char err[256];
   floe_engine *e = NULL;
   floe_session *s = NULL;
-  if (!lazy) setenv("FLOE_CUDA_LAZY_LOGITS", "0", 1);
+  if (off) setenv(off, "0", 1);
   int rc = open_session(path, FLOE_DEVICE_CUDA, &e, &s, err, sizeof err);
-  unsetenv("FLOE_CUDA_LAZY_LOGITS");
+  if (off) unsetenv(off);
   int32_t t = 11;
   for (int i = 0; i < n && !rc; i++) {
     rc = floe_session_eval(s, &t, 1, NULL, false, err, sizeof err);
     t = ids[i] = floe_session_argmax(s);
   }
   if (!rc) rc = floe_session_eval(s, &t, 1, last, false, err, sizeof err);
-  if (rc) printf("  eval chain (lazy %d): %s\n", lazy, err);
+  if (rc) printf("  eval chain (%s=0): %s\n", off ? off : "defaults, none", err);
   if (s) floe_session_free(s);
   if (e) floe_engine_close(e);
   return rc;
+}
+
+/* A switch (FLOE_CUDA_X=0 off) against the defaults through the engine: the greedy ids of gen_ids
+ * (np prompts of ng tokens) with it off, then on; how many agree in order, -1 when a run failed. */
+static int64_t gen_ids_switch(const char *path, const char *off, int ng, int np) {
+  int32_t *base = malloc((size_t)(ng * np) * 4), *got = malloc((size_t)(ng * np) * 4);
+  double tps = 0;
+  setenv(off, "0", 1);
+  const int rc1 = gen_ids(path, FLOE_DEVICE_CUDA, 0, base, ng, np, &tps);
+  unsetenv(off);
+  const int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, got, ng, np, &tps);
+  int64_t eq = rc1 || rc2 ? -1 : 0;
+  while (eq >= 0 && eq < ng * np && got[eq] == base[eq]) eq++;
+  free(base), free(got);
+  return eq;
+}
+
+/* The same for floe bench's loop (eval_chain, ng steps): the ids that agree in order (-1: a run
+ * failed); *bits: the final evaluation's logits bit-identical. */
+static int chain_switch(const char *path, const char *off, int ng, int64_t V, bool *bits) {
+  float *lg[2] = { malloc((size_t)V * 4), malloc((size_t)V * 4) };
+  int32_t *ch[2] = { malloc((size_t)ng * 4), malloc((size_t)ng * 4) };
+  const int rc0 = eval_chain(path, off, ch[0], ng, lg[0]);
+  const int rc1 = eval_chain(path, NULL, ch[1], ng, lg[1]);
+  int same = rc0 || rc1 ? -1 : 0;
+  while (same >= 0 && same < ng && ch[0][same] == ch[1][same]) same++;
+  *bits = same >= 0 && memcmp(lg[0], lg[1], (size_t)V * 4) == 0;
+  free(lg[0]), free(lg[1]), free(ch[0]), free(ch[1]);
+  return same;
 }
 
 static void test_lazy(const char *path) {
@@ -829,32 +859,16 @@ static void test_lazy(const char *path) {
   free(la), free(lb), free(lc);
   /* the engine: greedy generation with the deferral on equals the plain run's ids */
   enum { NG = 32, NP = 2 };
-  int32_t *base = malloc(NG * NP * 4), *got = malloc(NG * NP * 4);
-  double tps = 0;
-  setenv("FLOE_CUDA_LAZY_LOGITS", "0", 1);
-  int rc1 = gen_ids(path, FLOE_DEVICE_CUDA, 0, base, NG, NP, &tps);
-  unsetenv("FLOE_CUDA_LAZY_LOGITS");
-  int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, got, NG, NP, &tps);
-  int64_t eq = 0;
-  while (rc1 == 0 && rc2 == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
-  CHECK(rc1 == 0 && rc2 == 0 && eq == NG * NP, "engine greedy ids with deferred logits == without (%lld of %d)",
-        (long long)eq, NG * NP);
-  free(base), free(got);
+  const int64_t eq = gen_ids_switch(path, "FLOE_CUDA_LAZY_LOGITS", NG, NP);
+  CHECK(eq == NG * NP, "engine greedy ids with deferred logits == without (%lld of %d)", (long long)eq, NG * NP);
   /* floe_session_eval without a logits buffer (floe bench's decode loop) defers them too: the
    * argmax chain equals the plain one, and an evaluation that asks for logits gets the right row */
-  float *lg[2] = { malloc((size_t)V * 4), malloc((size_t)V * 4) };
-  int32_t ch[2][NG];
-  int rcs[2];
-  for (int lz = 0; lz < 2; lz++) {
-    rcs[lz] = eval_chain(path, lz, ch[lz], NG, lg[lz]);
-  }
-  int same = 0;
-  while (rcs[0] == 0 && rcs[1] == 0 && same < NG && ch[0][same] == ch[1][same]) same++;
-  CHECK(rcs[0] == 0 && rcs[1] == 0 && same == NG && memcmp(lg[0], lg[1], (size_t)V * 4) == 0,
+  bool chain_bits = false;
+  const int same = chain_switch(path, "FLOE_CUDA_LAZY_LOGITS", NG, V, &chain_bits);
+  CHECK(same == NG && chain_bits,
         "floe_session_eval (no logits) + floe_session_argmax, deferred == plain (%d of %d ids), then the logits of "
         "an evaluation that asks for them bit-identical",
         same, NG);
-  free(lg[0]), free(lg[1]);
 }
 
 /* Decoding ahead (model.c eval_ahead; FLOE_CUDA_AHEAD=0 off): a greedy step launches the step for
@@ -931,30 +945,14 @@ static void test_ahead(const char *path) {
   free(la), free(lb);
   /* the engine (greedy generation, a reset between prompts) and floe bench's loop */
   enum { NG = 40, NP = 3 };
-  int32_t *base = malloc(NG * NP * 4), *got = malloc(NG * NP * 4);
-  double tps = 0;
-  setenv("FLOE_CUDA_AHEAD", "0", 1);
-  int rc1 = gen_ids(path, FLOE_DEVICE_CUDA, 0, base, NG, NP, &tps);
-  unsetenv("FLOE_CUDA_AHEAD");
-  int rc2 = gen_ids(path, FLOE_DEVICE_CUDA, 0, got, NG, NP, &tps);
-  int64_t eq = 0;
-  while (rc1 == 0 && rc2 == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
-  CHECK(rc1 == 0 && rc2 == 0 && eq == NG * NP, "engine greedy ids run ahead == waiting for each pick (%lld of %d)",
-        (long long)eq, NG * NP);
-  free(base), free(got);
-  float *lg[2] = { malloc((size_t)V * 4), malloc((size_t)V * 4) };
-  int32_t ch[2][NG];
-  setenv("FLOE_CUDA_AHEAD", "0", 1);
-  int rcs0 = eval_chain(path, 1, ch[0], NG, lg[0]);
-  unsetenv("FLOE_CUDA_AHEAD");
-  int rcs1 = eval_chain(path, 1, ch[1], NG, lg[1]);
-  int n_eq = 0;
-  while (rcs0 == 0 && rcs1 == 0 && n_eq < NG && ch[0][n_eq] == ch[1][n_eq]) n_eq++;
-  CHECK(rcs0 == 0 && rcs1 == 0 && n_eq == NG && memcmp(lg[0], lg[1], (size_t)V * 4) == 0,
+  const int64_t eq = gen_ids_switch(path, "FLOE_CUDA_AHEAD", NG, NP);
+  CHECK(eq == NG * NP, "engine greedy ids run ahead == waiting for each pick (%lld of %d)", (long long)eq, NG * NP);
+  bool bits = false;
+  const int n_eq = chain_switch(path, "FLOE_CUDA_AHEAD", NG, V, &bits);
+  CHECK(n_eq == NG && bits,
         "floe_session_eval (no logits) + floe_session_argmax run ahead == waiting (%d of %d ids), then the logits "
         "bit-identical",
         n_eq, NG);
-  free(lg[0]), free(lg[1]);
 }
 
 int main(void) {

@@ -870,6 +870,23 @@ static int seg_cut(model_session *s) {
   return 0;
 }
 
+/* ---- decoding ahead (backend.h MODEL_EVAL_NOWAIT / MODEL_EVAL_AHEAD) ---- */
+/* Whether this session runs steps ahead at all (pos < 0), or an ahead step may take position pos
+ * now: right after a NOWAIT step or an accepted ahead step at pos - 1, its pick not collected. */
+static bool ahead_ready(const cu_sess *c, int64_t pos) {
+  if (!c->ahead_allowed || !c->use_graph || c->seg_on || c->tier || c->multi) return false;
+  return pos < 0 || (c->pick_slot >= 0 && c->ahead_slot < 0 && c->next_pos == pos);
+}
+
+/* A lazy evaluation's logits row (the one launched last into c->logits) becomes the deferred one */
+static void lazy_handover(model_session *s) {
+  cu_sess *c = s->dev;
+  if (!c->lazy_to) return;
+  s->lazy_dst = c->lazy_to;
+  c->lazy_src = c->logits;
+  c->lazy_valid = true;
+}
+
 static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, int64_t pos0, int flags) {
   cu_sess *c = s->dev;
   int slot = -1;
@@ -885,8 +902,7 @@ static float *cu_eval_begin(model_session *s, const int32_t *tokens, int64_t n, 
   if (!c->keep_n && n == 1 && (flags == lazy1 || flags == (lazy1 | MODEL_EVAL_NOWAIT)) && one) slot = G_LAZY;
   /* a step run ahead: its logits go to the alog buffer the deferred ones are not in */
   const int apar = c->lazy_valid && c->lazy_src == c->alog[0] ? 1 : 0;
-  if (c->keep_n == 1 && n == 1 && flags == (lazy1 | MODEL_EVAL_NOWAIT | MODEL_EVAL_AHEAD) && c->use_graph &&
-      c->ahead_allowed && c->pick_slot >= 0 && c->next_pos == pos0)
+  if (c->keep_n == 1 && n == 1 && flags == (lazy1 | MODEL_EVAL_NOWAIT | MODEL_EVAL_AHEAD) && ahead_ready(c, pos0))
     slot = G_AHD + apar;
   const bool nowait = (flags & MODEL_EVAL_NOWAIT) && (slot == G_LAZY || slot == G_AHD + apar) && !c->seg_on;
   float *x;
@@ -1627,7 +1643,6 @@ static int cu_spec_greedy(model_session *s, const int32_t *tok, const float *h, 
   return 0;
 }
 
-/* ---- decoding ahead (backend.h MODEL_EVAL_NOWAIT / MODEL_EVAL_AHEAD) ---- */
 /* eval_end of a NOWAIT step, launched (rc: how that went): its event recorded, nothing waits. A
  * plain one's pick is pending and its logits are the deferred ones; an ahead one waits for
  * ahead_end. */
@@ -1648,18 +1663,13 @@ static int nowait_end(model_session *s, int rc, char *err, size_t errlen) {
   }
   c->pick_slot = 0;
   c->next_pos = c->cur_pos0 + 1;
-  if (c->lazy_to) {
-    s->lazy_dst = c->lazy_to;
-    c->lazy_src = c->logits;
-    c->lazy_valid = true;
-  }
+  lazy_handover(s);
   return 0;
 }
 
 static bool cu_ahead_ok(const model_session *s, int64_t pos) {
   const cu_sess *c = s->dev;
-  if (!c->ahead_allowed || !c->use_graph || c->seg_on || c->tier || c->multi) return false;
-  return pos < 0 || (c->pick_slot >= 0 && c->ahead_slot < 0 && !c->keep_n && c->next_pos == pos);
+  return ahead_ready(c, pos) && (pos < 0 || !c->keep_n);
 }
 
 static int cu_pick_wait(model_session *s, char *err, size_t errlen) {
@@ -1719,11 +1729,7 @@ static int cu_eval_end(model_session *s, int64_t n, char *err, size_t errlen) {
   if (c->staged && c->dst) memcpy(c->dst, c->logits_h, (size_t)(c->dst_rows * s->m->hp.n_vocab) * 4);
   if (c->hid_dst) memcpy(c->hid_dst, c->hid_h, (size_t)(c->hid_rows * s->m->hp.n_embd) * 4);
   if (c->want_greedy) s->greedy = c->greedy_h[0];
-  if (c->lazy_to) { /* the logits row stays on the device until model_logits_sync */
-    s->lazy_dst = c->lazy_to;
-    c->lazy_src = c->logits;
-    c->lazy_valid = true;
-  }
+  lazy_handover(s); /* the logits row stays on the device until model_logits_sync */
   return 0;
 }
 

@@ -173,11 +173,17 @@ extern "C" size_t cuda_argmax_rows_scratch_bytes(int64_t n, int rows) {
   return (size_t)(rows > 1 ? rows : 1) * ((size_t)amax_blocks(n) * 8 + 8);
 }
 
-extern "C" void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, void *scratch,
-                                 void *stream) {
+/* out_h: the picks also into pinned host memory (its device address), or NULL */
+static void argmax_launch(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, int32_t *out_h, void *scratch,
+                          void *stream) {
   if (n <= 0 || rows <= 0) return;
   pdl_launch(k_argmax, dim3(amax_blocks(n), rows), dim3(AMAX_THREADS), (size_t)(0), OPS_STREAM(stream), x, ld, n, out,
-             (unsigned long long *)scratch, (int32_t *)NULL);
+             (unsigned long long *)scratch, out_h);
+}
+
+extern "C" void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, void *scratch,
+                                 void *stream) {
+  argmax_launch(x, ld, n, rows, out, NULL, scratch, stream);
 }
 
 extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scratch, void *stream) {
@@ -185,9 +191,7 @@ extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scrat
 }
 
 extern "C" void cuda_argmax_to(const float *x, int64_t n, int32_t *out, int32_t *out_h, void *scratch, void *stream) {
-  if (n <= 0) return;
-  pdl_launch(k_argmax, dim3(amax_blocks(n), 1), dim3(AMAX_THREADS), (size_t)(0), OPS_STREAM(stream), x, n, n, out,
-             (unsigned long long *)scratch, out_h);
+  argmax_launch(x, n, n, 1, out, out_h, scratch, stream);
 }
 
 static __global__ void k_step_next(const int32_t *pick, int32_t *tok, int32_t *pos) {
