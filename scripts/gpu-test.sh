@@ -37,6 +37,8 @@
 #   abb35     this tree against the base build: 35B decode (-p 0 -n 128) and prefill (ABPN tokens),
 #             ABR rounds alternated, the base first in odd rounds
 #   dm        the default model's decode, plain and --mtp 3, per setting of DM_AB
+#   firstrun  a process's first prefill 512 / decode 128 (kernel loading, graph recording), FR_AB settings
+#   splitk    35B decode of SK_N tokens at each context of SK_CTX (the attention's split-K parts)
 #   ncuk4w    ncu sections (speed of light, warp states, occupancy, memory) of a GDN layer's decode matmuls
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
 #   kernels35p  per-kernel ncu times of a KP_N-token prefill (default 512), 4-layer shape
@@ -120,7 +122,7 @@ sec_test-synth() {
   FLOE_CUDA_K4W=0 FLOE_CUDA_GDN2=0 FLOE_CUDA_ROUTE_FUSED=1 FLOE_CUDA_ACT2=0 FLOE_CUDA_ROUTE_WARP=0 \
     FLOE_CUDA_ATTN_SPREAD=0 FLOE_CUDA_MMA=0 FLOE_CUDA_CONV_PAR=0 FLOE_CUDA_PF=0 FLOE_CUDA_PLAIN_TILE=0 \
     FLOE_CUDA_K4S=0 FLOE_CUDA_GDN_FUSED=0 FLOE_CUDA_GDN_COLS=0 FLOE_CUDA_ATTN_ROWS=0 FLOE_CUDA_DOWN_QX=1 \
-    FLOE_CUDA_ATTN_HB=2 FLOE_CUDA_JOIN_GDN=0 FLOE_CUDA_GDN_DEC_COLS=1 FLOE_CUDA_FEW_MMA=0 FLOE_CUDA_PICK_DIRECT=0 FLOE_CUDA_SPEC_DIRECT=0 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
+    FLOE_CUDA_ATTN_HB=2 FLOE_CUDA_JOIN_GDN=0 FLOE_CUDA_GDN_DEC_COLS=1 FLOE_CUDA_FEW_MMA=0 FLOE_CUDA_PICK_DIRECT=0 FLOE_CUDA_SPEC_DIRECT=0 FLOE_CUDA_PLAIN1N=0 FLOE_TEST_SYNTH=$SYNTH FLOE_TEST_SYNTH_CPU="$tiny" \
     FLOE_FIXTURES=$ROOT/tests/fixtures timeout 600 "$BUILD/bin/test_cuda_model" || rc=1
   return $rc
 }
@@ -478,6 +480,44 @@ sec_abb35() {
       printf 'round %s %-5s prefill ' "$r" "$([ "$b" = "$BUILD" ] && echo this || echo base)"
       timeout 300 "$b/bin/floe" bench -m "$SYNTH" --device cuda -p "${ABPN:-4096}" -n 0 -r 1 --json 2>/dev/null |
         grep -o '"prefill_tok_s":[0-9.]*' | head -1 || rc=1
+    done
+  done
+  return $rc
+}
+# firstrun: a process's first prefill and decode (floe bench -r 1: the runs that load the kernels and
+# record the CUDA graphs) on $SYNTH and the default model, per setting of FR_AB (default: the
+# defaults and CUDA_MODULE_LOADING=EAGER), FR_R rounds alternated: load_s, ttft_ms, prefill and
+# decode tok/s; then one -r 3 run (the warm repetitions' medians) for reference
+sec_firstrun() {
+  local m r v rc=0
+  for m in "$SYNTH" "$ROOT/models/default.gguf"; do
+    [ -f "$m" ] || continue
+    echo "== $(basename "$m")"
+    for r in $(seq 1 "${FR_R:-2}"); do
+      for v in ${FR_AB:-- CUDA_MODULE_LOADING=EAGER}; do
+        printf 'round %s %-28s ' "$r" "$v"
+        env $([ "$v" = - ] || echo "${v//,/ }") timeout 300 "$BUILD/bin/floe" bench -m "$m" --device cuda -p 512 -n 128 \
+          -r 1 --json 2>/dev/null | grep -oE '"(load_s|ttft_ms|prefill_tok_s|decode_tok_s)":[0-9.]*' | tr '\n' ' ' || rc=1
+        echo
+      done
+    done
+    printf 'warm (-r 3)                          '
+    timeout 300 "$BUILD/bin/floe" bench -m "$m" --device cuda -p 512 -n 128 -r 3 --json 2>/dev/null |
+      grep -oE '"(load_s|ttft_ms|prefill_tok_s|decode_tok_s)":[0-9.]*' | tr '\n' ' ' || rc=1
+    echo
+  done
+  return $rc
+}
+# splitk: 35B decode of SK_N tokens (default 512) in sessions of each context in SK_CTX (default
+# "512 4096 32768"): a context over 1023 positions splits each row's attention into parts
+# (n_ctx / 512), so from position 129 a row pays the split-K scratch's round trip; SK_R rounds
+sec_splitk() {
+  local r c rc=0
+  for r in $(seq 1 "${SK_R:-2}"); do
+    for c in ${SK_CTX:-512 4096 32768}; do
+      printf 'round %s -n %s -c %-6s ' "$r" "${SK_N:-512}" "$c"
+      timeout 300 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 0 -n "${SK_N:-512}" -c "$c" -r 2 --json \
+        2>/dev/null | grep -o '"decode_tok_s":[0-9.]*' | head -1 || rc=1
     done
   done
   return $rc

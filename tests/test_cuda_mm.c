@@ -5,7 +5,8 @@
  *  - quantized path: Y from cuda_mm_matmul equals kern_matmul_batch with the same quantized rows
  *    bit for bit, with the CPU's best ISA and with the scalar ISA, nb in {1,2,3,7,11,16,33}, with each
  *    kernel choice (Q4_K / Q5_K: k_k4, k_k4w, the few-row k_k4wn; F32 / F16 / BF16: k_plain,
- *    k_plain_tile (its float4 staging with aligned activation rows too), the few-row k_plainn);
+ *    k_plain_tile (its float4 staging with aligned activation rows too), the few-row k_plainn and
+ *    k_plain1n);
  *  - float path (every type, incl. those with a quantized path): bit-identical to the CPU's scalar
  *    float path, except F32/F16/BF16: bit-identical to the AVX-512 float path's order
  *    (kern_mm_float_lanes_ref, which test_kernels holds equal to that kernel); within 1e-5 *
@@ -251,7 +252,9 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
    * grid); impl 7: k_k4w2 with the 4-lane dot; impl 8: the few-row kernel with 4 lanes a
    * superblock (k_k4vn, cuda_mm_set_k4v(3); 2..15 rows); impl 9: the tensor-core k_k4mn (1..15
    * rows; impls 2..8 run with it off: cuda_mm_set_few_mma(0)) */
-  const int nimpl = kq ? 10 : pt ? 3 : ab ? 2 : 1;
+  /* F32 / F16 / BF16: impl 2 k_plainn, impl 3 k_plain1n (a block row per activation row,
+   * cuda_mm_set_plain1n) */
+  const int nimpl = kq ? 10 : pt ? 4 : ab ? 2 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
@@ -267,6 +270,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
     cuda_mm_set_plain_tile(!pt || impl >= 1);
     cuda_mm_set_k4w(kq && impl >= 1);
     cuda_mm_set_few(impl >= 2);
+    cuda_mm_set_plain1n(pt && impl == 3);
     cuda_mm_set_pf(1, kq && impl != 0 && impl != 2 ? 3 : 0); /* k_k4w: 3 blocks, its warps loop over rows */
     for (int path = ab ? 0 : 1; path < 2; path++) { /* 0: quantized, 1: float */
       if (impl >= 1 && path == 1 && !pt) break; /* the float path has one implementation */
@@ -321,7 +325,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
                                     : impl == 7 ? " (k_k4w2, 4 lanes a superblock)"
                                     : impl == 8 ? " (k_k4vn, 4 lanes a superblock)"
                                                 : " (k_k4mn, tensor cores)")
-            : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : " (k_plainn)")
+            : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : impl == 2 ? " (k_plainn)" : " (k_plain1n)")
             : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
             bad_s >= 0 ? Yg[bad_s] : 0.0, bad_s >= 0 ? Ys[bad_s] : 0.0);
@@ -340,6 +344,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
   cuda_mm_set_k4v(2); /* the defaults */
   cuda_mm_set_pf(1, 0);
   cuda_mm_set_plain_tile(1);
+  cuda_mm_set_plain1n(1);
   cuda_mm_set_k4s(1);
   cuda_mm_set_few(1);
   cuda_mm_set_few_mma(1);

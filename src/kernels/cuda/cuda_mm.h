@@ -239,6 +239,9 @@ void cuda_mm_set_down_qx(int on);
  * in shared memory for 16 weight rows, the default), 0 = k_plain. The same bits (test_cuda_mm runs
  * both); FLOE_CUDA_PLAIN_TILE=0 sets 0 at the first launch. */
 void cuda_mm_set_plain_tile(int on);
+/* 2..8 rows of an F32 / F16 / BF16 matrix: a block row per activation row (k_plain1n, the default)
+ * or the weights loaded once for all rows (k_plainn); the same bits */
+void cuda_mm_set_plain1n(int on);
 /* k_k4w's weight prefetch into L2 before it waits for the previous kernel (the default, on = 1;
  * FLOE_CUDA_PF=0 sets 0 at the first launch; the same bits either way) and, for tests, the most
  * blocks one of its launches may have (0: as many as fit on the GPU at once), so that its warps

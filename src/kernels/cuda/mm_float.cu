@@ -749,6 +749,23 @@ __global__ void __launch_bounds__(128) k_plainn(KArgs a, int nb, const float *__
   }
 }
 
+/* A few activation rows as k_plain1 runs one: a block per 4 weight rows and activation row
+ * (blockIdx.y), so each output is plain1_row's chain (the bits of k_plain1 and k_plainn) and the
+ * serial path is one row's. k_plainn loads a weight row's values once for every activation row,
+ * but in rounds of PL_STEPS / 2 (4 rows) steps: the router of 2048 columns takes 4 dependent
+ * round trips there where k_plain1 takes 2, and one of 256 columns (fewer than a round) takes one
+ * a 64-value step. Here the weights come from L2 once per activation row (the first row's blocks
+ * prefetch them before the wait). cuda_mm_set_plain1n / FLOE_CUDA_PLAIN1N=0: k_plainn. */
+template <int T>
+__global__ void __launch_bounds__(128) k_plain1n(KArgs a, const float *__restrict__ X, int64_t ldx, MMOut o, int pf) {
+  const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (pf && blockIdx.y == 0 && r < a.rows) mm_pf_l2(mm_row(a, 0, r), a.row_bytes, threadIdx.x & 31);
+  PDL_ENTER();
+  if (r >= a.rows) return;
+  const float y = plain1_row<T>(a, r, X + (int64_t)blockIdx.y * ldx);
+  if ((threadIdx.x & 31) == 0) *mm_out(o, blockIdx.y, r) = y;
+}
+
 /* The decode step's router: the logits as k_plain1 (a warp a row, 4 a block, the row prefetched
  * into L2 before the wait), then the grid's last block to finish (an atomic count of finished
  * blocks, ctr back to 0 after it) routes them with its first warp as k_moe_route_warp does
@@ -898,6 +915,18 @@ static int plain_tile_on(void) {
   return g_plain_tile;
 }
 
+/* k_plain1n for 2..PN_NB activation rows (FLOE_CUDA_PLAIN1N=0 / cuda_mm_set_plain1n(0): k_plainn,
+ * the same bits) */
+static int g_plain1n = -1;
+
+static int plain1n_on(void) {
+  if (g_plain1n < 0) {
+    const char *e = getenv("FLOE_CUDA_PLAIN1N");
+    g_plain1n = !(e && e[0] == '0');
+  }
+  return g_plain1n;
+}
+
 /* k_plain_tile stages whole chunks of 16-byte aligned activation rows with float4 loads, all
  * issued before the stores (FLOE_CUDA_PT_VEC=0: one float at a time, the first form; the same
  * values either way) */
@@ -928,6 +957,7 @@ void type_block(int type, int *blck, int *bbytes) {
 } // namespace
 
 void cuda_mm_set_plain_tile(int on) { g_plain_tile = on ? 1 : 0; }
+void cuda_mm_set_plain1n(int on) { g_plain1n = on ? 1 : 0; }
 
 int router_route_launch(const KArgs &a, const float *x, float *logits, int NE, int K, int norm_topk, int sh_id,
                         int32_t *sel, float *w, unsigned *ctr, cudaStream_t st) {
@@ -956,8 +986,15 @@ bool mm_float_few_launch(const KArgs &a, int64_t nb, const float *X, int64_t ldx
   if ((a.type != FLOE_TYPE_F32 && a.type != FLOE_TYPE_F16 && a.type != FLOE_TYPE_BF16) || nb < 2 || nb > PN_NB ||
       !mm_few_on())
     return false;
-  const dim3 g((unsigned)((a.rows + 3) / 4));
   const int pf = mm_pf_on(), n = (int)nb;
+  if (plain1n_on()) {
+    const dim3 g1((unsigned)((a.rows + 3) / 4), (unsigned)nb);
+    if (a.type == FLOE_TYPE_F32) pdl_launch(k_plain1n<FLOE_TYPE_F32>, g1, dim3(128), (size_t)0, st, a, X, ldx, o, pf);
+    else if (a.type == FLOE_TYPE_F16) pdl_launch(k_plain1n<FLOE_TYPE_F16>, g1, dim3(128), (size_t)0, st, a, X, ldx, o, pf);
+    else pdl_launch(k_plain1n<FLOE_TYPE_BF16>, g1, dim3(128), (size_t)0, st, a, X, ldx, o, pf);
+    return true;
+  }
+  const dim3 g((unsigned)((a.rows + 3) / 4));
 #define PN_LAUNCH(NB)                                                                                              \
   do {                                                                                                             \
     if (a.type == FLOE_TYPE_F32) pdl_launch(k_plainn<FLOE_TYPE_F32, NB>, g, dim3(128), (size_t)0, st, a, n, X, ldx, o, pf); \
