@@ -38,6 +38,8 @@
 #             ABR rounds alternated, the base first in odd rounds
 #   dm        the default model's decode, plain and --mtp 3, per setting of DM_AB
 #   firstrun  a process's first prefill 512 / decode 128 (kernel loading, graph recording), FR_AB settings
+#   ncuv      ncu --set full on the 4-row verify's k_gdn_stepn / k_attn_tc and the decode's k_gdn_step1
+#   ncuvsrc   the same with source counters: each SASS line's stall samples into $OUT
 #   splitk    35B decode of SK_N tokens at each context of SK_CTX (the attention's split-K parts)
 #   ncuk4w    ncu sections (speed of light, warp states, occupancy, memory) of a GDN layer's decode matmuls
 #   ncu35     ncu --set full on one launch of each hot decode kernel (NCU_KERNELS), 4-layer shape
@@ -166,6 +168,48 @@ sec_ncu35() {
   for k in ${NCU_KERNELS:-k_k4 k_plain1 k_gdn_recur k_act k_moe_route k_moe_combine}; do
     FLOE_CUDA_NO_GRAPH=1 timeout 120 ncu --set full -k "regex:^$k\b|::$k" --launch-skip 8 -c 2 \
       "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" || return 1
+  done
+}
+# ncuv: ncu --set full on the verify's kernels (NCUV_KERNELS: name regexes, default the kept-chunk
+# GatedDeltaNet step, its one-row decode form and the tensor-core attention) in one 4-row verify
+# of the 4-layer 35B cut (bench_verify --only v4, no graph; a one-row decode for k_gdn_step1),
+# the lines that say where a launch's time goes (duration, throughput, occupancy, warp states)
+sec_ncuv() {
+  local small=/tmp/floe-q35-4l.gguf k
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  for k in ${NCUV_KERNELS:-k_gdn_stepn k_attn_tc}; do
+    echo "== $k, 4-row verify"
+    FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full -k "regex:$k" --launch-skip 2 -c 1 \
+      "$BUILD/bin/bench_verify" -m "$small" --device cuda -r 1 --only v4 2>&1 | grep -v "^==PROF==" |
+      grep -E "^  [a-zA-Z_]+.*\(|Duration|Throughput|Registers Per|Shared Memory Config|Achieved Occupancy|Theoretical Occ|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|Block Limit|Grid Size|Block Size|One or More|stall|Stall|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc" |
+      cut -c1-160 | head -70
+  done
+  echo "== k_gdn_step1, one-row decode"
+  FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full -k "regex:k_gdn_step1" --launch-skip 4 -c 1 \
+    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" |
+    grep -E "^  [a-zA-Z_]+.*\(|Duration|Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Eligible Warps|stall|Stall|Executed Ipc" |
+    cut -c1-160 | head -40
+}
+# ncuvsrc: where the verify's kernels stall, line by line: ncu --set full with source counters on
+# one launch of each of NCUV_KERNELS in a 4-row verify of the 4-layer 35B cut (and k_gdn_step1 in
+# a one-row decode); into $OUT: NAME_details.txt (every section, stall reasons included) and
+# NAME_sass.csv (the SASS with each line's warp-stall samples)
+sec_ncuvsrc() {
+  local small=/tmp/floe-q35-4l.gguf k out=${OUT:-/tmp}
+  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  for k in ${NCUV_KERNELS:-k_gdn_stepn k_attn_tc} k_gdn_step1; do
+    rm -f /tmp/ncuv.ncu-rep
+    if [ "$k" = k_gdn_step1 ]; then
+      FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full --import-source yes -k "regex:$k" --launch-skip 4 -c 1 -o /tmp/ncuv -f \
+        "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 >/dev/null 2>&1 || return 1
+    else
+      FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full --import-source yes -k "regex:$k" --launch-skip 2 -c 1 -o /tmp/ncuv -f \
+        "$BUILD/bin/bench_verify" -m "$small" --device cuda -r 1 --only v4 >/dev/null 2>&1 || return 1
+    fi
+    ncu -i /tmp/ncuv.ncu-rep --page details --print-details all >"$out/${k}_details.txt" 2>&1
+    ncu -i /tmp/ncuv.ncu-rep --page source --csv --print-source sass >"$out/${k}_sass.csv" 2>&1
+    echo "== $k: $(wc -l <"$out/${k}_sass.csv") SASS lines"
+    grep -iE "stall|Duration" "$out/${k}_details.txt" | head -30 | cut -c1-150
   done
 }
 # dm: the default model's decode with and without MTP (floe bench --mtp 3: both in one run) for
