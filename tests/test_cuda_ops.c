@@ -1301,6 +1301,20 @@ int main(void) {
     cuda_gdn_set_step_nq(2);
   }
   cuda_gdn_set_stepn(2);
+  /* the split form with the row count as a template argument (the default for 2..5 rows, dv a
+   * multiple of 32: a dk-128 block of nine warps) and the one kernel for every count */
+  for (int nt = 0; nt < 2; nt++) {
+    printf("-- gdn kept chunks: k_gdn_stepn split, %s\n", nt ? "the row count a template argument" : "one kernel for every count");
+    cuda_gdn_set_stepn_nt(nt);
+    for (int n = 2; n <= 5; n++) {
+      test_gdn_keep_case(16, 32, 128, 128, 4, 1, n); /* the 35B-A3B shape */
+      test_gdn_keep_case(4, 4, 64, 64, 4, 1, n);     /* the default model */
+    }
+    test_gdn_keep_case(2, 4, 128, 64, 4, 0, 3); /* dv 64: two blocks a head */
+    test_gdn_keep_case(2, 4, 128, 96, 4, 1, 4); /* dv 96: three */
+    test_gdn_keep_case(2, 4, 128, 64, 3, 1, 4); /* conv width 3: the general kernel */
+  }
+  cuda_gdn_set_stepn_nt(1);
   /* chunked loads over three beta / decay tables (700 tokens) and a part column group (dv 72) */
   for (int mode = 4; mode <= 7; mode++) { /* 7: eight threads a column, 16 columns a block */
     cuda_gdn_set_impl(1), cuda_gdn_set_fused(1), cuda_gdn_set_cols(mode), cuda_gdn_set_dec_cols(0);

@@ -218,6 +218,10 @@ void cuda_gdn_set_cols(int mode);
  * of 32-column blocks, 1 with one block a head; 0 as k_gdn_conv then the recurrence
  * (FLOE_CUDA_GDN_STEPN=0 / 1 / 2). The same bits. */
 void cuda_gdn_set_stepn(int mode);
+/* k_gdn_stepn's split form (mode 2) for 2..5 rows with the row count a template argument (1, the
+ * default; a dk-128 block has a ninth warp for the conv's channels) or the one kernel for every
+ * count (0; FLOE_CUDA_GDN_STEPN_NT=0). The same bits. */
+void cuda_gdn_set_stepn_nt(int on);
 /* 1: one-token steps (not kept) as the conv, the recurrence with S's columns over several blocks
  * (cuda_gdn_set_cols' kernel) and the gated norm: three launches over 4x the blocks of
  * k_gdn_step1's one block per value head (whose 32 blocks read and write the state through 32 of

@@ -790,8 +790,8 @@ static __global__ void __launch_bounds__(128 * NQ)
 #define GN_MAX 16
 #define GN_CB 32 /* columns of a split block */
 
-template <int DK, int NQ, int KC, bool SPLIT>
-static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
+template <int DK, int NQ, int KC, bool SPLIT, int NT>
+static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 + (NT && DK == 128 ? 32 : 0) : 128 * NQ, 1)
     k_gdn_stepn(const float *__restrict__ mix, const float *__restrict__ wt, const float *conv_g,
                 float *const *conv_p, float *const *conv_keep, float *__restrict__ raw, const float *__restrict__ z,
                 const float *__restrict__ b, const float *__restrict__ a, const float *__restrict__ dt_bias,
@@ -800,13 +800,15 @@ static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
                 int v_tiled, float eps, float qscale, int n) {
   PDL_ENTER();
   if (KC) K = KC; /* the conv width known at compile time: the window stays in registers */
+  if (NT) n = NT; /* the row count known at compile time: the row loops hold those rows alone */
+  constexpr int NM = NT ? NT : GN_MAX;
   if (conv_p) conv_g = *conv_p;
   if (Sp) Sg = *Sp;
   constexpr int dk = DK, H = DK / NQ, CPW = 32 / NQ;
-  __shared__ float qk[GN_MAX][2 * dk];
-  __shared__ float vs[GN_MAX][SPLIT ? GN_CB : 128];
-  __shared__ float os[GN_MAX][SPLIT ? GN_CB : 128];
-  __shared__ float s_beta[GN_MAX], s_decay[GN_MAX], s_rr[GN_MAX], s_rn[GN_MAX][2];
+  __shared__ float qk[NM][2 * dk];
+  __shared__ float vs[NM][SPLIT ? GN_CB : 128];
+  __shared__ float os[NM][SPLIT ? GN_CB : 128];
+  __shared__ float s_beta[NM], s_decay[NM], s_rr[NM], s_rn[NM][2];
   const int G = SPLIT ? (dv + GN_CB - 1) / GN_CB : 1, cg_ = SPLIT ? (int)blockIdx.x % G : 0;
   const int hb = (int)blockIdx.x / G, r = Nv / Nk, kh = hb / r, rank = hb % r;
   const int hv = v_tiled ? kh + rank * Nk : kh * r + rank;
@@ -829,21 +831,21 @@ static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
     const int64_t ch = u < dk ? (int64_t)kh * dk + u
                        : u < 2 * dk ? kd + (int64_t)kh * dk + (u - dk)
                                     : 2 * kd + (int64_t)hv * dv + c0 + (u - 2 * dk);
-    float win[GDN_KMAX - 1], w[GDN_KMAX], m[GN_MAX];
+    float win[GDN_KMAX - 1], w[GDN_KMAX], m[NM];
 #pragma unroll
     for (int q = 0; q < GDN_KMAX; q++) {
       w[q] = q < K ? wt[(int64_t)q * C + ch] : 0.0f;
       if (q < GDN_KMAX - 1) win[q] = q < K - 1 ? conv_g[(int64_t)q * C + ch] : 0.0f;
     }
 #pragma unroll
-    for (int t = 0; t < GN_MAX; t++) m[t] = t < n ? mix[(int64_t)t * C + ch] : 0.0f;
+    for (int t = 0; t < NM; t++) m[t] = t < n ? mix[(int64_t)t * C + ch] : 0.0f;
     float wl = w[0];
 #pragma unroll
     for (int q = 1; q < GDN_KMAX; q++)
       if (q == K - 1) wl = w[q];
     const bool wr = u >= 2 * dk || head0; /* this block writes the channel's raw rows and windows */
 #pragma unroll
-    for (int t = 0; t < GN_MAX; t++) {
+    for (int t = 0; t < NM; t++) {
       if (t >= n) continue;
       float c = 0.0f;
 #pragma unroll
@@ -887,11 +889,13 @@ static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
     if (head0) raw[(int64_t)t * C + (u < dk ? (int64_t)kh * dk + u : kd + (int64_t)kh * dk + (u - dk))] = y;
   }
   const float wn = col ? norm_w[jj] : 0.0f;
-  float zz[GN_MAX]; /* silu(z)'s inputs of the column's rows, loaded ahead */
+  float zz[NM]; /* silu(z)'s inputs of the column's rows, loaded ahead */
 #pragma unroll
-  for (int t = 0; t < GN_MAX; t++) zz[t] = col && qi == NQ - 1 && t < n ? z[(int64_t)t * vd + (int64_t)hv * dv + jj] : 0.0f;
+  for (int t = 0; t < NM; t++) zz[t] = col && qi == NQ - 1 && t < n ? z[(int64_t)t * vd + (int64_t)hv * dv + jj] : 0.0f;
   __syncthreads();
-  /* k_gdn_recur2's token loop; each column's rows alone, no barrier */
+  /* k_gdn_recur2's token loop; each column's rows alone, no barrier (a 288-thread block's ninth
+   * warp, there for the conv's channels 256..287, has no column) */
+  if (!SPLIT || warp < GN_CB * 8 / 32)
   for (int t = 0; t < n; t++) {
     const float beta = s_beta[t], decay = s_decay[t], vv = col ? vs[t][jl] : 0.0f;
     const float *q = qk[t], *k = qk[t] + dk;
@@ -920,7 +924,7 @@ static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
      * [32 c, 32 c + 32)), then the norm as below. Clusters are sm_90's: before it the host never
      * launches this form with G > 1 (gdn_stepn_mode) */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ float full[GN_MAX][128];
+    __shared__ float full[NM][128];
     cg::cluster_group cl = cg::this_cluster();
     cl.sync(); /* every block's os written */
     for (int e = tid; e < n * dv; e += blockDim.x) {
@@ -946,7 +950,7 @@ static __global__ void __launch_bounds__(SPLIT ? GN_CB * 8 : 128 * NQ, 1)
   __syncthreads();
   if (col && qi == NQ - 1)
 #pragma unroll
-    for (int t = 0; t < GN_MAX; t++) {
+    for (int t = 0; t < NM; t++) {
       if (t >= n) continue;
       o[(int64_t)t * vd + (int64_t)hv * dv + jj] =
           __fmul_rn(__fmul_rn(wn, __fmul_rn(os[t][jl], s_rr[t])), floe_siluf(zz[t]));
@@ -1470,6 +1474,23 @@ static int gdn_stepn_mode(const cuda_gdn_shape *sh, int64_t n_tok, bool keep) {
   return g_gdn_stepn;
 }
 
+/* k_gdn_stepn's split form with the row count a template argument for 2..GN_NT_MAX rows (the
+ * default; FLOE_CUDA_GDN_STEPN_NT=0 or cuda_gdn_set_stepn_nt(0): the one kernel for every count).
+ * ncu of the 35B's 4-row verify (session 26) had the general form's row loops, unrolled to GN_MAX
+ * with the rows past n branched over, stall on instruction fetch (19 % of its warp samples: no
+ * instruction, branch resolving, icache misses), and its dk-128 conv's 288 channels on 256 threads
+ * take one warp through a second round while seven wait at the barrier (16 %): with the count
+ * fixed, those blocks get a ninth warp. The same operations in the same order. */
+#define GN_NT_MAX 5
+static int g_gdn_stepn_nt = -1;
+
+extern "C" void cuda_gdn_set_stepn_nt(int on) { g_gdn_stepn_nt = on ? 1 : 0; }
+
+static bool gdn_stepn_nt_on(void) {
+  if (g_gdn_stepn_nt < 0) g_gdn_stepn_nt = mm_env_int("FLOE_CUDA_GDN_STEPN_NT", 1) != 0;
+  return g_gdn_stepn_nt != 0;
+}
+
 /* threads of a block over all dv columns of a value head, nq threads a column (whole warps) */
 static int gdn_head_threads(int dv, int nq) { return (dv + 32 / nq - 1) / (32 / nq) * 32; }
 
@@ -1533,24 +1554,33 @@ static int gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const flo
   const int sn = conv_keep ? gdn_stepn_mode(sh, n_tok, S_keep != NULL) : 0;
   if (sn) {
     const int nq = sn == 2 ? 8 : gdn_step_nq(), G = sn == 2 ? (sh->dv + GN_CB - 1) / GN_CB : 1;
-    cudaLaunchAttribute at[2];
-    /* the column blocks of a head in one cluster (the norm's gather) */
-    cudaLaunchConfig_t cfg = gdn_cfg((unsigned)(sh->Nv * G),
-                                     sn == 2 ? GN_CB * 8 : gdn_head_threads(sh->dv, nq), G, stream, at);
     const bool k4 = sh->conv_k == 4;
+    /* the row count as a template argument (a verify of 1 + k drafts, k <= 4) */
+    const int nt = sn == 2 && k4 && gdn_stepn_nt_on() && n_tok <= GN_NT_MAX && sh->dv == (sh->dv / GN_CB) * GN_CB ? (int)n_tok : 0;
+    cudaLaunchAttribute at[2];
+    /* the column blocks of a head in one cluster (the norm's gather); with the row count fixed, a
+     * dk-128 block has a ninth warp for the conv's 288 channels */
+    cudaLaunchConfig_t cfg = gdn_cfg((unsigned)(sh->Nv * G),
+                                     sn == 2 ? GN_CB * 8 + (nt && sh->dk == 128 ? 32 : 0) : gdn_head_threads(sh->dv, nq),
+                                     G, stream, at);
     void (*kern)(const float *, const float *, const float *, float *const *, float *const *, float *, const float *,
                  const float *, const float *, const float *, const float *, const float *, const float *,
                  const float *const *, float *const *, float *, int, int, int, int, int, float, float, int);
-    if (sn == 2) {
-      if (sh->dk == 128) kern = k4 ? k_gdn_stepn<128, 8, 4, true> : k_gdn_stepn<128, 8, 0, true>;
-      else kern = k4 ? k_gdn_stepn<64, 8, 4, true> : k_gdn_stepn<64, 8, 0, true>;
+#define GN_NTK(D, N) (N == 2 ? k_gdn_stepn<D, 8, 4, true, 2> : N == 3 ? k_gdn_stepn<D, 8, 4, true, 3> \
+                      : N == 4 ? k_gdn_stepn<D, 8, 4, true, 4> : k_gdn_stepn<D, 8, 4, true, 5>)
+    if (nt) {
+      kern = sh->dk == 128 ? GN_NTK(128, nt) : GN_NTK(64, nt);
+    } else if (sn == 2) {
+      if (sh->dk == 128) kern = k4 ? k_gdn_stepn<128, 8, 4, true, 0> : k_gdn_stepn<128, 8, 0, true, 0>;
+      else kern = k4 ? k_gdn_stepn<64, 8, 4, true, 0> : k_gdn_stepn<64, 8, 0, true, 0>;
     } else if (sh->dk == 128) {
-      if (nq == 4) kern = k4 ? k_gdn_stepn<128, 4, 4, false> : k_gdn_stepn<128, 4, 0, false>;
-      else kern = k4 ? k_gdn_stepn<128, 2, 4, false> : k_gdn_stepn<128, 2, 0, false>;
+      if (nq == 4) kern = k4 ? k_gdn_stepn<128, 4, 4, false, 0> : k_gdn_stepn<128, 4, 0, false, 0>;
+      else kern = k4 ? k_gdn_stepn<128, 2, 4, false, 0> : k_gdn_stepn<128, 2, 0, false, 0>;
     } else {
-      if (nq == 4) kern = k4 ? k_gdn_stepn<64, 4, 4, false> : k_gdn_stepn<64, 4, 0, false>;
-      else kern = k4 ? k_gdn_stepn<64, 2, 4, false> : k_gdn_stepn<64, 2, 0, false>;
+      if (nq == 4) kern = k4 ? k_gdn_stepn<64, 4, 4, false, 0> : k_gdn_stepn<64, 4, 0, false, 0>;
+      else kern = k4 ? k_gdn_stepn<64, 2, 4, false, 0> : k_gdn_stepn<64, 2, 0, false, 0>;
     }
+#undef GN_NTK
     cudaLaunchKernelEx(&cfg, kern, mix, conv_wt, (const float *)conv_state, conv_p, conv_keep, raw, z, b, a, dt_bias,
                        ssm_a, norm_w, (const float *)S, (const float *const *)Sp, S_keep, o, sh->Nk, sh->Nv, sh->dv,
                        sh->conv_k, sh->v_tiled, sh->eps, (float)(1.0 / sqrt((double)sh->dk)), (int)n_tok);
