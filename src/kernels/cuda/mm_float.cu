@@ -920,10 +920,7 @@ static int plain_tile_on(void) {
 static int g_plain1n = -1;
 
 static int plain1n_on(void) {
-  if (g_plain1n < 0) {
-    const char *e = getenv("FLOE_CUDA_PLAIN1N");
-    g_plain1n = !(e && e[0] == '0');
-  }
+  if (g_plain1n < 0) g_plain1n = mm_env_int("FLOE_CUDA_PLAIN1N", 1) != 0;
   return g_plain1n;
 }
 

@@ -1565,6 +1565,19 @@ static int attn_onep(void) {
 }
 extern "C" void cuda_attn_set_onep(int on) { g_attn_onep = on ? 1 : 0; }
 
+/* k_attn_tc's launches of 2..15 rows (a verify's): 1 = a block per token (its HBH heads, the decode
+ * step's block exactly: twice the blocks of the 35B-A3B shape's 4-row verify, which packs two
+ * tokens' 16 query rows into each of its 4 blocks and took 27 us in the graph against 15 for one
+ * row, session 26); 0 (the default until measured) = ATC_QR / HBH tokens a block. Each query row's
+ * operations do not depend on the rows beside it in its block: the same bits.
+ * FLOE_CUDA_ATTN_R1=1 at the first call. */
+static int g_attn_r1 = -1;
+static int attn_r1(void) {
+  if (g_attn_r1 < 0) g_attn_r1 = mm_env_int("FLOE_CUDA_ATTN_R1", 0) != 0;
+  return g_attn_r1;
+}
+extern "C" void cuda_attn_set_r1(int on) { g_attn_r1 = on ? 1 : 0; }
+
 /* the output quantized in k_attn_tc's launch: 1 (the default) where it fits, 0 never;
  * FLOE_CUDA_ATTN_ACT=0 at the first call */
 static int g_attn_act = -1;
@@ -1585,7 +1598,8 @@ static int launch_attn_tc(const cuda_attn_shape *sh, const float *q, const void 
     done = 1;
   }
   if (!q) return 0; /* the check's call: attribute only */
-  const int hbh = atr_hbh(sh), R = ATC_QR * MT / hbh, G = sh->n_head / sh->n_head_kv;
+  const int hbh = atr_hbh(sh), G = sh->n_head / sh->n_head_kv;
+  const int R = MT == 1 && n_tok >= 2 && n_tok < 16 && attn_r1() ? 1 : ATC_QR * MT / hbh;
   dim3 grid((unsigned)((n_tok + R - 1) / R), (unsigned)(sh->n_head_kv * (G / hbh)), (unsigned)sh->n_split);
   const float scale = (float)(1.0 / sqrt((double)sh->head_dim));
   pdl_launch(k_attn_tc<HD, MT, PIPE>, dim3(grid), dim3(ATT_THREADS), sm, OPS_STREAM(stream), q, kc, vc, pos0, out, part, cnt,
@@ -1648,6 +1662,7 @@ static int attn_set_smem(const cuda_attn_shape *sh) { /* every head batching att
   qn.kind = -1;
   if (sh->kv_bf16) rc |= attn_tc_dispatch(sh, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, qn, NULL);
   (void)attn_onep();
+  (void)attn_r1();
   (void)attn_rows_min(); /* the environment read at setup */
   (void)attn_mma_on();
   (void)attn_tc_mt();
