@@ -1175,7 +1175,20 @@ static void test_trace(void) {
 }
 
 int main(void) {
-  if (cuda_rt_device_count() <= 0) {
+  /* the runtime's first call sets CUDA_MODULE_LOADING=EAGER where the user left it unset (the
+   * kernels loaded at context creation, not at their first launch) and keeps a user's value;
+   * checked with or without a device */
+  const char *ml0 = getenv("CUDA_MODULE_LOADING");
+  char ml_user[64];
+  snprintf(ml_user, sizeof ml_user, "%s", ml0 ? ml0 : "");
+  const int n_dev = cuda_rt_device_count();
+  const char *ml = getenv("CUDA_MODULE_LOADING");
+  if (!(ml && !strcmp(ml, ml0 ? ml_user : "EAGER"))) {
+    printf("FAIL: CUDA_MODULE_LOADING after the first runtime call is '%s', expected '%s'\n", ml ? ml : "(unset)",
+           ml0 ? ml_user : "EAGER");
+    return 1;
+  }
+  if (n_dev <= 0) {
     printf("skipped: no CUDA device\n");
     return 77;
   }
