@@ -612,6 +612,20 @@ int main(void) {
   test_attention_rows();
   test_argmax();
   test_read_xor();
+
+  /* last, so that the random inputs of the sections above stay what they were */
+  SECTION("F32 rows of whole 64-value steps (the AVX-512 path without the chunk copy)");
+  {
+    tstats st = {0};
+    static const int64_t colsv[] = {64, 1088, 2048};
+    for (int s = 0; s < 3; s++)
+      for (int ri = 0; ri < 4; ri++) {
+        tmat m = make_ggml(FLOE_TYPE_F32, rowsv[ri], colsv[s]);
+        check_mat("f32 64-steps", &m.W, pool, &st);
+        tmat_free(&m);
+      }
+    report("f32 64-steps", &st);
+  }
   floe_pool_free(pool);
   return TEST_DONE();
 }
