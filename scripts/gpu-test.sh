@@ -94,6 +94,12 @@ sec_test() { ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 900
 sec_test-all() { ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure; }
 sec_bench-mm() { "$BUILD/bin/bench_cuda_mm" "${BENCH_REPS:-25}"; }
 SYNTH=${SYNTH:-/tmp/floe-q35-q4k.gguf}
+# cut4: the 35B-A3B shape cut to 4 layers (3 GatedDeltaNet + 1 attention) at /tmp/floe-q35-4l.gguf
+# (the sections' $small), made when missing
+cut4() {
+  [ -f /tmp/floe-q35-4l.gguf ] ||
+    "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o /tmp/floe-q35-4l.gguf >/dev/null
+}
 sec_synth35() {
   [ -f "$SYNTH" ] || timeout 600 "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --type q4_K -o "$SYNTH" || return 1
   ls -l "$SYNTH"
@@ -132,14 +138,14 @@ sec_test-synth() {
 # (no graph, so each launch is its own kernel; the per-kernel summary is the step's breakdown)
 sec_kernels35() {
   local small=/tmp/floe-q35-4l.gguf
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  cut4 || return 1
   FLOE_CUDA_NO_GRAPH=1 timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 4 -r 1 -c 64
 }
 # kernels35p: the same for one 512-token prefill chunk (the prefill kernels' breakdown)
 sec_kernels35p() {
   local small=/tmp/floe-q35-4l.gguf
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  cut4 || return 1
   timeout 400 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p "${KP_N:-512}" -n 0 -r 1 -c "$((2 * ${KP_N:-512}))"
 }
@@ -147,13 +153,13 @@ sec_kernels35p() {
 # verify or a small batch takes (compare each kernel with kernels35's one-row step)
 sec_kernels35v() {
   local small=/tmp/floe-q35-4l.gguf
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  cut4 || return 1
   FLOE_CUDA_NO_GRAPH=1 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p "${VROWS:-4}" -n 0 -r 1 -c 64
 }
 sec_ncu35p() {
   local small=/tmp/floe-q35-4l.gguf k
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  cut4 || return 1
   for k in ${NCU_KP:-k_k4mma2ILi12ELi1 k_k4mma2ILi12ELi2}; do
     timeout 200 ncu --set full --kernel-name-base mangled -k "regex:$k" -c 1 \
       "$BUILD/bin/floe" bench -m "$small" --device cuda -p 512 -n 0 -r 1 -c 1024 2>&1 | grep -v "^==PROF==" || return 1
@@ -163,7 +169,7 @@ sec_ncu35p() {
 # hot decode kernel of the 35B-A3B shape cut to 4 layers (NCU_KERNELS: a regex of kernel names)
 sec_ncu35() {
   local small=/tmp/floe-q35-4l.gguf
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  cut4 || return 1
   local k
   for k in ${NCU_KERNELS:-k_k4 k_plain1 k_gdn_recur k_act k_moe_route k_moe_combine}; do
     FLOE_CUDA_NO_GRAPH=1 timeout 120 ncu --set full -k "regex:^$k\b|::$k" --launch-skip 8 -c 2 \
@@ -174,38 +180,38 @@ sec_ncu35() {
 # GatedDeltaNet step, its one-row decode form and the tensor-core attention) in one 4-row verify
 # of the 4-layer 35B cut (bench_verify --only v4, no graph; a one-row decode for k_gdn_step1),
 # the lines that say where a launch's time goes (duration, throughput, occupancy, warp states)
+ncuv_prog() { # K: "SKIP PROGRAM ARGS..." for ncu: k_gdn_step1 in a one-row decode, else a 4-row verify
+  if [ "$1" = k_gdn_step1 ]; then echo "4 $BUILD/bin/floe bench -m /tmp/floe-q35-4l.gguf --device cuda -p 0 -n 3 -r 1 -c 64"
+  else echo "2 $BUILD/bin/bench_verify -m /tmp/floe-q35-4l.gguf --device cuda -r 1 --only v4"; fi
+}
 sec_ncuv() {
-  local small=/tmp/floe-q35-4l.gguf k
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
-  for k in ${NCUV_KERNELS:-k_gdn_stepn k_attn_tc}; do
-    echo "== $k, 4-row verify"
-    FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full -k "regex:$k" --launch-skip 2 -c 1 \
-      "$BUILD/bin/bench_verify" -m "$small" --device cuda -r 1 --only v4 2>&1 | grep -v "^==PROF==" |
+  local k
+  cut4 || return 1
+  for k in ${NCUV_KERNELS:-k_gdn_stepn k_attn_tc} k_gdn_step1; do
+    set -- $(ncuv_prog "$k")
+    local skip=$1
+    shift
+    echo "== $k$([ "$k" = k_gdn_step1 ] && echo ', one-row decode' || echo ', 4-row verify')"
+    FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full -k "regex:$k" --launch-skip "$skip" -c 1 "$@" 2>&1 |
+      grep -v "^==PROF==" |
       grep -E "^  [a-zA-Z_]+.*\(|Duration|Throughput|Registers Per|Shared Memory Config|Achieved Occupancy|Theoretical Occ|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|Block Limit|Grid Size|Block Size|One or More|stall|Stall|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc" |
       cut -c1-160 | head -70
   done
-  echo "== k_gdn_step1, one-row decode"
-  FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full -k "regex:k_gdn_step1" --launch-skip 4 -c 1 \
-    "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" |
-    grep -E "^  [a-zA-Z_]+.*\(|Duration|Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Eligible Warps|stall|Stall|Executed Ipc" |
-    cut -c1-160 | head -40
 }
 # ncuvsrc: where the verify's kernels stall, line by line: ncu --set full with source counters on
 # one launch of each of NCUV_KERNELS in a 4-row verify of the 4-layer 35B cut (and k_gdn_step1 in
 # a one-row decode); into $OUT: NAME_details.txt (every section, stall reasons included) and
 # NAME_sass.csv (the SASS with each line's warp-stall samples)
 sec_ncuvsrc() {
-  local small=/tmp/floe-q35-4l.gguf k out=${OUT:-/tmp}
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  local k out=${OUT:-/tmp}
+  cut4 || return 1
   for k in ${NCUV_KERNELS:-k_gdn_stepn k_attn_tc} k_gdn_step1; do
+    set -- $(ncuv_prog "$k")
+    local skip=$1
+    shift
     rm -f /tmp/ncuv.ncu-rep
-    if [ "$k" = k_gdn_step1 ]; then
-      FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full --import-source yes -k "regex:$k" --launch-skip 4 -c 1 -o /tmp/ncuv -f \
-        "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 >/dev/null 2>&1 || return 1
-    else
-      FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full --import-source yes -k "regex:$k" --launch-skip 2 -c 1 -o /tmp/ncuv -f \
-        "$BUILD/bin/bench_verify" -m "$small" --device cuda -r 1 --only v4 >/dev/null 2>&1 || return 1
-    fi
+    FLOE_CUDA_NO_GRAPH=1 timeout 150 ncu --set full --import-source yes -k "regex:$k" --launch-skip "$skip" -c 1 \
+      -o /tmp/ncuv -f "$@" >/dev/null 2>&1 || return 1
     ncu -i /tmp/ncuv.ncu-rep --page details --print-details all >"$out/${k}_details.txt" 2>&1
     ncu -i /tmp/ncuv.ncu-rep --page source --csv --print-source sass >"$out/${k}_sass.csv" 2>&1
     echo "== $k: $(wc -l <"$out/${k}_sass.csv") SASS lines"
@@ -233,7 +239,7 @@ sec_dm() {
 # gate+up (128 x 9); NCUK_SKIP launches of k_k4w skipped first (13: one decode step)
 sec_ncuk4w() {
   local small=/tmp/floe-q35-4l.gguf
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  cut4 || return 1
   FLOE_CUDA_NO_GRAPH=1 timeout 200 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy \
     --section MemoryWorkloadAnalysis --section SchedulerStats -k regex:k_k4w --launch-skip "${NCUK_SKIP:-13}" -c 3 \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 3 -r 1 -c 64 2>&1 | grep -v "^==PROF==" |
@@ -249,7 +255,7 @@ sec_mma35() {
     echo "== prefill 512, FLOE_CUDA_MMA2=$v"
     FLOE_CUDA_MMA2=$v timeout 120 "$BUILD/bin/floe" bench -m "$SYNTH" --device cuda -p 512 -n 0 -r 3 --json || rc=1
   done
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  cut4 || return 1
   for v in $(echo ${MMA2:-2 0 1} | tr ' ' '\n' | sort -u); do
     echo "== ncu k_k4mma*, FLOE_CUDA_MMA2=$v"
     FLOE_CUDA_MMA2=$v timeout 120 ncu --clock-control none -k regex:k_k4mma --metrics gpu__time_duration.sum \
@@ -588,7 +594,7 @@ sec_nsys35() {
   local small=/tmp/floe-q35-4l.gguf n
   n=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   [ -n "$n" ] || { echo "no nsys on this machine"; return 1; }
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null || return 1
+  cut4 || return 1
   timeout 200 "$n" profile --cuda-graph-trace=node --trace=cuda -o /tmp/nsys35 --force-overwrite true \
     "$BUILD/bin/floe" bench -m "$small" --device cuda -p 0 -n 16 -r 1 -c 64 >/dev/null 2>&1 || return 1
   timeout 200 "$n" stats --report cuda_gpu_trace --format csv -o /tmp/nsys35 /tmp/nsys35.nsys-rep >/dev/null 2>&1
@@ -633,8 +639,7 @@ sec_traceab() {
   local small=/tmp/floe-q35-4l.gguf rc=0 TB=$BUILD-trace v m
   trace_build floe_cli || return 1
   [ -f "$SYNTH" ] || sec_synth35 >/dev/null || return 1
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null ||
-    return 1
+  cut4 || return 1
   for m in "$small" "$SYNTH"; do
     for v in ${TRACE_AB:--}; do
       rm -f /tmp/tab.txt
@@ -653,8 +658,7 @@ sec_traceab() {
 sec_tracev() {
   local small=/tmp/floe-q35-4l.gguf rc=0 TB=$BUILD-trace k m P
   trace_build floe_cli bench_verify || return 1
-  [ -f "$small" ] || "$BUILD/bin/floe" synth --preset qwen35moe-35b-a3b --layers 4 --type q4_K -o "$small" >/dev/null ||
-    return 1
+  cut4 || return 1
   for k in ${TV_KINDS:-v4 f3}; do
     for m in "$small" "$SYNTH" "$ROOT/models/default.gguf"; do
       [ -f "$m" ] || continue
