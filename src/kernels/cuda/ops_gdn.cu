@@ -1556,7 +1556,7 @@ static int gdn_step_launch(const cuda_gdn_shape *sh, const float *mix, const flo
     const int nq = sn == 2 ? 8 : gdn_step_nq(), G = sn == 2 ? (sh->dv + GN_CB - 1) / GN_CB : 1;
     const bool k4 = sh->conv_k == 4;
     /* the row count as a template argument (a verify of 1 + k drafts, k <= 4) */
-    const int nt = sn == 2 && k4 && gdn_stepn_nt_on() && n_tok <= GN_NT_MAX && sh->dv == (sh->dv / GN_CB) * GN_CB ? (int)n_tok : 0;
+    const int nt = sn == 2 && k4 && gdn_stepn_nt_on() && n_tok <= GN_NT_MAX && sh->dv % GN_CB == 0 ? (int)n_tok : 0;
     cudaLaunchAttribute at[2];
     /* the column blocks of a head in one cluster (the norm's gather); with the row count fixed, a
      * dk-128 block has a ninth warp for the conv's 288 channels */
