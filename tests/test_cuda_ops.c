@@ -311,19 +311,22 @@ static void test_attn_tc(const cuda_attn_shape *sh, float *dq, void *dK, void *d
     }
     CHECK(nd1 == 0, "tensor-core order, every part through the scratch: the same bits (%zu differ)", nd1);
     cuda_attn_set_onep(1);
-    /* launches of 2..15 rows with a block per token (cuda_attn_set_r1; a verify's rows): the same bits */
-    cuda_attn_set_r1(1);
-    poison(dout, n_tok * od * 4);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += 15)
-      cuda_attn(sh, dq + t0 * qdim, dK, dV, dposv + t0, n_tok - t0 < 15 ? n_tok - t0 : 15, dout + t0 * od, dscr, NULL);
-    size_t nd2 = SIZE_MAX;
-    if (sync_ok()) {
-      get(g2, dout, n_tok * od * 4);
-      nd2 = n_diff_bits(g2, gt, n_tok * od);
+    /* launches of 2..15 rows (a verify's), a block per token (cuda_attn_set_r1(1), the default) and
+     * 16 / HBH tokens a block (0): the same bits */
+    for (int r1 = 1; r1 >= 0; r1--) {
+      cuda_attn_set_r1(r1);
+      poison(dout, n_tok * od * 4);
+      for (int64_t t0 = 0; t0 < n_tok; t0 += 15)
+        cuda_attn(sh, dq + t0 * qdim, dK, dV, dposv + t0, n_tok - t0 < 15 ? n_tok - t0 : 15, dout + t0 * od, dscr, NULL);
+      size_t nd2 = SIZE_MAX;
+      if (sync_ok()) {
+        get(g2, dout, n_tok * od * 4);
+        nd2 = n_diff_bits(g2, gt, n_tok * od);
+      }
+      CHECK(nd2 == 0, "tensor-core order, launches of up to 15 rows, %s: the same bits (%zu differ)",
+            r1 ? "a block per token" : "16 / HBH tokens a block", nd2);
     }
-    CHECK(nd2 == 0, "tensor-core order, launches of up to 15 rows with a block per token: the same bits (%zu differ)",
-          nd2);
-    cuda_attn_set_r1(0);
+    cuda_attn_set_r1(1);
     /* the output quantized in the launch for wo (cuda_attn_q), in three layouts, with and without
      * the one-part shortcut, all rows in one launch and each row's decode: the same outputs, and
      * cuda_mm_act_quantize's bytes where the block's heads are whole chunks / units */
@@ -336,7 +339,8 @@ static void test_attn_tc(const cuda_attn_shape *sh, float *dq, void *dK, void *d
       act_buf ab;
       act_buf_init(&ab, types[ti], od, n_tok);
       const int expect = (int64_t)hbh * sh->head_dim % act_unit_of(types[ti]) == 0;
-      for (int way = 0; way < 6; way++) { /* 4, 5: one launch with a block per token where it has 2..15 rows */
+      for (int way = 0; way < 6; way++) { /* 4, 5: one launch with a block per token where it has 2..15 rows (the
+                                            default); 0..3 with 16 / HBH tokens a block */
         const int onep = way & 1, dec = (way >> 1) & 1;
         cuda_attn_set_onep(onep);
         cuda_attn_set_r1(way >= 4);
@@ -366,7 +370,7 @@ static void test_attn_tc(const cuda_attn_shape *sh, float *dq, void *dK, void *d
               ti == 1 ? "q8_0" : ti ? "q6_K" : "q4_K", dec ? "decode rows" : way >= 4 ? "one launch, a block per token" : "one launch", onep, nd, nq);
       }
       cuda_attn_set_onep(1);
-      cuda_attn_set_r1(0);
+      cuda_attn_set_r1(1);
       act_buf_free(&ab);
     }
   }

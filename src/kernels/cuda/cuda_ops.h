@@ -99,8 +99,8 @@ void cuda_attn_set_pipe(int on);
 /* Tests: k_attn_tc's rows of one part written by their block without the split-K scratch (1, the
  * default; FLOE_CUDA_ATTN_ONEPART=0 at the first call: 0): the same bits either way */
 void cuda_attn_set_onep(int on);
-/* k_attn_tc's launches of 2..15 rows: a block per token (1; FLOE_CUDA_ATTN_R1=1) or 16 / HBH tokens
- * a block (0, the default); the same bits */
+/* k_attn_tc's launches of 2..15 rows: a block per token (1, the default) or 16 / HBH tokens a block
+ * (0; FLOE_CUDA_ATTN_R1=0); the same bits */
 void cuda_attn_set_r1(int on);
 /* Tests: cuda_attn_set_act(0) leaves cuda_attn_q's quantization to the caller (returns 0) */
 void cuda_attn_set_act(int on);

@@ -1565,15 +1565,16 @@ static int attn_onep(void) {
 }
 extern "C" void cuda_attn_set_onep(int on) { g_attn_onep = on ? 1 : 0; }
 
-/* k_attn_tc's launches of 2..15 rows (a verify's): 1 = a block per token (its HBH heads, the decode
- * step's block exactly: twice the blocks of the 35B-A3B shape's 4-row verify, which packs two
- * tokens' 16 query rows into each of its 4 blocks and took 27 us in the graph against 15 for one
- * row, session 26); 0 (the default until measured) = ATC_QR / HBH tokens a block. Each query row's
- * operations do not depend on the rows beside it in its block: the same bits.
- * FLOE_CUDA_ATTN_R1=1 at the first call. */
+/* k_attn_tc's launches of 2..15 rows (a verify's): 1 (the default) = a block per token (its HBH
+ * heads, the decode step's block exactly: twice the blocks of the 35B-A3B shape's 4-row verify,
+ * which packs two tokens' 16 query rows into each of its 4 blocks and took 27 us in the graph
+ * against 15 for one row, session 26); 0 = ATC_QR / HBH tokens a block. Each query row's
+ * operations do not depend on the rows beside it in its block: the same bits. Session 27, the
+ * 35B-A3B shape's bench_verify alternated: verify4 2.006 / 1.996 -> 1.961 / 1.951 plain steps.
+ * FLOE_CUDA_ATTN_R1=0 at the first call. */
 static int g_attn_r1 = -1;
 static int attn_r1(void) {
-  if (g_attn_r1 < 0) g_attn_r1 = mm_env_int("FLOE_CUDA_ATTN_R1", 0) != 0;
+  if (g_attn_r1 < 0) g_attn_r1 = mm_env_int("FLOE_CUDA_ATTN_R1", 1) != 0;
   return g_attn_r1;
 }
 extern "C" void cuda_attn_set_r1(int on) { g_attn_r1 = on ? 1 : 0; }
