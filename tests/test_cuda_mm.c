@@ -779,6 +779,26 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
       CHECK(ok, "%s n=%lld T=%d norm pair: its quantized rows == cuda_mm_act_quantize of the 2n-value rows", nm,
             (long long)n, T);
     }
+    { /* x1's rows read as embedding rows in the launch (an F32 table of x's T rows, the tokens
+         reversed): the same normed rows and quantized bytes as the pair on x1's rows in that order */
+      int32_t *tk = malloc(sizeof(int32_t) * (size_t)T);
+      float *xr = malloc(fb);
+      for (int t = 0; t < T; t++) tk[t] = T - 1 - t, memcpy(xr + (size_t)t * n, x + (size_t)(T - 1 - t) * n, 4 * (size_t)n);
+      int32_t *dtk = dev_put(tk, sizeof(int32_t) * (size_t)T);
+      float *dxr = dev_put(xr, fb);
+      dev_poison(dp1, fb2), dev_poison(dp2, fb2), dev_poison(dr1, xs2 * T), dev_poison(dr2, xs2 * T);
+      const int qe = cuda_mm_embed_norm_pair_act(&g2.M, FLOE_TYPE_F32, dx1, 4 * (size_t)n, T, dtk, dw, ddl, dw, dp1, T,
+                                                 n, 1e-6f, dr1, xs2, NULL);
+      const int qr = cuda_mm_norm_pair_act(&g2.M, dxr, dw, ddl, dw, dp2, T, n, 1e-6f, dr2, xs2, NULL);
+      CHECK(cuda_rt_check("embed_norm_pair", err, sizeof err) == 0, "%s embed norm pair launch: %s", nm, err);
+      dev_get(p1, dp1, fb2), dev_get(p2, dp2, fb2), dev_get(r1, dr1, xs2 * T), dev_get(r2, dr2, xs2 * T);
+      int ok = qe == qr && memcmp(p1, p2, fb2) == 0;
+      for (int t = 0; qe && t < T; t++) ok &= memcmp(r1 + (size_t)t * xs2, r2 + (size_t)t * xs2, ab2) == 0;
+      CHECK(ok, "%s n=%lld T=%d norm pair on embedding rows read in the launch (quantized %d / %d): the same rows and "
+            "bytes as on those rows given", nm, (long long)n, T, qe, qr);
+      cuda_rt_free(dtk), cuda_rt_free(dxr);
+      free(tk), free(xr);
+    }
     cuda_rt_free(dp1), cuda_rt_free(dp2), cuda_rt_free(dr1), cuda_rt_free(dr2);
     free(p1), free(p2), free(r1), free(r2);
     dmat_free(&g2);

@@ -1048,6 +1048,26 @@ static void test_embed(uint32_t type, int64_t n_embd) {
   }
   CHECK(nd == 0, "rows bit-identical to quant_dequant_row (%zu differ)", nd);
   CHECK(n_nan(go + 4 * n_embd, n_embd) == (size_t)n_embd, "an id out of range gives a NaN row");
+  { /* the MTP's norm pair reading these embedding rows in its launch == k_embed's rows, then the pair */
+    float *w = malloc(n_embd * 4), *h = malloc(5 * n_embd * 4), *p1 = malloc(10 * n_embd * 4), *p2 = malloc(10 * n_embd * 4);
+    for (int64_t i = 0; i < n_embd; i++) w[i] = urand(0.5f, 1.5f);
+    for (int64_t i = 0; i < 5 * n_embd; i++) h[i] = urand(-2, 2);
+    float *dw = dup_dev(w, n_embd * 4), *dh = dup_dev(h, 5 * n_embd * 4), *dp = dup_dev(NULL, 10 * n_embd * 4);
+    poison(dp, 10 * n_embd * 4);
+    cuda_mm_norm_pair(dout, dw, dh, dw, dp, 5, n_embd, 1e-6f, NULL);
+    CHECK(sync_ok(), "norm pair ran");
+    get(p1, dp, 10 * n_embd * 4);
+    poison(dp, 10 * n_embd * 4);
+    CHECK(cuda_mm_embed_norm_pair_act(NULL, type, dt, rb, nv, dtok, dw, dh, dw, dp, 5, n_embd, 1e-6f, NULL, 0, NULL) == 0,
+          "embedding norm pair without a matrix: nothing quantized");
+    CHECK(sync_ok(), "embedding norm pair ran");
+    get(p2, dp, 10 * n_embd * 4);
+    const size_t ne = n_diff_bits(p1, p2, 10 * n_embd);
+    CHECK(ne == 0, "norm pair on the embedding rows read in its launch == k_embed then the pair, the NaN row too (%zu "
+          "differ)", ne);
+    cuda_rt_free(dw), cuda_rt_free(dh), cuda_rt_free(dp);
+    free(w), free(h), free(p1), free(p2);
+  }
   cuda_rt_free(dt), cuda_rt_free(dtok), cuda_rt_free(dout);
   free(tab), free(go), free(ro);
 }

@@ -145,6 +145,9 @@ typedef struct cu_sess {
   /* the step's inputs and outputs moved by one launch each (cuda_copy_parts) through the pinned
    * buffers' device addresses instead of a copy node each (FLOE_CUDA_SPEC_DIRECT=0: the copies) */
   bool spec_direct;
+  /* the MTP rows' token embeddings read by their norm pair's launch (cuda_mm_embed_norm_pair_act)
+   * instead of a k_embed launch before it: the same values (FLOE_CUDA_MTP_EMBED=0: the two) */
+  bool mtp_embed;
   int32_t *tok_hd, *pos_hd, *sg_hd;
   float *hin_hd, *hid_hd;
   int capturing;               /* -1 none, else the graph slot being captured */
@@ -496,6 +499,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
     if ((rc = cuda_rt_event_create(&c->ev[i], err, errlen))) return rc;
   const char *sd = getenv("FLOE_CUDA_SPEC_DIRECT");
   c->spec_direct = !(sd && sd[0] == '0');
+  const char *me = getenv("FLOE_CUDA_MTP_EMBED");
+  c->mtp_embed = !(me && me[0] == '0');
   c->tok_hd = cuda_rt_host_dev_ptr(c->tok_h);
   c->pos_hd = cuda_rt_host_dev_ptr(c->pos_h);
   c->hin_hd = cuda_rt_host_dev_ptr(c->hin_h);
@@ -1420,13 +1425,20 @@ static size_t mtp_concat(model_session *s, const float *hd, int64_t n, float *em
   const int64_t E = s->m->hp.n_embd;
   const float eps = s->m->hp.rms_eps;
   const cuda_mat *T = &cm->tok_embd.d;
-  if (cuda_embed_check(T->type, E, NULL, 0) == 0)
-    cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
-  else
-    cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
   /* the concat rows quantized for mtp_fc in the same launch where the norms' kernel can (xq[1]) */
   const dmat *F = s->act_q && act_bytes_of(&cm->mtp_fc) ? &cm->mtp_fc : NULL;
   const size_t xs = F ? cuda_mm_act_bytes(&F->d) : 0;
+  const bool ek = cuda_embed_check(T->type, E, NULL, 0) == 0;
+  if (ek && c->mtp_embed) /* the embedding rows read by the norms' launch */
+    return cuda_mm_embed_norm_pair_act(F ? &F->d : NULL, T->type, T->data, T->row_bytes, T->rows, c->tok,
+                                       cm->mtp_enorm, hd, cm->mtp_hnorm, cat, n, E, eps, F ? c->xq[1] : NULL, xs,
+                                       c->stream)
+               ? xs
+               : 0;
+  if (ek)
+    cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, emb, c->stream);
+  else
+    cuda_mm_dequant_rows(T, c->tok, n, emb, E, c->stream);
   return cuda_mm_norm_pair_act(F ? &F->d : NULL, emb, cm->mtp_enorm, hd, cm->mtp_hnorm, cat, n, E, eps,
                                F ? c->xq[1] : NULL, xs, c->stream)
              ? xs

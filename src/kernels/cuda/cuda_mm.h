@@ -110,6 +110,14 @@ void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const 
  * cuda_mm_act_quantize(W) of y row t, in the same launch: returns 1 then, else 0 (xq not written). */
 int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const float *w1, const float *x2, const float *w2,
                           float *y, int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream);
+/* cuda_mm_norm_pair_act with x1's rows the token embedding rows of tok[0..n_rows) (device ints; the
+ * matrix edata of etype, erow_bytes a row, n_vocab rows; a type cuda_embed_check takes), dequantized
+ * in the launch with cuda_embed_rows' values: the same outputs as cuda_embed_rows then
+ * cuda_mm_norm_pair_act, one launch. */
+int cuda_mm_embed_norm_pair_act(const cuda_mat *W, uint32_t etype, const void *edata, size_t erow_bytes,
+                                int64_t n_vocab, const int32_t *tok, const float *w1, const float *x2, const float *w2,
+                                float *y, int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride,
+                                void *stream);
 void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
                          const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n,
                          void *xq, size_t xq_stride, void *stream);

@@ -21,6 +21,7 @@
  * it is written (sq_put) so the 16-lane sum of squares reads its lanes by float4 (sumsq16_rows,
  * the CPU's adds in the CPU's order), and k_combine loads up to COMB_KB slots of a row at once
  * into registers before the adds; the first forms read the row value by value. */
+#include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/ops_common.cuh"
@@ -241,14 +242,25 @@ __global__ void __launch_bounds__(NORM_THREADS)
   else act_row(qa, qkind, xs, xs + n, xq + (size_t)row * xqs);
 }
 
+/* The embedding rows of the MTP's norm pair read in its launch (EmbedSrc.data not NULL: x1 row t
+ * is row tok[t] of the embedding matrix, embed_elem's values, as k_embed would have written them) */
+struct EmbedSrc {
+  const uint8_t *data;
+  size_t row_bytes;
+  int64_t n_vocab;
+  const int32_t *tok;
+  uint32_t type;
+};
+
 /* The MTP's input rows: y row t = [rmsnorm(x1 row t) * w1 | rmsnorm(x2 row t) * w2] (rows of n, y's
  * of 2n), a block per half row: k_norm's loads and norm_row, so each half is k_norm's bits; with
  * qkind >= 0 each block also writes its half's chunks of y row t's quantization (act_row_warp's
- * bytes: its 256-value chunks do not depend on each other). */
+ * bytes: its 256-value chunks do not depend on each other). es.data: x1's rows are the embedding
+ * rows of es.tok, dequantized here (one launch fewer than k_embed then this; the same values). */
 __global__ void __launch_bounds__(NORM_THREADS)
     k_norm_pair(const float *__restrict__ x1, const float *__restrict__ w1, const float *__restrict__ x2,
                 const float *__restrict__ w2, float *__restrict__ y, int n, float eps, int sqoff, KArgs qa, int qkind,
-                uint8_t *__restrict__ xq, size_t xqs, int prew) {
+                uint8_t *__restrict__ xq, size_t xqs, int prew, EmbedSrc es) {
   const int h = blockIdx.x & 1;
   const float *w = h ? w2 : w1;
   float wr[NORM_PER];
@@ -259,13 +271,25 @@ __global__ void __launch_bounds__(NORM_THREADS)
   const int rs = sq_rs(n);
   const int64_t t = blockIdx.x >> 1;
   const int tid = threadIdx.x, bs = blockDim.x;
-  const float *xr = (h ? x2 : x1) + t * n;
   if (!(prew & 1)) norm_w_regs(w, n, wr);
+  if (!h && es.data) {
+    const int32_t tok = es.tok[t];
+    const bool ok = tok >= 0 && tok < es.n_vocab;
+    const uint8_t *er = es.data + (size_t)(ok ? tok : 0) * es.row_bytes;
 #pragma unroll 4
-  for (int i = tid; i < n; i += bs) {
-    const float v = xr[i];
-    xs[i] = v;
-    if (sq) sq_put(sq, rs, i, v);
+    for (int i = tid; i < n; i += bs) {
+      const float v = ok ? embed_elem(es.type, er, i) : __int_as_float(0x7fc00000);
+      xs[i] = v;
+      if (sq) sq_put(sq, rs, i, v);
+    }
+  } else {
+    const float *xr = (h ? x2 : x1) + t * n;
+#pragma unroll 4
+    for (int i = tid; i < n; i += bs) {
+      const float v = xr[i];
+      xs[i] = v;
+      if (sq) sq_put(sq, rs, i, v);
+    }
   }
   norm_row(xs, sq, w, wr, y + (2 * t + h) * n, n, eps);
   /* the half's chunks of the 2n-value row's quantization for qa (n a multiple of 256) */
@@ -430,9 +454,9 @@ extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta
              delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff, cuda_rt_prew());
 }
 
-extern "C" int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const float *w1, const float *x2,
-                                     const float *w2, float *y, int64_t n_rows, int64_t n, float eps, void *xq,
-                                     size_t xq_stride, void *stream) {
+static int norm_pair_launch(const cuda_mat *W, const float *x1, const float *w1, const float *x2, const float *w2,
+                            float *y, int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride,
+                            const EmbedSrc &es, void *stream) {
   if (n_rows <= 0) return 0;
   KArgs qa;
   int qkind;
@@ -441,8 +465,22 @@ extern "C" int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const f
   if (qkind == KACT_MLX || !act2_on() || n % 256) qkind = -1; /* the warp quantizer's whole chunks only */
   const int sqoff = act2_on() ? sq_off(n, 0) : 0;
   pdl_launch(k_norm_pair, dim3((unsigned)(2 * n_rows)), dim3(NORM_THREADS), norm_smem(n, 0, sqoff), (cudaStream_t)stream,
-             x1, w1, x2, w2, y, (int)n, eps, sqoff, qa, qkind, (uint8_t *)xq, xq_stride, cuda_rt_prew());
+             x1, w1, x2, w2, y, (int)n, eps, sqoff, qa, qkind, (uint8_t *)xq, xq_stride, cuda_rt_prew(), es);
   return qkind >= 0;
+}
+
+extern "C" int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const float *w1, const float *x2,
+                                     const float *w2, float *y, int64_t n_rows, int64_t n, float eps, void *xq,
+                                     size_t xq_stride, void *stream) {
+  return norm_pair_launch(W, x1, w1, x2, w2, y, n_rows, n, eps, xq, xq_stride, EmbedSrc{}, stream);
+}
+
+extern "C" int cuda_mm_embed_norm_pair_act(const cuda_mat *W, uint32_t etype, const void *edata, size_t erow_bytes,
+                                           int64_t n_vocab, const int32_t *tok, const float *w1, const float *x2,
+                                           const float *w2, float *y, int64_t n_rows, int64_t n, float eps, void *xq,
+                                           size_t xq_stride, void *stream) {
+  const EmbedSrc es = { (const uint8_t *)edata, erow_bytes, n_vocab, tok, etype };
+  return norm_pair_launch(W, nullptr, w1, x2, w2, y, n_rows, n, eps, xq, xq_stride, es, stream);
 }
 
 extern "C" void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y,
