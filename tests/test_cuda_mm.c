@@ -254,10 +254,16 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
    * rows; impls 2..8 run with it off: cuda_mm_set_few_mma(0)) */
   /* F32 / F16 / BF16: impl 2 k_plainn, impl 3 k_plain1n (a block row per activation row,
    * cuda_mm_set_plain1n) */
-  const int nimpl = kq ? 10 : pt ? 4 : ab ? 2 : 1;
+  /* the other quantized types (k_q16): impl 0 one warp a row (for 2..4 activation rows: one for
+   * all of them), 1 the lanes kernel, 2 / 3 one warp a row for each 1 / 2 of 2..4 activation rows
+   * (cuda_mm_set_q16_few_nb; 2 is the default) */
+  const bool q16 = ab && !kq && !pt;
+  const int nimpl = kq ? 10 : pt ? 4 : ab ? 4 : 1;
   for (int impl = 0; impl < nimpl; impl++)
   for (size_t t = 0; t < sizeof NBS / sizeof NBS[0]; t++) {
     const int nb = NBS[t];
+    if (q16 && impl >= 2 && (nb < 2 || nb > 4)) continue;
+    cuda_mm_set_q16_few_nb(q16 && impl == 2 ? 1 : q16 && impl == 3 ? 2 : 4);
     if (impl >= 3 && nb > 15) continue;
     if (impl >= 5 && impl <= 7 && nb > 1) continue;
     if (impl == 8 && nb < 2) continue;
@@ -266,7 +272,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
     cuda_mm_set_k4w_pipe(impl == 3 ? 2 : impl == 4 ? 4 : 1);
     cuda_mm_set_k4w_pair(impl == 5 || impl == 7);
     cuda_mm_set_k4v(impl == 6 ? 2 : impl == 7 ? 1 : impl == 8 ? 3 : 0);
-    cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 0 ? CUDA_MM_Q16_WARP : CUDA_MM_Q16_LANES);
+    cuda_mm_set_q16_impl(nimpl == 1 || kq || pt ? CUDA_MM_Q16_AUTO : impl == 1 ? CUDA_MM_Q16_LANES : CUDA_MM_Q16_WARP);
     cuda_mm_set_plain_tile(!pt || impl >= 1);
     cuda_mm_set_k4w(kq && impl >= 1);
     cuda_mm_set_few(impl >= 2);
@@ -326,7 +332,8 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
                                     : impl == 8 ? " (k_k4vn, 4 lanes a superblock)"
                                                 : " (k_k4mn, tensor cores)")
             : pt ? (impl == 0 ? " (k_plain)" : impl == 1 ? " (k_plain_tile)" : impl == 2 ? " (k_plainn)" : " (k_plain1n)")
-            : impl == 0 ? " (warp per row)" : " (4 lanes per thread)",
+            : impl == 0 ? " (warp per row, 2..4 activation rows in one)" : impl == 1 ? " (4 lanes per thread)"
+            : impl == 2 ? " (warp per row and activation row)" : " (warp per row and 2 activation rows)",
             path == 1 && plain_type(type) ? "AVX-512 order (lanes ref)" : "scalar", (long long)bad_s,
             bad_s >= 0 ? Yg[bad_s] : 0.0, bad_s >= 0 ? Ys[bad_s] : 0.0);
       if (path == 0)
@@ -338,6 +345,7 @@ static void check_matrix(uint32_t type, int bits, int group, uint32_t sbt, int64
     }
   }
   cuda_mm_set_q16_impl(CUDA_MM_Q16_AUTO);
+  cuda_mm_set_q16_few_nb(2); /* the default */
   cuda_mm_set_k4w(0);
   cuda_mm_set_k4w_pipe(1);
   cuda_mm_set_k4w_pair(1);
@@ -754,6 +762,27 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
     }
     CHECK(qok, "%s n=%lld T=%d %s fused: quantized bytes == cuda_mm_act_quantize", nm, (long long)n, T, fn);
     CHECK(cok, "%s n=%lld T=%d %s fused: quantized bytes == kern_act_quantize_rows", nm, (long long)n, T, fn);
+  }
+  { /* the trunk's first norm on embedding rows written in its launch (an F32 table of x's T rows,
+       the tokens reversed) == the norm on those rows: x written, the normed rows, the quantized bytes */
+    int32_t *tk = malloc(sizeof(int32_t) * (size_t)T);
+    float *xr = malloc(fb);
+    for (int t = 0; t < T; t++) tk[t] = T - 1 - t, memcpy(xr + (size_t)t * n, x + (size_t)(T - 1 - t) * n, 4 * (size_t)n);
+    int32_t *dtk = dev_put(tk, sizeof(int32_t) * (size_t)T);
+    float *dtab = dev_put(x, fb);
+    cuda_rt_h2d(dx2, xr, fb, err, sizeof err);
+    dev_poison(dx1, fb), dev_poison(dh1, fb), dev_poison(dh2, fb), dev_poison(dq1, xs * T), dev_poison(dq2, xs * T);
+    cuda_mm_embed_norm_act(&g.M, FLOE_TYPE_F32, dtab, 4 * (size_t)n, T, dtk, dx1, dw, dh1, T, n, 1e-6f, dq1, xs, NULL);
+    cuda_mm_norm_act(&g.M, dx2, NULL, dw, dh2, T, n, 1e-6f, dq2, xs, NULL);
+    CHECK(cuda_rt_check("embed_norm_act", err, sizeof err) == 0, "%s embed norm launch: %s", nm, err);
+    dev_get(h1, dh1, fb), dev_get(h2, dh2, fb), dev_get(x1, dx1, fb), dev_get(x2, dx2, fb);
+    dev_get(q1, dq1, xs * T), dev_get(q2, dq2, xs * T);
+    int ok = memcmp(h1, h2, fb) == 0 && memcmp(x1, x2, fb) == 0 && memcmp(x1, xr, fb) == 0;
+    for (int t = 0; t < T; t++) ok &= memcmp(q1 + (size_t)t * xs, q2 + (size_t)t * xs, ab) == 0;
+    CHECK(ok, "%s n=%lld T=%d norm on embedding rows written in its launch: x, the normed rows and the quantized "
+          "bytes == the norm on those rows", nm, (long long)n, T);
+    cuda_rt_free(dtk), cuda_rt_free(dtab);
+    free(tk), free(xr);
   }
   { /* the MTP's norm pair with the quantization of its 2n-value rows for a 2n-column matrix */
     tmat m2 = make_mat(type, bits, group, sbt, 3, 2 * n, 1);

@@ -1065,6 +1065,20 @@ static void test_embed(uint32_t type, int64_t n_embd) {
     const size_t ne = n_diff_bits(p1, p2, 10 * n_embd);
     CHECK(ne == 0, "norm pair on the embedding rows read in its launch == k_embed then the pair, the NaN row too (%zu "
           "differ)", ne);
+    /* the trunk's first norm: x set to the embedding rows and normed in one launch == k_embed's x,
+       then the norm (x written, y) */
+    float *dx = dup_dev(NULL, 5 * n_embd * 4), *dy = dup_dev(NULL, 5 * n_embd * 4), *dy2 = dup_dev(NULL, 5 * n_embd * 4);
+    float *gx = malloc(5 * n_embd * 4), *gy = malloc(5 * n_embd * 4), *gy2 = malloc(5 * n_embd * 4);
+    poison(dx, 5 * n_embd * 4), poison(dy, 5 * n_embd * 4), poison(dy2, 5 * n_embd * 4);
+    cuda_rmsnorm(dout, dw, dy2, 5, n_embd, 1e-6f, NULL);
+    cuda_mm_embed_norm_act(NULL, type, dt, rb, nv, dtok, dx, dw, dy, 5, n_embd, 1e-6f, NULL, 0, NULL);
+    CHECK(sync_ok(), "embedding norm ran");
+    get(gx, dx, 5 * n_embd * 4), get(gy, dy, 5 * n_embd * 4), get(gy2, dy2, 5 * n_embd * 4);
+    const size_t nx = n_diff_bits(gx, go, 5 * n_embd), ny = n_diff_bits(gy, gy2, 5 * n_embd);
+    CHECK(nx == 0 && ny == 0, "norm on the embedding rows written in its launch: x == k_embed's rows (%zu differ), y == "
+          "the norm of them (%zu differ)", nx, ny);
+    cuda_rt_free(dx), cuda_rt_free(dy), cuda_rt_free(dy2);
+    free(gx), free(gy), free(gy2);
     cuda_rt_free(dw), cuda_rt_free(dh), cuda_rt_free(dp);
     free(w), free(h), free(p1), free(p2);
   }

@@ -148,6 +148,9 @@ typedef struct cu_sess {
   /* the MTP rows' token embeddings read by their norm pair's launch (cuda_mm_embed_norm_pair_act)
    * instead of a k_embed launch before it: the same values (FLOE_CUDA_MTP_EMBED=0: the two) */
   bool mtp_embed;
+  /* the same for the trunk's first norm (cu_embed: cuda_mm_embed_norm_act; FLOE_CUDA_EMBED_NORM=0:
+   * k_embed, then the norm) */
+  bool embed_norm;
   int32_t *tok_hd, *pos_hd, *sg_hd;
   float *hin_hd, *hid_hd;
   int capturing;               /* -1 none, else the graph slot being captured */
@@ -501,6 +504,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   c->spec_direct = !(sd && sd[0] == '0');
   const char *me = getenv("FLOE_CUDA_MTP_EMBED");
   c->mtp_embed = !(me && me[0] == '0');
+  const char *en = getenv("FLOE_CUDA_EMBED_NORM");
+  c->embed_norm = !(en && en[0] == '0');
   c->tok_hd = cuda_rt_host_dev_ptr(c->tok_h);
   c->pos_hd = cuda_rt_host_dev_ptr(c->pos_h);
   c->hin_hd = cuda_rt_host_dev_ptr(c->hin_h);
@@ -669,8 +674,11 @@ static const dmat *next_act(model_session *s, int64_t l, bool moe, int *slot) {
 /* h = rmsnorm(x (+= delta)) * w, n rows (delta NULL: no add), quantized in the same launch for
  * the next_act(l_next, moe) consumer; or, when y is not NULL, the MoE combine of y (K slots,
  * weights wts, shared expert sh / shl) into x first. */
+/* emb (not NULL, delta and y NULL): x's rows are first set to the token embedding rows of c->tok in
+ * the norm's launch (cuda_mm_embed_norm_act) */
 static void h_norm_at(model_session *s, float *x, const float *delta, const float *w, int64_t n, const dmat *lay,
-                      int slot, const float *y, const float *wts, int K, const float *sh, const float *shl) {
+                      int slot, const float *y, const float *wts, int K, const float *sh, const float *shl,
+                      const cuda_mat *emb) {
   cu_sess *c = s->dev;
   const floe_hparams *hp = &s->m->hp;
   c->hq[0] = c->hq[1] = NULL;
@@ -679,6 +687,9 @@ static void h_norm_at(model_session *s, float *x, const float *delta, const floa
   const size_t xs = lay ? cuda_mm_act_bytes(W) : 0;
   if (y)
     cuda_mm_combine_act(W, x, y, wts, K, sh, shl, w, c->h, hp->rms_eps, n, hp->n_embd, xq, xs, c->stream);
+  else if (emb)
+    cuda_mm_embed_norm_act(W, emb->type, emb->data, emb->row_bytes, emb->rows, c->tok, x, w, c->h, n, hp->n_embd,
+                           hp->rms_eps, xq, xs, c->stream);
   else
     cuda_mm_norm_act(W, x, delta, w, c->h, n, hp->n_embd, hp->rms_eps, xq, xs, c->stream);
   if (lay) {
@@ -690,7 +701,7 @@ static void h_norm(model_session *s, float *x, const float *delta, const float *
                    const float *y, const float *wts, int K, const float *sh, const float *shl) {
   int slot = 0;
   const dmat *lay = next_act(s, l_next, moe, &slot);
-  h_norm_at(s, x, delta, w, n, lay, slot, y, wts, K, sh, shl);
+  h_norm_at(s, x, delta, w, n, lay, slot, y, wts, K, sh, shl, NULL);
 }
 
 /* The MTP block's input norm (layer n_layer, full attention), quantized in the same launch for
@@ -700,7 +711,7 @@ static void h_norm_mtp(model_session *s, float *x, int64_t n) {
   const cu_model *cm = s->m->dev;
   const cu_layer *L = &cm->L[s->m->hp.n_layer];
   const dmat *lay = s->act_q && act_bytes_of(&L->wq) ? &L->wq : NULL;
-  h_norm_at(s, x, NULL, L->attn_norm, n, lay, 0, NULL, NULL, 0, NULL, NULL);
+  h_norm_at(s, x, NULL, L->attn_norm, n, lay, 0, NULL, NULL, 0, NULL, NULL, NULL);
 }
 
 /* Y = W X through the input prepared for layout lay (quantized when W shares it), else float. */
@@ -952,7 +963,15 @@ static void cu_embed(model_session *s, const int32_t *tokens, int64_t n, float *
   const cu_model *cm = m->dev;
   const int64_t E = m->hp.n_embd;
   const cuda_mat *T = &cm->tok_embd.d;
-  if (cuda_embed_check(T->type, E, NULL, 0) == 0)
+  const bool ek = cuda_embed_check(T->type, E, NULL, 0) == 0;
+  if (ek && c->embed_norm) { /* the rows written and normed by one launch */
+    int slot = 0;
+    const dmat *lay = next_act(s, 0, false, &slot);
+    h_norm_at(s, x, NULL, cm->L[0].attn_norm, n, lay, slot, NULL, NULL, 0, NULL, NULL, T);
+    prof(s, MODEL_PH_OTHER);
+    return;
+  }
+  if (ek)
     cuda_embed_rows(T->type, T->data, T->row_bytes, T->rows, E, c->tok, n, x, c->stream);
   else
     cuda_mm_dequant_rows(T, c->tok, n, x, E, c->stream);

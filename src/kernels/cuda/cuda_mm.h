@@ -101,6 +101,12 @@ int cuda_mm_router_route(const cuda_mat *W, const float *x, float *logits, int N
  * row t of y (h). W == NULL: the plain norm (cuda_ops.h's functions are these). */
 void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const float *w, float *y, int64_t n_rows,
                       int64_t n, float eps, void *xq, size_t xq_stride, void *stream);
+/* cuda_mm_norm_act on x's rows set to the token embedding rows of tok[0..n_rows) (device ints; the
+ * matrix edata of etype, erow_bytes a row, n_vocab rows; a type cuda_embed_check takes) in the same
+ * launch: x and y (and xq) as cuda_embed_rows into x, then cuda_mm_norm_act(delta NULL), bit for bit. */
+void cuda_mm_embed_norm_act(const cuda_mat *W, uint32_t etype, const void *edata, size_t erow_bytes, int64_t n_vocab,
+                            const int32_t *tok, float *x, const float *w, float *y, int64_t n_rows, int64_t n,
+                            float eps, void *xq, size_t xq_stride, void *stream);
 /* Two norms in one launch (the MTP's input): y row t (2n floats) = [rmsnorm(x1 row t) * w1 |
  * rmsnorm(x2 row t) * w2], each half cuda_rmsnorm's bits. */
 void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y, int64_t n_rows,
@@ -261,6 +267,9 @@ void cuda_mm_set_pf(int on, int max_blocks);
  * several-row kernels (k_k4 / k_plain_tile). The same bits (test_cuda_mm runs both);
  * FLOE_CUDA_FEW=0 sets 0 at the first launch. */
 void cuda_mm_set_few(int on);
+/* Tests: activation rows a warp takes in k_q16's launches of 2..4 rows (1, 2 or 4; 2 the default,
+ * FLOE_CUDA_Q16_FEW_NB at the first call): the same bits */
+void cuda_mm_set_q16_few_nb(int nb);
 /* Activation quantization of A32 / A256 rows (cuda_mm_act_quantize, the fused norms) and the MoE
  * combine's sum: 1 = a warp per 256 values in registers and the combine's loads batched (the
  * default), 0 = the first forms. The same bytes (test_cuda_mm runs both); FLOE_CUDA_ACT2=0 sets

@@ -197,6 +197,24 @@ __device__ __forceinline__ void norm_w_regs(const float *__restrict__ w, int n, 
   }
 }
 
+/* Token embedding rows read by a norm's launch instead of written by k_embed before it (data not
+ * NULL: row t is row tok[t] of the embedding matrix, embed_elem's values, NaN for an id out of
+ * range, as k_embed writes them) */
+struct EmbedSrc {
+  const uint8_t *data;
+  size_t row_bytes;
+  int64_t n_vocab;
+  const int32_t *tok;
+  uint32_t type;
+};
+
+/* embedding row tok[t]'s element i (k_embed's value) */
+__device__ __forceinline__ const uint8_t *embed_src_row(const EmbedSrc &es, int64_t t, bool *ok) {
+  const int32_t tok = es.tok[t];
+  *ok = tok >= 0 && tok < es.n_vocab;
+  return es.data + (size_t)(*ok ? tok : 0) * es.row_bytes;
+}
+
 /* RMSNorm over rows, optionally after the residual add (x += delta, written back) and optionally
  * followed by the quantization of the normed row (qkind >= 0: act_row for qa into xq). One block
  * per row; a one-row norm is latency-bound, so every global load of a phase is issued before its
@@ -205,7 +223,7 @@ __device__ __forceinline__ void norm_w_regs(const float *__restrict__ w, int n, 
 __global__ void __launch_bounds__(NORM_THREADS)
     k_norm(float *__restrict__ x, const float *__restrict__ delta, const float *__restrict__ w, float *__restrict__ y,
            int n, float eps, KArgs qa, int qkind, uint8_t *__restrict__ xq, size_t xqs, int impl, int sqoff,
-           int prew) {
+           int prew, EmbedSrc es) {
   float wr[NORM_PER];
   if (prew & 1) norm_w_regs(w, n, wr); /* the model's weights: before the wait (pdl.cuh, cuda_rt_prew) */
   if (prew & 2) PDL_WAIT(); /* the next kernel scheduled once the row is in (PDL_TRIGGER below) */
@@ -226,6 +244,16 @@ __global__ void __launch_bounds__(NORM_THREADS)
       xs[i] = v;
       if (sq) sq_put(sq, rs, i, v);
     }
+  } else if (es.data) { /* x's row is the embedding row of tok[row]: written here, then normed */
+    bool ok;
+    const uint8_t *er = embed_src_row(es, row, &ok);
+#pragma unroll 4
+    for (int i = tid; i < n; i += bs) {
+      const float v = ok ? embed_elem(es.type, er, i) : __int_as_float(0x7fc00000);
+      xr[i] = v;
+      xs[i] = v;
+      if (sq) sq_put(sq, rs, i, v);
+    }
   } else {
 #pragma unroll 4
     for (int i = tid; i < n; i += bs) {
@@ -241,16 +269,6 @@ __global__ void __launch_bounds__(NORM_THREADS)
   if (act_warp_ok(impl, qkind)) act_row_warp(qa, qkind, xs, xq + (size_t)row * xqs);
   else act_row(qa, qkind, xs, xs + n, xq + (size_t)row * xqs);
 }
-
-/* The embedding rows of the MTP's norm pair read in its launch (EmbedSrc.data not NULL: x1 row t
- * is row tok[t] of the embedding matrix, embed_elem's values, as k_embed would have written them) */
-struct EmbedSrc {
-  const uint8_t *data;
-  size_t row_bytes;
-  int64_t n_vocab;
-  const int32_t *tok;
-  uint32_t type;
-};
 
 /* The MTP's input rows: y row t = [rmsnorm(x1 row t) * w1 | rmsnorm(x2 row t) * w2] (rows of n, y's
  * of 2n), a block per half row: k_norm's loads and norm_row, so each half is k_norm's bits; with
@@ -273,9 +291,8 @@ __global__ void __launch_bounds__(NORM_THREADS)
   const int tid = threadIdx.x, bs = blockDim.x;
   if (!(prew & 1)) norm_w_regs(w, n, wr);
   if (!h && es.data) {
-    const int32_t tok = es.tok[t];
-    const bool ok = tok >= 0 && tok < es.n_vocab;
-    const uint8_t *er = es.data + (size_t)(ok ? tok : 0) * es.row_bytes;
+    bool ok;
+    const uint8_t *er = embed_src_row(es, t, &ok);
 #pragma unroll 4
     for (int i = tid; i < n; i += bs) {
       const float v = ok ? embed_elem(es.type, er, i) : __int_as_float(0x7fc00000);
@@ -442,8 +459,8 @@ static size_t norm_smem(int64_t n, size_t extra, int sqoff) {
   return (sqoff ? (size_t)sqoff + (size_t)16 * sq_rs((int)n) : (size_t)n + extra) * sizeof(float);
 }
 
-extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const float *w, float *y,
-                                 int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream) {
+static void norm_launch(const cuda_mat *W, float *x, const float *delta, const float *w, float *y, int64_t n_rows,
+                        int64_t n, float eps, void *xq, size_t xq_stride, const EmbedSrc &es, void *stream) {
   if (n_rows <= 0) return;
   KArgs qa;
   int qkind;
@@ -451,7 +468,19 @@ extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta
   act_epilogue(xq && w ? W : nullptr, &qa, &qkind, &extra);
   const int sqoff = w && act2_on() ? sq_off(n, extra) : 0;
   pdl_launch(k_norm, dim3((unsigned)n_rows), dim3(NORM_THREADS), norm_smem(n, extra, sqoff), (cudaStream_t)stream, x,
-             delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff, cuda_rt_prew());
+             delta, w, y, (int)n, eps, qa, qkind, (uint8_t *)xq, xq_stride, act2_on(), sqoff, cuda_rt_prew(), es);
+}
+
+extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const float *w, float *y,
+                                 int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream) {
+  norm_launch(W, x, delta, w, y, n_rows, n, eps, xq, xq_stride, EmbedSrc{}, stream);
+}
+
+extern "C" void cuda_mm_embed_norm_act(const cuda_mat *W, uint32_t etype, const void *edata, size_t erow_bytes,
+                                       int64_t n_vocab, const int32_t *tok, float *x, const float *w, float *y,
+                                       int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream) {
+  const EmbedSrc es = { (const uint8_t *)edata, erow_bytes, n_vocab, tok, etype };
+  norm_launch(W, x, nullptr, w, y, n_rows, n, eps, xq, xq_stride, es, stream);
 }
 
 static int norm_pair_launch(const cuda_mat *W, const float *x1, const float *w1, const float *x2, const float *w2,

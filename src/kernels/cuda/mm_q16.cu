@@ -260,12 +260,34 @@ __global__ void __launch_bounds__(32 * WPB) k_q16(KArgs a, KArgs a2, int64_t nb,
   }
 }
 
-/* MM_PLAIN with nb >= 2 activation rows: NB = 4 or 16 rows a block, each output row written where
- * o says (a plain matmul, or a joined matrix's parts: cuda_mm_matmul_parts) */
+/* Activation rows a warp takes in a launch of 2..4 rows (a verify's; FLOE_CUDA_Q16_FEW_NB=1 / 2 / 4
+ * at the first call): 2, the default, gives the launch ceil(nb / 2) warps a weight row (blockIdx.y
+ * picks the rows, the weights read again from L2), each half the chain of one warp for all of them
+ * (4). Each output's operations do not depend on the rows beside it: the same bits. Session 27, the
+ * default model's --mtp 3 (verify of 4 rows), three alternated rounds, 4 / 1 / 2: 1.685 / 1.740 /
+ * 1.744, 1.676 / 1.709 / 1.751, 1.709 / 1.736 / 1.722 x. */
+static int g_q16_few_nb = -1;
+static int q16_few_nb(void) {
+  if (g_q16_few_nb < 0) {
+    const int v = mm_env_int("FLOE_CUDA_Q16_FEW_NB", 2);
+    g_q16_few_nb = v == 1 || v == 4 ? v : 2;
+  }
+  return g_q16_few_nb;
+}
+
+/* MM_PLAIN with nb >= 2 activation rows: NB = 4 (or q16_few_nb()'s 1 / 2) or 16 rows a block, each
+ * output row written where o says (a plain matmul, or a joined matrix's parts: cuda_mm_matmul_parts) */
 template <int T>
 void rows_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
   const unsigned gx = (unsigned)((a.rows + WPB - 1) / WPB);
-  if (nb <= 4)
+  const int fnb = nb <= 4 ? q16_few_nb() : 4;
+  if (fnb == 1)
+    pdl_launch(k_q16<T, 1, MM_PLAIN>, dim3(gx, (unsigned)nb), dim3(32 * WPB), (size_t)0, st, a, a, nb, 1, nullptr, xq, xs,
+               o);
+  else if (fnb == 2)
+    pdl_launch(k_q16<T, 2, MM_PLAIN>, dim3(gx, (unsigned)((nb + 1) / 2)), dim3(32 * WPB), (size_t)0, st, a, a, nb, 1,
+               nullptr, xq, xs, o);
+  else if (nb <= 4)
     pdl_launch(k_q16<T, 4, MM_PLAIN>, dim3(gx, 1), dim3(32 * WPB), (size_t)0, st, a, a, nb, 1, nullptr, xq, xs, o);
   else
     pdl_launch(k_q16<T, 16, MM_PLAIN>, dim3(gx, (unsigned)((nb + 15) / 16)), dim3(32 * WPB), (size_t)0, st, a, a, nb, 1,
@@ -308,6 +330,8 @@ bool q16_type(const KArgs &a, F f) {
 }
 
 } // namespace
+
+extern "C" void cuda_mm_set_q16_few_nb(int nb) { g_q16_few_nb = nb == 1 || nb == 4 ? nb : 2; }
 
 bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
   if (!mm_few_on() || nb < 2 || nb > 15) return false;
