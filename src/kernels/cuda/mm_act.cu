@@ -208,11 +208,20 @@ struct EmbedSrc {
   uint32_t type;
 };
 
-/* embedding row tok[t]'s element i (k_embed's value) */
-__device__ __forceinline__ const uint8_t *embed_src_row(const EmbedSrc &es, int64_t t, bool *ok) {
+/* embedding row tok[t] (k_embed's values) staged for a norm: into xs (and the squares' sq), and
+ * into the residual row x when x is not NULL */
+__device__ __forceinline__ void embed_stage(const EmbedSrc &es, int64_t t, float *x, float *xs, float *sq, int rs,
+                                            int n) {
   const int32_t tok = es.tok[t];
-  *ok = tok >= 0 && tok < es.n_vocab;
-  return es.data + (size_t)(*ok ? tok : 0) * es.row_bytes;
+  const bool ok = tok >= 0 && tok < es.n_vocab;
+  const uint8_t *er = es.data + (size_t)(ok ? tok : 0) * es.row_bytes;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = ok ? embed_elem(es.type, er, i) : __int_as_float(0x7fc00000);
+    if (x) x[i] = v;
+    xs[i] = v;
+    if (sq) sq_put(sq, rs, i, v);
+  }
 }
 
 /* RMSNorm over rows, optionally after the residual add (x += delta, written back) and optionally
@@ -245,15 +254,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
       if (sq) sq_put(sq, rs, i, v);
     }
   } else if (es.data) { /* x's row is the embedding row of tok[row]: written here, then normed */
-    bool ok;
-    const uint8_t *er = embed_src_row(es, row, &ok);
-#pragma unroll 4
-    for (int i = tid; i < n; i += bs) {
-      const float v = ok ? embed_elem(es.type, er, i) : __int_as_float(0x7fc00000);
-      xr[i] = v;
-      xs[i] = v;
-      if (sq) sq_put(sq, rs, i, v);
-    }
+    embed_stage(es, row, xr, xs, sq, rs, n);
   } else {
 #pragma unroll 4
     for (int i = tid; i < n; i += bs) {
@@ -291,14 +292,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
   const int tid = threadIdx.x, bs = blockDim.x;
   if (!(prew & 1)) norm_w_regs(w, n, wr);
   if (!h && es.data) {
-    bool ok;
-    const uint8_t *er = embed_src_row(es, t, &ok);
-#pragma unroll 4
-    for (int i = tid; i < n; i += bs) {
-      const float v = ok ? embed_elem(es.type, er, i) : __int_as_float(0x7fc00000);
-      xs[i] = v;
-      if (sq) sq_put(sq, rs, i, v);
-    }
+    embed_stage(es, t, nullptr, xs, sq, rs, n);
   } else {
     const float *xr = (h ? x2 : x1) + t * n;
 #pragma unroll 4
