@@ -39,6 +39,7 @@
 #include "kernels/cuda/cuda_mm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_rt.h"
+#include "kernels/cuda/cuda_spec.h"
 #include "test.h"
 
 static floe_rng rng, rng_sc;
@@ -706,6 +707,98 @@ static void check_act(uint32_t type, int64_t cols, int nb) {
   tmat_free(&m);
 }
 
+/* The heads that gather their rows' argmax in their launch (cuda_mm_matmul_amax, the one-pass
+ * speculative step's FLOE_CUDA_SPEC_AMAX): the logits the same bits as cuda_mm_matmul's, each row's
+ * gathered index the CPU's kern_argmax of those logits (ties: rows 5 and 9 of W equal, so two
+ * logits tie in every activation row, and the lower index wins), read by cuda_amk_tokens, by the
+ * accept launch (cuda_spec_accept_keys: its argmaxes and count) and by the embedding norm (the
+ * last row's token written and used). */
+static void check_amax(uint32_t type, int64_t rows, int64_t cols) {
+  tmat m = make_mat(type, 0, 0, 0, rows, cols, 1);
+  memcpy(m.data + 9 * m.W.row_bytes, m.data + 5 * m.W.row_bytes, m.W.row_bytes);
+  char nm[64];
+  tname(&m.W, nm, sizeof nm);
+  dmat g = upload(&m, 1);
+  const size_t ab = kern_act_bytes(&m.W);
+  const int want_ok = ab && rows < 16384 && type != FLOE_TYPE_Q4_K && type != FLOE_TYPE_Q5_K; /* k_q16's types */
+  CHECK(cuda_mm_amax_ok(&g.M, 1) == want_ok, "%s %lldx%lld: the launch gathers the argmax: %d (want %d)", nm,
+        (long long)rows, (long long)cols, cuda_mm_amax_ok(&g.M, 1), want_ok);
+  if (!want_ok) {
+    dmat_free(&g);
+    tmat_free(&m);
+    return;
+  }
+  for (int nb = 1; nb <= 5; nb++) {
+    float *X = malloc(sizeof(float) * (size_t)(cols * nb));
+    fill_x(X, cols * nb);
+    uint8_t *xq = malloc(ab * (size_t)nb);
+    kern_act_quantize_rows(&m.W, nb, X, cols, xq, ab);
+    void *dxq = dev_put(xq, ab * (size_t)nb);
+    const size_t kb = (size_t)nb * CUDA_AMK_ROW * 8, yb = sizeof(float) * (size_t)(rows * nb);
+    unsigned long long *dk = dev_put(NULL, kb);
+    cuda_rt_memset_async(dk, 0, kb, NULL);
+    float *dY = dev_put(NULL, yb), *dY2 = dev_put(NULL, yb), *Y = malloc(yb), *Y2 = malloc(yb);
+    dev_poison(dY, yb), dev_poison(dY2, yb);
+    const int ok = cuda_mm_matmul_amax(&g.M, nb, dxq, ab, dY, rows, dk, NULL);
+    cuda_mm_matmul(&g.M, nb, NULL, 0, dxq, ab, dY2, rows, NULL);
+    int32_t *dt = dev_put(NULL, 4 * 8), t[8], want[8];
+    cuda_amk_tokens(dk, nb, dt, NULL);
+    CHECK(cuda_rt_check("amax", err, sizeof err) == 0, "%s amax launch: %s", nm, err);
+    dev_get(Y, dY, yb), dev_get(Y2, dY2, yb), dev_get(t, dt, 4 * (size_t)nb);
+    int tok_ok = ok;
+    for (int b = 0; b < nb; b++) {
+      want[b] = (int32_t)kern_argmax(Y2 + (size_t)b * rows, rows);
+      tok_ok &= t[b] == want[b];
+    }
+    CHECK(ok && memcmp(Y, Y2, yb) == 0, "%s %lldx%lld nb=%d: gathering launch (%d): logits == cuda_mm_matmul's", nm,
+          (long long)rows, (long long)cols, nb, ok);
+    CHECK(tok_ok, "%s %lldx%lld nb=%d: gathered argmax == kern_argmax of every row (row 0: %d vs %d)", nm,
+          (long long)rows, (long long)cols, nb, t[0], want[0]);
+    if (nb >= 2) { /* the accept launch: drafts equal to the argmaxes of rows 0..a-1, then one off */
+      const int k = nb - 1;
+      int32_t dr[8], out[16];
+      const int a = k / 2 + (nb & 1);
+      for (int i = 0; i < k; i++) dr[i] = i < a ? want[i] : want[i] + 1;
+      int32_t *ddr = dev_put(dr, 4 * (size_t)k), *dout = dev_put(NULL, 4 * 16);
+      float *drow = dev_put(NULL, sizeof(float) * (size_t)rows), *row = malloc(sizeof(float) * (size_t)rows);
+      cuda_rt_memset_async(dout, 0xFF, 4 * 16, NULL);
+      cuda_spec_accept_keys(ddr, dk, dout, k, dout + 8, dY2, rows, drow, NULL);
+      dev_get(out, dout, 4 * 16), dev_get(row, drow, sizeof(float) * (size_t)rows);
+      int am_ok = out[8] == a && memcmp(row, Y2 + (size_t)a * rows, sizeof(float) * (size_t)rows) == 0;
+      for (int i = 0; i <= k; i++) am_ok &= out[i] == want[i];
+      CHECK(am_ok, "%s nb=%d: the accept launch on the keys: argmaxes, count %d (want %d), the accepted row", nm, nb,
+            out[8], a);
+      cuda_rt_free(ddr), cuda_rt_free(dout), cuda_rt_free(drow);
+      free(row);
+    }
+    { /* the embedding norm's last row from the keys: its token written, its row the embedding of it
+         (an F32 table of rows x 4 floats whose row r is r, r, r, r) */
+      const int64_t E = 4;
+      float *tab = malloc(sizeof(float) * (size_t)(rows * E)), w[4] = {1, 1, 1, 1}, x[8 * 4];
+      for (int64_t r = 0; r < rows * E; r++) tab[r] = (float)(r / E);
+      int32_t tk[8];
+      for (int b = 0; b < nb; b++) tk[b] = b; /* the last one is overwritten by the keys' */
+      float *dtab = dev_put(tab, sizeof(float) * (size_t)(rows * E)), *dw = dev_put(w, sizeof w);
+      float *dx = dev_put(NULL, sizeof x), *dyn = dev_put(NULL, sizeof x);
+      int32_t *dtk = dev_put(tk, 4 * (size_t)nb);
+      cuda_mm_embed_norm_act(NULL, FLOE_TYPE_F32, dtab, 4 * (size_t)E, rows, dtk, dk + (size_t)(nb - 1) * CUDA_AMK_ROW,
+                             dx, dw, dyn, nb, E, 1e-6f, NULL, 0, NULL);
+      dev_get(x, dx, 4 * (size_t)(nb * E)), dev_get(tk, dtk, 4 * (size_t)nb);
+      int e_ok = tk[nb - 1] == want[nb - 1];
+      for (int b = 0; b < nb; b++)
+        for (int64_t i = 0; i < E; i++) e_ok &= x[b * E + i] == (float)(b == nb - 1 ? want[nb - 1] : b);
+      CHECK(e_ok, "%s nb=%d: the embedding norm's last row from the keys: token %d (want %d) and its row", nm, nb,
+            tk[nb - 1], want[nb - 1]);
+      cuda_rt_free(dtab), cuda_rt_free(dw), cuda_rt_free(dx), cuda_rt_free(dyn), cuda_rt_free(dtk);
+      free(tab);
+    }
+    cuda_rt_free(dxq), cuda_rt_free(dk), cuda_rt_free(dY), cuda_rt_free(dY2), cuda_rt_free(dt);
+    free(X), free(xq), free(Y), free(Y2);
+  }
+  dmat_free(&g);
+  tmat_free(&m);
+}
+
 /* The norms with the quantization fused (cuda_mm_norm_act, cuda_mm_combine_act): the normed rows
  * equal the plain norm's (cuda_add_rmsnorm / cuda_moe_combine, held to the CPU by test_cuda_ops),
  * the x written back equals, and the quantized bytes equal cuda_mm_act_quantize of those rows and
@@ -772,7 +865,7 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
     float *dtab = dev_put(x, fb);
     cuda_rt_h2d(dx2, xr, fb, err, sizeof err);
     dev_poison(dx1, fb), dev_poison(dh1, fb), dev_poison(dh2, fb), dev_poison(dq1, xs * T), dev_poison(dq2, xs * T);
-    cuda_mm_embed_norm_act(&g.M, FLOE_TYPE_F32, dtab, 4 * (size_t)n, T, dtk, dx1, dw, dh1, T, n, 1e-6f, dq1, xs, NULL);
+    cuda_mm_embed_norm_act(&g.M, FLOE_TYPE_F32, dtab, 4 * (size_t)n, T, dtk, NULL, dx1, dw, dh1, T, n, 1e-6f, dq1, xs, NULL);
     cuda_mm_norm_act(&g.M, dx2, NULL, dw, dh2, T, n, 1e-6f, dq2, xs, NULL);
     CHECK(cuda_rt_check("embed_norm_act", err, sizeof err) == 0, "%s embed norm launch: %s", nm, err);
     dev_get(h1, dh1, fb), dev_get(h2, dh2, fb), dev_get(x1, dx1, fb), dev_get(x2, dx2, fb);
@@ -816,7 +909,7 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
       int32_t *dtk = dev_put(tk, sizeof(int32_t) * (size_t)T);
       float *dxr = dev_put(xr, fb);
       dev_poison(dp1, fb2), dev_poison(dp2, fb2), dev_poison(dr1, xs2 * T), dev_poison(dr2, xs2 * T);
-      const int qe = cuda_mm_embed_norm_pair_act(&g2.M, FLOE_TYPE_F32, dx1, 4 * (size_t)n, T, dtk, dw, ddl, dw, dp1, T,
+      const int qe = cuda_mm_embed_norm_pair_act(&g2.M, FLOE_TYPE_F32, dx1, 4 * (size_t)n, T, dtk, NULL, dw, ddl, dw, dp1, T,
                                                  n, 1e-6f, dr1, xs2, NULL);
       const int qr = cuda_mm_norm_pair_act(&g2.M, dxr, dw, ddl, dw, dp2, T, n, 1e-6f, dr2, xs2, NULL);
       CHECK(cuda_rt_check("embed_norm_pair", err, sizeof err) == 0, "%s embed norm pair launch: %s", nm, err);
@@ -1043,6 +1136,13 @@ int main(void) {
   cuda_rt_set_prew(0);
   cuda_mm_set_act2(1);
   g_act2 = 1;
+  SECTION("heads gathering their argmax (cuda_mm_matmul_amax)");
+  check_amax(FLOE_TYPE_Q8_0, 8192, 256);  /* the default model's head */
+  check_amax(FLOE_TYPE_Q6_K, 1003, 512);
+  check_amax(FLOE_TYPE_IQ4_XS, 67, 256);
+  check_amax(FLOE_TYPE_Q4_0, 19, 64);
+  check_amax(FLOE_TYPE_Q4_K, 67, 512);     /* not gathered: k_k4 */
+  check_amax(FLOE_TYPE_Q8_0, 16384, 64);   /* not gathered: the lanes kernel's size */
   SECTION("mlx");
   static const int mbits[] = {4, 8, 2, 3, 5, 6};
   static const int mgroups[] = {32, 64, 128};

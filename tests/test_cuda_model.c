@@ -21,9 +21,11 @@
  *     differently), normed outputs likewise; its rows one at a time bit-identical to one batch;
  *  6. the one-pass greedy step (model_spec_greedy) against the same step composed of MTP
  *     evaluations, host argmaxes and model_verify: drafts, argmaxes, accept counts, hidden rows
- *     and the accepted row's logits bit for bit, recorded steps replayed at later positions;
+ *     and the accepted row's logits bit for bit, recorded steps replayed at later positions (and
+ *     again with the one-pass step's heads gathering their argmaxes, FLOE_CUDA_SPEC_AMAX=1);
  *  7. floe_generate with --mtp 1..4 on the GPU: the same greedy ids as --mtp 0 on the GPU and as
- *     the CPU's --mtp 0, with the one-pass step and with the composed one (FLOE_CUDA_MTP_FUSED=0),
+ *     the CPU's --mtp 0, with the one-pass step (its heads gathering their argmaxes too:
+ *     FLOE_CUDA_SPEC_AMAX=1) and with the composed one (FLOE_CUDA_MTP_FUSED=0),
  *     which take the same drafts (the same tokens per step).
  * FLOE_TEST_SYNTH=FILE (a `floe synth` model, e.g. the 35B-A3B shape): its first 64 greedy tokens
  * are the same through the decode path (one token at a time) and the prefill path (the prompt
@@ -613,24 +615,28 @@ static void test_mtp_generate(const char *path) {
   while (rc == 0 && rc2 == 0 && same < NG * NP && cpu[same] == base[same]) same++;
   CHECK(rc == 0 && rc2 == 0 && same == NG * NP, "GPU --mtp 0 ids equal the CPU's (%lld of %d)", (long long)same,
         NG * NP);
-  /* FLOE_CUDA_MTP_FUSED (read by each new session): 1 the one-pass greedy step, 0 the composed one */
-  for (int fused = 1; fused >= 0; fused--) {
-    setenv("FLOE_CUDA_MTP_FUSED", fused ? "1" : "0", 1);
+  /* FLOE_CUDA_MTP_FUSED (read by each new session): the one-pass greedy step (mode 2), the same with
+   * its heads gathering their argmaxes (FLOE_CUDA_SPEC_AMAX=1, mode 1), the composed step (0) */
+  static const char *const mname[] = { "composed", "one pass, argmax gathered by the heads", "one pass" };
+  for (int mode = 2; mode >= 0; mode--) {
+    setenv("FLOE_CUDA_MTP_FUSED", mode ? "1" : "0", 1);
+    setenv("FLOE_CUDA_SPEC_AMAX", mode == 1 ? "1" : "0", 1);
     for (int k = 1; k <= 4 && rc2 == 0; k++) {
       rc = gen_ids(path, FLOE_DEVICE_CUDA, k, got, NG, NP, &tps);
       int64_t eq = 0;
       while (rc == 0 && eq < NG * NP && got[eq] == base[eq]) eq++;
-      printf("  --mtp %d (%s): %.2f tokens per speculative step\n", k, fused ? "one pass" : "composed", tps);
-      CHECK(rc == 0 && eq == NG * NP, "GPU --mtp %d (%s) ids equal --mtp 0 (%lld of %d)", k,
-            fused ? "one pass" : "composed", (long long)eq, NG * NP);
+      printf("  --mtp %d (%s): %.2f tokens per speculative step\n", k, mname[mode], tps);
+      CHECK(rc == 0 && eq == NG * NP, "GPU --mtp %d (%s) ids equal --mtp 0 (%lld of %d)", k, mname[mode],
+            (long long)eq, NG * NP);
       CHECK(tps > 1.0, "GPU --mtp %d took speculative steps that accepted drafts (%.2f tokens a step)", k, tps);
-      if (fused) tps_fused[k] = tps;
+      if (mode == 2) tps_fused[k] = tps;
       else
-        CHECK(tps == tps_fused[k], "GPU --mtp %d: the same acceptance one-pass and composed (%.4f vs %.4f tokens a step)",
-              k, tps_fused[k], tps);
+        CHECK(tps == tps_fused[k], "GPU --mtp %d: the same acceptance one-pass and %s (%.4f vs %.4f tokens a step)", k,
+              mname[mode], tps_fused[k], tps);
     }
   }
   unsetenv("FLOE_CUDA_MTP_FUSED");
+  unsetenv("FLOE_CUDA_SPEC_AMAX");
   free(cpu), free(base), free(got);
 }
 
@@ -644,6 +650,9 @@ static void test_spec(const char *path, bool graphs) {
     test_keep(mg);
     test_mtp_block(mg, mc);
     test_spec_fused(mg);
+    setenv("FLOE_CUDA_SPEC_AMAX", "1", 1); /* the heads gather their argmaxes (read by each new session) */
+    test_spec_fused(mg);
+    unsetenv("FLOE_CUDA_SPEC_AMAX");
   }
   model_free(mg);
   model_free(mc);

@@ -1058,7 +1058,7 @@ static void test_embed(uint32_t type, int64_t n_embd) {
     CHECK(sync_ok(), "norm pair ran");
     get(p1, dp, 10 * n_embd * 4);
     poison(dp, 10 * n_embd * 4);
-    CHECK(cuda_mm_embed_norm_pair_act(NULL, type, dt, rb, nv, dtok, dw, dh, dw, dp, 5, n_embd, 1e-6f, NULL, 0, NULL) == 0,
+    CHECK(cuda_mm_embed_norm_pair_act(NULL, type, dt, rb, nv, dtok, NULL, dw, dh, dw, dp, 5, n_embd, 1e-6f, NULL, 0, NULL) == 0,
           "embedding norm pair without a matrix: nothing quantized");
     CHECK(sync_ok(), "embedding norm pair ran");
     get(p2, dp, 10 * n_embd * 4);
@@ -1071,7 +1071,7 @@ static void test_embed(uint32_t type, int64_t n_embd) {
     float *gx = malloc(5 * n_embd * 4), *gy = malloc(5 * n_embd * 4), *gy2 = malloc(5 * n_embd * 4);
     poison(dx, 5 * n_embd * 4), poison(dy, 5 * n_embd * 4), poison(dy2, 5 * n_embd * 4);
     cuda_rmsnorm(dout, dw, dy2, 5, n_embd, 1e-6f, NULL);
-    cuda_mm_embed_norm_act(NULL, type, dt, rb, nv, dtok, dx, dw, dy, 5, n_embd, 1e-6f, NULL, 0, NULL);
+    cuda_mm_embed_norm_act(NULL, type, dt, rb, nv, dtok, NULL, dx, dw, dy, 5, n_embd, 1e-6f, NULL, 0, NULL);
     CHECK(sync_ok(), "embedding norm ran");
     get(gx, dx, 5 * n_embd * 4), get(gy, dy, 5 * n_embd * 4), get(gy2, dy2, 5 * n_embd * 4);
     const size_t nx = n_diff_bits(gx, go, 5 * n_embd), ny = n_diff_bits(gy, gy2, 5 * n_embd);

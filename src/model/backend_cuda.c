@@ -151,6 +151,14 @@ typedef struct cu_sess {
   /* the same for the trunk's first norm (cu_embed: cuda_mm_embed_norm_act; FLOE_CUDA_EMBED_NORM=0:
    * k_embed, then the norm) */
   bool embed_norm;
+  /* opt-in (FLOE_CUDA_SPEC_AMAX=1, written in session 27, not yet measured): the one-pass step's
+   * heads gather their rows' argmaxes in their own launch (cuda_mm_matmul_amax into amk, zeroed by
+   * the step's first launch from amk_zero), read by the next draft's norm pair, the verify's first
+   * norm and the accept launch (no argmax launch: k + 1 fewer a step). emb_keys: the keys of the
+   * last row of the embedding being issued (NULL: its tokens are in c->tok already). */
+  bool spec_amax;
+  unsigned long long *amk, *amk_zero;
+  const unsigned long long *emb_keys;
   int32_t *tok_hd, *pos_hd, *sg_hd;
   float *hin_hd, *hid_hd;
   int capturing;               /* -1 none, else the graph slot being captured */
@@ -219,6 +227,8 @@ static void cu_session_free(model_session *s) {
     for (int j = 0; j < KV_KEEP_MAX; j++) cuda_graph_destroy(c->sgraph[i][j][0]), cuda_graph_destroy(c->sgraph[i][j][1]);
   cuda_rt_free(c->sg_d);
   cuda_rt_free(c->sg_row);
+  cuda_rt_free(c->amk);
+  cuda_rt_free(c->amk_zero);
   cuda_rt_free(c->alog[0]);
   cuda_rt_free(c->alog[1]);
   for (int i = 0; i < 3; i++) cuda_rt_event_destroy(c->ev[i]);
@@ -506,6 +516,8 @@ static int cu_session_init(model_session *s, int n_threads, char *err, size_t er
   c->mtp_embed = !(me && me[0] == '0');
   const char *en = getenv("FLOE_CUDA_EMBED_NORM");
   c->embed_norm = !(en && en[0] == '0');
+  const char *sa = getenv("FLOE_CUDA_SPEC_AMAX");
+  c->spec_amax = sa && sa[0] == '1';
   c->tok_hd = cuda_rt_host_dev_ptr(c->tok_h);
   c->pos_hd = cuda_rt_host_dev_ptr(c->pos_h);
   c->hin_hd = cuda_rt_host_dev_ptr(c->hin_h);
@@ -688,8 +700,8 @@ static void h_norm_at(model_session *s, float *x, const float *delta, const floa
   if (y)
     cuda_mm_combine_act(W, x, y, wts, K, sh, shl, w, c->h, hp->rms_eps, n, hp->n_embd, xq, xs, c->stream);
   else if (emb)
-    cuda_mm_embed_norm_act(W, emb->type, emb->data, emb->row_bytes, emb->rows, c->tok, x, w, c->h, n, hp->n_embd,
-                           hp->rms_eps, xq, xs, c->stream);
+    cuda_mm_embed_norm_act(W, emb->type, emb->data, emb->row_bytes, emb->rows, c->tok, c->emb_keys, x, w, c->h, n,
+                           hp->n_embd, hp->rms_eps, xq, xs, c->stream);
   else
     cuda_mm_norm_act(W, x, delta, w, c->h, n, hp->n_embd, hp->rms_eps, xq, xs, c->stream);
   if (lay) {
@@ -1450,8 +1462,8 @@ static size_t mtp_concat(model_session *s, const float *hd, int64_t n, float *em
   const bool ek = cuda_embed_check(T->type, E, NULL, 0) == 0;
   if (ek && c->mtp_embed) /* the embedding rows read by the norms' launch */
     return cuda_mm_embed_norm_pair_act(F ? &F->d : NULL, T->type, T->data, T->row_bytes, T->rows, c->tok,
-                                       cm->mtp_enorm, hd, cm->mtp_hnorm, cat, n, E, eps, F ? c->xq[1] : NULL, xs,
-                                       c->stream)
+                                       c->emb_keys, cm->mtp_enorm, hd, cm->mtp_hnorm, cat, n, E, eps,
+                                       F ? c->xq[1] : NULL, xs, c->stream)
                ? xs
                : 0;
   if (ek)
@@ -1534,9 +1546,30 @@ static int cu_mtp_end(model_session *s, float *x, int64_t n, int64_t first, floa
  * sg_d's copy at SG_AMAX. */
 enum { SG_ACC = KV_KEEP_MAX, SG_AMAX = 16, SG_INTS = 32 };
 
+enum { AMK_DRAFT0 = 0, AMK_VERIFY0 = 8, AMK_ROWS = AMK_VERIFY0 + KV_KEEP_MAX };
+#define AMK_BYTES ((size_t)AMK_ROWS * CUDA_AMK_ROW * 8)
+
+/* The head of n rows X (h) into c->logits with each row's argmax gathered into keys (c->amk rows):
+ * the caller checked cuda_mm_amax_ok (sg_amax_ok); a launch that does not happen is the session's
+ * error, not a silent fallback (the readers expect the keys). */
+static void sg_head_amax(model_session *s, int64_t n, const float *X, unsigned long long *keys) {
+  cu_sess *c = s->dev;
+  const cu_model *cm = s->m->dev;
+  const int64_t E = s->m->hp.n_embd, V = s->m->hp.n_vocab;
+  size_t xs;
+  const uint8_t *xq = act(s, 1, &cm->output, n, X, E, &xs);
+  if (!cuda_mm_matmul_amax(&cm->output.d, n, xq, xs, c->logits, V, keys, c->stream) && !c->err) {
+    c->err = FLOE_E_IO;
+    snprintf(c->msg, sizeof c->msg, "the speculative step's head did not gather its argmax (%lld rows)", (long long)n);
+  }
+}
+
 /* The MTP block on n rows (tokens tokd, positions posd: device; h rows hd: device) as mtp_begin /
- * mtp_end compute them, then the last row's logits and their argmax into *draft (device). */
-static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *hd, int64_t n, int32_t *draft) {
+ * mtp_end compute them, then the last row's logits and their argmax into *draft (device); with
+ * keys_out the argmax is gathered into those keys instead (the next reader writes *draft), and
+ * keys_in (not NULL) are the keys of the last row's token, read by the norm pair. */
+static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *hd, int64_t n, int32_t *draft,
+                   const unsigned long long *keys_in, unsigned long long *keys_out) {
   cu_sess *c = s->dev;
   const model *m = s->m;
   const cu_model *cm = m->dev;
@@ -1545,15 +1578,33 @@ static void sg_mtp(model_session *s, int32_t *tokd, int32_t *posd, const float *
   c->tok = tokd;
   c->pos = posd;
   float *x = c->x, *emb = c->ys, *cat = c->yr;
+  c->emb_keys = keys_in;
   const size_t cxs = mtp_concat(s, hd, n, emb, cat);
+  c->emb_keys = NULL;
   mtp_fc_mm(s, n, cat, x, cxs);
   h_norm_mtp(s, x, n);
   cu_attention(s, l, x, n, 0, true);
   cu_moe(s, l, x, n); /* its combine leaves h = mtp_norm(x), quantized for the head */
-  mm_own(s, &cm->output, 1, c->h + (n - 1) * E, E, c->logits, V);
-  cuda_argmax(c->logits, V, draft, c->amax_scr, c->stream);
+  if (keys_out) {
+    sg_head_amax(s, 1, c->h + (n - 1) * E, keys_out);
+  } else {
+    mm_own(s, &cm->output, 1, c->h + (n - 1) * E, E, c->logits, V);
+    cuda_argmax(c->logits, V, draft, c->amax_scr, c->stream);
+  }
   c->tok = tok0;
   c->pos = pos0;
+}
+
+/* Whether a step with k drafts gathers its heads' argmaxes in their launches (c->spec_amax): its
+ * keys allocated, both embeddings read by the norms, and the head's launches of 1 and k + 1 rows
+ * the ones that gather them */
+static bool sg_amax_ok(model_session *s, int k) {
+  cu_sess *c = s->dev;
+  const cu_model *cm = s->m->dev;
+  const cuda_mat *T = &cm->tok_embd.d;
+  return c->spec_amax && c->amk && c->amk_zero && c->mtp_embed && c->embed_norm && s->act_q &&
+         act_bytes_of(&cm->output) && cuda_embed_check(T->type, s->m->hp.n_embd, NULL, 0) == 0 &&
+         k + 1 <= KV_KEEP_MAX && cuda_mm_amax_ok(&cm->output.d, 1) && cuda_mm_amax_ok(&cm->output.d, k + 1);
 }
 
 /* Every launch and copy of one step (recorded, or issued directly without graphs); lazy: the
@@ -1565,31 +1616,45 @@ static void sg_issue(model_session *s, int64_t n, int k, bool lazy) {
   const int64_t E = m->hp.n_embd, V = m->hp.n_vocab, P = s->kv.n_past, nv = k + 1;
   int32_t *T = c->tok, *Pd = c->pos;
   const bool dir = c->spec_direct && c->tok_hd && c->pos_hd && c->hin_hd && c->sg_hd && c->hid_hd;
+  const bool ak = dir && sg_amax_ok(s, k); /* its keys zeroed by the copy-in launch */
+  unsigned long long *K = ak ? c->amk : NULL;
   if (dir) {
-    const cuda_copy_part in[3] = { { c->tok_hd, T, (size_t)(n + 1) * 4 },
+    const cuda_copy_part in[4] = { { c->tok_hd, T, (size_t)(n + 1) * 4 },
                                    { c->pos_hd, Pd, (size_t)(n + 2 * k) * 4 },
-                                   { c->hin_hd, c->out, (size_t)(n * E) * 4 } };
-    cuda_copy_parts(in, 3, c->stream);
+                                   { c->hin_hd, c->out, (size_t)(n * E) * 4 },
+                                   { c->amk_zero, c->amk, ak ? AMK_BYTES : 0 } };
+    cuda_copy_parts(in, 4, c->stream);
   } else {
     cuda_rt_h2d_async(T, c->tok_h, (size_t)(n + 1) * 4, c->stream);
     cuda_rt_h2d_async(Pd, c->pos_h, (size_t)(n + 2 * k) * 4, c->stream);
     cuda_rt_h2d_async(c->out, c->hin_h, (size_t)(n * E) * 4, c->stream);
   }
-  sg_mtp(s, T, Pd, c->out, n, T + n + 1); /* draft 1 from the last row */
+  /* draft 1 from the last row; with keys, draft j's argmax gathered into row AMK_DRAFT0 + j - 1 */
+  sg_mtp(s, T, Pd, c->out, n, T + n + 1, NULL, K ? K + (size_t)AMK_DRAFT0 * CUDA_AMK_ROW : NULL);
   for (int j = 2; j <= k; j++) /* draft j: (d_{j-1}, g_{j-1}) at P + j - 2; g is row 0 of h now (row n-1 at j = 2) */
-    sg_mtp(s, T + n + j - 1, Pd + n + j - 2, c->h + (j == 2 ? n - 1 : 0) * E, 1, T + n + j);
+    sg_mtp(s, T + n + j - 1, Pd + n + j - 2, c->h + (j == 2 ? n - 1 : 0) * E, 1, T + n + j,
+           K ? K + (size_t)(AMK_DRAFT0 + j - 2) * CUDA_AMK_ROW : NULL,
+           K ? K + (size_t)(AMK_DRAFT0 + j - 1) * CUDA_AMK_ROW : NULL);
   /* the verify chunk: model_verify's eval of [x_P, d_1..d_k], every row's logits */
   int32_t *tok0 = c->tok, *pos0 = c->pos;
   c->tok = T + n;
   c->pos = Pd + n + k - 1;
+  c->emb_keys = K ? K + (size_t)(AMK_DRAFT0 + k - 1) * CUDA_AMK_ROW : NULL; /* d_k, the last row */
   cu_embed(s, NULL, nv, c->x);
+  c->emb_keys = NULL;
   for (int64_t l = 0; l < m->hp.n_layer; l++) {
     m->arch->mixer(s, l, c->x, nv, P);
     m->arch->ffn(s, l, c->x, nv);
   }
-  mm_own(s, &cm->output, nv, c->h, E, c->logits, V);
-  cuda_argmax_rows(c->logits, V, V, (int)nv, c->sg_d, c->amax_scr, c->stream);
-  cuda_spec_accept(T + n + 1, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream);
+  if (K) {
+    unsigned long long *kv = K + (size_t)AMK_VERIFY0 * CUDA_AMK_ROW;
+    sg_head_amax(s, nv, c->h, kv);
+    cuda_spec_accept_keys(T + n + 1, kv, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream);
+  } else {
+    mm_own(s, &cm->output, nv, c->h, E, c->logits, V);
+    cuda_argmax_rows(c->logits, V, V, (int)nv, c->sg_d, c->amax_scr, c->stream);
+    cuda_spec_accept(T + n + 1, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream);
+  }
   if (dir) {
     const cuda_copy_part out[3] = { { T + n + 1, c->sg_hd, (size_t)k * 4 },
                                     { c->sg_d, c->sg_hd + SG_AMAX, (size_t)(SG_INTS - SG_AMAX) * 4 },
@@ -1619,6 +1684,11 @@ static int cu_spec_greedy(model_session *s, const int32_t *tok, const float *h, 
                    (rc = cuda_rt_host_alloc((void **)&c->sg_h, SG_INTS * 4, err, errlen))))
     return rc; /* freed by session_free */
   if (!c->sg_hd) c->sg_hd = cuda_rt_host_dev_ptr(c->sg_h);
+  if (c->spec_amax && !c->amk &&
+      ((rc = dalloc(c, &c->amk, AMK_BYTES, err, errlen)) || (rc = dalloc(c, &c->amk_zero, AMK_BYTES, err, errlen)) ||
+       (cuda_rt_memset_async(c->amk_zero, 0, AMK_BYTES, c->stream) &&
+        (rc = floe_err(err, errlen, FLOE_E_IO, "cuda: cannot clear the argmax keys")))))
+    return rc; /* freed by session_free */
   s->bytes = c->bytes;
   if ((rc = cu_keep_begin(s, k + 1))) return floe_err(err, errlen, rc, "cuda speculative step: no kept states");
   c->replay = false;

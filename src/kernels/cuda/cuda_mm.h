@@ -103,10 +103,12 @@ void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta, const flo
                       int64_t n, float eps, void *xq, size_t xq_stride, void *stream);
 /* cuda_mm_norm_act on x's rows set to the token embedding rows of tok[0..n_rows) (device ints; the
  * matrix edata of etype, erow_bytes a row, n_vocab rows; a type cuda_embed_check takes) in the same
- * launch: x and y (and xq) as cuda_embed_rows into x, then cuda_mm_norm_act(delta NULL), bit for bit. */
+ * launch: x and y (and xq) as cuda_embed_rows into x, then cuda_mm_norm_act(delta NULL), bit for bit.
+ * keys not NULL: the last row's token is the argmax those keys gathered (cuda_mm_matmul_amax),
+ * written to tok[n_rows - 1] too. */
 void cuda_mm_embed_norm_act(const cuda_mat *W, uint32_t etype, const void *edata, size_t erow_bytes, int64_t n_vocab,
-                            const int32_t *tok, float *x, const float *w, float *y, int64_t n_rows, int64_t n,
-                            float eps, void *xq, size_t xq_stride, void *stream);
+                            int32_t *tok, const unsigned long long *keys, float *x, const float *w, float *y,
+                            int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream);
 /* Two norms in one launch (the MTP's input): y row t (2n floats) = [rmsnorm(x1 row t) * w1 |
  * rmsnorm(x2 row t) * w2], each half cuda_rmsnorm's bits. */
 void cuda_mm_norm_pair(const float *x1, const float *w1, const float *x2, const float *w2, float *y, int64_t n_rows,
@@ -119,11 +121,11 @@ int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const float *w1, c
 /* cuda_mm_norm_pair_act with x1's rows the token embedding rows of tok[0..n_rows) (device ints; the
  * matrix edata of etype, erow_bytes a row, n_vocab rows; a type cuda_embed_check takes), dequantized
  * in the launch with cuda_embed_rows' values: the same outputs as cuda_embed_rows then
- * cuda_mm_norm_pair_act, one launch. */
+ * cuda_mm_norm_pair_act, one launch. keys: as cuda_mm_embed_norm_act's. */
 int cuda_mm_embed_norm_pair_act(const cuda_mat *W, uint32_t etype, const void *edata, size_t erow_bytes,
-                                int64_t n_vocab, const int32_t *tok, const float *w1, const float *x2, const float *w2,
-                                float *y, int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride,
-                                void *stream);
+                                int64_t n_vocab, int32_t *tok, const unsigned long long *keys, const float *w1,
+                                const float *x2, const float *w2, float *y, int64_t n_rows, int64_t n, float eps,
+                                void *xq, size_t xq_stride, void *stream);
 void cuda_mm_combine_act(const cuda_mat *W, float *x, const float *y, const float *w, int K, const float *sh,
                          const float *sh_logit, const float *norm_w, float *h, float eps, int64_t n_tok, int64_t n,
                          void *xq, size_t xq_stride, void *stream);
@@ -139,6 +141,13 @@ void cuda_mm_act_quantize(const cuda_mat *W, int64_t nb, const float *X, int64_t
  * a matrix of the same layout; X unused). xq == NULL: the float path on X (rows ldx floats apart). */
 void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, const void *xq, size_t xq_stride,
                     float *Y, int64_t ldy, void *stream);
+/* cuda_mm_matmul through the quantized rows xq (nb of them), and each activation row b's argmax
+ * gathered into keys + b * CUDA_AMK_ROW (cuda_ops.h; zero before the launch): 1 then; 0 where W's
+ * launch does not gather them (cuda_mm_amax_ok false: nothing launched). Y the same bits as
+ * cuda_mm_matmul's; the keys' index cuda_argmax's of each row. */
+int cuda_mm_amax_ok(const cuda_mat *W, int64_t nb);
+int cuda_mm_matmul_amax(const cuda_mat *W, int64_t nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy,
+                        unsigned long long *keys, void *stream);
 
 /* out[i * ldo + j] = dequantized W row rows[i], element j (j < cols), i in [0, n): rows is a
  * DEVICE array (say, the token ids, for the embedding), or NULL for rows 0 .. n-1. A row id

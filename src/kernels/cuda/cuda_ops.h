@@ -281,6 +281,12 @@ void cuda_argmax_to(const float *x, int64_t n, int32_t *out, int32_t *out_h, voi
 size_t cuda_argmax_rows_scratch_bytes(int64_t n, int rows);
 void cuda_argmax_rows(const float *x, int64_t ld, int64_t n, int rows, int32_t *out, void *scratch, void *stream);
 
+/* A logits row's argmax gathered by the launch that writes it (cuda_mm_matmul_amax): CUDA_AMK_ROW
+ * 8-byte words of slots a row, zero before that launch. cuda_amk_tokens: the index of each of rows
+ * such rows (CUDA_AMK_ROW words apart) into out (device ints): cuda_argmax's index of the row. */
+#define CUDA_AMK_ROW 128
+void cuda_amk_tokens(const unsigned long long *keys, int rows, int32_t *out, void *stream);
+
 /* Up to CUDA_COPY_PARTS copies of whole 4-byte words in one launch (src / dst: device addresses,
  * pinned host memory's included, cuda_rt_host_dev_ptr): a recorded step's inputs and outputs
  * without a copy node each. bytes a multiple of 4; an empty part (bytes 0) is skipped. */

@@ -21,6 +21,7 @@
  * it is written (sq_put) so the 16-lane sum of squares reads its lanes by float4 (sumsq16_rows,
  * the CPU's adds in the CPU's order), and k_combine loads up to COMB_KB slots of a row at once
  * into registers before the adds; the first forms read the row value by value. */
+#include "kernels/cuda/amk.cuh"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/mm_act.cuh"
 #include "kernels/cuda/mm_common.cuh"
@@ -204,15 +205,27 @@ struct EmbedSrc {
   const uint8_t *data;
   size_t row_bytes;
   int64_t n_vocab;
-  const int32_t *tok;
+  int32_t *tok;
   uint32_t type;
+  /* keys not NULL: row key_t's token is the argmax those keys gathered (amk.cuh), written to
+   * tok[key_t] here for the later readers */
+  const unsigned long long *keys;
+  int64_t key_t;
 };
 
 /* embedding row tok[t] (k_embed's values) staged for a norm: into xs (and the squares' sq), and
  * into the residual row x when x is not NULL */
 __device__ __forceinline__ void embed_stage(const EmbedSrc &es, int64_t t, float *x, float *xs, float *sq, int rs,
                                             int n) {
-  const int32_t tok = es.tok[t];
+  __shared__ int32_t ktok;
+  if (es.keys && t == es.key_t) { /* the whole block is here */
+    if (threadIdx.x < 32) {
+      const int32_t v = amk_token(es.keys);
+      if (threadIdx.x == 0) ktok = es.tok[t] = v;
+    }
+    __syncthreads();
+  }
+  const int32_t tok = es.keys && t == es.key_t ? ktok : es.tok[t];
   const bool ok = tok >= 0 && tok < es.n_vocab;
   const uint8_t *er = es.data + (size_t)(ok ? tok : 0) * es.row_bytes;
 #pragma unroll 4
@@ -471,9 +484,10 @@ extern "C" void cuda_mm_norm_act(const cuda_mat *W, float *x, const float *delta
 }
 
 extern "C" void cuda_mm_embed_norm_act(const cuda_mat *W, uint32_t etype, const void *edata, size_t erow_bytes,
-                                       int64_t n_vocab, const int32_t *tok, float *x, const float *w, float *y,
-                                       int64_t n_rows, int64_t n, float eps, void *xq, size_t xq_stride, void *stream) {
-  const EmbedSrc es = { (const uint8_t *)edata, erow_bytes, n_vocab, tok, etype };
+                                       int64_t n_vocab, int32_t *tok, const unsigned long long *keys, float *x,
+                                       const float *w, float *y, int64_t n_rows, int64_t n, float eps, void *xq,
+                                       size_t xq_stride, void *stream) {
+  const EmbedSrc es = { (const uint8_t *)edata, erow_bytes, n_vocab, tok, etype, keys, n_rows - 1 };
   norm_launch(W, x, nullptr, w, y, n_rows, n, eps, xq, xq_stride, es, stream);
 }
 
@@ -499,10 +513,10 @@ extern "C" int cuda_mm_norm_pair_act(const cuda_mat *W, const float *x1, const f
 }
 
 extern "C" int cuda_mm_embed_norm_pair_act(const cuda_mat *W, uint32_t etype, const void *edata, size_t erow_bytes,
-                                           int64_t n_vocab, const int32_t *tok, const float *w1, const float *x2,
-                                           const float *w2, float *y, int64_t n_rows, int64_t n, float eps, void *xq,
-                                           size_t xq_stride, void *stream) {
-  const EmbedSrc es = { (const uint8_t *)edata, erow_bytes, n_vocab, tok, etype };
+                                           int64_t n_vocab, int32_t *tok, const unsigned long long *keys,
+                                           const float *w1, const float *x2, const float *w2, float *y, int64_t n_rows,
+                                           int64_t n, float eps, void *xq, size_t xq_stride, void *stream) {
+  const EmbedSrc es = { (const uint8_t *)edata, erow_bytes, n_vocab, tok, etype, keys, n_rows - 1 };
   return norm_pair_launch(W, nullptr, w1, x2, w2, y, n_rows, n, eps, xq, xq_stride, es, stream);
 }
 

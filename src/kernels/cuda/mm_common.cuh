@@ -55,10 +55,13 @@ struct MMOut {
   float *y[4];
   int64_t ld[4];
   int64_t s1, s2, s3;
+  /* not NULL (k_q16's MM_PLAIN launches of a whole matrix, cuda_mm_matmul_amax): each output row's
+   * argmax keys too (amk.cuh), activation row b's at keys + b * CUDA_AMK_ROW */
+  unsigned long long *keys;
 };
 /* a whole matrix's rows into Y (ldy apart) */
 inline MMOut mm_out_all(float *Y, int64_t ldy, int64_t rows) {
-  return MMOut{{Y, Y, Y, Y}, {ldy, ldy, ldy, ldy}, rows, rows, rows};
+  return MMOut{{Y, Y, Y, Y}, {ldy, ldy, ldy, ldy}, rows, rows, rows, nullptr};
 }
 __device__ __forceinline__ float *mm_out(const MMOut &o, int64_t b, int64_t r) {
   if (r < o.s1) return o.y[0] + b * o.ld[0] + r;
@@ -169,6 +172,10 @@ __device__ __forceinline__ uint32_t lut16(uint32_t nib, const uint32_t *t) {
  * gate a / up a2, x row slot / K; MM_DOWN: slots, x row = slot. Return false for another type. */
 bool mm_q16_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                    const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+/* k_q16's MM_PLAIN launch (one warp a weight row) with each activation row's argmax keys into keys
+ * (MMOut.keys); false: not a k_q16 type */
+bool mm_q16_amax_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy,
+                        unsigned long long *keys, cudaStream_t st);
 /* mm_q4l.cu: the same types as mm_q16.cu with 4 lanes per thread (mm_api.cu picks one per shape,
  * cuda_mm_set_q16_impl) */
 bool mm_q4l_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,

@@ -11,6 +11,7 @@
  * and used for every activation row of the tile. */
 #include <type_traits>
 
+#include "kernels/cuda/amk.cuh"
 #include "kernels/cuda/mm_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -237,7 +238,10 @@ __global__ void __launch_bounds__(32 * WPB) k_q16(KArgs a, KArgs a2, int64_t nb,
     if (lane == 0)
 #pragma unroll
       for (int b = 0; b < NB; b++)
-        if (b < nbt) *mm_out(o, b0 + b, r) = y[b];
+        if (b < nbt) {
+          *mm_out(o, b0 + b, r) = y[b];
+          if (o.keys) amk_put(o.keys + (size_t)(b0 + b) * CUDA_AMK_ROW, (uint32_t)r, y[b]);
+        }
   } else {
     const int64_t slot = blockIdx.y;
     const int e = ids ? ids[slot] : 0;
@@ -296,9 +300,10 @@ void rows_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOu
 
 template <int T>
 void launch_t(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids, const uint8_t *xq,
-              size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
+              size_t xs, float *Y, int64_t ldy, cudaStream_t st, unsigned long long *keys = nullptr) {
   const unsigned gx = (unsigned)((a.rows + WPB - 1) / WPB);
-  const MMOut o = mm_out_all(Y, ldy, a.rows);
+  MMOut o = mm_out_all(Y, ldy, a.rows);
+  o.keys = mode == MM_PLAIN ? keys : nullptr;
   if (mode == MM_GLU) {
     pdl_launch(k_q16<T, 1, MM_GLU>, dim3(dim3(gx, (unsigned)nb)), dim3(32 * WPB), (size_t)(0), st, a, a2, nb, K, ids, xq, xs, o);
   } else if (mode == MM_DOWN) {
@@ -341,4 +346,11 @@ bool mm_q16_few_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs,
 bool mm_q16_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                    const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st) {
   return q16_type(a, [&](auto t) { launch_t<decltype(t)::value>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); });
+}
+
+bool mm_q16_amax_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy,
+                        unsigned long long *keys, cudaStream_t st) {
+  return q16_type(a, [&](auto t) {
+    launch_t<decltype(t)::value>(a, a, MM_PLAIN, nb, 1, nullptr, xq, xs, Y, ldy, st, keys);
+  });
 }

@@ -13,6 +13,7 @@ extern "C" {
 #include "quant/quant.h"
 }
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/amk.cuh"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -60,15 +61,6 @@ static int amax_blocks(int64_t n) {
 }
 
 extern "C" size_t cuda_argmax_scratch_bytes(int64_t n) { return (size_t)amax_blocks(n) * 8 + 8; }
-
-/* kern_argmax_key: value order, then the lower index; 0 for NaN and -inf; -0 counts as +0 */
-static __device__ __forceinline__ unsigned long long amax_key(float v, uint32_t i) {
-  if (!(v > -INFINITY)) return 0ull;
-  if (v == 0.0f) v = 0.0f;
-  uint32_t b = __float_as_uint(v);
-  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return ((unsigned long long)b << 32) | (unsigned long long)(0xFFFFFFFFu - i);
-}
 
 static __device__ __forceinline__ unsigned long long block_max_u64(unsigned long long k) {
   __shared__ unsigned long long wk[AMAX_THREADS / 32];
@@ -150,6 +142,17 @@ extern "C" void cuda_argmax(const float *x, int64_t n, int32_t *out, void *scrat
 
 extern "C" void cuda_argmax_to(const float *x, int64_t n, int32_t *out, int32_t *out_h, void *scratch, void *stream) {
   argmax_launch(x, n, n, 1, out, out_h, scratch, stream);
+}
+
+static __global__ void k_amk_tokens(const unsigned long long *keys, int32_t *out) {
+  PDL_ENTER();
+  const int32_t t = amk_token(keys + (size_t)blockIdx.x * CUDA_AMK_ROW);
+  if (threadIdx.x == 0) out[blockIdx.x] = t;
+}
+
+extern "C" void cuda_amk_tokens(const unsigned long long *keys, int rows, int32_t *out, void *stream) {
+  if (rows <= 0) return;
+  pdl_launch(k_amk_tokens, dim3((unsigned)rows), dim3(32), (size_t)0, OPS_STREAM(stream), keys, out);
 }
 
 static __global__ void k_step_next(const int32_t *pick, int32_t *tok, int32_t *pos) {
