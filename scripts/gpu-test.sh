@@ -39,6 +39,7 @@
 #   dm        the default model's decode, plain and --mtp 3, per setting of DM_AB
 #   firstrun  a process's first prefill 512 / decode 128 (kernel loading, graph recording), FR_AB settings
 #   ncuv      ncu --set full on the 4-row verify's k_gdn_stepn / k_attn_tc and the decode's k_gdn_step1
+#             (NCUV_MODEL: the model, default the 4-layer 35B cut; NCUV_KERNELS: the verify's kernels)
 #   ncuvsrc   the same with source counters: each SASS line's stall samples into $OUT
 #   splitk    35B decode of SK_N tokens at each context of SK_CTX (the attention's split-K parts)
 #   ncuk4w    ncu sections (speed of light, warp states, occupancy, memory) of a GDN layer's decode matmuls
@@ -180,9 +181,11 @@ sec_ncu35() {
 # GatedDeltaNet step, its one-row decode form and the tensor-core attention) in one 4-row verify
 # of the 4-layer 35B cut (bench_verify --only v4, no graph; a one-row decode for k_gdn_step1),
 # the lines that say where a launch's time goes (duration, throughput, occupancy, warp states)
-ncuv_prog() { # K: "SKIP PROGRAM ARGS..." for ncu: k_gdn_step1 in a one-row decode, else a 4-row verify
-  if [ "$1" = k_gdn_step1 ]; then echo "4 $BUILD/bin/floe bench -m /tmp/floe-q35-4l.gguf --device cuda -p 0 -n 3 -r 1 -c 64"
-  else echo "2 $BUILD/bin/bench_verify -m /tmp/floe-q35-4l.gguf --device cuda -r 1 --only v4"; fi
+ncuv_prog() { # K: "SKIP PROGRAM ARGS..." for ncu: k_gdn_step1 in a one-row decode, else a 4-row verify, of
+  # NCUV_MODEL (default the 4-layer 35B cut; e.g. $ROOT/models/default.gguf for dk 64)
+  local m=${NCUV_MODEL:-/tmp/floe-q35-4l.gguf}
+  if [ "$1" = k_gdn_step1 ]; then echo "4 $BUILD/bin/floe bench -m $m --device cuda -p 0 -n 3 -r 1 -c 64"
+  else echo "2 $BUILD/bin/bench_verify -m $m --device cuda -r 1 --only v4"; fi
 }
 sec_ncuv() {
   local k
