@@ -856,12 +856,14 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
     CHECK(qok, "%s n=%lld T=%d %s fused: quantized bytes == cuda_mm_act_quantize", nm, (long long)n, T, fn);
     CHECK(cok, "%s n=%lld T=%d %s fused: quantized bytes == kern_act_quantize_rows", nm, (long long)n, T, fn);
   }
-  { /* the trunk's first norm on embedding rows written in its launch (an F32 table of x's T rows,
-       the tokens reversed) == the norm on those rows: x written, the normed rows, the quantized bytes */
-    int32_t *tk = malloc(sizeof(int32_t) * (size_t)T);
-    float *xr = malloc(fb);
-    for (int t = 0; t < T; t++) tk[t] = T - 1 - t, memcpy(xr + (size_t)t * n, x + (size_t)(T - 1 - t) * n, 4 * (size_t)n);
-    int32_t *dtk = dev_put(tk, sizeof(int32_t) * (size_t)T);
+  /* the embedding forms below: an F32 table of x's T rows read through the tokens reversed (dtk),
+     against the norms on those rows given in that order (xr) */
+  int32_t *tk = malloc(sizeof(int32_t) * (size_t)T);
+  float *xr = malloc(fb);
+  for (int t = 0; t < T; t++) tk[t] = T - 1 - t, memcpy(xr + (size_t)t * n, x + (size_t)(T - 1 - t) * n, 4 * (size_t)n);
+  int32_t *dtk = dev_put(tk, sizeof(int32_t) * (size_t)T);
+  { /* the trunk's first norm on embedding rows written in its launch == the norm on those rows: x
+       written, the normed rows, the quantized bytes */
     float *dtab = dev_put(x, fb);
     cuda_rt_h2d(dx2, xr, fb, err, sizeof err);
     dev_poison(dx1, fb), dev_poison(dh1, fb), dev_poison(dh2, fb), dev_poison(dq1, xs * T), dev_poison(dq2, xs * T);
@@ -874,8 +876,7 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
     for (int t = 0; t < T; t++) ok &= memcmp(q1 + (size_t)t * xs, q2 + (size_t)t * xs, ab) == 0;
     CHECK(ok, "%s n=%lld T=%d norm on embedding rows written in its launch: x, the normed rows and the quantized "
           "bytes == the norm on those rows", nm, (long long)n, T);
-    cuda_rt_free(dtk), cuda_rt_free(dtab);
-    free(tk), free(xr);
+    cuda_rt_free(dtab);
   }
   { /* the MTP's norm pair with the quantization of its 2n-value rows for a 2n-column matrix */
     tmat m2 = make_mat(type, bits, group, sbt, 3, 2 * n, 1);
@@ -901,12 +902,8 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
       CHECK(ok, "%s n=%lld T=%d norm pair: its quantized rows == cuda_mm_act_quantize of the 2n-value rows", nm,
             (long long)n, T);
     }
-    { /* x1's rows read as embedding rows in the launch (an F32 table of x's T rows, the tokens
-         reversed): the same normed rows and quantized bytes as the pair on x1's rows in that order */
-      int32_t *tk = malloc(sizeof(int32_t) * (size_t)T);
-      float *xr = malloc(fb);
-      for (int t = 0; t < T; t++) tk[t] = T - 1 - t, memcpy(xr + (size_t)t * n, x + (size_t)(T - 1 - t) * n, 4 * (size_t)n);
-      int32_t *dtk = dev_put(tk, sizeof(int32_t) * (size_t)T);
+    { /* x1's rows read as embedding rows in the launch (the table dx1 holds x): the same normed rows
+         and quantized bytes as the pair on x1's rows in that order */
       float *dxr = dev_put(xr, fb);
       dev_poison(dp1, fb2), dev_poison(dp2, fb2), dev_poison(dr1, xs2 * T), dev_poison(dr2, xs2 * T);
       const int qe = cuda_mm_embed_norm_pair_act(&g2.M, FLOE_TYPE_F32, dx1, 4 * (size_t)n, T, dtk, NULL, dw, ddl, dw, dp1, T,
@@ -918,18 +915,17 @@ static void check_norm_act(uint32_t type, int bits, int group, uint32_t sbt, int
       for (int t = 0; qe && t < T; t++) ok &= memcmp(r1 + (size_t)t * xs2, r2 + (size_t)t * xs2, ab2) == 0;
       CHECK(ok, "%s n=%lld T=%d norm pair on embedding rows read in the launch (quantized %d / %d): the same rows and "
             "bytes as on those rows given", nm, (long long)n, T, qe, qr);
-      cuda_rt_free(dtk), cuda_rt_free(dxr);
-      free(tk), free(xr);
+      cuda_rt_free(dxr);
     }
     cuda_rt_free(dp1), cuda_rt_free(dp2), cuda_rt_free(dr1), cuda_rt_free(dr2);
     free(p1), free(p2), free(r1), free(r2);
     dmat_free(&g2);
     tmat_free(&m2);
   }
-  void *frees[] = {dw, ddl, dy, dwt, dsh, dshl, dx1, dx2, dh1, dh2, dq1, dq2};
+  void *frees[] = {dw, ddl, dy, dwt, dsh, dshl, dx1, dx2, dh1, dh2, dq1, dq2, dtk};
   for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) cuda_rt_free(frees[i]);
   free(x), free(dl), free(w), free(y), free(wt), free(sh), free(shl), free(q1), free(q2), free(qc);
-  free(h1), free(h2), free(x1), free(x2);
+  free(h1), free(h2), free(x1), free(x2), free(tk), free(xr);
   dmat_free(&g);
   tmat_free(&m);
 }

@@ -126,17 +126,11 @@ void cuda_mm_matmul(const cuda_mat *W, int64_t nb, const float *X, int64_t ldx, 
 /* The heads whose launches gather their rows' argmax keys (cuda_mm_matmul_amax): the k_q16 types
  * where one warp a weight row is the kernel cuda_mm_matmul takes (fewer than 16384 rows, or the warp
  * form chosen), for a few activation rows */
-#define AMAX_NB_MAX 15
 int cuda_mm_amax_ok(const cuda_mat *W, int64_t nb) {
-  if (nb < 1 || nb > AMAX_NB_MAX || nb >= MMA_MIN_NB || !cuda_mm_act_bytes(W)) return 0;
+  if (nb < 1 || nb >= MMA_MIN_NB || !cuda_mm_act_bytes(W)) return 0;
   const KArgs a = mm_kargs(W);
   if (g_q16_impl == CUDA_MM_Q16_LANES || (g_q16_impl == CUDA_MM_Q16_AUTO && a.rows >= 16384)) return 0;
-  switch (a.type) { /* q16_type's (mm_q16.cu) */
-    case FLOE_TYPE_Q8_0: case FLOE_TYPE_Q4_0: case FLOE_TYPE_IQ4_NL: case FLOE_TYPE_MXFP4: case FLOE_TYPE_Q6_K:
-    case FLOE_TYPE_IQ4_XS: return 1;
-    case FLOE_TYPE_MLX: return a.bits == 4 || a.bits == 8;
-    default: return 0;
-  }
+  return mm_q16_has_type(a);
 }
 
 int cuda_mm_matmul_amax(const cuda_mat *W, int64_t nb, const void *xq, size_t xq_stride, float *Y, int64_t ldy,

@@ -172,6 +172,8 @@ __device__ __forceinline__ uint32_t lut16(uint32_t nib, const uint32_t *t) {
  * gate a / up a2, x row slot / K; MM_DOWN: slots, x row = slot. Return false for another type. */
 bool mm_q16_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K, const int32_t *ids,
                    const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
+/* true when k_q16 computes a's type (mm_q16_launch takes it) */
+bool mm_q16_has_type(const KArgs &a);
 /* k_q16's MM_PLAIN launch (one warp a weight row) with each activation row's argmax keys into keys
  * (MMOut.keys); false: not a k_q16 type */
 bool mm_q16_amax_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy,

@@ -348,6 +348,10 @@ bool mm_q16_launch(const KArgs &a, const KArgs &a2, int mode, int64_t nb, int K,
   return q16_type(a, [&](auto t) { launch_t<decltype(t)::value>(a, a2, mode, nb, K, ids, xq, xs, Y, ldy, st); });
 }
 
+bool mm_q16_has_type(const KArgs &a) {
+  return q16_type(a, [](auto) {});
+}
+
 bool mm_q16_amax_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy,
                         unsigned long long *keys, cudaStream_t st) {
   return q16_type(a, [&](auto t) {
