@@ -1549,6 +1549,9 @@ enum { SG_ACC = KV_KEEP_MAX, SG_AMAX = 16, SG_INTS = 32 };
 enum { AMK_DRAFT0 = 0, AMK_VERIFY0 = 8, AMK_ROWS = AMK_VERIFY0 + KV_KEEP_MAX };
 #define AMK_BYTES ((size_t)AMK_ROWS * CUDA_AMK_ROW * 8)
 
+/* row r of the keys K (NULL: none) */
+static unsigned long long *amk_row(unsigned long long *K, int r) { return K ? K + (size_t)r * CUDA_AMK_ROW : NULL; }
+
 /* The head of n rows X (h) into c->logits with each row's argmax gathered into keys (c->amk rows):
  * the caller checked cuda_mm_amax_ok (sg_amax_ok); a launch that does not happen is the session's
  * error, not a silent fallback (the readers expect the keys). */
@@ -1630,16 +1633,15 @@ static void sg_issue(model_session *s, int64_t n, int k, bool lazy) {
     cuda_rt_h2d_async(c->out, c->hin_h, (size_t)(n * E) * 4, c->stream);
   }
   /* draft 1 from the last row; with keys, draft j's argmax gathered into row AMK_DRAFT0 + j - 1 */
-  sg_mtp(s, T, Pd, c->out, n, T + n + 1, NULL, K ? K + (size_t)AMK_DRAFT0 * CUDA_AMK_ROW : NULL);
+  sg_mtp(s, T, Pd, c->out, n, T + n + 1, NULL, amk_row(K, AMK_DRAFT0));
   for (int j = 2; j <= k; j++) /* draft j: (d_{j-1}, g_{j-1}) at P + j - 2; g is row 0 of h now (row n-1 at j = 2) */
     sg_mtp(s, T + n + j - 1, Pd + n + j - 2, c->h + (j == 2 ? n - 1 : 0) * E, 1, T + n + j,
-           K ? K + (size_t)(AMK_DRAFT0 + j - 2) * CUDA_AMK_ROW : NULL,
-           K ? K + (size_t)(AMK_DRAFT0 + j - 1) * CUDA_AMK_ROW : NULL);
+           amk_row(K, AMK_DRAFT0 + j - 2), amk_row(K, AMK_DRAFT0 + j - 1));
   /* the verify chunk: model_verify's eval of [x_P, d_1..d_k], every row's logits */
   int32_t *tok0 = c->tok, *pos0 = c->pos;
   c->tok = T + n;
   c->pos = Pd + n + k - 1;
-  c->emb_keys = K ? K + (size_t)(AMK_DRAFT0 + k - 1) * CUDA_AMK_ROW : NULL; /* d_k, the last row */
+  c->emb_keys = amk_row(K, AMK_DRAFT0 + k - 1); /* d_k, the last row */
   cu_embed(s, NULL, nv, c->x);
   c->emb_keys = NULL;
   for (int64_t l = 0; l < m->hp.n_layer; l++) {
@@ -1647,7 +1649,7 @@ static void sg_issue(model_session *s, int64_t n, int k, bool lazy) {
     m->arch->ffn(s, l, c->x, nv);
   }
   if (K) {
-    unsigned long long *kv = K + (size_t)AMK_VERIFY0 * CUDA_AMK_ROW;
+    unsigned long long *kv = amk_row(K, AMK_VERIFY0);
     sg_head_amax(s, nv, c->h, kv);
     cuda_spec_accept_keys(T + n + 1, kv, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream);
   } else {
