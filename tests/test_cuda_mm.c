@@ -762,8 +762,12 @@ static void check_amax(uint32_t type, int64_t rows, int64_t cols) {
       int32_t *ddr = dev_put(dr, 4 * (size_t)k), *dout = dev_put(NULL, 4 * 16);
       float *drow = dev_put(NULL, sizeof(float) * (size_t)rows), *row = malloc(sizeof(float) * (size_t)rows);
       cuda_rt_memset_async(dout, 0xFF, 4 * 16, NULL);
-      cuda_spec_accept_keys(ddr, dk, dout, k, dout + 8, dY2, rows, drow, NULL);
+      const int rc = cuda_spec_accept_keys(ddr, dk, dout, k, dout + 8, dY2, rows, drow, NULL);
+      /* 65 drafts are over the launch's 65 rows: refused, nothing launched (dout keeps its 0xFF) */
+      const int rc_big = cuda_spec_accept_keys(ddr, dk, dout + 12, 65, dout + 8, dY2, rows, NULL, NULL);
       dev_get(out, dout, 4 * 16), dev_get(row, drow, sizeof(float) * (size_t)rows);
+      CHECK(rc == 0 && rc_big == -1 && out[12] == -1, "%s nb=%d: the accept launch takes k = %d (rc %d) and refuses 65 (rc %d)",
+            nm, nb, k, rc, rc_big);
       int am_ok = out[8] == a && memcmp(row, Y2 + (size_t)a * rows, sizeof(float) * (size_t)rows) == 0;
       for (int i = 0; i <= k; i++) am_ok &= out[i] == want[i];
       CHECK(am_ok, "%s nb=%d: the accept launch on the keys: argmaxes, count %d (want %d), the accepted row", nm, nb,

@@ -1651,7 +1651,11 @@ static void sg_issue(model_session *s, int64_t n, int k, bool lazy) {
   if (K) {
     unsigned long long *kv = amk_row(K, AMK_VERIFY0);
     sg_head_amax(s, nv, c->h, kv);
-    cuda_spec_accept_keys(T + n + 1, kv, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream);
+    if (cuda_spec_accept_keys(T + n + 1, kv, c->sg_d, k, c->sg_d + SG_ACC, c->logits, V, c->sg_row, c->stream) &&
+        !c->err) {
+      c->err = FLOE_E_INVALID;
+      snprintf(c->msg, sizeof c->msg, "the speculative step's accept launch takes at most 64 drafts (%d)", k);
+    }
   } else {
     mm_own(s, &cm->output, nv, c->h, E, c->logits, V);
     cuda_argmax_rows(c->logits, V, V, (int)nv, c->sg_d, c->amax_scr, c->stream);

@@ -19,8 +19,9 @@ void cuda_spec_accept(const int32_t *draft, const int32_t *amax, int k, int32_t 
                       float *dst, void *stream);
 /* cuda_spec_accept with the verify rows' argmaxes read from their keys (keys: k + 1 rows of
  * CUDA_AMK_ROW words, cuda_mm_matmul_amax's) instead of amax; the argmaxes are also written to
- * amax_out[0..k] (what cuda_argmax_rows would have written). */
-void cuda_spec_accept_keys(const int32_t *draft, const unsigned long long *keys, int32_t *amax_out, int k, int32_t *acc,
+ * amax_out[0..k] (what cuda_argmax_rows would have written). 0 when launched; -1 (nothing
+ * launched) when k + 1 is over the 65 rows the launch reads. */
+int cuda_spec_accept_keys(const int32_t *draft, const unsigned long long *keys, int32_t *amax_out, int k, int32_t *acc,
                            const float *logits, int64_t n, float *dst, void *stream);
 
 #ifdef __cplusplus

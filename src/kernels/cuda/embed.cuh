@@ -1,7 +1,8 @@
 /* One element of a token embedding row, dequantized with quant_dequant_row's operations
  * (src/quant/quant.c: Q8_0 q*d; Q4_K (d*sc)*q - dmin*m; Q6_K (d*sc)*q), so rows are bit-identical to
- * the CPU's: k_embed (ops_misc.cu) and the MTP's norm pair reading its embedding row itself
- * (k_norm_pair, mm_act.cu). The types are cuda_embed_check's. */
+ * the CPU's: k_embed (ops_misc.cu), and the norms that read their rows' embedding rows themselves
+ * (mm_act.cu's embed_stage: the trunk's first norm, k_norm, and the MTP's norm pair, k_norm_pair).
+ * The types are cuda_embed_check's. */
 #ifndef FLOE_EMBED_CUH
 #define FLOE_EMBED_CUH
 #include <cuda_fp16.h>

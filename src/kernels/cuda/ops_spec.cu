@@ -41,10 +41,11 @@ extern "C" void cuda_spec_accept(const int32_t *draft, const int32_t *amax, int 
              n, dst, (const unsigned long long *)nullptr, (int32_t *)nullptr);
 }
 
-extern "C" void cuda_spec_accept_keys(const int32_t *draft, const unsigned long long *keys, int32_t *amax_out, int k,
-                                      int32_t *acc, const float *logits, int64_t n, float *dst, void *stream) {
-  if (k + 1 > SPEC_KEYS_MAX) return;
+extern "C" int cuda_spec_accept_keys(const int32_t *draft, const unsigned long long *keys, int32_t *amax_out, int k,
+                                     int32_t *acc, const float *logits, int64_t n, float *dst, void *stream) {
+  if (k < 0 || k + 1 > SPEC_KEYS_MAX) return -1;
   const int nb = dst && n > 0 ? (int)((n + SPEC_PER_BLOCK - 1) / SPEC_PER_BLOCK) : 1;
   pdl_launch(k_spec_accept, dim3(nb), dim3(SPEC_THREADS), (size_t)0, OPS_STREAM(stream), draft,
              (const int32_t *)nullptr, k, acc, logits, n, dst, keys, amax_out);
+  return 0;
 }
