@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.c) in a separate tree and runs each one for
-# FUZZ_SECONDS (default 30) with -max_len=65536, seeded from tests/fixtures. The library itself is
+# FUZZ_SECONDS (default 30) with -max_len=65536, seeded from tests/fixtures, with the dictionary
+# tests/fuzz/NAME.dict where there is one. The library itself is
 # built with ASan/UBSan and fuzzer coverage instrumentation too, so overreads in the readers are
 # caught, not only in the harness. Crash inputs land in $BUILD/crashes/.
 #   tests/run_fuzz.sh                 all targets
@@ -18,6 +19,8 @@ declare -A SEEDS=(
   [fuzz_tokenizer_json]="tok_seed_*.json"
   [fuzz_pack]="*.floepack"
   [fuzz_logits]="*.lgp"
+  [fuzz_server_request]="req_*.json"
+  [fuzz_output_parse]="outp_*.txt"
 )
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,10 +56,12 @@ for t in "${targets[@]}"; do
       while IFS= read -r -d '' f; do cp -f "$f" "$corpus/seed-$(echo "$f" | md5sum | cut -c1-12)"; done
   done
   n_seed=$(ls "$corpus" | wc -l)
+  dict=() # tests/fuzz/NAME.dict: libFuzzer's dictionary of tokens for the target (JSON keys, tags)
+  [ -f "$ROOT/tests/fuzz/$t.dict" ] && dict=(-dict="$ROOT/tests/fuzz/$t.dict")
   echo "== $t: ${SECS}s, corpus $n_seed files"
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
     "$BUILD/bin/$t" "$corpus" -max_len=65536 -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$BUILD/crashes/$t-" >"$BUILD/$t.log" 2>&1
+    ${dict[@]+"${dict[@]}"} -print_final_stats=1 -artifact_prefix="$BUILD/crashes/$t-" >"$BUILD/$t.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ]; then
     echo "ok   $t: $(grep -E 'stat::number_of_executed_units' "$BUILD/$t.log" | awk '{print $2}') runs, no crash"

@@ -147,6 +147,14 @@ int main(void) {
     outp_typed_value(NULL, "f", "i", "3", 1, &b);
     CHECK(b.p && !strcmp(b.p, "\"3\""), "no schema: string");
     sb_free(&b);
+    /* a NUL inside a value (a token can hold one; fuzz_output_parse found the overread): the
+     * whole value, as a string, never typed from its part before the NUL */
+    outp_typed_value(tools, "f", "i", "12\0ab", 5, &b);
+    CHECK(b.p && !strcmp(b.p, "\"12\\u0000ab\""), "integer with a NUL: the whole value as a string (%s)", b.p ? b.p : "");
+    sb_free(&b);
+    outp_typed_value(tools, "f", "n", "null\0", 5, &b);
+    CHECK(b.p && !strcmp(b.p, "\"null\\u0000\""), "null with a NUL after it: a string (%s)", b.p ? b.p : "");
+    sb_free(&b);
   }
   cJSON_Delete(tools);
   return TEST_DONE();

@@ -276,7 +276,10 @@ static int system_prompt(chat_req *rq, const cJSON *req, const cJSON *msgs, srv_
     if (b.n) sb_str(&b, "\n\n");
     sb_str(&b, t);
   }
-  if (!b.n) return 0;
+  if (!b.n) { /* an empty `system` still allocated b (fuzz_server_request found the leak) */
+    sb_free(&b);
+    return 0;
+  }
   const char *all = chat_req_join(rq, &b);
   if (!all) return srv_fail(e, 500, NULL, NULL, "out of memory");
   return chat_req_msg(rq, "system", all, e);

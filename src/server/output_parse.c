@@ -98,12 +98,16 @@ void outp_typed_value(const cJSON *tools, const char *name, const char *param, c
   const cJSON *props = ps ? cJSON_GetObjectItemCaseSensitive(ps, "properties") : NULL;
   const cJSON *pr = props ? cJSON_GetObjectItemCaseSensitive(props, param) : NULL;
   const cJSON *type = pr ? cJSON_GetObjectItemCaseSensitive(pr, "type") : NULL;
-  char *s = strndup(v, n);
+  /* a NUL is a byte like any other in the model's text (a token can hold one): the value is
+   * typed only without one (the C-string parsers below would stop at it), and written whole */
+  char *s = malloc(n + 1);
   if (!s) {
     out->oom = true;
     return;
   }
-  if (type) {
+  memcpy(s, v, n);
+  s[n] = 0;
+  if (type && !memchr(v, 0, n)) {
     char *end;
     if (type_allows(type, "null") && !strcmp(s, "null")) {
       sb_str(out, "null");
@@ -149,7 +153,7 @@ void outp_typed_value(const cJSON *tools, const char *name, const char *param, c
       cJSON_Delete(j);
     }
   }
-  sb_json_str(out, s, n);
+  sb_json_str(out, v, n);
 done:
   free(s);
 }
