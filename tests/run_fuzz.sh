@@ -21,6 +21,7 @@ declare -A SEEDS=(
   [fuzz_logits]="*.lgp"
   [fuzz_server_request]="req_*.json"
   [fuzz_output_parse]="outp_*.txt"
+  [fuzz_sampler]="sampler_*.bin"
 )
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

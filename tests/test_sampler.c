@@ -90,6 +90,23 @@ int main(void) {
   sampler_free(b);
   sampler_free(c);
 
+  SECTION("non-finite logits are never drawn (a +inf one once left min-p an unwritten candidate)");
+  {
+    float odd[6] = {-INFINITY, INFINITY, NAN, 2.0f, 1.0f, -INFINITY};
+    int cnt[6];
+    sampler_params q = sampler_default_params();
+    q.temperature = 1.0f;
+    q.min_p = 0.5f;
+    CHECK(draw_counts(q, odd, 6, 300, cnt) == 0 && cnt[3] + cnt[4] == 300 && cnt[3] > cnt[4],
+          "min-p with +inf and NaN present: only the finite 3 and 4 (%d, %d of 300)", cnt[3], cnt[4]);
+    q.min_p = 0.0f;
+    q.top_k = 1;
+    CHECK(draw_counts(q, odd, 6, 50, cnt) == 0 && cnt[3] == 50, "top-k 1 with +inf present: the finite maximum");
+    float none[3] = {INFINITY, NAN, -INFINITY};
+    q.top_k = 0;
+    CHECK(draw_counts(q, none, 3, 20, cnt) == 0 && cnt[0] == 20, "no finite logit: the argmax (+inf)");
+  }
+
   SECTION("bad parameters");
   sampler *bad;
   p = sampler_default_params();

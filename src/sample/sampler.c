@@ -105,9 +105,11 @@ bool sampler_greedy(const sampler *s) { return s->p.temperature <= 0.0f; }
 static int32_t candidates(sampler *s, const float *logits, double *tot_out) {
   const sampler_params *p = &s->p;
   int32_t n = s->n_vocab;
+  /* the largest finite logit: a +inf one is no candidate (below), so it must not set the scale
+   * either (it left no candidate, and min-p then kept one it never wrote: fuzz_sampler) */
   float maxl = -INFINITY;
   for (int32_t i = 0; i < n; i++)
-    if (logits[i] > maxl) maxl = logits[i];
+    if (isfinite(logits[i]) && logits[i] > maxl) maxl = logits[i];
   if (!(maxl > -INFINITY)) return 0;
 
   /* Candidates: finite logits; without top-k only those within 88/T of the max (exp(-88) ~ 6e-39

@@ -25,8 +25,9 @@ sampler_params sampler_default_params(void);
 /* Validates params (top_p in (0,1], min_p in [0,1], finite temperature); err gets one line. */
 int sampler_new(const sampler_params *p, int32_t n_vocab, sampler **out, char *err, size_t errlen);
 void sampler_free(sampler *s);
-/* Picks a token from logits[n_vocab]. Non-finite logits are treated as -inf (never chosen unless
- * all are). */
+/* Picks a token from logits[n_vocab]. Sampled: non-finite logits (NaN, +-inf) are never drawn
+ * unless no logit is finite (then sampler_argmax). Greedy: sampler_argmax (a +inf logit is the
+ * maximum there, as in the reference's argmax; NaN is never chosen). */
 int32_t sampler_sample(sampler *s, const float *logits);
 /* The sampler picks greedily (temperature <= 0): sampler_sample would return sampler_argmax. */
 bool sampler_greedy(const sampler *s);
