@@ -22,6 +22,7 @@ declare -A SEEDS=(
   [fuzz_server_request]="req_*.json"
   [fuzz_output_parse]="outp_*.txt"
   [fuzz_sampler]="sampler_*.bin"
+  [fuzz_tokenize]="tok_text_*.txt"
 )
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
