@@ -184,7 +184,7 @@ void cuda_mm_moe_down(const cuda_mat *down, int64_t T, int K, const int32_t *ids
                       void *xq_scratch, size_t xq_stride, float *Y, int64_t ldy, void *stream);
 
 /* The MoE of a prefill chunk with its slots grouped by expert, so that each expert's weights are
- * read once per tile of up to 32 slots (tensor-core kernels, mm_mma.cu; Q4_K / Q5_K with rows of
+ * read once per tile of up to 32 slots (tensor-core kernels, mm_mma.cuh; Q4_K / Q5_K with rows of
  * at most 16 superblocks, gate+up at most 8). cuda_mm_moe_group fills grp (device memory of
  * cuda_mm_moe_group_bytes(slots, n_expert) bytes) from the device ids of `slots` slots, for an
  * expert stack of n_expert (<= CUDA_MM_GROUP_MAX_EXPERT: more, and nothing is written and the _grp calls below must

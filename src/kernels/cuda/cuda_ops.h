@@ -46,7 +46,7 @@ void cuda_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int6
 void cuda_add_rmsnorm(float *x, const float *delta, const float *w, float *y, int64_t n_rows, int64_t n, float eps,
                       void *stream);
 
-/* ---- full attention (ops_attn.cu) ---- */
+/* ---- full attention (ops_attn.cu, ops_attn_tc.cu) ---- */
 typedef struct cuda_attn_shape {
   int n_head, n_head_kv, head_dim, n_rot;
   int gated;        /* wq rows hold per head [q(hd) | gate(hd)]; output *= sigmoid(gate) */

@@ -197,9 +197,9 @@ struct KRoute {
  * it does not apply (the caller routes, then launches gate+up) */
 bool mm_k4_glu_route_launch(const KArgs &a, const KArgs &a2, const KRoute &rt, const uint8_t *xq, float *Y,
                             int64_t ldy, cudaStream_t st);
-/* mm_mma.cu: the tensor-core kernels (Q4_K / Q5_K, rows of at most 16 superblocks): prefill's
- * matmuls (false: not taken, run another kernel) and the grouped MoE modes (grp from
- * cuda_mm_moe_group; mm_mma_fits tells beforehand whether a mode takes them) */
+/* mm_mma.cu (the kernels: mm_mma.cuh): the tensor-core kernels (Q4_K / Q5_K, rows of at most 16
+ * superblocks): prefill's matmuls (false: not taken, run another kernel) and the grouped MoE modes
+ * (grp from cuda_mm_moe_group; mm_mma_fits tells beforehand whether a mode takes them) */
 bool mm_mma_fits(const KArgs &a, int mode);
 bool mm_mma_launch(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, float *Y, int64_t ldy, cudaStream_t st);
 /* k_k4mn: Q4_K / Q5_K for a few activation rows (2..15; one with cuda_mm_set_one_mma) on the

@@ -902,7 +902,7 @@ namespace {
 template <int T>
 bool few_t(const KArgs &a, int64_t nb, const uint8_t *xq, size_t xs, const MMOut &o, cudaStream_t st) {
   if (!k4w_on() || !mm_few_on() || nb < 2 || nb > 15) return false;
-  if (mm_mma_few_launch(a, nb, xq, xs, o, st)) return true; /* k_k4mn (mm_mma.cu), the default */
+  if (mm_mma_few_launch(a, nb, xq, xs, o, st)) return true; /* k_k4mn (mm_mma.cuh), the default */
   const int64_t g4 = (a.rows + 3) / 4;
 #define K4WN_LAUNCH(NB)                                                                                          \
   do {                                                                                                           \
