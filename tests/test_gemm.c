@@ -197,8 +197,9 @@ int main(void) {
   floe_rng_seed(&rng, 4711);
   for (int ti = 0; ti < 2; ti++) {
     /* saturated (every code, scale and min at its maximum, activations +-127: the int16 bound of the
-     * packed lane sums, both signs) and random; awkward row counts (a masked last block) and ranges */
-    const int64_t pshape[][2] = {{16, 256}, {33, 2048}, {50, 4352}, {21, 768}, {47, 1280}};
+     * packed lane sums, both signs) and random; awkward row counts (a masked last block) and ranges;
+     * 16640 columns: 65 superblocks, past what lanes_few forms its bsum pairs for once (LF_NSB) */
+    const int64_t pshape[][2] = {{16, 256}, {33, 2048}, {50, 4352}, {21, 768}, {47, 1280}, {17, 16640}};
     for (size_t si = 0; si < sizeof pshape / sizeof pshape[0]; si++)
       for (int extreme = 0; extreme < 2; extreme++) {
         const int64_t rows = pshape[si][0], cols = pshape[si][1], ldy = rows + 3;

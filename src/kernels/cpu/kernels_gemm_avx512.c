@@ -54,16 +54,18 @@
 #define NTMAX 8
 #endif
 #define GKC 16 /* superblocks transposed per chunk (16 x 3.4 KiB): K <= 4096 is transposed once per 16 rows */
+#define LF_NSB 64 /* lanes_few forms the bsum pairs once for rows of up to this many superblocks (16384) */
 
 /* FLOE_GEMM=0 turns the kernel off (A/B measurements against the one-row kernel). FLOE_KPF_LANES:
  * how far ahead (bytes) a lanes matrix is prefetched into L1, one prefetch per line (0 = off).
  * The 248320x2048 head, 2 threads, ms at nb 1 / 4: 6-8 KiB 4.3 / 6.4, 12-16 KiB 4.6-4.9 / 6.5-6.6;
  * the former 24 KiB into L2 plus KPF_NEAR into L1 (two prefetches per line) 5.2 / 7.2. */
-static int g_gemm_on = 1, g_kpf_lanes = 8192;
+static int g_gemm_on = 1, g_kpf_lanes = 8192, g_bs_once = 1;
 __attribute__((constructor)) static void gemm_from_env(void) {
   const char *e = getenv("FLOE_GEMM");
   if (e && e[0] == '0') g_gemm_on = 0;
   if ((e = getenv("FLOE_KPF_LANES"))) g_kpf_lanes = atoi(e);
+  if ((e = getenv("FLOE_KBS_ONCE")) && e[0] == '0') g_bs_once = 0; /* lanes_few: bsum pairs per block */
 }
 
 int kern_gemm_avx512_supports(const floe_mat *W) {
@@ -374,7 +376,12 @@ static inline __attribute__((always_inline)) void lanes_few(const int T, const f
   const int64_t nsb = L.nblk;
   const size_t lsb = (size_t)16 * (T == FLOE_TYPE_Q4_K ? 144 : 176);
   k4_blk B;
-  uint32_t bsp[16 * 4] __attribute__((aligned(64)));
+  /* the activation rows' bsum pairs of every superblock, formed once for all 16-row blocks (they
+   * do not depend on the weights); rows wider than LF_NSB superblocks form them per block */
+  uint32_t bsa[LF_NSB * NTMAX * 4] __attribute__((aligned(64)));
+  const int once = g_bs_once && nsb <= LF_NSB;
+  if (once)
+    for (int64_t k = 0; k < nsb; k++) bs_pairs(xq, xs, &L, k, ng, bsa + (size_t)k * ng * 4);
   __m512 acc[NTMAX][16];
   for (int64_t rb = rb0; rb < rb1; rb += 16) {
     const uint8_t *lb = kw_row(W, rb);
@@ -382,7 +389,8 @@ static inline __attribute__((always_inline)) void lanes_few(const int T, const f
       const char *p = (const char *)lb + (size_t)k * lsb;
       pf_lanes(p, lsb);
       prep_lanes(T, (const uint8_t *)p, &B);
-      bs_pairs(xq, xs, &L, k, ng, bsp);
+      uint32_t *bsp = bsa + (once ? (size_t)k * ng * 4 : 0);
+      if (!once) bs_pairs(xq, xs, &L, k, ng, bsp);
       for (int b0 = 0; b0 < ng;) {
         const int nt = ng - b0 >= NTMAX ? NTMAX : ng - b0 >= 4 ? 4 : ng - b0 >= 2 ? 2 : 1;
         tok_pass(T, nt, &B, xq, xs, &L, bsp, k, b0, acc);
