@@ -4,6 +4,9 @@
  * bench_multi -m MODEL [-t THREADS] [-r ROUNDS] [-s STEPS] [-d DEPTH] [--streams 1,2,4,8]
  *             [--device cpu|cuda]
  *
+ * A stream count with a g ("4g") runs the CPU's several-row experts on the general path (three pool
+ * runs a layer, as FLOE_XD_MULTI=0) instead of one run (xd_worker): "1,4,4g" is an in-process A/B.
+ *
  * --device cuda: the model on the GPU (FLOE_CUDA_MULTI=0 runs the sessions one after another there;
  * "segs" says how many sessions a step's pass held at most, 1 = one after another).
  * The model is read into memory (FLOE_LOAD_COPY, as `floe serve --no-mmap`); max(streams)
@@ -46,7 +49,7 @@ static double median(const double *v, int n) {
 
 int main(int argc, char **argv) {
   const char *path = NULL;
-  int threads = 2, rounds = 12, steps = 2, ns = 0, counts[MAXS];
+  int threads = 2, rounds = 12, steps = 2, ns = 0, counts[MAXS], gen[MAXS] = { 0 };
   int64_t depth = 32;
   bool cuda = false;
   for (int i = 1; i < argc; i++) {
@@ -67,11 +70,13 @@ int main(int argc, char **argv) {
       const char *p = argv[++i];
       while (*p && ns < MAXS) {
         char *e;
-        counts[ns++] = (int)strtol(p, &e, 10);
+        counts[ns] = (int)strtol(p, &e, 10);
+        if (*e == 'g') gen[ns] = 1, e++;
+        ns++;
         p = *e == ',' ? e + 1 : e;
       }
     } else {
-      fprintf(stderr, "usage: bench_multi -m MODEL [-t N] [-r ROUNDS] [-s STEPS] [-d DEPTH] [--streams 1,2,4,8] "
+      fprintf(stderr, "usage: bench_multi -m MODEL [-t N] [-r ROUNDS] [-s STEPS] [-d DEPTH] [--streams 1,2,4g,8] "
                       "[--device cpu|cuda]\n");
       return 2;
     }
@@ -143,6 +148,7 @@ int main(int argc, char **argv) {
         model_seg seg[MAXS];
         for (int i = 0; i < k; i++) seg[i] = (model_seg){ s[i], &next[i], 1, lg + (size_t)i * V };
         memset(s[0]->ph, 0, sizeof s[0]->ph);
+        layer_xd_multi_set(!gen[ci]);
         const double t0 = floe_time_s();
         int segs = 0;
         rc = model_eval_multi(seg, k, NULL, &segs, err, sizeof err);
@@ -174,9 +180,9 @@ int main(int argc, char **argv) {
     const double pr = median(rr, rounds);
     printf("{\"bench\":\"multi_decode\",\"model\":\"%s\",\"threads\":%d,\"rounds\":%d,\"steps\":%d,\"depth\":%lld,"
            "\"streams\":%d,\"step_ms\":%.3f,\"agg_tok_s\":%.2f,\"ratio_vs_first\":%.3f,\"paired_ratio\":%.3f,"
-           "\"device\":\"%s\",\"segs\":%d",
+           "\"device\":\"%s\",\"segs\":%d,\"experts_path\":\"%s\"",
            path, threads, rounds, steps, (long long)depth, k, 1e3 * med, tps, tps / (base * counts[0]), pr,
-           cuda ? "cuda" : "cpu", segs_max[ci]);
+           cuda ? "cuda" : "cpu", segs_max[ci], gen[ci] ? "general" : "one_run");
     for (int p = 0; p < MODEL_PH_N; p++) printf(",\"%s_ms\":%.3f", pn[p], 1e3 * ph[ci][p] / (rounds * steps));
     printf("}\n");
   }

@@ -7,6 +7,8 @@
  *     chunk in the same pass as the decoding rows;
  *   - quantized activations (the default) and the exact float path;
  *   - the mixers' projections batched (attention_multi, gdn_multi) or run per segment;
+ *   - the experts of a few rows in one pool run (layers.c xd_worker: the decode steps) and of
+ *     many on the general path (the 67-row step);
  *   - a backend without multi_begin (the generic fallback: one session after another);
  * and the sessions sharing one thread pool (model_session_share_pool). Then the same on a Q4_K
  * model made by `floe synth` (tiny-qwen35moe, n_embd 1280: rows of 5 superblocks), whose

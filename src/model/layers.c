@@ -22,6 +22,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/gdn_sum.h"
@@ -831,6 +832,15 @@ void layer_gdn_multi(model_session *lead, const model_rows *r, int k, int64_t l,
 /* ---- MoE ---- */
 #define XD_MAX_K 64   /* top-k up to which decode runs every expert in one run (xd_worker) */
 #define XD_SH_PARTS 4 /* row ranges of the shared expert's down in decode */
+#define XD_MAX_N 8    /* rows up to which the experts run in one run (larger chunks: the general path) */
+/* FLOE_XD_MULTI=0: several rows (the decode of several requests, an MTP verify, small chunks) take
+ * the general path (three pool runs a layer) instead of xd_worker's one (A/B) */
+static int g_xd_multi = 1;
+__attribute__((constructor)) static void xd_from_env(void) {
+  const char *e = getenv("FLOE_XD_MULTI");
+  if (e && e[0] == '0') g_xd_multi = 0;
+}
+void layer_xd_multi_set(int on) { g_xd_multi = on; }
 typedef struct glu_job {
   model_session *s;
   int64_t nA, nS, I, Is;  /* routed rows (stride I), shared rows (stride Is) */
@@ -1035,12 +1045,14 @@ static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const 
 }
 
 /* ---- decode: every expert in one run ----
- * One token (n = 1), resident experts: the threads take units from a shared counter (xd_worker:
- * each selected expert's gate, up, SiLU-GLU and the quantization of the down input; then the
- * downs; then the shared expert's down in parts), all in one pool run; the general path needs
- * three runs (gate|up, GLU, down). Each output row is computed by the same kernel call as in the
- * general path (kern_matmul_batch, one activation row) and the same glu_row, so the values are
- * the same bits. */
+ * Up to XD_MAX_N rows (one token; the decode rows of several requests, an MTP verify), resident
+ * experts: the threads take units from a shared counter (xd_worker: each used expert's gate, up,
+ * SiLU-GLU and the quantization of the down inputs of its rows; then the downs; then the shared
+ * expert's down in parts), all in one pool run; the general path needs three runs (gate|up, GLU,
+ * down). Each output row is computed by the same kernel call as in the general path
+ * (kern_matmul_batch over the expert's gathered rows) and the same glu_row, so the values are the
+ * same bits. Several rows: the 8-layer 35B cut's 4-stream step, experts 1-2 % faster (bench_multi
+ * "4g", results.tsv). */
 typedef struct xd_job {
   model_session *s;
   const model_layer *L;
@@ -1053,10 +1065,14 @@ typedef struct xd_job {
   size_t ss;
   int next;              /* next unit (atomic), see xd_worker */
   int ready[XD_MAX_K];   /* expert slot u's down input is written (atomic) */
+  int64_t n;             /* rows; n > 1: expert U[k]'s rows are the gathered rows [off, off + cnt) */
+  const int32_t *U;      /* the used experts, ascending (n = 1: s->sel) */
+  int nU;
 } xd_job;
 
-/* Units, taken in order from j->next: [0, K) gate, up and GLU of selected expert u; [K, 2K) the
- * down matrix of expert u - K, once its GLU is ready (another thread may still be writing it);
+/* Units, taken in order from j->next: [0, K) gate, up and GLU of expert U[u] (K = nU: the
+ * selected experts of one row, or every expert some of n rows selected, each over its rows);
+ * [K, 2K) the down matrix of expert U[u - K], once its GLU is ready (another thread may still be writing it);
  * then the shared expert's down in XD_SH_PARTS row ranges. Whole experts as units left the
  * threads ~24 us apart at the end of the region on average (1.8 MB units, the last one decides);
  * the tail is now made of 0.6 MB downs and 0.15 MB shared parts. Which thread runs a unit never
@@ -1066,7 +1082,7 @@ static void xd_worker(void *ctx, int ith, int nth) {
   xd_job *j = ctx;
   model_session *s = j->s;
   const model_layer *L = j->L;
-  const int64_t K = j->K, I = j->I, E = j->E;
+  const int64_t K = j->nU, I = j->I, E = j->E;
   const int nr = 2 * (int)K, units = nr + (j->Is > 0 ? XD_SH_PARTS : 0);
   for (;;) {
     const int u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
@@ -1078,20 +1094,25 @@ static void xd_worker(void *ctx, int ith, int nth) {
         const int64_t b = (E * (p + i) / XD_SH_PARTS + 15) / 16 * 16;
         r[i] = b < E ? b : E;
       }
-      mm_task t = task(&L->sh_down, 1, j->gs, j->Is, &L->sh_down, j->ss ? j->qs : NULL, j->ss, s->eout, E);
+      mm_task t = task(&L->sh_down, j->n, j->gs, j->Is, &L->sh_down, j->ss ? j->qs : NULL, j->ss, s->eout, E);
       if (r[1] > r[0]) task_rows(&t, r[0], r[1]);
       continue;
     }
     const int k = u < K ? u : u - (int)K;
-    const int32_t e = s->sel[k];
-    float *g = s->eg + k * I, *up = s->eu + k * I;
-    uint8_t *qd = j->sr ? s->xq_d + (size_t)k * j->sr : NULL;
+    const int32_t e = j->U[k];
+    /* one row (n = 1): slot k, reading row 0 of h in place; else the expert's gathered rows */
+    const int64_t o = j->n == 1 ? k : s->eoff[e], c = j->n == 1 ? 1 : s->ecnt[e];
+    float *g = s->eg + o * I, *up = s->eu + o * I;
+    uint8_t *qd = j->sr ? s->xq_d + (size_t)o * j->sr : NULL;
     if (u < K) {
-      mm_task tg = task(&L->exp_gate[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, g, I);
-      mm_task tu = task(&L->exp_up[e], 1, s->h, E, j->lay_e, j->xq_e, j->xs_e, up, I);
+      const float *xf = j->n == 1 ? s->h : s->ein + o * E;
+      const uint8_t *xg = !j->xq_e ? NULL : j->n == 1 ? j->xq_e : s->xq_g + (size_t)o * j->xs_e;
+      mm_task tg = task(&L->exp_gate[e], c, xf, E, j->lay_e, xg, j->xs_e, g, I);
+      mm_task tu = task(&L->exp_up[e], c, xf, E, j->lay_e, xg, j->xs_e, up, I);
       task_rows(&tg, 0, I);
       task_rows(&tu, 0, I);
-      glu_row(g, up, I, qd ? j->lay_d : NULL, qd);
+      for (int64_t r = 0; r < c; r++)
+        glu_row(g + r * I, up + r * I, I, qd ? j->lay_d : NULL, qd ? qd + (size_t)r * j->sr : NULL);
       __atomic_store_n(&j->ready[k], 1, __ATOMIC_RELEASE);
       continue;
     }
@@ -1100,13 +1121,24 @@ static void xd_worker(void *ctx, int ith, int nth) {
       __builtin_ia32_pause();
       if ((w & 1023) == 1023) sched_yield(); /* its thread may be waiting for a core */
     }
-    mm_task td = task(&L->exp_down[e], 1, g, I, j->lay_d, qd, j->sr, s->contrib + k * E, E);
+    mm_task td = task(&L->exp_down[e], c, g, I, j->lay_d, qd, j->sr, s->contrib + o * E, E);
     task_rows(&td, 0, E);
   }
 }
 
+/* The experts with rows (cnt[e] > 0), ascending, into U (at most XD_MAX_K + 1 written); returns
+ * how many, or XD_MAX_K + 1 past XD_MAX_K. */
+static int xd_used(const int32_t *cnt, int64_t NE, int32_t *U) {
+  int nU = 0;
+  for (int64_t e = 0; e < NE && nU <= XD_MAX_K; e++)
+    if (cnt[e]) U[nU++] = (int32_t)e;
+  return nU;
+}
+
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
   const double t0 = floe_time_s();
+  int32_t xdU[XD_MAX_K + 1];
+  int nU;
   const model *m = s->m;
   const floe_hparams *hp = &m->hp;
   const model_layer *L = &m->layers[l];
@@ -1218,12 +1250,13 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     sj.nA = 0;
     mm_task sd = task(&L->sh_down, n, gs, Is, &L->sh_down, qsd ? gj.qs : NULL, gj.ss, s->eout, E);
     if (moe_stream(s, l, n, nA, lay_e, xq_e, xs_e, lay_d, qd, gj.sr, &sj, &sd, xq_r, xs_r, x)) return;
-  } else if (n == 1 && mt && K <= XD_MAX_K) {
+  } else if (mt && (nU = n == 1 ? (int)K : g_xd_multi && n <= XD_MAX_N ? xd_used(cnt, NE, xdU) : XD_MAX_K + 1) <= XD_MAX_K) {
     /* the shared expert's GLU (and down-input quantization), then every expert in one run */
     glu_job sj = gj;
     sj.nA = 0;
     glu_worker(&sj, 0, 1);
-    xd_job xj = { s, L, K, I, E, Is, lay_e, lay_d, xq_e, xs_e, qd ? gj.sr : 0, gs, gj.qs, qsd ? gj.ss : 0, 0, { 0 } };
+    xd_job xj = { s, L, K, I, E, Is, lay_e, lay_d, xq_e, xs_e, qd ? gj.sr : 0, gs, gj.qs, qsd ? gj.ss : 0, 0, { 0 },
+                  n, n == 1 ? s->sel : xdU, nU };
     layer_run(s, xd_worker, &xj);
   } else {
     nt = 0;

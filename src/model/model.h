@@ -539,4 +539,7 @@ void layer_attention_multi(model_session *lead, const model_rows *r, int k, int6
 void layer_gdn_multi(model_session *lead, const model_rows *r, int k, int64_t l, float *x, int64_t N);
 /* MoE block (routed experts, plus the sigmoid-gated shared expert when present). x += moe(norm(x)). */
 void layer_moe(model_session *s, int64_t l, float *x, int64_t n);
+/* Several rows' experts in one pool run (xd_worker, the default) or the general path's three
+ * (on = 0; FLOE_XD_MULTI=0 at start): for in-process A/B (bench_multi's "Ng" stream counts). */
+void layer_xd_multi_set(int on);
 #endif
