@@ -109,11 +109,6 @@ static void mm_range(const mm_list *L, int64_t lo, int64_t hi) {
     if (t->nb > 0 && c0 + ct > lo) {
       int64_t u0 = lo > c0 ? (lo - c0 + cu - 1) / cu : 0;
       int64_t u1 = (hi - c0 + cu - 1) / cu;
-      if (t->W->k4_lanes) { /* whole pairs of blocks (kernels_internal.h k4l_sb): both ends rounded up alike */
-        u0 += u0 & 1;
-        u1 += u1 & 1;
-      }
-      if (u0 > units) u0 = units;
       if (u1 > units) u1 = units;
       if (u1 > u0) task_rows(t, u0 * 16, u1 * 16 < t->W->rows ? u1 * 16 : t->W->rows);
     }

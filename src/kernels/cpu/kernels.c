@@ -532,18 +532,13 @@ static void k4_lanes_sb(uint32_t type, int i, uint8_t *f, uint8_t *p, int to_lan
 void kern_k4_lanes_pack(floe_mat *W, void *data) {
   FLOE_ASSERT(data == W->data && !W->k4_lanes);
   const size_t sb = W->type == FLOE_TYPE_Q4_K ? 144 : 176, nsb = (size_t)(W->cols / 256), blk = 16 * W->row_bytes;
-  uint8_t *tmp = malloc(2 * blk);
+  uint8_t *tmp = malloc(blk);
   FLOE_ASSERT(tmp);
-  const int64_t R16 = W->rows & ~(int64_t)15;
-  for (int64_t rb = 0; rb < R16; rb += 32) { /* a pair of blocks (or the last block) at a time */
-    const int nk = rb + 32 <= R16 ? 2 : 1;
+  for (int64_t rb = 0; rb + 16 <= W->rows; rb += 16) {
     uint8_t *p = (uint8_t *)data + (size_t)rb * W->row_bytes;
-    memcpy(tmp, p, nk * blk);
-    for (int b = 0; b < nk; b++)
-      for (size_t k = 0; k < nsb; k++) {
-        uint8_t *d = p + ((size_t)nk * k + (size_t)b) * 16 * sb; /* k4l_sb's place */
-        for (int i = 0; i < 16; i++) k4_lanes_sb(W->type, i, tmp + (size_t)b * blk + i * W->row_bytes + k * sb, d, 1);
-      }
+    memcpy(tmp, p, blk);
+    for (size_t k = 0; k < nsb; k++)
+      for (int i = 0; i < 16; i++) k4_lanes_sb(W->type, i, tmp + i * W->row_bytes + k * sb, p + k * 16 * sb, 1);
   }
   free(tmp);
   W->k4_lanes = 1;
@@ -556,8 +551,8 @@ void kern_k4_lanes_row(const floe_mat *W, int64_t r, void *out) {
     return;
   }
   const size_t sb = W->type == FLOE_TYPE_Q4_K ? 144 : 176, nsb = (size_t)(W->cols / 256);
-  for (size_t k = 0; k < nsb; k++)
-    k4_lanes_sb(W->type, (int)(r & 15), o + k * sb, (uint8_t *)k4l_sb(W, r & ~(int64_t)15, (int64_t)k), 0);
+  uint8_t *p = (uint8_t *)kw_row(W, r & ~(int64_t)15);
+  for (size_t k = 0; k < nsb; k++) k4_lanes_sb(W->type, (int)(r & 15), o + k * sb, p + k * 16 * sb, 0);
 }
 
 /* A lanes matrix on any path but the AVX-512 batched kernel: each row put back in the file's

@@ -60,14 +60,12 @@
  * how far ahead (bytes) a lanes matrix is prefetched into L1, one prefetch per line (0 = off).
  * The 248320x2048 head, 2 threads, ms at nb 1 / 4: 6-8 KiB 4.3 / 6.4, 12-16 KiB 4.6-4.9 / 6.5-6.6;
  * the former 24 KiB into L2 plus KPF_NEAR into L1 (two prefetches per line) 5.2 / 7.2. */
-static int g_gemm_on = 1, g_kpf_lanes = 8192, g_bs_once = 1, g_pf_spread = 1;
+static int g_gemm_on = 1, g_kpf_lanes = 8192, g_bs_once = 1;
 __attribute__((constructor)) static void gemm_from_env(void) {
   const char *e = getenv("FLOE_GEMM");
   if (e && e[0] == '0') g_gemm_on = 0;
   if ((e = getenv("FLOE_KPF_LANES"))) g_kpf_lanes = atoi(e);
   if ((e = getenv("FLOE_KBS_ONCE")) && e[0] == '0') g_bs_once = 0; /* lanes_few: bsum pairs per block */
-  /* lanes_few: FLOE_PF_SPREAD=0 prefetches a superblock's lines in one burst before it runs (A/B) */
-  if ((e = getenv("FLOE_PF_SPREAD"))) g_pf_spread = atoi(e);
 }
 
 int kern_gemm_avx512_supports(const floe_mat *W) {
@@ -237,24 +235,17 @@ static inline __attribute__((always_inline)) void prep_scales(const int T, const
   B->dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
 }
 
-/* Activation rows b0 .. b0+NT-1 against one transposed superblock k of NK (1 or 2) 16-row blocks
- * B[0..NK): slot k % 16 of each row's accumulators acc[i][b][16] (16 lanes = 16 weight rows of
- * block i). With two blocks each activation broadcast feeds both blocks' vpdpbusd: on Zen 5 a
- * broadcast (or any 512-bit load) costs about as much as the vpdpbusd it feeds, so one block's
- * 4 rows ran at ~1.4 vpdpbusd a cycle and two blocks' at ~1.8 (the peak is 2). Every integer sum
- * and every float operation of a (block, row) is the one-block form's, in the same order. */
-static inline __attribute__((always_inline)) void tok_sb(const int T, const int NT, const int NK, const k4_blk *const *B,
-                                                         const uint8_t *xq, size_t xs, const kact_layout *L,
-                                                         const uint32_t *bsp, int64_t k, int b0, __m512 (*const *acc)[16],
-                                                         const char *pf) {
+/* Activation rows b0 .. b0+NT-1 against one transposed superblock k: slot k % 16 of each row's
+ * accumulators acc[b][16] (16 lanes = 16 weight rows). */
+static inline __attribute__((always_inline)) void tok_sb(const int T, const int NT, const k4_blk *B, const uint8_t *xq, size_t xs,
+                                                         const kact_layout *L, const uint32_t *bsp, int64_t k, int b0,
+                                                         __m512 (*acc)[16]) {
   const __m512i m4 = _mm512_set1_epi8(15);
-  const int pfl = NK * (T == FLOE_TYPE_Q4_K ? 36 : 44); /* lines of the NK blocks' superblock at pf */
-  __m512i S1[2][8];
+  __m512i S1[8];
   const int32_t *x[8];
 #pragma GCC unroll 8
   for (int b = 0; b < NT; b++) {
-#pragma GCC unroll 2
-    for (int i = 0; i < NK; i++) S1[i][b] = _mm512_setzero_si512();
+    S1[b] = _mm512_setzero_si512();
     x[b] = (const int32_t *)(xq + (size_t)(b0 + b) * xs + 256 * k);
   }
   /* Steps of 4 quads (Q4_K: a sum of 16 products is below 2^15, 16 * 15 * 127) or 8 (Q5_K: 16 *
@@ -267,104 +258,74 @@ static inline __attribute__((always_inline)) void tok_sb(const int T, const int 
   for (int u = 0; u < 4; u++) {
 #pragma GCC unroll 2
     for (int h0 = 0; h0 < 8; h0 += H) {
-      if (pf) { /* this step's share of the prefetches: spread over the superblock, not in a burst */
-        const int st = u * (8 / H) + h0 / H, nst = 4 * (8 / H);
-        for (int l = st * pfl / nst; l < (st + 1) * pfl / nst; l++) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
-      }
-      __m512i PL[2][8], PH[2][8];
+      __m512i PL[8], PH[8];
 #pragma GCC unroll 8
-      for (int b = 0; b < NT; b++)
-#pragma GCC unroll 2
-        for (int i = 0; i < NK; i++) {
-          PL[i][b] = zero_idiom();
-          PH[i][b] = zero_idiom();
-        }
+      for (int b = 0; b < NT; b++) {
+        PL[b] = zero_idiom();
+        PH[b] = zero_idiom();
+      }
 #pragma GCC unroll 8
       for (int j = h0; j < h0 + H; j++) {
         const int c = 8 * u + j;
         const int qlo = c < 16 ? c : c + 16, qhi = qlo + 16;
-        __m512i lo[2], hi[2];
-#pragma GCC unroll 2
-        for (int i = 0; i < NK; i++) {
-          const __m512i N = _mm512_loadu_si512(B[i]->np + c);
-          /* two blocks: the high nibbles by a shift and the mask (hi_nib's constant would be a 33rd
-           * register with 4 rows) */
-          lo[i] = _mm512_and_si512(N, m4), hi[i] = NK == 2 ? _mm512_and_si512(_mm512_srli_epi16(N, 4), m4) : hi_nib(N);
-          if (T == FLOE_TYPE_Q5_K) {
-            /* fifth bit: qh dword j (elements 4j..4j+3 of the sub-blocks), bit 2(c/8) for the low
-             * nibbles, 2(c/8)+1 for the high ones, moved to bit 4 of each byte (0x10 mask) */
-            const __m512i hq = _mm512_loadu_si512(B[i]->qhp + j);
-            const int bl = 2 * (c / 8), bh = bl + 1;
-            const __m512i hl = bl <= 4 ? _mm512_slli_epi32(hq, 4 - bl) : _mm512_srli_epi32(hq, bl - 4);
-            const __m512i hh = bh <= 4 ? _mm512_slli_epi32(hq, 4 - bh) : _mm512_srli_epi32(hq, bh - 4);
-            lo[i] = _mm512_ternarylogic_epi32(lo[i], hl, _mm512_set1_epi8(0x10), 0xF8); /* lo | (hl & 0x10) */
-            hi[i] = _mm512_ternarylogic_epi32(hi[i], hh, _mm512_set1_epi8(0x10), 0xF8);
-          }
+        const __m512i N = _mm512_loadu_si512(B->np + c);
+        __m512i lo = _mm512_and_si512(N, m4), hi = hi_nib(N);
+        if (T == FLOE_TYPE_Q5_K) {
+          /* fifth bit: qh dword j (elements 4j..4j+3 of the sub-blocks), bit 2(c/8) for the low
+           * nibbles, 2(c/8)+1 for the high ones, moved to bit 4 of each byte (0x10 mask) */
+          const __m512i hq = _mm512_loadu_si512(B->qhp + j);
+          const int bl = 2 * (c / 8), bh = bl + 1;
+          const __m512i hl = bl <= 4 ? _mm512_slli_epi32(hq, 4 - bl) : _mm512_srli_epi32(hq, bl - 4);
+          const __m512i hh = bh <= 4 ? _mm512_slli_epi32(hq, 4 - bh) : _mm512_srli_epi32(hq, bh - 4);
+          lo = _mm512_ternarylogic_epi32(lo, hl, _mm512_set1_epi8(0x10), 0xF8); /* lo | (hl & 0x10) */
+          hi = _mm512_ternarylogic_epi32(hi, hh, _mm512_set1_epi8(0x10), 0xF8);
         }
 #pragma GCC unroll 8
         for (int b = 0; b < NT; b++) {
-          const __m512i xl = _mm512_set1_epi32(x[b][qlo]), xh = _mm512_set1_epi32(x[b][qhi]);
-#pragma GCC unroll 2
-          for (int i = 0; i < NK; i++) {
-            PL[i][b] = _mm512_dpbusd_epi32(PL[i][b], lo[i], xl);
-            PH[i][b] = _mm512_dpbusd_epi32(PH[i][b], hi[i], xh);
-          }
+          PL[b] = _mm512_dpbusd_epi32(PL[b], lo, _mm512_set1_epi32(x[b][qlo]));
+          PH[b] = _mm512_dpbusd_epi32(PH[b], hi, _mm512_set1_epi32(x[b][qhi]));
         }
       }
 #pragma GCC unroll 8
-      for (int b = 0; b < NT; b++)
-#pragma GCC unroll 2
-        for (int i = 0; i < NK; i++) {
-          if (T == FLOE_TYPE_Q4_K) /* the word pair (PL, PH): the low word of PL, the low word of PH moved up */
-            S1[i][b] = _mm512_dpwssd_epi32(S1[i][b], _mm512_mask_blend_epi16(0xAAAAAAAAu, PL[i][b], _mm512_slli_epi32(PH[i][b], 16)),
-                                           B[i]->scp[u]);
-          else
-            S1[i][b] = _mm512_add_epi32(S1[i][b], _mm512_add_epi32(_mm512_mullo_epi32(PL[i][b], B[i]->sc[2 * u]),
-                                                                   _mm512_mullo_epi32(PH[i][b], B[i]->sc[2 * u + 1])));
-        }
+      for (int b = 0; b < NT; b++) {
+        if (T == FLOE_TYPE_Q4_K) /* the word pair (PL, PH): the low word of PL, the low word of PH moved up */
+          S1[b] = _mm512_dpwssd_epi32(S1[b], _mm512_mask_blend_epi16(0xAAAAAAAAu, PL[b], _mm512_slli_epi32(PH[b], 16)), B->scp[u]);
+        else
+          S1[b] = _mm512_add_epi32(S1[b], _mm512_add_epi32(_mm512_mullo_epi32(PL[b], B->sc[2 * u]), _mm512_mullo_epi32(PH[b], B->sc[2 * u + 1])));
+      }
     }
   }
 #pragma GCC unroll 8
   for (int b = 0; b < NT; b++) {
     const uint32_t *bp = bsp + 4 * (size_t)(b0 + b);
+    __m512i S2 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), B->mp[0], _mm512_set1_epi32((int)bp[0]));
+    S2 = _mm512_dpwssd_epi32(S2, B->mp[1], _mm512_set1_epi32((int)bp[1]));
+    S2 = _mm512_dpwssd_epi32(S2, B->mp[2], _mm512_set1_epi32((int)bp[2]));
+    S2 = _mm512_dpwssd_epi32(S2, B->mp[3], _mm512_set1_epi32((int)bp[3]));
     const __m512 dx = _mm512_set1_ps(((const float *)(xq + (size_t)(b0 + b) * xs + L->off_d))[k]);
-#pragma GCC unroll 2
-    for (int i = 0; i < NK; i++) {
-      __m512i S2 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), B[i]->mp[0], _mm512_set1_epi32((int)bp[0]));
-      S2 = _mm512_dpwssd_epi32(S2, B[i]->mp[1], _mm512_set1_epi32((int)bp[1]));
-      S2 = _mm512_dpwssd_epi32(S2, B[i]->mp[2], _mm512_set1_epi32((int)bp[2]));
-      S2 = _mm512_dpwssd_epi32(S2, B[i]->mp[3], _mm512_set1_epi32((int)bp[3]));
-      const __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S1[i][b]), _mm512_mul_ps(B[i]->d, dx)),
-                                     _mm512_mul_ps(_mm512_cvtepi32_ps(S2), _mm512_mul_ps(B[i]->dm, dx)));
-      /* slot k % 16 = slot + t, the slot starting at +0: the first superblock of a slot adds t to a
-       * zero register instead of a zeroed slot in memory */
-      acc[i][b0 + b][k % 16] = _mm512_add_ps(k < 16 ? _mm512_setzero_ps() : acc[i][b0 + b][k % 16], t);
-    }
+    const __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S1[b]), _mm512_mul_ps(B->d, dx)),
+                                   _mm512_mul_ps(_mm512_cvtepi32_ps(S2), _mm512_mul_ps(B->dm, dx)));
+    /* slot k % 16 = slot + t, the slot starting at +0: the first superblock of a slot adds t to a
+     * zero register instead of a zeroed slot in memory */
+    acc[b0 + b][k % 16] = _mm512_add_ps(k < 16 ? _mm512_setzero_ps() : acc[b0 + b][k % 16], t);
   }
 }
 
-/* One out-of-line function per (type, rows per pass, blocks): register allocation inside one big
+/* One out-of-line function per (type, rows per pass): register allocation inside one big
  * function (all variants inlined into gemm_t) spilled ~1 vector per vpdpbusd. */
-#define DEF_TOK(name, T, NT, NK)                                                                                     \
-  static __attribute__((noinline)) void name(const k4_blk *const *B, const uint8_t *xq, size_t xs, const kact_layout *L, \
-                                             const uint32_t *bsp, int64_t k, int b0, __m512 (*const *acc)[16],          \
-                                             const char *pf) {                                                         \
-    tok_sb(T, NT, NK, B, xq, xs, L, bsp, k, b0, acc, pf);                                                              \
+#define DEF_TOK(name, T, NT)                                                                                      \
+  static __attribute__((noinline)) void name(const k4_blk *B, const uint8_t *xq, size_t xs, const kact_layout *L, \
+                                             const uint32_t *bsp, int64_t k, int b0, __m512 (*acc)[16]) {        \
+    tok_sb(T, NT, B, xq, xs, L, bsp, k, b0, acc);                                                                  \
   }
-DEF_TOK(tok_q4_8, FLOE_TYPE_Q4_K, NTMAX, 1)
-DEF_TOK(tok_q4_4, FLOE_TYPE_Q4_K, 4, 1)
-DEF_TOK(tok_q4_2, FLOE_TYPE_Q4_K, 2, 1)
-DEF_TOK(tok_q4_1, FLOE_TYPE_Q4_K, 1, 1)
-DEF_TOK(tok_q5_8, FLOE_TYPE_Q5_K, NTMAX, 1)
-DEF_TOK(tok_q5_4, FLOE_TYPE_Q5_K, 4, 1)
-DEF_TOK(tok_q5_2, FLOE_TYPE_Q5_K, 2, 1)
-DEF_TOK(tok_q5_1, FLOE_TYPE_Q5_K, 1, 1)
-DEF_TOK(tok2_q4_4, FLOE_TYPE_Q4_K, 4, 2)
-DEF_TOK(tok2_q4_2, FLOE_TYPE_Q4_K, 2, 2)
-DEF_TOK(tok2_q4_1, FLOE_TYPE_Q4_K, 1, 2)
-DEF_TOK(tok2_q5_4, FLOE_TYPE_Q5_K, 4, 2)
-DEF_TOK(tok2_q5_2, FLOE_TYPE_Q5_K, 2, 2)
-DEF_TOK(tok2_q5_1, FLOE_TYPE_Q5_K, 1, 2)
+DEF_TOK(tok_q4_8, FLOE_TYPE_Q4_K, NTMAX)
+DEF_TOK(tok_q4_4, FLOE_TYPE_Q4_K, 4)
+DEF_TOK(tok_q4_2, FLOE_TYPE_Q4_K, 2)
+DEF_TOK(tok_q4_1, FLOE_TYPE_Q4_K, 1)
+DEF_TOK(tok_q5_8, FLOE_TYPE_Q5_K, NTMAX)
+DEF_TOK(tok_q5_4, FLOE_TYPE_Q5_K, 4)
+DEF_TOK(tok_q5_2, FLOE_TYPE_Q5_K, 2)
+DEF_TOK(tok_q5_1, FLOE_TYPE_Q5_K, 1)
 #undef DEF_TOK
 
 /* bsp[b][p] of activation rows b < ng, superblock k: (BS[2p], BS[2p+1]) as words */
@@ -378,16 +339,12 @@ static inline __attribute__((always_inline)) void bs_pairs(const uint8_t *xg, si
   }
 }
 
-/* One pass of nt (NTMAX, 4, 2 or 1; with two blocks 4, 2 or 1) activation rows from b0 over
- * superblock k of nk blocks */
-static inline __attribute__((always_inline)) void tok_pass(const int T, int nt, int nk, const k4_blk *const *B, const uint8_t *xq,
-                                                           size_t xs, const kact_layout *L, const uint32_t *bsp, int64_t k,
-                                                           int b0, __m512 (*const *acc)[16], const char *pf) {
-  if (nk == 2) {
-    if (T == FLOE_TYPE_Q4_K) (nt == 4 ? tok2_q4_4 : nt == 2 ? tok2_q4_2 : tok2_q4_1)(B, xq, xs, L, bsp, k, b0, acc, pf);
-    else (nt == 4 ? tok2_q5_4 : nt == 2 ? tok2_q5_2 : tok2_q5_1)(B, xq, xs, L, bsp, k, b0, acc, pf);
-  } else if (T == FLOE_TYPE_Q4_K) (nt == NTMAX ? tok_q4_8 : nt == 4 ? tok_q4_4 : nt == 2 ? tok_q4_2 : tok_q4_1)(B, xq, xs, L, bsp, k, b0, acc, pf);
-  else (nt == NTMAX ? tok_q5_8 : nt == 4 ? tok_q5_4 : nt == 2 ? tok_q5_2 : tok_q5_1)(B, xq, xs, L, bsp, k, b0, acc, pf);
+/* One pass of nt (NTMAX, 4, 2 or 1) activation rows from b0 over superblock k */
+static inline __attribute__((always_inline)) void tok_pass(const int T, int nt, const k4_blk *B, const uint8_t *xq, size_t xs,
+                                                           const kact_layout *L, const uint32_t *bsp, int64_t k, int b0,
+                                                           __m512 (*acc)[16]) {
+  if (T == FLOE_TYPE_Q4_K) (nt == NTMAX ? tok_q4_8 : nt == 4 ? tok_q4_4 : nt == 2 ? tok_q4_2 : tok_q4_1)(B, xq, xs, L, bsp, k, b0, acc);
+  else (nt == NTMAX ? tok_q5_8 : nt == 4 ? tok_q5_4 : nt == 2 ? tok_q5_2 : tok_q5_1)(B, xq, xs, L, bsp, k, b0, acc);
 }
 
 /* reduce16 of each row's slots (slots never touched, nsb < 16, are +0), 16 outputs a vector: rows
@@ -410,14 +367,6 @@ static inline __attribute__((always_inline)) void pf_lanes(const char *p, size_t
   for (size_t o = 0; g_kpf_lanes && o < lsb; o += 64) _mm_prefetch(p + g_kpf_lanes + o, _MM_HINT_T0);
 }
 
-/* A lanes matrix's superblock d places after (rb, k) in block-by-block order (block rb's superblocks,
- * then block rb + 16's; k4l_sb places them), NULL past the lanes blocks: what gemm_t, which runs one
- * block at a time, reads next */
-static inline const char *lanes_ahead(const floe_mat *W, int64_t rb, int64_t k, int64_t d, int64_t nsb, int64_t R16) {
-  for (k += d; k >= nsb; k -= nsb) rb += 16;
-  return rb < R16 ? (const char *)k4l_sb(W, rb, k) : NULL;
-}
-
 /* Lanes blocks [rb0, rb1) (16-row aligned) with at most NTMAX activation rows: one pass, each
  * superblock's scales decoded just before its rows run, so one block's bytes are read in order. */
 static inline __attribute__((always_inline)) void lanes_few(const int T, const floe_mat *W, int ng, const uint8_t *xq, size_t xs,
@@ -426,40 +375,30 @@ static inline __attribute__((always_inline)) void lanes_few(const int T, const f
   const kact_layout L = kact_layout_of(W);
   const int64_t nsb = L.nblk;
   const size_t lsb = (size_t)16 * (T == FLOE_TYPE_Q4_K ? 144 : 176);
-  k4_blk B[2];
-  const k4_blk *const Bp[2] = { &B[0], &B[1] };
+  k4_blk B;
   /* the activation rows' bsum pairs of every superblock, formed once for all 16-row blocks (they
    * do not depend on the weights); rows wider than LF_NSB superblocks form them per block */
   uint32_t bsa[LF_NSB * NTMAX * 4] __attribute__((aligned(64)));
   const int once = g_bs_once && nsb <= LF_NSB;
   if (once)
     for (int64_t k = 0; k < nsb; k++) bs_pairs(xq, xs, &L, k, ng, bsa + (size_t)k * ng * 4);
-  __m512 acc[2][NTMAX][16];
-  __m512(*const ap[2])[16] = { acc[0], acc[1] };
-  const int64_t R16 = W->rows & ~(int64_t)15, d1 = ((int64_t)g_kpf_lanes + (int64_t)lsb - 1) / (int64_t)lsb;
-  /* a pair of blocks (kernels_internal.h k4l_sb: one stream) runs as two blocks when both are
-   * asked for (rows of up to 4 a pass then), any other block alone */
-  for (int64_t rb = rb0; rb < rb1;) {
-    const int nk = !((rb / 16) & 1) && rb + 16 < rb1 ? 2 : 1;
+  __m512 acc[NTMAX][16];
+  for (int64_t rb = rb0; rb < rb1; rb += 16) {
+    const uint8_t *lb = kw_row(W, rb);
     for (int64_t k = 0; k < nsb; k++) {
-      const char *p = (const char *)k4l_sb(W, rb, k);
-      if (!g_pf_spread) pf_lanes(p, nk * lsb);
-      /* the lines FLOE_KPF_LANES bytes ahead, spread over the passes' steps: a pair's one stream, or
-       * a block alone's own (not its partner's) */
-      const char *pf = !g_pf_spread || !g_kpf_lanes ? NULL : nk == 2 ? p + g_kpf_lanes : lanes_ahead(W, rb, k, d1, nsb, R16);
-      for (int i = 0; i < nk; i++) prep_lanes(T, (const uint8_t *)p + i * lsb, &B[i]);
+      const char *p = (const char *)lb + (size_t)k * lsb;
+      pf_lanes(p, lsb);
+      prep_lanes(T, (const uint8_t *)p, &B);
       uint32_t *bsp = bsa + (once ? (size_t)k * ng * 4 : 0);
       if (!once) bs_pairs(xq, xs, &L, k, ng, bsp);
       for (int b0 = 0; b0 < ng;) {
-        const int nt = nk == 1 && ng - b0 >= NTMAX ? NTMAX : ng - b0 >= 4 ? 4 : ng - b0 >= 2 ? 2 : 1;
-        tok_pass(T, nt, nk, Bp, xq, xs, &L, bsp, k, b0, ap, b0 == 0 ? pf : NULL);
+        const int nt = ng - b0 >= NTMAX ? NTMAX : ng - b0 >= 4 ? 4 : ng - b0 >= 2 ? 2 : 1;
+        tok_pass(T, nt, &B, xq, xs, &L, bsp, k, b0, acc);
         b0 += nt;
       }
     }
-    for (int i = 0; i < nk; i++, rb += 16) {
-      const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16), lo = (int)(r0 > rb ? r0 - rb : 0);
-      store_slots(acc[i], ng, nsb, Y, ldy, rb, (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1)));
-    }
+    const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16), lo = (int)(r0 > rb ? r0 - rb : 0);
+    store_slots(acc, ng, nsb, Y, ldy, rb, (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1)));
   }
 }
 
@@ -467,9 +406,9 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
                                                          float *Y, int64_t ldy, int64_t r0, int64_t r1) {
   const kact_layout L = kact_layout_of(W);
   const int64_t nsb = L.nblk;
-  k4_blk blk[2][GKC];
+  k4_blk blk[GKC];
   uint32_t bsp[GKC * 16 * 4] __attribute__((aligned(64))); /* [k][b][p]: (BS[2p], BS[2p+1]) */
-  __m512 acc[2][16][16];
+  __m512 acc[16][16];
   const int once = nsb <= GKC; /* all superblocks of a block transposed once for every activation row */
   /* a lanes matrix: blocks of 16 rows from row 0 up to R16 (the rows asked for stored, the others
    * masked), then the rows past R16 in the file's layout */
@@ -480,21 +419,13 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
     lanes_few(T, W, (int)nb, xq, xs, Y, ldy, r0, r1, r0 & ~(int64_t)15, rb1);
     r0 = rb1;
   }
-  /* a pair of lanes blocks (k4l_sb) with rows asked for in both runs as two blocks (passes of up
-   * to 4 rows), reading the pair's one stream in order; any other block alone */
-  for (int64_t rb = r0 < R16 ? r0 & ~(int64_t)15 : r0, nq; rb < r1; rb += 16 * nq) {
+  for (int64_t rb = r0 < R16 ? r0 & ~(int64_t)15 : r0; rb < r1; rb += 16) {
     const int lanes = rb < R16;
-    nq = lanes && !((rb / 16) & 1) && rb + 16 < r1 && rb + 32 <= R16 ? 2 : 1;
-    const uint8_t *rows[16];
-    if (!lanes) {
-      const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16);
+    const int nr = (int)(r1 - rb < 16 ? r1 - rb : 16), lo = (int)(r0 > rb ? r0 - rb : 0);
+    const uint8_t *rows[16], *lb = lanes ? kw_row(W, rb) : NULL;
+    if (!lanes)
       for (int i = 0; i < 16; i++) rows[i] = kw_row(W, rb + (i < nr ? i : nr - 1));
-    }
-#define PREP(kk, k)                                                                        \
-  for (int q = 0; q < nq; q++) {                                                           \
-    if (lanes) prep_lanes(T, k4l_sb(W, rb + 16 * q, k), &blk[q][kk]);                      \
-    else prep_blk(T, rows, k, &blk[q][kk]);                                                \
-  }
+#define PREP(kk, k) (lanes ? prep_lanes(T, lb + (size_t)(k) * lsb, &blk[kk]) : prep_blk(T, rows, k, &blk[kk]))
     if (once)
       for (int kk = 0; kk < nsb; kk++) PREP(kk, kk);
     for (int64_t g0 = 0; g0 < nb; g0 += 16) {
@@ -506,31 +437,19 @@ static inline __attribute__((always_inline)) void gemm_t(const int T, const floe
           if (!once) PREP(kk, k0 + kk);
           bs_pairs(xg, xs, &L, k0 + kk, ng, bsp + (size_t)kk * 64);
         }
-        /* passes of 8 (one block), 4, 2, 1 activation rows */
+        /* passes of 8, 4, 2, 1 activation rows (4 instantiations of tok_sb) */
         for (int b0 = 0; b0 < ng;) {
-          const int nt = nq == 1 && ng - b0 >= NTMAX ? NTMAX : ng - b0 >= 4 ? 4 : ng - b0 >= 2 ? 2 : 1;
+          const int nt = ng - b0 >= NTMAX ? NTMAX : ng - b0 >= 4 ? 4 : ng - b0 >= 2 ? 2 : 1;
           for (int kk = 0; kk < nk; kk++) {
-            const int ki = once ? (int)k0 + kk : kk;
-            const k4_blk *const B[2] = { &blk[0][ki], &blk[1][ki] };
+            const k4_blk *B = &blk[once ? k0 + kk : kk];
             const uint32_t *bp = bsp + (size_t)kk * 64;
-            if (lanes && g0 == 0 && b0 == 0 && g_kpf_lanes) {
-              if (nq == 2) pf_lanes((const char *)k4l_sb(W, rb, k0 + kk), 2 * lsb); /* the pair's stream */
-              else { /* a block alone: its own stream, not a partner's */
-                const char *q = lanes_ahead(W, rb, k0 + kk, (g_kpf_lanes + (int64_t)lsb - 1) / (int64_t)lsb, nsb, R16);
-                for (size_t o = 0; q && o < lsb; o += 64) _mm_prefetch(q + o, _MM_HINT_T0);
-              }
-            }
-            __m512(*const ap[2])[16] = { acc[0], acc[1] };
-            tok_pass(T, nt, nq, B, xg, xs, &L, bp, k0 + kk, b0, ap, NULL);
+            if (lanes && g0 == 0 && b0 == 0) pf_lanes((const char *)lb + (size_t)(k0 + kk) * lsb, lsb);
+            tok_pass(T, nt, B, xg, xs, &L, bp, k0 + kk, b0, acc);
           }
           b0 += nt;
         }
       }
-      for (int q = 0; q < nq; q++) {
-        const int64_t rq = rb + 16 * q;
-        const int nr = (int)(r1 - rq < 16 ? r1 - rq : 16), lo = (int)(r0 > rq ? r0 - rq : 0);
-        store_slots(acc[q], ng, nsb, Y + g0 * ldy, ldy, rq, (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1)));
-      }
+      store_slots(acc, ng, nsb, Y + g0 * ldy, ldy, rb, (__mmask16)(((1u << nr) - 1) & ~((1u << lo) - 1)));
     }
 #undef PREP
   }

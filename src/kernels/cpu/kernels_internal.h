@@ -345,16 +345,4 @@ uint64_t kern_read_xor_avx512(const void *x, size_t n);
 static inline const uint8_t *kw_row(const floe_mat *W, int64_t r) {
   return (const uint8_t *)W->data + (size_t)r * W->row_bytes;
 }
-
-/* A lanes matrix's (kernels.h) superblock k of the 16-row block starting at row rb (rb % 16 == 0,
- * rb + 16 <= rows): blocks 2j and 2j + 1 interleave superblock by superblock (block 2j's k, block
- * 2j + 1's k, then k + 1), so a pair read together is one stream; a last block without a partner
- * lies superblock after superblock. */
-static inline const uint8_t *k4l_sb(const floe_mat *W, int64_t rb, int64_t k) {
-  const size_t lsb = (size_t)16 * (W->type == FLOE_TYPE_Q4_K ? 144 : 176);
-  const int64_t bi = rb / 16;
-  const uint8_t *base = (const uint8_t *)W->data + (size_t)(bi & ~(int64_t)1) * 16 * W->row_bytes;
-  if ((bi | 1) < W->rows / 16) return base + (size_t)(2 * k + (bi & 1)) * lsb;
-  return kw_row(W, rb) + (size_t)k * lsb;
-}
 #endif
