@@ -1056,7 +1056,7 @@ static int moe_stream(model_session *s, int64_t l, int64_t n, int64_t nA, const 
 typedef struct xd_job {
   model_session *s;
   const model_layer *L;
-  int64_t K, I, E, Is;
+  int64_t I, E, Is;
   const floe_mat *lay_e, *lay_d;
   const uint8_t *xq_e;   /* the quantized normed input (NULL: float path) */
   size_t xs_e, sr;       /* its row bytes; down-input row bytes (0: no quantization) */
@@ -1100,11 +1100,12 @@ static void xd_worker(void *ctx, int ith, int nth) {
     }
     const int k = u < K ? u : u - (int)K;
     const int32_t e = j->U[k];
-    /* one row (n = 1): slot k, reading row 0 of h in place; else the expert's gathered rows */
-    const int64_t o = j->n == 1 ? k : s->eoff[e], c = j->n == 1 ? 1 : s->ecnt[e];
+    /* the expert's rows [o, o + c) (one row: slot k, as U = sel is ascending) */
+    const int64_t o = s->eoff[e], c = s->ecnt[e];
     float *g = s->eg + o * I, *up = s->eu + o * I;
     uint8_t *qd = j->sr ? s->xq_d + (size_t)o * j->sr : NULL;
     if (u < K) {
+      /* one row reads row 0 of h in place (layer_moe gathers nothing then) */
       const float *xf = j->n == 1 ? s->h : s->ein + o * E;
       const uint8_t *xg = !j->xq_e ? NULL : j->n == 1 ? j->xq_e : s->xq_g + (size_t)o * j->xs_e;
       mm_task tg = task(&L->exp_gate[e], c, xf, E, j->lay_e, xg, j->xs_e, g, I);
@@ -1255,7 +1256,7 @@ void layer_moe(model_session *s, int64_t l, float *x, int64_t n) {
     glu_job sj = gj;
     sj.nA = 0;
     glu_worker(&sj, 0, 1);
-    xd_job xj = { s, L, K, I, E, Is, lay_e, lay_d, xq_e, xs_e, qd ? gj.sr : 0, gs, gj.qs, qsd ? gj.ss : 0, 0, { 0 },
+    xd_job xj = { s, L, I, E, Is, lay_e, lay_d, xq_e, xs_e, qd ? gj.sr : 0, gs, gj.qs, qsd ? gj.ss : 0, 0, { 0 },
                   n, n == 1 ? s->sel : xdU, nU };
     layer_run(s, xd_worker, &xj);
   } else {
